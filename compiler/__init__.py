@@ -1,0 +1,1 @@
+"""graphc compiler: graph IR, parsing, validation, binding, lowering, CLI."""

@@ -1,0 +1,1 @@
+"""Declared step graphs shipped with graphc (package data)."""
