@@ -1,0 +1,70 @@
+"""`graphc make-model` argument parsing and entry point (wired by compiler/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .archs import ARCHS
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--arch", required=True, choices=ARCHS, help="mlx-lm architecture to build"
+    )
+    parser.add_argument("--out", required=True, help="folder to write the model into")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    size = parser.add_argument_group("sizes (default: the arch's tiny preset)")
+    size.add_argument("--hidden-size", type=int)
+    size.add_argument("--num-layers", type=int)
+    size.add_argument("--num-heads", type=int)
+    size.add_argument("--num-kv-heads", type=int)
+    size.add_argument("--head-dim", type=int)
+    size.add_argument("--intermediate-size", type=int)
+    size.add_argument("--vocab-size", type=int, help="BPE vocab (default 1024)")
+    size.add_argument(
+        "--sliding-window",
+        type=int,
+        help="window of sliding layers (llama, gpt_oss, gemma3_text)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=("float32", "float16", "bfloat16")
+    )
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from .make import make_model
+
+    try:
+        path = make_model(
+            args.arch,
+            args.out,
+            seed=args.seed,
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            num_kv_heads=args.num_kv_heads,
+            head_dim=args.head_dim,
+            intermediate_size=args.intermediate_size,
+            vocab_size=args.vocab_size,
+            sliding_window=args.sliding_window,
+            dtype=args.dtype,
+        )
+    except ValueError as e:
+        print(f"graphc make-model: error: {e}", file=sys.stderr)
+        return 2
+    files = sorted(p.name for p in path.iterdir())
+    print(f"wrote {args.arch} model (seed {args.seed}, {args.dtype}) to {path}")
+    for name in files:
+        print(f"  {name} ({(path / name).stat().st_size:,} bytes)")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="graphc make-model")
+    add_cli_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
