@@ -1,0 +1,143 @@
+"""Lowering: a Plan + its Binding become a callable that builds one lazy mx expression per batch.
+
+Each op has one rule in RULES (op name -> function). A rule receives the step
+context and its input values and returns its output value; nothing is evaluated
+here — the runtime decides when to `async_eval`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import attrs
+import mlx.core as mx
+
+from .bind import Binding
+from .plan import Plan, build_plan
+
+
+@attrs.define
+class StepInputs:
+    """One batch, as the lowered step sees it."""
+
+    tokens: mx.array  # int32 [B, L]; rows left-padded to a common length
+    caches: list  # one LayerCache per layer
+    final: bool = True  # prefill: the last chunk (run the head); decode: always True
+    sampling: Any = None  # a SamplingTensors pack (graphc.runtime.sampling) or None for greedy
+    key: mx.array | None = None  # RNG key for rows without a seed
+    extra_edits: mx.array | None = None  # additive [B, V] rows computed on the host (grammar masks)
+
+
+@attrs.define
+class StepOutputs:
+    hidden: mx.array
+    logits: mx.array | None = None
+    next_tokens: mx.array | None = None  # int32 [B]
+    logprobs: Any = None  # a LogprobOutputs pack when some row asked
+
+
+@attrs.define
+class StepContext:
+    binding: Binding
+    inputs: StepInputs
+    values: dict = attrs.field(factory=dict)
+
+
+def _embed(ctx, node, tokens):
+    return ctx.binding.adapter.embed(tokens)
+
+
+def _attention(ctx, node, h):
+    """The decoder stack. Masks are built once per (layer kind, window) from the first such layer's cache."""
+    b, inputs = ctx.binding, ctx.inputs
+    n = h.shape[1]
+    masks = {}
+    for layer, info, cache in zip(b.adapter.layers, b.layers, inputs.caches):
+        key = (info.kind, info.window)
+        if key not in masks:
+            if info.kind == "linear_attention":
+                masks[key] = cache.make_mask(n)
+            else:
+                masks[key] = cache.make_mask(n, window_size=info.window)
+        h = layer(h, masks[key], cache)
+    return h
+
+
+def _logits(ctx, node, h):
+    if node.param_dict.get("positions", "last") == "last":
+        h = h[:, -1:, :]
+    logits = ctx.binding.adapter.head(ctx.binding.adapter.norm(h))
+    if node.param_dict.get("dtype", "float32") == "float32":
+        logits = logits.astype(mx.float32)
+    return logits[:, -1, :] if logits.shape[1] == 1 else logits
+
+
+def _logit_edits(ctx, node, logits):
+    s = ctx.inputs.sampling
+    if s is not None:
+        logits = s.apply_edits(logits)
+    if ctx.inputs.extra_edits is not None:
+        logits = logits + ctx.inputs.extra_edits
+    return logits
+
+
+def _sample(ctx, node, logits):
+    s = ctx.inputs.sampling
+    if s is None or node.param_dict.get("method") == "greedy":
+        return mx.argmax(logits, axis=-1).astype(mx.int32)
+    return s.select(logits, key=ctx.inputs.key, candidates=node.param_dict.get("candidates", 1024))
+
+
+def _logprobs(ctx, node, logits, tokens):
+    s = ctx.inputs.sampling
+    if s is None or not s.wants_logprobs:
+        return None
+    return s.logprobs(logits, tokens)
+
+
+RULES: dict[str, Callable] = {
+    "embed": _embed,
+    "attention": _attention,
+    "logits": _logits,
+    "logit_edits": _logit_edits,
+    "sample": _sample,
+    "logprobs": _logprobs,
+}
+
+_HEAD_OPS = ("logits", "logit_edits", "sample", "logprobs")
+
+
+class LoweredStep:
+    """A plan made callable: `step(StepInputs) -> StepOutputs`, all outputs lazy."""
+
+    def __init__(self, plan: Plan, binding: Binding):
+        self.plan = plan
+        self.binding = binding
+        spec = binding.spec
+        self._nodes = [spec.node(s.node) for s in plan.steps]
+        outputs = spec.output_dict
+        self._next_tokens = outputs.get("next_tokens")
+        self._logprobs = outputs.get("logprobs")
+        self._hidden = next(n.id for n in self._nodes if n.op == "attention")
+        self._logits = next(n.id for n in self._nodes if n.op == "logits")
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        ctx = StepContext(self.binding, inputs)
+        values = ctx.values
+        for name in self.binding.spec.inputs:
+            values[name] = inputs.tokens
+        for node in self._nodes:
+            if not inputs.final and node.op in _HEAD_OPS:
+                continue  # non-final prefill chunks only fill the cache
+            args = [values[i] for i in node.inputs]
+            values[node.id] = RULES[node.op](ctx, node, *args)
+        return StepOutputs(
+            hidden=values[self._hidden],
+            logits=values.get(self._logits),
+            next_tokens=values.get(self._next_tokens),
+            logprobs=values.get(self._logprobs) if self._logprobs else None,
+        )
+
+
+def lower(binding: Binding, kind: str) -> LoweredStep:
+    return LoweredStep(build_plan(binding, kind), binding)

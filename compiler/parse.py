@@ -1,0 +1,205 @@
+"""Graph files -> GraphSpec: jinja2 rendering with the model config in scope, then YAML with line numbers.
+
+Problems are collected as Diagnostics (file, line, node, hint) instead of raising at
+the first one, so `graphc validate` can report all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from .errors import Diagnostic, GraphError, SourceLoc
+from .ir import CachePolicySpec, GraphSpec, NodeSpec, freeze
+
+GRAPHS_DIR = Path(__file__).resolve().parent.parent / "graphs"
+
+
+class _LineDict(dict):
+    line = 0
+    key_lines: dict
+
+
+class _LineList(list):
+    line = 0
+
+
+class _LineLoader(yaml.SafeLoader):
+    """A SafeLoader whose mappings and lists remember the (1-based) line they start on."""
+
+    def construct_mapping(self, node, deep=False):
+        value = _LineDict(super().construct_mapping(node, deep=True))
+        value.line = node.start_mark.line + 1
+        value.key_lines = {
+            self.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value
+        }
+        return value
+
+    def construct_sequence(self, node, deep=False):
+        value = _LineList(super().construct_sequence(node, deep=True))
+        value.line = node.start_mark.line + 1
+        return value
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _LineLoader.construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _LineLoader.construct_sequence)
+
+
+def resolve_graph_path(graph: str | os.PathLike) -> Path:
+    """A path, or the name of a built-in graph ('dense', 'sliding.yaml')."""
+    p = Path(graph)
+    if p.exists():
+        return p
+    for candidate in (GRAPHS_DIR / p.name, GRAPHS_DIR / f"{p.name}.yaml"):
+        if candidate.exists():
+            return candidate
+    known = ", ".join(sorted(x.stem for x in GRAPHS_DIR.glob("*.yaml")))
+    raise FileNotFoundError(f"graph '{graph}' not found: not a file, and not a built-in graph ({known})")
+
+
+def render(text: str, file: str, context: dict[str, Any]) -> tuple[str | None, list[Diagnostic]]:
+    """Render the jinja2 template; template errors become diagnostics with the template line."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    try:
+        return env.from_string(text).render(**context), []
+    except jinja2.TemplateSyntaxError as e:
+        return None, [Diagnostic(SourceLoc(file, e.lineno or 0), f"template syntax error: {e.message}",
+                                 hint="check the {% %} / {{ }} blocks on that line")]
+    except jinja2.UndefinedError as e:
+        line = 0
+        for frame in traceback.extract_tb(e.__traceback__):
+            if frame.filename == "<template>":
+                line = frame.lineno
+        hint = "the template reads a value the model config does not have; guard it with `{% if ... is defined %}`"
+        if not context.get("config"):
+            hint = "no model was given, so `config` is empty: pass --model DIR to render with its config.json"
+        return None, [Diagnostic(SourceLoc(file, line), f"template error: {e.message}", hint=hint)]
+
+
+def parse_text(text: str, file: str = "<memory>", config: dict | None = None) -> GraphSpec:
+    """Render + parse a graph; raises GraphError with every diagnostic found."""
+    spec, diags = parse_collect(text, file, config)
+    if spec is None or any(d.severity == "error" for d in diags):
+        raise GraphError(diags)
+    return spec
+
+
+def parse_file(path: str | os.PathLike, config: dict | None = None) -> GraphSpec:
+    path = resolve_graph_path(path)
+    return parse_text(path.read_text(), str(path), config)
+
+
+def parse_collect(text: str, file: str, config: dict | None = None) -> tuple[GraphSpec | None, list[Diagnostic]]:
+    """Like parse_text but returns (spec or None, diagnostics) without raising."""
+    config = dict(config or {})
+    context = {"config": config, "model_type": config.get("model_type", "")}
+    rendered, diags = render(text, file, context)
+    if rendered is None:
+        return None, diags
+    try:
+        doc = yaml.load(rendered, Loader=_LineLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark else 0
+        msg = getattr(e, "problem", None) or str(e)
+        return None, [Diagnostic(SourceLoc(file, line), f"YAML error: {msg}", hint="check indentation and colons")]
+    if not isinstance(doc, dict):
+        return None, [Diagnostic(SourceLoc(file, 1), "a graph file must be a YAML mapping",
+                                 hint="start with `name:`, `cache:`, `nodes:` and `outputs:` keys")]
+    return _build(doc, file, diags)
+
+
+_TOP_KEYS = {"name", "description", "inputs", "cache", "nodes", "outputs"}
+_NODE_KEYS = {"id", "op", "inputs", "params"}
+
+
+def _build(doc: _LineDict, file: str, diags: list[Diagnostic]) -> tuple[GraphSpec | None, list[Diagnostic]]:
+    def loc(line):
+        return SourceLoc(file, line)
+
+    for key in doc:
+        if key not in _TOP_KEYS:
+            diags.append(Diagnostic(loc(doc.key_lines.get(key, 0)), f"unknown top-level key '{key}'",
+                                    hint=f"allowed keys: {', '.join(sorted(_TOP_KEYS))}"))
+
+    name = str(doc.get("name") or Path(file).stem)
+    inputs = doc.get("inputs", ["tokens"])
+    if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+        diags.append(Diagnostic(loc(doc.key_lines.get("inputs", 0)), "`inputs` must be a list of names"))
+        inputs = ["tokens"]
+
+    cache = []
+    raw_cache = doc.get("cache") or {}
+    if not isinstance(raw_cache, dict):
+        diags.append(Diagnostic(loc(doc.key_lines.get("cache", 0)), "`cache` must map a layer type to a policy",
+                                hint="e.g. `cache: {full_attention: {policy: full}}`"))
+        raw_cache = {}
+    for layer_type, entry in raw_cache.items():
+        line = raw_cache.key_lines.get(layer_type, 0) if isinstance(raw_cache, _LineDict) else 0
+        if isinstance(entry, str):
+            entry = {"policy": entry}
+        if not isinstance(entry, dict) or "policy" not in entry:
+            diags.append(Diagnostic(loc(line), f"cache entry for '{layer_type}' needs a `policy:`",
+                                    hint=f"e.g. `{layer_type}: {{policy: full}}`"))
+            continue
+        params = {k: v for k, v in entry.items() if k != "policy"}
+        if isinstance(entry.get("params"), dict):
+            params = {**{k: v for k, v in params.items() if k != "params"}, **entry["params"]}
+        cache.append(CachePolicySpec(str(layer_type), str(entry["policy"]), freeze(params), loc(line)))
+
+    nodes = []
+    raw_nodes = doc.get("nodes")
+    if not isinstance(raw_nodes, list):
+        diags.append(Diagnostic(loc(doc.key_lines.get("nodes", doc.line)), "`nodes` must be a list of nodes",
+                                hint="e.g. `nodes: [{id: embed, op: embed, inputs: [tokens]}, ...]`"))
+        raw_nodes = []
+    for i, raw in enumerate(raw_nodes):
+        line = getattr(raw, "line", getattr(raw_nodes, "line", 0))
+        if not isinstance(raw, dict):
+            diags.append(Diagnostic(loc(line), f"node #{i} must be a mapping with `id` and `op`"))
+            continue
+        node_id = str(raw.get("id") or f"#{i}")
+        if "id" not in raw:
+            diags.append(Diagnostic(loc(line), f"node #{i} has no `id`", hint="give every node a unique id"))
+        if "op" not in raw:
+            diags.append(Diagnostic(loc(line), "node has no `op`", node=node_id,
+                                    hint="add `op:` with one of the op names (see docs/graph-format.md)"))
+        for key in raw:
+            if key not in _NODE_KEYS:
+                diags.append(Diagnostic(loc(raw.key_lines.get(key, line)), f"unknown node key '{key}'", node=node_id,
+                                        hint=f"allowed: {', '.join(sorted(_NODE_KEYS))}; op parameters go under `params:`"))
+        ins = raw.get("inputs", [])
+        if isinstance(ins, str):
+            ins = [ins]
+        if not isinstance(ins, list):
+            diags.append(Diagnostic(loc(line), "`inputs` must be a list of node ids", node=node_id))
+            ins = []
+        params = raw.get("params") or {}
+        if not isinstance(params, dict):
+            diags.append(Diagnostic(loc(line), "`params` must be a mapping", node=node_id))
+            params = {}
+        nodes.append(NodeSpec(node_id, str(raw.get("op", "")), tuple(str(x) for x in ins), freeze(params), loc(line)))
+
+    outputs = doc.get("outputs") or {}
+    if not isinstance(outputs, dict):
+        diags.append(Diagnostic(loc(doc.key_lines.get("outputs", 0)), "`outputs` must map output names to node ids",
+                                hint="e.g. `outputs: {next_tokens: sample}`"))
+        outputs = {}
+    out_lines = outputs.key_lines if isinstance(outputs, _LineDict) else {}
+    spec = GraphSpec(
+        name=name,
+        source=file,
+        description=str(doc.get("description", "")),
+        inputs=tuple(inputs),
+        nodes=tuple(nodes),
+        cache=tuple(cache),
+        outputs=tuple((str(k), str(v)) for k, v in outputs.items()),
+        output_lines=tuple((str(k), out_lines.get(k, 0)) for k in outputs),
+        loc=SourceLoc(file, 1),
+    )
+    return spec, diags

@@ -1,0 +1,147 @@
+"""The Plan: the lowered program for one batch kind, as plain data.
+
+`graphc inspect` prints it; lower.py turns it into a callable. Nothing here holds
+arrays, so a plan can be dumped to JSON, diffed and compared across graphs.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .bind import Binding
+from .ops import OPS
+
+BATCH_KINDS = ("prefill", "decode")
+
+
+@attrs.frozen
+class PlanStep:
+    index: int
+    node: str  # graph node id it came from
+    op: str
+    detail: str
+    when: str = "always"  # always | final chunk | rows that ask
+
+
+@attrs.frozen
+class LayerPlan:
+    index: int
+    kind: str
+    policy: str  # policy name
+    policy_detail: str  # name(params)
+    window: int | None
+    sinks: bool
+    bytes_per_token: int
+
+
+@attrs.frozen
+class Plan:
+    graph: str
+    source: str
+    kind: str
+    model_type: str
+    steps: tuple[PlanStep, ...]
+    layers: tuple[LayerPlan, ...]
+    chain_safe: bool
+    chain_notes: tuple[str, ...]
+    outputs: tuple  # (name, node id) pairs
+    ops: tuple = ()  # (primitive, count) pairs from tracing the lowered step, filled by inspect
+
+    def to_dict(self) -> dict:
+        d = attrs.asdict(self, recurse=True)
+        d["steps"] = [attrs.asdict(s) for s in self.steps]
+        d["layers"] = [attrs.asdict(l) for l in self.layers]
+        d["chain_notes"] = list(self.chain_notes)
+        d["outputs"] = dict(self.outputs)
+        d["ops"] = dict(self.ops)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        return cls(
+            graph=d["graph"], source=d["source"], kind=d["kind"], model_type=d["model_type"],
+            steps=tuple(PlanStep(**s) for s in d["steps"]),
+            layers=tuple(LayerPlan(**l) for l in d["layers"]),
+            chain_safe=d["chain_safe"], chain_notes=tuple(d["chain_notes"]),
+            outputs=tuple(d["outputs"].items()), ops=tuple(d.get("ops", {}).items()),
+        )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return sum(l.bytes_per_token for l in self.layers)
+
+
+def topo_nodes(spec):
+    """Graph nodes in dependency order (stable: file order among ready nodes)."""
+    import networkx as nx
+
+    from .validate import to_digraph
+
+    g = to_digraph(spec)
+    order = {n.id: i for i, n in enumerate(spec.nodes)}
+    ids = list(nx.lexicographical_topological_sort(g, key=lambda n: order.get(n, -1)))
+    return [spec.node(i) for i in ids if i in order]
+
+
+def _step_detail(node, binding: Binding, kind: str) -> tuple[str, str]:
+    p = {k: v for k, v in node.param_dict.items()}
+    if node.op == "embed":
+        adapter = type(binding.adapter).__name__
+        return f"token ids -> hidden [{binding.config.get('hidden_size')}] via {adapter}.embed", "always"
+    if node.op == "attention":
+        counts = {}
+        for l, pol in zip(binding.layers, binding.policies):
+            counts.setdefault((l.kind, pol.describe()), []).append(l.index)
+        parts = [f"{len(ix)}x {k} -> {d}" for (k, d), ix in counts.items()]
+        return f"{len(binding.layers)} layers: " + "; ".join(parts), "always"
+    when = "final chunk" if kind == "prefill" else "always"
+    if node.op == "logits":
+        pos = p.get("positions", "last")
+        return f"norm + lm_head on {pos} position(s), vocab {binding.config.get('vocab_size')}, float32", when
+    if node.op == "logit_edits":
+        edits = p.get("edits", list(OPS["logit_edits"].params["edits"].default))
+        return "additive edit rows: " + ", ".join(edits), "rows that ask"
+    if node.op == "sample":
+        return (f"per-row greedy / temperature / top-k / top-p / min-p, Gumbel-max; "
+                f"candidate set when every top_k <= {p.get('candidates', 1024)}"), when
+    if node.op == "logprobs":
+        return f"chosen-token logprob, top-N (N <= {p.get('max_top_n', 20)}), requested ids", "rows that ask"
+    return node.op, "always"
+
+
+def build_plan(binding: Binding, kind: str) -> Plan:
+    if kind not in BATCH_KINDS:
+        raise ValueError(f"unknown batch kind '{kind}' (known: {', '.join(BATCH_KINDS)})")
+    spec = binding.spec
+    steps = []
+    for i, node in enumerate(topo_nodes(spec)):
+        detail, when = _step_detail(node, binding, kind)
+        steps.append(PlanStep(i, node.id, node.op, detail, when))
+    layers = tuple(
+        LayerPlan(l.index, l.kind, pol.name, pol.describe(), l.window, l.sinks, pol.bytes_per_token())
+        for l, pol in zip(binding.layers, binding.policies)
+    )
+    notes = []
+    chain_safe = kind == "decode"
+    if kind != "decode":
+        notes.append("prefill batches are not chained: the next step needs the host to pick what runs")
+    for pol in binding.policies:
+        if not pol.chain_safe:
+            chain_safe = False
+            notes.append(f"policy '{pol.name}' needs host work between steps")
+            break
+    edits = spec.nodes_of("logit_edits")
+    if edits:
+        enabled = edits[0].param_dict.get("edits", OPS["logit_edits"].params["edits"].default)
+        if "grammar" in enabled:
+            notes.append("rows with a grammar break the chain: their mask for step N+1 needs step N's token on the host")
+        if "processors" in enabled:
+            notes.append("rows with custom logits processors break the chain: Python runs on their logits")
+    if kind == "decode" and chain_safe:
+        notes.insert(0, "chain-safe: step N+1 is built on step N's lazy tokens; penalty counts and "
+                        "min_tokens counters update inside the step")
+    return Plan(
+        graph=spec.name, source=spec.source, kind=kind, model_type=binding.model_type,
+        steps=tuple(steps), layers=layers, chain_safe=chain_safe, chain_notes=tuple(notes),
+        outputs=spec.outputs,
+    )

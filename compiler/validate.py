@@ -1,0 +1,195 @@
+"""Validation: one pass over a networkx DiGraph of the spec, collecting every problem.
+
+Checks, each a small function so `graphc validate` can name the check that fired:
+structure (ids, ops, params), edges (dangling inputs, types, cycles), required
+ops, outputs, cache policies. Binding (bind.py) adds the model-dependent checks.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from .errors import Diagnostic, SourceLoc, did_you_mean
+from .ir import GraphSpec
+from .ops import OPS, REQUIRED_OPS
+
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+REQUIRED_OUTPUTS = ("next_tokens",)
+
+
+def to_digraph(spec: GraphSpec) -> nx.DiGraph:
+    """Nodes are node ids plus graph inputs; an edge a -> b means b reads a."""
+    g = nx.DiGraph()
+    for name in spec.inputs:
+        g.add_node(name, op="input", spec=None)
+    for node in spec.nodes:
+        g.add_node(node.id, op=node.op, spec=node)
+    for node in spec.nodes:
+        for src in node.inputs:
+            if src in g:
+                g.add_edge(src, node.id)
+    return g
+
+
+def check_ids(spec: GraphSpec) -> list[Diagnostic]:
+    seen, out = {}, []
+    for node in spec.nodes:
+        if node.id in seen:
+            out.append(Diagnostic(node.loc, f"duplicate node id (first defined at line {seen[node.id].line})",
+                                  node=node.id, hint="node ids must be unique"))
+        elif node.id in spec.inputs:
+            out.append(Diagnostic(node.loc, "node id shadows a graph input", node=node.id,
+                                  hint="rename the node"))
+        else:
+            seen[node.id] = node.loc
+    return out
+
+
+def check_ops_and_params(spec: GraphSpec) -> list[Diagnostic]:
+    out = []
+    for node in spec.nodes:
+        op = OPS.get(node.op)
+        if op is None:
+            if node.op:
+                out.append(Diagnostic(node.loc, f"unknown op '{node.op}'", node=node.id,
+                                      hint=did_you_mean(node.op, OPS)))
+            continue
+        for key, value in node.param_dict.items():
+            p = op.params.get(key)
+            if p is None:
+                hint = did_you_mean(key, op.params) if op.params else f"op '{op.name}' takes no params"
+                out.append(Diagnostic(node.loc, f"unknown param '{key}' for op '{op.name}'", node=node.id, hint=hint))
+                continue
+            if isinstance(value, tuple) and p.type in ((list, tuple), list, tuple):
+                value = list(value)
+            if not isinstance(value, p.type) or isinstance(value, bool) and p.type is int:
+                tname = p.type.__name__ if isinstance(p.type, type) else "list"
+                out.append(Diagnostic(node.loc, f"param '{key}' must be a {tname}, got {value!r}", node=node.id))
+                continue
+            if p.choices and value not in p.choices:
+                out.append(Diagnostic(node.loc, f"param '{key}' is {value!r}", node=node.id,
+                                      hint=f"allowed: {', '.join(map(str, p.choices))}"))
+            problem = p.check(value) if p.check else None
+            if problem:
+                out.append(Diagnostic(node.loc, f"param '{key}' {problem}", node=node.id))
+            if key == "edits":
+                from .ops import EDIT_KINDS
+
+                for e in value:
+                    if e not in EDIT_KINDS:
+                        out.append(Diagnostic(node.loc, f"unknown edit '{e}'", node=node.id,
+                                              hint=did_you_mean(str(e), EDIT_KINDS)))
+    return out
+
+
+def check_edges(spec: GraphSpec, g: nx.DiGraph) -> list[Diagnostic]:
+    out = []
+    known = set(g.nodes)
+    produced = {name: "tokens" for name in spec.inputs}
+    produced.update({n.id: OPS[n.op].output for n in spec.nodes if n.op in OPS})
+    for node in spec.nodes:
+        for src in node.inputs:
+            if src not in known:
+                out.append(Diagnostic(node.loc, f"input '{src}' names no node or graph input", node=node.id,
+                                      hint=did_you_mean(src, known)))
+        op = OPS.get(node.op)
+        if op is None:
+            continue
+        if len(node.inputs) != len(op.inputs):
+            out.append(Diagnostic(node.loc, f"op '{op.name}' takes {len(op.inputs)} input(s) "
+                                  f"({', '.join(op.inputs)}), got {len(node.inputs)}", node=node.id))
+            continue
+        for src, want in zip(node.inputs, op.inputs):
+            have = produced.get(src)
+            if have is not None and have != want:
+                out.append(Diagnostic(node.loc, f"input '{src}' produces {have}, but op '{op.name}' expects {want} here",
+                                      node=node.id, hint=f"feed it from a node that produces {want}"))
+    try:
+        cycle = nx.find_cycle(g)
+        ids = [a for a, _ in cycle]
+        first = spec.node(ids[0])
+        out.append(Diagnostic(first.loc, f"cycle: {' -> '.join(ids + [ids[0]])}", node=first.id,
+                              hint="a step graph must be acyclic; a value cannot depend on itself within one step"))
+    except nx.NetworkXNoCycle:
+        pass
+    return out
+
+
+def check_required(spec: GraphSpec) -> list[Diagnostic]:
+    out = []
+    ops = {n.op for n in spec.nodes}
+    for req in REQUIRED_OPS:
+        if req not in ops:
+            out.append(Diagnostic(spec.loc, f"missing a required '{req}' node",
+                                  hint=f"every step graph needs: {', '.join(REQUIRED_OPS)}"))
+    for op in ("embed", "attention", "logits", "sample", "logprobs", "logit_edits"):
+        nodes = spec.nodes_of(op)
+        if len(nodes) > 1:
+            out.append(Diagnostic(nodes[1].loc, f"more than one '{op}' node", node=nodes[1].id,
+                                  hint="a step graph has at most one node of each op"))
+    return out
+
+
+def check_outputs(spec: GraphSpec, g: nx.DiGraph) -> list[Diagnostic]:
+    out = []
+    lines = dict(spec.output_lines)
+    outputs = spec.output_dict
+    for name in REQUIRED_OUTPUTS:
+        if name not in outputs:
+            out.append(Diagnostic(spec.loc, f"missing output '{name}'",
+                                  hint="add `outputs: {next_tokens: <your sample node>}`"))
+    for name, node_id in outputs.items():
+        loc = SourceLoc(spec.source, lines.get(name, 0))
+        if node_id not in g:
+            out.append(Diagnostic(loc, f"output '{name}' names unknown node '{node_id}'",
+                                  hint=did_you_mean(node_id, [n.id for n in spec.nodes])))
+            continue
+        want = {"next_tokens": "sample", "logprobs": "logprobs"}.get(name)
+        got = g.nodes[node_id]["op"]
+        if want and got != want:
+            out.append(Diagnostic(loc, f"output '{name}' must come from a '{want}' node, not '{got}'", node=node_id))
+    # Nodes whose value reaches no output are dead: almost always a wiring mistake.
+    targets = {v for v in outputs.values() if v in g}
+    live = set(targets)
+    for t in targets:
+        live |= nx.ancestors(g, t)
+    for node in spec.nodes:
+        if node.id not in live and targets:
+            out.append(Diagnostic(node.loc, "node reaches no graph output", node=node.id, severity="warning",
+                                  hint="wire it into an output or delete it"))
+    return out
+
+
+def check_cache(spec: GraphSpec) -> list[Diagnostic]:
+    from graphc.runtime.cache.registry import get_policy, policy_names
+
+    out = []
+    if not spec.cache:
+        out.append(Diagnostic(spec.loc, "no `cache:` section: attention layers have no policy",
+                              hint="e.g. `cache: {full_attention: {policy: full}}`"))
+    for c in spec.cache:
+        if c.layer_type not in LAYER_TYPES:
+            out.append(Diagnostic(c.loc, f"unknown layer type '{c.layer_type}'", hint=did_you_mean(c.layer_type, LAYER_TYPES)))
+        try:
+            cls = get_policy(c.policy)
+        except KeyError:
+            out.append(Diagnostic(c.loc, f"unknown cache policy '{c.policy}' for {c.layer_type}",
+                                  hint=did_you_mean(c.policy, policy_names())))
+            continue
+        for problem in cls.check_params(c.param_dict):
+            out.append(Diagnostic(c.loc, f"cache policy '{c.policy}': {problem}"))
+    return out
+
+
+CHECKS = (check_ids, check_ops_and_params, check_required, check_cache)
+
+
+def validate(spec: GraphSpec) -> list[Diagnostic]:
+    """Every problem the spec has on its own (no model). Errors and warnings, in file order."""
+    g = to_digraph(spec)
+    diags = []
+    for check in CHECKS:
+        diags += check(spec)
+    diags += check_edges(spec, g)
+    diags += check_outputs(spec, g)
+    return sorted(diags, key=lambda d: (d.loc.file, d.loc.line))

@@ -1,0 +1,6 @@
+"""Cache policies: registered by name, bound per layer by the compiler."""
+
+from .base import CachePolicy, LayerCache, PolicyParam
+from .registry import get_policy, policy_names, register_policy
+
+__all__ = ["CachePolicy", "LayerCache", "PolicyParam", "get_policy", "policy_names", "register_policy"]

@@ -1,0 +1,110 @@
+"""The cache-policy protocol.
+
+A *policy* is bound to one layer at bind time (it knows the layer's kind, heads,
+head_dim, window). It creates *layer caches*: the objects an mlx-lm attention layer
+is handed as `cache=`. mlx-lm layers only ever touch
+
+    cache.offset                       RoPE position (int, or an mx.array [B] per row)
+    cache.update_and_fetch(k, v)       write the new keys/values, return what to attend over
+    cache.make_mask(N, window_size=None, return_array=False)   (called by the lowering)
+
+so the model never knows its policy. The runtime additionally batches requests
+with four operations every layer cache implements:
+
+    filter(rows)    keep only these batch rows (requests that finished leave)
+    extend(other)   append other's rows (admitted requests join the decode batch)
+    extract(row)    one row as a batch-of-one cache (preemption, prefix storage)
+    nbytes          bytes held right now
+
+Rows are left-padded: every row writes its new token at the same column, so one
+decode step is one slice-update per layer for the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+
+@attrs.frozen
+class PolicyParam:
+    type: type
+    default: Any
+    doc: str = ""
+
+
+class LayerCache:
+    """Per-batch state for one layer. See the module docstring for the protocol."""
+
+    offset: Any
+
+    def update_and_fetch(self, keys, values):  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        raise NotImplementedError
+
+    def filter(self, rows: list[int]) -> None:
+        raise NotImplementedError
+
+    def extend(self, other: "LayerCache") -> None:
+        raise NotImplementedError
+
+    def extract(self, row: int) -> "LayerCache":
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+
+class CachePolicy:
+    """Base class for policies. Subclasses register with @register_policy("name")."""
+
+    name: ClassVar[str] = "?"
+    PARAMS: ClassVar[dict[str, PolicyParam]] = {}
+    LAYER_KINDS: ClassVar[tuple[str, ...]] = ("full_attention",)
+    chain_safe: ClassVar[bool] = True
+
+    def __init__(self, layer, **params):
+        problems = self.check_params(params)
+        if problems:
+            raise ValueError(f"cache policy '{self.name}': " + "; ".join(problems))
+        self.layer = layer
+        self.params = {k: p.default for k, p in self.PARAMS.items()} | params
+
+    @classmethod
+    def check_params(cls, params: dict) -> list[str]:
+        out = []
+        for key, value in params.items():
+            p = cls.PARAMS.get(key)
+            if p is None:
+                known = ", ".join(sorted(cls.PARAMS)) or "none"
+                out.append(f"unknown param '{key}' (accepted: {known})")
+            elif value is not None and not isinstance(value, p.type):
+                out.append(f"param '{key}' must be {p.type.__name__}, got {value!r}")
+        return out
+
+    @classmethod
+    def check_layer(cls, layer) -> str | None:
+        """Why this policy cannot serve `layer` (None when it can)."""
+        if layer.kind not in cls.LAYER_KINDS:
+            return f"policy '{cls.name}' serves {', '.join(cls.LAYER_KINDS)} layers, not {layer.kind}"
+        return None
+
+    def bytes_per_token(self) -> int:
+        """KV bytes one request adds per token of context (0 for constant-size state)."""
+        return self.layer.kv_bytes_per_token
+
+    def bytes_per_request(self, context: int) -> int:
+        """Bytes one request holds at `context` tokens (steady state)."""
+        return self.bytes_per_token() * context
+
+    def describe(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.params.items() if v is not None)
+        return f"{self.name}({extra})" if extra else self.name
+
+    def new_cache(self) -> LayerCache:
+        """An empty cache for a batch of one request."""
+        raise NotImplementedError

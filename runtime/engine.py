@@ -1,0 +1,174 @@
+"""The Engine: load a model, compile its step graph, run requests with continuous batching.
+
+    from graphc.runtime import Engine, SamplingParams
+    engine = Engine.load("path/to/model")          # graph picked from the layer types
+    [res] = engine.generate(["Once upon a time"], SamplingParams(max_tokens=32))
+    print(res.text)
+
+Low-level loop for servers: `add_request`, `step`, `abort` (see docs/embedding.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from graphc.compiler.compile import CompiledGraph, compile_graph
+
+from .params import SamplingParams
+from .request import GenerationResult, Request, RequestOutput, Status
+from .runner import ModelRunner
+from .scheduler import Scheduler
+from .text import TextState
+
+
+class Engine:
+    def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
+                 max_batch: int = 64, chain: bool = True, model_path: str | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = config
+        self.model_path = model_path
+        self.compiled: CompiledGraph = compile_graph(graph, model, config)
+        self.runner = ModelRunner(self.compiled, chain=chain)
+        self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk)
+        self.vocab_size = int(config.get("vocab_size") or model.args.vocab_size)
+        self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+        self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0}
+
+    # -- construction -------------------------------------------------------------
+    @classmethod
+    def load(cls, model_dir: str | Path | None = None, graph=None, **kwargs) -> "Engine":
+        """Load a model folder (the built-in demo model when None) and compile `graph` for it."""
+        import mlx_lm
+
+        if model_dir is None:
+            from graphc.compiler.modelgen import demo_model_path
+
+            model_dir = demo_model_path()
+        path = Path(model_dir)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(
+                f"no model folder at '{model_dir}' (expected a config.json there); "
+                "graphc never downloads weights — build a test model with `graphc make-model`"
+            )
+        config = json.loads((path / "config.json").read_text())
+        model, tokenizer = mlx_lm.load(str(path))
+        return cls(model, tokenizer, config, graph, model_path=str(path), **kwargs)
+
+    # -- low-level loop -------------------------------------------------------------
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token id {bad[0]} is out of range for a vocabulary of {self.vocab_size}")
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        return ids
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a request; returns its id. Raises ValueError for a bad prompt or params."""
+        params = (params or SamplingParams()).validate(self.vocab_size)
+        ids = self.encode(prompt)
+        req = Request(ids, params) if request_id is None else Request(ids, params, id=request_id)
+        req.detokenizer = TextState(self.tokenizer, params.stop)
+        self.scheduler.add(req)
+        self.stats["prompt_tokens"] += len(ids)
+        return req.id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now; it reports finish_reason 'abort'. False if it is unknown or done."""
+        req = self.scheduler.by_id.get(request_id)
+        if req is None:
+            return False
+        self._finish(req, "abort")
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler iteration: some prefill chunks, then one decode step. Returns deltas."""
+        sched = self.scheduler.schedule()
+        touched: list[Request] = []
+        for req, n in sched.prefill:
+            if req.status is Status.WAITING:
+                req.status = Status.PREFILLING
+            first = self.runner.prefill_chunk(req, n)
+            self.stats["computed_prompt_tokens"] += n
+            if first is None:
+                continue
+            req.first_token_time = time.perf_counter()
+            self.scheduler.started(req)
+            if not self._append(req, first):
+                self.runner.join(req)
+            touched.append(req)
+        if sched.decode:
+            for req, tok in self.runner.decode():
+                if req.finished:
+                    continue
+                self._append(req, tok)
+                touched.append(req)
+        return [self._delta(r) for r in dict.fromkeys(touched)]
+
+    def _append(self, req: Request, tok: int) -> bool:
+        """Record one generated token; finish the request if it stops here. True when finished."""
+        req.output_ids.append(tok)
+        self.stats["generated_tokens"] += 1
+        p = req.params
+        hit_stop = req.detokenizer.add(tok)
+        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            self._finish(req, "stop")
+        elif hit_stop:
+            self._finish(req, "stop")
+        elif len(req.output_ids) >= p.max_tokens:
+            self._finish(req, "length")
+        return req.finished
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.finished:
+            return
+        req.finish_time = time.perf_counter()
+        was_running = req.status is Status.RUNNING
+        self.scheduler.finish(req, reason)
+        req.caches = None  # a request aborted mid-prefill drops its partial KV
+        if was_running:
+            self.runner.leave([req])
+
+    def _delta(self, req: Request) -> RequestOutput:
+        new_ids = req.output_ids[req.emitted_tokens:]
+        req.emitted_tokens = len(req.output_ids)
+        text = req.detokenizer.flush() if req.finished else req.detokenizer.ready()
+        return RequestOutput(req.id, new_ids, text, req.finished, req.finish_reason)
+
+    # -- one-call API ---------------------------------------------------------------
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
+                 progress: bool = False) -> list[GenerationResult]:
+        """Run every prompt to completion, batched together; one result per prompt, in order."""
+        if isinstance(prompts, (str,)) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("generate() takes a list of prompts (strings or token-id lists)")
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        else:
+            params = [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        reqs = {i: self.scheduler.by_id[i] for i in ids}
+        while self.has_unfinished():
+            self.step()
+        return [self._result(reqs[i]) for i in ids]
+
+    def _result(self, req: Request) -> GenerationResult:
+        return GenerationResult(
+            request_id=req.id, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
+            text=req.detokenizer.text, finish_reason=req.finish_reason or "abort",
+            cached_tokens=req.cached_tokens, logprobs=req.logprobs or None,
+            prompt_logprobs=req.prompt_logprobs,
+            ttft_s=(req.first_token_time - req.arrival) if req.first_token_time else None,
+            latency_s=(req.finish_time - req.arrival) if req.finish_time else None,
+        )

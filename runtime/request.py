@@ -1,0 +1,87 @@
+"""Requests as the scheduler sees them: plain Python state, no arrays but the cache handles."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+
+import attrs
+
+from .params import SamplingParams
+
+_ids = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # admitted to the queue, no KV yet
+    PREFILLING = "prefilling"  # some prompt chunks done
+    RUNNING = "running"  # in the decode batch
+    FINISHED = "finished"
+
+
+@attrs.define(eq=False)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    id: str = attrs.field(factory=lambda: f"req-{next(_ids)}")
+    output_ids: list[int] = attrs.field(factory=list)
+    status: Status = Status.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    prefilled: int = 0  # prompt tokens whose KV exists
+    cached_tokens: int = 0  # prompt tokens that came from the prefix cache
+    caches: list | None = None  # per-layer caches while prefilling (batch of one)
+    arrival: float = attrs.field(factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    text: str = ""
+    emitted_tokens: int = 0  # output tokens already reported through step()
+    emitted_text: int = 0
+    detokenizer: object = None
+    logprobs: list = attrs.field(factory=list)
+    prompt_logprobs: list | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@attrs.frozen
+class GenerationResult:
+    """The finished output of one prompt."""
+
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    cached_tokens: int = 0
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+    ttft_s: float | None = None
+    latency_s: float | None = None
+
+    @property
+    def usage(self) -> dict:
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.token_ids),
+                "cached_tokens": self.cached_tokens}
+
+
+@attrs.frozen
+class RequestOutput:
+    """What one `Engine.step()` produced for one request: the new tokens and text since last time."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None = None
+    new_logprobs: list | None = None
