@@ -1,2 +1,161 @@
-def main():
-    print("hi")
+"""The `graphc` command line: generate, inspect, validate, make-model (and serve, bench)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _model_dir(args) -> Path:
+    if args.model:
+        return Path(args.model)
+    from graphc.compiler.modelgen import demo_model_path
+
+    return demo_model_path()
+
+
+def _load_model(path: Path):
+    import mlx_lm
+
+    if not (path / "config.json").exists():
+        raise SystemExit(f"graphc: no model folder at '{path}' (expected config.json); "
+                         "make one with `graphc make-model --arch llama --out DIR`")
+    model, tokenizer = mlx_lm.load(str(path))
+    return model, tokenizer, json.loads((path / "config.json").read_text())
+
+
+def cmd_generate(args) -> int:
+    from graphc.runtime import Engine, SamplingParams
+
+    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk)
+    prompt = args.prompt
+    if args.chat:
+        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                      add_generation_prompt=True, tokenize=True)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
+    rid = engine.add_request(prompt, params)
+    if isinstance(args.prompt, str) and not args.chat:
+        sys.stdout.write(args.prompt)
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == rid:
+                sys.stdout.write(out.new_text)
+                sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from graphc.compiler.compile import compile_graph
+    from graphc.compiler.errors import GraphError
+    from graphc.compiler.inspect import inspect_plan
+
+    model, _, config = _load_model(_model_dir(args))
+    try:
+        compiled = compile_graph(args.graph, model, config)
+    except GraphError as e:
+        print(e, file=sys.stderr)
+        return 1
+    text = inspect_plan(compiled, args.kind, args.format, trace=not args.no_trace)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from graphc.compiler.bind import bind
+    from graphc.compiler.errors import GraphError
+    from graphc.compiler.parse import parse_collect, resolve_graph_path
+    from graphc.compiler.validate import validate
+
+    try:
+        path = resolve_graph_path(args.graph)
+    except FileNotFoundError as e:
+        print(f"graphc: {e}", file=sys.stderr)
+        return 2
+    config, model = {}, None
+    if args.model:
+        model, _, config = _load_model(Path(args.model))
+    spec, diags = parse_collect(path.read_text(), str(path), config)
+    if spec is not None:
+        diags += validate(spec)
+        if model is not None and not any(d.severity == "error" for d in diags):
+            try:
+                bind(spec, model, config)
+            except GraphError as e:
+                diags += e.diagnostics
+    errors = [d for d in diags if d.severity == "error"]
+    for d in diags:
+        print(d)
+    if errors:
+        print(f"{path}: {len(errors)} error(s), {len(diags) - len(errors)} warning(s)")
+        return 1
+    bound = f" and binds to {config.get('model_type')} model {args.model}" if model is not None else ""
+    print(f"{path}: ok{bound} ({len(diags)} warning(s))")
+    return 0
+
+
+def cmd_make_model(args) -> int:
+    from graphc.compiler.modelgen import run_cli
+
+    return run_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="graphc", description="LLM serving on MLX with declared step graphs.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate a continuation of PROMPT (streams to the terminal)")
+    g.add_argument("prompt")
+    g.add_argument("--model", help="model folder (default: the built-in demo model)")
+    g.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--prefill-chunk", type=int, default=512)
+    g.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    g.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")
+    i.add_argument("graph", help="graph file or built-in name (dense, sliding, hybrid)")
+    i.add_argument("--model", help="model folder (default: the built-in demo model)")
+    i.add_argument("--kind", choices=["prefill", "decode"], default="decode")
+    i.add_argument("--format", choices=["text", "json", "dot"], default="text")
+    i.add_argument("--no-trace", action="store_true", help="skip tracing the lowered step for its op counts")
+    i.add_argument("-o", "--output", help="write to this file instead of stdout")
+    i.set_defaults(func=cmd_inspect)
+
+    v = sub.add_parser("validate", help="check GRAPH and report every problem found")
+    v.add_argument("graph")
+    v.add_argument("--model", help="also render with this model's config and bind to it")
+    v.set_defaults(func=cmd_validate)
+
+    m = sub.add_parser("make-model", help="write a tiny random-weight model folder of a real mlx-lm architecture")
+    from graphc.compiler.modelgen import add_cli_arguments
+
+    add_cli_arguments(m)
+    m.set_defaults(func=cmd_make_model)
+
+    for name, module in (("serve", "graphc.runtime.server.cli"), ("bench", "graphc.runtime.bench.cli")):
+        try:
+            mod = __import__(module, fromlist=["add_parser"])
+        except ImportError:
+            continue  # optional parts not installed
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

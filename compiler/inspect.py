@@ -1,0 +1,67 @@
+"""`graphc inspect`: render a Plan as text (jinja2), JSON or graphviz dot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import jinja2
+
+from .compile import CompiledGraph
+from .plan import Plan
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
+    keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,
+)
+
+MEMORY_CONTEXTS = (8192, 32768)
+
+
+def memory_table(compiled: CompiledGraph) -> dict | None:
+    """KV bytes per request at 8k and 32k context: as bound, and as if every attention layer were `full`."""
+    pols = compiled.binding.policies
+    kinds = {l.kind for l in compiled.binding.layers}
+    if kinds == {"full_attention"}:
+        return None
+    rows = []
+    for ctx in MEMORY_CONTEXTS:
+        bound = sum(p.bytes_per_request(ctx) for p in pols)
+        full = sum(l.kv_bytes_per_token * ctx for l in compiled.binding.layers)
+        rows.append({"context": ctx, "values": [bound, full]})
+    return {"columns": ["as bound", "all full"], "rows": rows}
+
+
+def render_text(plan: Plan, memory: dict | None = None) -> str:
+    return _TEMPLATES.get_template("plan.txt.j2").render(plan=plan, memory=memory)
+
+
+def render_dot(plan: Plan, compiled: CompiledGraph) -> str:
+    spec = compiled.spec
+    edges = [(src, n.id) for n in spec.nodes for src in n.inputs]
+    return _TEMPLATES.get_template("plan.dot.j2").render(plan=plan, inputs=spec.inputs, edges=edges)
+
+
+def render_json(plan: Plan, memory: dict | None = None) -> str:
+    d = plan.to_dict()
+    d["format"] = "graphc.plan/1"
+    if memory:
+        d["kv_bytes_per_request"] = memory
+    return json.dumps(d, indent=2)
+
+
+def inspect_plan(compiled: CompiledGraph, kind: str, fmt: str = "text", trace: bool = True) -> str:
+    plan = compiled.plan(kind)
+    if trace:
+        from .trace import trace_ops
+
+        plan = attrs.evolve(plan, ops=tuple(trace_ops(compiled, kind)))
+    memory = memory_table(compiled)
+    if fmt == "json":
+        return render_json(plan, memory)
+    if fmt == "dot":
+        return render_dot(plan, compiled)
+    if fmt == "text":
+        return render_text(plan, memory)
+    raise ValueError(f"unknown format '{fmt}' (text, json, dot)")
