@@ -1,0 +1,63 @@
+"""Token selection, penalties, logit edits and logprobs as pure lazy mx functions.
+
+The step graph's ``logit_edits``, ``sample`` and ``logprobs`` nodes. Build a
+``SamplingTensors`` once per batch composition, then per step call
+``sample_step`` (or the three pieces: ``edit_logits`` -> ``select_tokens`` ->
+``token_logprobs``) and ``advance``. See docs/sampling.md.
+"""
+
+from .edits import (
+    apply_additive_mask,
+    apply_edits,
+    apply_logits_processors,
+    apply_token_bitmask,
+)
+from .logprobs import LogprobsOutput, logprobs_of, prompt_logprobs, token_logprobs
+from .murmur import murmur3_32, murmur3_32_bytes, murmur3_32_words_py
+from .noise import gumbel_noise, row_noise_state, split_seed
+from .params import MAX_LOGPROBS, SamplingParams, SamplingParamsLike, validate_params
+from .penalties import (
+    apply_penalties,
+    build_token_counts,
+    penalize,
+    penalty_history,
+    update_token_counts,
+)
+from .select import noise_state, select_tokens
+from .step import StepOutput, advance, edit_logits, sample_step
+from .tensors import CANDIDATE_MAX, RowGroup, SamplingTensors
+
+__all__ = [
+    "CANDIDATE_MAX",
+    "MAX_LOGPROBS",
+    "LogprobsOutput",
+    "RowGroup",
+    "SamplingParams",
+    "SamplingParamsLike",
+    "SamplingTensors",
+    "StepOutput",
+    "advance",
+    "apply_additive_mask",
+    "apply_edits",
+    "apply_logits_processors",
+    "apply_penalties",
+    "apply_token_bitmask",
+    "build_token_counts",
+    "edit_logits",
+    "gumbel_noise",
+    "logprobs_of",
+    "murmur3_32",
+    "murmur3_32_bytes",
+    "murmur3_32_words_py",
+    "noise_state",
+    "penalize",
+    "penalty_history",
+    "prompt_logprobs",
+    "row_noise_state",
+    "sample_step",
+    "select_tokens",
+    "split_seed",
+    "token_logprobs",
+    "update_token_counts",
+    "validate_params",
+]

@@ -1,0 +1,197 @@
+"""Token selection for mixed batches: greedy argmax and filtered Gumbel-max.
+
+All functions here are pure lazy mx ops on batched arrays; branching happens
+only on host flags of ``SamplingTensors`` while the graph is built.
+
+Rank order. Filters are defined on one total order of the vocabulary: edited
+logit descending, ties broken by lower token id. It is realised as a uint64 key
+``(orderable_bits(float32 logit) << 32) | (0xFFFFFFFF - token_id)`` so that
+top-k over keys gives exactly the first k ranks, with no tie ambiguity. Both the
+candidate path (top-K keys, then sort K) and the full path (sort all V keys)
+therefore see the same prefix of ranks for the same row, and the kept set of a
+row is always a prefix of that order:
+
+    keep(r) = r < top_k
+              and (top_p >= 1 or excl_cumsum_r < top_p * Z)   # Z = mass of the top-k ranks
+              and s_r - s_0 >= log(min_p)                        # s = logit / T
+
+Then token = argmax over kept ranks of s_r + g(seed, position, id_r). Noise is
+keyed by token id, so a row picks the same token on either path.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .noise import gumbel_noise, row_noise_state
+from .tensors import CANDIDATES, FULL, GREEDY, PLAIN, RowGroup, SamplingTensors
+
+_NEG_INF = float("-inf")
+
+
+# --------------------------------------------------------------------------
+# rank keys
+# --------------------------------------------------------------------------
+
+
+def _order_keys(b: mx.array, ids: mx.array) -> mx.array:
+    # IEEE order -> unsigned order: flip every bit of negatives, the sign bit of positives.
+    neg = (b >> mx.array(31, mx.uint32)) == mx.array(1, mx.uint32)
+    o = mx.where(neg, ~b, b | mx.array(0x80000000, mx.uint32))
+    return (o.astype(mx.uint64) << mx.array(32, mx.uint64)) | (
+        mx.array(0xFFFFFFFF, mx.uint32) - ids
+    ).astype(mx.uint64)
+
+
+# Elementwise only: one fused kernel instead of ~8 passes over [b, V].
+_order_keys_c = mx.compile(_order_keys, shapeless=True)
+
+
+def rank_keys(x: mx.array) -> mx.array:
+    """uint64 [b, V] keys whose descending order is the rank order of ``x [b, V]``."""
+    b, v = x.shape
+    ids = mx.broadcast_to(mx.arange(v, dtype=mx.uint32)[None], (b, v))
+    # The bit view stays outside the compiled function: View has no shapeless form.
+    return _order_keys_c(x.astype(mx.float32).view(mx.uint32), ids)
+
+
+def _ids_from_keys(keys: mx.array) -> mx.array:
+    low = (keys & mx.array(0xFFFFFFFF, mx.uint64)).astype(mx.uint32)
+    return (mx.array(0xFFFFFFFF, mx.uint32) - low).astype(mx.int32)
+
+
+def rank_order(x: mx.array, width: int) -> tuple[mx.array, mx.array]:
+    """First ``width`` ranks of each row: (values in x's dtype [b, width], ids int32 [b, width])."""
+    keys = rank_keys(x)
+    if width < x.shape[-1]:
+        keys = mx.topk(keys, width, axis=-1)
+    keys = mx.sort(keys, axis=-1)[:, ::-1]
+    ids = _ids_from_keys(keys)
+    return mx.take_along_axis(x, ids, axis=-1), ids
+
+
+# --------------------------------------------------------------------------
+# per-group selectors
+# --------------------------------------------------------------------------
+
+
+def select_greedy(x: mx.array) -> mx.array:
+    """Exact argmax (first index on ties, i.e. the lowest id), int32 [b]."""
+    return mx.argmax(x, axis=-1).astype(mx.int32)
+
+
+def select_plain(x: mx.array, inv_temperature: mx.array, state: mx.array) -> mx.array:
+    """Temperature only: argmax(x / T + g) over the whole vocabulary; no sort."""
+    s = x.astype(mx.float32) * inv_temperature[:, None]
+    ids = mx.arange(x.shape[-1], dtype=mx.uint32)[None]
+    return mx.argmax(s + gumbel_noise(state, ids), axis=-1).astype(mx.int32)
+
+
+def filtered_choice(sv: mx.array, sid: mx.array, g: RowGroup, state: mx.array) -> mx.array:
+    """Filters + Gumbel-max in rank space. ``sv``/``sid`` [b, n] are the first n
+    ranks (values, ids) of each row; returns the chosen token ids int32 [b]."""
+    b, n = sv.shape
+    s = sv.astype(mx.float32) * g.inv_temperature[:, None]
+    s0 = s[:, :1]
+    keep = None
+    k = mx.minimum(g.top_k, n)[:, None]
+    if g.use_top_k:
+        keep = mx.arange(n)[None] < k
+    if g.use_top_p:
+        p = mx.exp(s - s0)
+        if keep is not None:
+            p = mx.where(keep, p, 0.0)
+        c = mx.cumsum(p, axis=-1)
+        # Z is read from the same scan as the prefix sums, so the two paths
+        # (K-wide and V-wide rows share the first K prefix sums) agree bit for bit.
+        z = mx.take_along_axis(c, k - 1, axis=-1)
+        excl = mx.concatenate([mx.zeros((b, 1), mx.float32), c[:, :-1]], axis=1)
+        top_p = g.top_p[:, None]
+        kp = (excl < top_p * z) | (top_p >= 1.0)
+        keep = kp if keep is None else keep & kp
+    if g.use_min_p:
+        km = (s - s0) >= g.log_min_p[:, None]
+        keep = km if keep is None else keep & km
+    score = s + gumbel_noise(state, sid)
+    if keep is not None:
+        score = mx.where(keep, score, _NEG_INF)
+    j = mx.argmax(score, axis=-1)[:, None]
+    return mx.take_along_axis(sid, j, axis=-1)[:, 0]
+
+
+def select_candidates(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
+    """Rows whose top_k bounds the kept set: work on the first ``g.width`` ranks."""
+    sv, sid = rank_order(x, g.width)
+    return filtered_choice(sv, sid, g, state)
+
+
+def select_full(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
+    """Rows with top_p / min_p and no small top_k: full-vocabulary rank sort."""
+    sv, sid = rank_order(x, x.shape[-1])
+    return filtered_choice(sv, sid, g, state)
+
+
+# --------------------------------------------------------------------------
+# batch entry point
+# --------------------------------------------------------------------------
+
+
+def noise_state(st: SamplingTensors, positions: mx.array, key: mx.array | None = None) -> mx.array:
+    """uint32 [B] murmur state per row: the row's seed when it has one, else
+    fresh words split from ``key`` (or from the global mx.random state when
+    ``key`` is None), absorbed with the row's position."""
+    lo, hi = st.seed_lo, st.seed_hi
+    if not st.all_seeded:
+        if key is not None:
+            rnd = mx.random.split(key, st.batch_size)
+        else:
+            rnd = mx.random.randint(0, 2**31 - 1, (st.batch_size, 2), dtype=mx.int32).astype(mx.uint32)
+        if st.any_seeded:
+            lo = mx.where(st.has_seed, lo, rnd[:, 0])
+            hi = mx.where(st.has_seed, hi, rnd[:, 1])
+        else:
+            lo, hi = rnd[:, 0], rnd[:, 1]
+    return row_noise_state(lo, hi, positions)
+
+
+def select_group(x: mx.array, g: RowGroup, state: mx.array | None) -> mx.array:
+    if g.kind == GREEDY:
+        return select_greedy(x)
+    if g.kind == PLAIN:
+        return select_plain(x, g.inv_temperature, state)
+    if g.kind == CANDIDATES:
+        return select_candidates(x, g, state)
+    if g.kind == FULL:
+        return select_full(x, g, state)
+    raise ValueError(f"unknown selection group {g.kind!r}")
+
+
+def select_tokens(
+    logits: mx.array,
+    st: SamplingTensors,
+    positions: mx.array | None = None,
+    key: mx.array | None = None,
+) -> mx.array:
+    """Choose one token per row. Returns int32 [B], lazy.
+
+    logits     [B, V] any float dtype, already edited (penalties, bias, bans, masks)
+    positions  int [B]: sequence index the chosen token will occupy (noise key);
+               unused (may be None) when every row is greedy
+    key        mx.random key for rows without a seed
+    """
+    if st.all_greedy:
+        return select_greedy(logits)
+    if positions is None:
+        raise ValueError("positions are required when any row samples")
+    state = noise_state(st, positions, key)
+    outs = []
+    for g in st.groups:
+        if g.rows is None:
+            outs.append(select_group(logits, g, state))
+        else:
+            xs = mx.take(logits, g.rows, axis=0)
+            ss = None if g.kind == GREEDY else mx.take(state, g.rows)
+            outs.append(select_group(xs, g, ss))
+    if len(outs) == 1:
+        return outs[0]
+    return mx.take(mx.concatenate(outs), st.inverse_perm)
