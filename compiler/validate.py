@@ -117,9 +117,13 @@ def check_edges(spec: GraphSpec, g: nx.DiGraph) -> list[Diagnostic]:
 
 def check_required(spec: GraphSpec) -> list[Diagnostic]:
     out = []
+    import difflib
+
     ops = {n.op for n in spec.nodes}
+    unknown = [op for op in ops if op not in OPS]
     for req in REQUIRED_OPS:
-        if req not in ops:
+        # A misspelt op ('atention') is already reported as unknown; don't report it missing too.
+        if req not in ops and not difflib.get_close_matches(req, unknown, n=1):
             out.append(Diagnostic(spec.loc, f"missing a required '{req}' node",
                                   hint=f"every step graph needs: {', '.join(REQUIRED_OPS)}"))
     for op in ("embed", "attention", "logits", "sample", "logprobs", "logit_edits"):
