@@ -121,22 +121,41 @@ class LoweredStep:
         self._hidden = next(n.id for n in self._nodes if n.op == "attention")
         self._logits = next(n.id for n in self._nodes if n.op == "logits")
 
-    def __call__(self, inputs: StepInputs) -> StepOutputs:
+    def forward(self, inputs: StepInputs) -> StepContext:
+        """The step up to (and including) the logits: the part that does not need host edits."""
         ctx = StepContext(self.binding, inputs)
-        values = ctx.values
         for name in self.binding.spec.inputs:
-            values[name] = inputs.tokens
-        for node in self._nodes:
-            if not inputs.final and node.op in _HEAD_OPS:
-                continue  # non-final prefill chunks only fill the cache
-            args = [values[i] for i in node.inputs]
-            values[node.id] = RULES[node.op](ctx, node, *args)
+            ctx.values[name] = inputs.tokens
+        self._run(ctx, head=False)
+        return ctx
+
+    def head(self, ctx: StepContext, extra_edits: mx.array | None = None) -> StepOutputs:
+        """Edits, selection and logprobs on top of `forward`'s logits.
+
+        Split from forward so a host-computed edit row (a grammar mask) can be filled on the
+        CPU while the device runs the forward, then applied without re-tracing the model.
+        """
+        if extra_edits is not None:
+            ctx.inputs.extra_edits = extra_edits
+        if ctx.inputs.final:
+            self._run(ctx, head=True)
+        v = ctx.values
         return StepOutputs(
-            hidden=values[self._hidden],
-            logits=values.get(self._logits),
-            next_tokens=values.get(self._next_tokens),
-            logprobs=values.get(self._logprobs) if self._logprobs else None,
+            hidden=v[self._hidden],
+            logits=v.get(self._logits),
+            next_tokens=v.get(self._next_tokens),
+            logprobs=v.get(self._logprobs) if self._logprobs else None,
         )
+
+    def _run(self, ctx: StepContext, head: bool) -> None:
+        for node in self._nodes:
+            is_head = node.op in _HEAD_OPS and node.op != "logits"
+            if is_head != head or (node.op == "logits" and not ctx.inputs.final):
+                continue  # non-final prefill chunks only fill the cache
+            ctx.values[node.id] = RULES[node.op](ctx, node, *[ctx.values[i] for i in node.inputs])
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        return self.head(self.forward(inputs))
 
 
 def lower(binding: Binding, kind: str) -> LoweredStep:
