@@ -118,8 +118,8 @@ class LoweredStep:
         outputs = spec.output_dict
         self._next_tokens = outputs.get("next_tokens")
         self._logprobs = outputs.get("logprobs")
-        self._hidden = next(n.id for n in self._nodes if n.op == "attention")
-        self._logits = next(n.id for n in self._nodes if n.op == "logits")
+        self.hidden_node = next(n.id for n in self._nodes if n.op == "attention")
+        self.logits_node = next(n.id for n in self._nodes if n.op == "logits")
 
     def forward(self, inputs: StepInputs) -> StepContext:
         """The step up to (and including) the logits: the part that does not need host edits."""
@@ -141,8 +141,8 @@ class LoweredStep:
             self._run(ctx, head=True)
         v = ctx.values
         return StepOutputs(
-            hidden=v[self._hidden],
-            logits=v.get(self._logits),
+            hidden=v[self.hidden_node],
+            logits=v.get(self.logits_node),
             next_tokens=v.get(self._next_tokens),
             logprobs=v.get(self._logprobs) if self._logprobs else None,
         )

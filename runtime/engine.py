@@ -31,10 +31,11 @@ class Engine:
         self.config = config
         self.model_path = model_path
         self.compiled: CompiledGraph = compile_graph(graph, model, config)
-        self.runner = ModelRunner(self.compiled, chain=chain)
+        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk)
         self.vocab_size = int(config.get("vocab_size") or model.args.vocab_size)
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+        self._grammar = None  # GrammarCompiler, built on the first request that needs one
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0}
 
     # -- construction -------------------------------------------------------------
@@ -76,10 +77,43 @@ class Engine:
         params = (params or SamplingParams()).validate(self.vocab_size)
         ids = self.encode(prompt)
         req = Request(ids, params) if request_id is None else Request(ids, params, id=request_id)
+        if params.grammar is not None:
+            req.grammar = self.grammar_compiler.compile(params.grammar)  # GrammarError (a ValueError) if bad
         req.detokenizer = TextState(self.tokenizer, params.stop)
         self.scheduler.add(req)
         self.stats["prompt_tokens"] += len(ids)
         return req.id
+
+    @property
+    def grammar_compiler(self):
+        if self._grammar is None:
+            from .grammar import GrammarCompiler
+
+            self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._grammar
+
+    def _host_edits(self, rows: list[Request], logits):
+        """Additive [B, V] edits for rows that need the host: grammar masks and Python logits processors."""
+        import mlx.core as mx
+        import numpy as np
+
+        from .grammar.matcher import bitmask_to_additive
+
+        edits = None
+        if any(r.grammar is not None for r in rows):
+            # Runs on the CPU while the device computes `logits` (queued by the runner).
+            words = self.grammar_compiler.fill_masks([r.grammar for r in rows])
+            edits = bitmask_to_additive(words, self.vocab_size)
+        if any(r.params.logits_processors for r in rows):
+            base = logits if edits is None else logits + edits
+            host = np.array(base, dtype=np.float32)
+            new = host.copy()
+            for i, r in enumerate(rows):
+                for fn in r.params.logits_processors:
+                    new[i] = np.asarray(fn(r.prompt_ids + r.output_ids, mx.array(new[i])), dtype=np.float32)
+            delta = mx.array(np.nan_to_num(new - host, nan=0.0, posinf=0.0, neginf=-np.inf))
+            edits = delta if edits is None else edits + delta
+        return edits
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; it reports finish_reason 'abort'. False if it is unknown or done."""
@@ -122,6 +156,9 @@ class Engine:
         self.stats["generated_tokens"] += 1
         p = req.params
         hit_stop = req.detokenizer.add(tok)
+        if req.grammar is not None and tok not in self.eos_token_ids:
+            req.grammar.consume(tok)
+            hit_stop = hit_stop or req.grammar.done
         if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             self._finish(req, "stop")
         elif hit_stop:

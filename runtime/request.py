@@ -38,6 +38,7 @@ class Request:
     emitted_tokens: int = 0  # output tokens already reported through step()
     emitted_text: int = 0
     detokenizer: object = None
+    grammar: object = None  # GrammarState when the request has structured output
     logprobs: list = attrs.field(factory=list)
     prompt_logprobs: list | None = None
 

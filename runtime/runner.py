@@ -29,8 +29,11 @@ class Launch:
 
 
 class ModelRunner:
-    def __init__(self, compiled: CompiledGraph, *, chain: bool = True):
+    def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None):
         self.compiled = compiled
+        # host_edits(rows, logits) -> additive [B, V] row or None: grammar masks and Python
+        # logits processors, for rows that are not chain-safe. Set by the engine.
+        self.host_edits = host_edits
         self.policies = compiled.binding.policies
         self.chain = chain
         self.rows: list[Request] = []
@@ -54,13 +57,23 @@ class ModelRunner:
         end = min(len(req.prompt_ids), start + max_tokens)
         final = end == len(req.prompt_ids)
         tokens = mx.array(req.prompt_ids[start:end], dtype=mx.int32)[None]
-        out = self.compiled.prefill(StepInputs(tokens, req.caches, final=final))
+        step = self.compiled.prefill
+        ctx = step.forward(StepInputs(tokens, req.caches, final=final))
         req.prefilled = end
         if not final:
-            mx.eval(out.hidden)
+            mx.eval(ctx.values[step.hidden_node])
             return None
+        out = step.head(ctx, self._edits([req], ctx, step))
         mx.eval(out.next_tokens)
         return int(out.next_tokens.item())
+
+    def _edits(self, rows, ctx, step):
+        """Host edit rows for `rows`, filled while the device runs the forward already queued."""
+        if self.host_edits is None or all(r.params.chain_safe for r in rows):
+            return None
+        logits = ctx.values[step.logits_node]
+        mx.async_eval(logits)
+        return self.host_edits(rows, logits)
 
     # -- decode batch membership ------------------------------------------------------
     def join(self, req: Request) -> None:
@@ -106,7 +119,9 @@ class ModelRunner:
         return toks[:, None]
 
     def _launch(self) -> Launch:
-        out = self.compiled.decode(StepInputs(self._next_input(), self.caches))
+        step = self.compiled.decode
+        ctx = step.forward(StepInputs(self._next_input(), self.caches))
+        out = step.head(ctx, self._edits(self.rows, ctx, step))
         launch = Launch(list(self.rows), out.next_tokens, out.logprobs)
         mx.async_eval(launch.tokens)
         self.steps += 1
