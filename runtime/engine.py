@@ -5,7 +5,8 @@
     [res] = engine.generate(["Once upon a time"], SamplingParams(max_tokens=32))
     print(res.text)
 
-Low-level loop for servers: `add_request`, `step`, `abort` (see docs/embedding.md).
+Low-level loop for servers: `add_request`, `step`, `abort`; `stream` for asyncio; AsyncEngine
+runs it on its own thread (see docs/embedding.md).
 """
 
 from __future__ import annotations
@@ -184,6 +185,14 @@ class Engine:
         return RequestOutput(req.id, new_ids, text, req.finished, req.finish_reason)
 
     # -- one-call API ---------------------------------------------------------------
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None,
+               request_id: str | None = None):
+        """Async iterator of one request's deltas (RequestOutput), stepping this engine on the
+        caller's event loop; leaving early aborts it. Servers use AsyncEngine (own thread)."""
+        from .loop_stream import stream_in_loop
+
+        return stream_in_loop(self, prompt, params, request_id)
+
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  progress: bool = False) -> list[GenerationResult]:
         """Run every prompt to completion, batched together; one result per prompt, in order."""
