@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import mlx.core as mx
+import numpy as np
 
 _NEG_INF = float("-inf")
 
@@ -97,7 +98,7 @@ def apply_logits_processors(
         row = x[i : i + 1]
         if procs:
             hist = histories[i]
-            hist = hist if isinstance(hist, mx.array) else mx.array(list(hist), dtype=mx.int32)
+            hist = hist if isinstance(hist, mx.array) else mx.array(np.asarray(hist, np.int32).reshape(-1))
             for proc in procs:
                 row = proc(hist, row).astype(mx.float32)
         rows.append(row)
