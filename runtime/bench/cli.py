@@ -1,0 +1,86 @@
+"""`graphc bench`: graphc against mlx-lm on one model, in one process. See docs/performance.md."""
+
+from __future__ import annotations
+
+import sys
+
+
+def _ints(s: str) -> tuple:
+    return tuple(int(x) for x in s.split(",") if x)
+
+
+def add_parser(subparsers) -> None:
+    from .run import WORKLOADS
+
+    p = subparsers.add_parser("bench", help="benchmark graphc against mlx-lm's BatchGenerator and a plain loop",
+                              description=__doc__)
+    p.add_argument("--model", default="tiny",
+                   help="a shape (tiny, llama-3.2-1b, llama-3.1-8b: random weights in memory) or a model folder")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="weights dtype for random shapes")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    p.add_argument("--batches", type=_ints, default=(1, 8, 32, 64), help="decode batch sizes")
+    p.add_argument("--sampling-batches", type=_ints, default=(1, 16, 64))
+    p.add_argument("--chain-batches", type=_ints, default=(1, 32))
+    p.add_argument("--host-batches", type=_ints, default=(1, 64))
+    p.add_argument("--matmul-batches", type=_ints, default=(1, 2, 4, 8, 16, 32, 64))
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=8, help="decode steps before timing")
+    p.add_argument("--steps", type=int, default=32, help="decode steps per timed window")
+    p.add_argument("--repeats", type=int, default=5, help="timed windows (the median is reported)")
+    p.add_argument("--prefix-len", type=int, default=2048)
+    p.add_argument("--prefix-requests", type=int, default=32)
+    p.add_argument("--suffix-len", type=int, default=32)
+    p.add_argument("--prefix-max-tokens", type=int, default=8)
+    p.add_argument("--prefix-repeats", type=int, default=2)
+    p.add_argument("--prefix-graph", default=None, help="graph with a prefix cache (default: detect)")
+    p.add_argument("--compile", dest="compile", action="store_true", default=None,
+                   help="measure graphc+compile (default: when the Engine offers it)")
+    p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
+    p.add_argument("--plot", default=None, help="draw the ratios to this PNG (needs matplotlib)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    from .report import plot, tables, write_json
+    from .run import WORKLOADS, BenchConfig, run_bench
+
+    wl = tuple(w for w in args.workloads.split(",") if w)
+    bad = [w for w in wl if w not in WORKLOADS]
+    if bad:
+        raise SystemExit(f"graphc bench: unknown workload {', '.join(bad)} (choose from {', '.join(WORKLOADS)})")
+    cfg = BenchConfig(
+        model=args.model, dtype=args.dtype, workloads=wl, batches=args.batches,
+        sampling_batches=args.sampling_batches, chain_batches=args.chain_batches,
+        host_batches=args.host_batches, matmul_batches=args.matmul_batches, prompt_len=args.prompt_len,
+        warmup=args.warmup, steps=args.steps, repeats=args.repeats, prefix_len=args.prefix_len,
+        prefix_requests=args.prefix_requests, suffix_len=args.suffix_len,
+        prefix_max_tokens=args.prefix_max_tokens, prefix_repeats=args.prefix_repeats,
+        prefix_graph=args.prefix_graph, compile=args.compile, seed=args.seed, progress=args.progress,
+    )
+    result = run_bench(cfg)
+    result["command"] = "graphc " + " ".join(sys.argv[1:])
+    print(tables(result))
+    if args.json_out:
+        write_json(result, args.json_out)
+    if args.plot:
+        plot(result, args.plot)
+    return 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="graphc")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_parser(sub)
+    args = ap.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""The three contestants, each timed the same way.
+
+- graphc: the Engine (scheduler, chained decode, graph lowering, optional mx.compile)
+- batchgen: mlx-lm's BatchGenerator (what `mlx_lm.batch_generate` drives)
+- plain: the floor of what MLX itself does — the mlx-lm model called on a batched
+  `make_prompt_cache` KV cache in a two-deep pipelined loop (generate_step's loop
+  without its logsumexp), argmax on the device, tokens read back each step.
+
+Steady-state decode is timed in windows of `steps` decode steps after every row is
+decoding and `warmup` steps have run (kernel JIT, cache growth); each window gives
+ms/step; the caller takes the median. Prefill is never inside a window.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import time
+
+import mlx.core as mx
+
+now = time.perf_counter
+
+
+def free() -> None:
+    gc.collect()
+    mx.clear_cache()
+
+
+# -- graphc -------------------------------------------------------------------------
+def engine_options() -> set[str]:
+    from graphc.runtime import Engine
+
+    return set(inspect.signature(Engine.__init__).parameters)
+
+
+def make_engine(model, tokenizer, config, *, graph=None, **kw):
+    from graphc.runtime import Engine
+
+    opts = engine_options()
+    missing = [k for k, v in kw.items() if k not in opts and v not in (None, False)]
+    if missing:
+        raise NotImplementedError(f"Engine has no option {', '.join(missing)}")
+    kw = {k: v for k, v in kw.items() if k in opts}
+    return Engine(model, tokenizer, config, graph, **kw)
+
+
+def graphc_params(max_tokens: int, sampling: dict | None = None):
+    from graphc.runtime import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **(sampling or {}))
+
+
+def graphc_decode(model, tokenizer, config, prompts, *, warmup, steps, repeats, sampling=None,
+                  graph=None, tick=None, **engine_kw) -> list[float]:
+    """ms/step of each timed window, with len(prompts) rows decoding."""
+    B = len(prompts)
+    eng = make_engine(model, tokenizer, config, graph=graph, max_batch=max(B, 1),
+                      prefill_chunk=max(512, len(prompts[0])), **engine_kw)
+    params = graphc_params(warmup + steps * repeats + 8, sampling)
+    ids = [eng.add_request(p, params) for p in prompts]
+    while eng.scheduler.waiting:
+        eng.step()
+    for _ in range(warmup):
+        eng.step()
+    out = []
+    for _ in range(repeats):
+        t0 = now()
+        for _ in range(steps):
+            eng.step()
+        out.append((now() - t0) * 1e3 / steps)
+        if tick:
+            tick()
+    for i in ids:
+        eng.abort(i)
+    del eng
+    free()
+    return out
+
+
+def graphc_host(model, tokenizer, config, prompts, *, warmup, steps, graph=None, **engine_kw) -> dict:
+    """Host time to build one lazy decode step, to submit it, and the device time after it.
+
+    The chain is switched off for this: each step is built, submitted with async_eval
+    and waited for, so build time is not hidden behind the previous step.
+    """
+    from graphc.compiler.lower import StepInputs
+
+    B = len(prompts)
+    eng = make_engine(model, tokenizer, config, graph=graph, max_batch=max(B, 1),
+                      prefill_chunk=max(512, len(prompts[0])), chain=False, **engine_kw)
+    params = graphc_params(warmup + 2 * steps + 8)
+    ids = [eng.add_request(p, params) for p in prompts]
+    while eng.scheduler.waiting:
+        eng.step()
+    for _ in range(warmup):
+        eng.step()
+    runner = eng.runner
+    step_fn = getattr(runner, "decode_step", None) or runner.compiled.decode
+    build, submit, device = [], [], []
+    for _ in range(steps):
+        t0 = now()
+        out = step_fn(StepInputs(runner._next_input(), runner.caches))
+        t1 = now()
+        mx.async_eval(out.next_tokens)
+        t2 = now()
+        mx.eval(out.next_tokens)
+        t3 = now()
+        build.append(t1 - t0)
+        submit.append(t2 - t1)
+        device.append(t3 - t1)
+    for i in ids:
+        eng.abort(i)
+    del eng
+    free()
+    return _host_summary(build, submit, device)
+
+
+def _host_summary(build, submit, device) -> dict:
+    from statistics import median
+
+    return {"build_ms": median(build) * 1e3, "submit_ms": median(submit) * 1e3,
+            "device_ms": median(device) * 1e3}
+
+
+# -- mlx-lm BatchGenerator ---------------------------------------------------------------
+def batchgen_decode(model, prompts, *, warmup, steps, repeats, sampling=None, tick=None) -> list[float]:
+    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.sample_utils import make_sampler
+
+    B = len(prompts)
+    sampler = None
+    if sampling:
+        sampler = make_sampler(temp=sampling.get("temperature", 0.0), top_p=sampling.get("top_p", 0.0),
+                               top_k=sampling.get("top_k", 0))
+    gen = BatchGenerator(model, max_tokens=warmup + steps * repeats + 8, sampler=sampler,
+                         completion_batch_size=B, prefill_batch_size=min(B, 8))
+    uids = gen.insert(prompts)
+    seen = set()
+    while len(seen) < len(uids):
+        for r in gen.next_generated():
+            seen.add(r.uid)
+    for _ in range(warmup):
+        gen.next_generated()
+    out = []
+    for _ in range(repeats):
+        t0 = now()
+        for _ in range(steps):
+            rs = gen.next_generated()
+        out.append((now() - t0) * 1e3 / steps)
+        assert len(rs) == B, "a BatchGenerator row finished inside a timed window"
+        if tick:
+            tick()
+    gen.remove(uids)
+    gen.close()
+    del gen
+    free()
+    return out
+
+
+# -- the plain mlx-lm loop -----------------------------------------------------------------
+def _plain_prefill(model, prompts, chunk: int = 2048):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    x = mx.array(prompts, dtype=mx.int32)  # equal lengths: no padding needed
+    while x.shape[1] > 1:
+        n = min(chunk, x.shape[1] - 1)
+        model(x[:, :n], cache=cache)
+        mx.eval([c.state for c in cache])
+        x = x[:, n:]
+    return cache, x[:, 0]
+
+
+def _plain_step(model, cache, y):
+    return mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+
+
+def plain_decode(model, prompts, *, warmup, steps, repeats, tick=None) -> list[float]:
+    cache, y = _plain_prefill(model, prompts)
+    nxt = _plain_step(model, cache, y)
+    mx.async_eval(nxt)
+
+    def run(n):
+        nonlocal nxt
+        for _ in range(n):
+            cur = nxt
+            nxt = _plain_step(model, cache, cur)
+            mx.async_eval(nxt)
+            cur.tolist()
+
+    run(warmup)
+    out = []
+    for _ in range(repeats):
+        t0 = now()
+        run(steps)
+        out.append((now() - t0) * 1e3 / steps)
+        if tick:
+            tick()
+    mx.eval(nxt)
+    del cache, nxt
+    free()
+    return out
+
+
+def plain_host(model, prompts, *, warmup, steps) -> dict:
+    cache, y = _plain_prefill(model, prompts)
+    for _ in range(warmup):
+        y = _plain_step(model, cache, y)
+        mx.eval(y)
+    build, submit, device = [], [], []
+    for _ in range(steps):
+        t0 = now()
+        y = _plain_step(model, cache, y)
+        t1 = now()
+        mx.async_eval(y)
+        t2 = now()
+        mx.eval(y)
+        t3 = now()
+        build.append(t1 - t0)
+        submit.append(t2 - t1)
+        device.append(t3 - t1)
+    del cache
+    free()
+    return _host_summary(build, submit, device)
+
+
+# -- shared-prefix time to first token ---------------------------------------------------------
+def graphc_prefix(model, tokenizer, config, prompts, max_tokens, *, graph=None, **engine_kw) -> dict:
+    eng = make_engine(model, tokenizer, config, graph=graph, max_batch=max(64, len(prompts)), **engine_kw)
+    params = graphc_params(max_tokens)
+    t0 = now()
+    res = eng.generate(prompts, params)
+    wall = now() - t0
+    out = _prefix_summary([r.ttft_s for r in res], sum(len(r.token_ids) for r in res), wall)
+    out["cached_tokens"] = sum(r.cached_tokens or 0 for r in res)
+    del eng
+    free()
+    return out
+
+
+def batchgen_prefix(model, prompts, max_tokens) -> dict:
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, max_tokens=max_tokens, completion_batch_size=max(32, len(prompts)))
+    t0 = now()
+    uids = gen.insert(prompts)
+    first, n = {}, 0
+    while len(first) < len(uids):
+        rs = gen.next_generated()
+        if not rs:
+            break
+        t = now()
+        for r in rs:
+            first.setdefault(r.uid, t - t0)
+            n += 1
+    while rs := gen.next_generated():
+        n += len(rs)
+    wall = now() - t0
+    gen.close()
+    del gen
+    free()
+    return _prefix_summary([first[u] for u in uids], n, wall)
+
+
+def _prefix_summary(ttfts, generated, wall) -> dict:
+    from statistics import mean, median
+
+    return {"ttft_median_ms": median(ttfts) * 1e3, "ttft_mean_ms": mean(ttfts) * 1e3,
+            "ttft_max_ms": max(ttfts) * 1e3, "wall_s": wall, "generated": generated,
+            "tok_per_s": generated / wall}
+
+
+# -- MLX's own matmul at decode shapes ------------------------------------------------------------
+def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> list[dict]:
+    """Median time of a bare `x @ W.T` ([B, K] x [N, K]) per B, and its weight bandwidth."""
+    from statistics import median
+
+    copies = max(2, int(2 * 2**30 // (K * N * 2)))  # rotate >= 2 GiB of weights: L2 holds none
+    copies = min(copies, 16)
+    Ws = [mx.random.normal((N, K), dtype=dtype) for _ in range(copies)]
+    mx.eval(Ws)
+    rows = []
+    for B in batches:
+        x = mx.random.normal((B, K), dtype=dtype)
+        mx.eval(x)
+        for w in Ws:
+            mx.eval(x @ w.T)
+        times = []
+        for _ in range(reps):
+            outs = [x @ w.T for w in Ws]
+            mx.synchronize()
+            t0 = now()
+            mx.eval(outs)
+            times.append((now() - t0) / copies)
+        t = median(times)
+        rows.append({"B": B, "K": K, "N": N, "us": t * 1e6, "GBps": K * N * 2 / t / 1e9})
+    del Ws
+    free()
+    return rows

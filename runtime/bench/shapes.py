@@ -1,0 +1,115 @@
+"""Model shapes for the bench: real configs with random weights built in memory (no downloads).
+
+Weights are drawn straight in the target dtype, one parameter at a time, so an 8B
+model never materializes float32 temporaries (16 GB of bf16, not 32 GB of f32).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import mlx.core as mx
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192}
+
+SHAPES: dict[str, dict] = {
+    # A CPU smoke shape: seconds for the whole bench.
+    "tiny": dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                 rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+                 max_position_embeddings=8192),
+    # meta-llama/Llama-3.2-1B config.json
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+                         max_position_embeddings=131072, rope_scaling=dict(_LLAMA3_ROPE, factor=32.0)),
+    # meta-llama/Llama-3.1-8B config.json
+    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
+                         max_position_embeddings=131072, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0)),
+}
+
+
+class IdTokenizer:
+    """Enough of a tokenizer for token-id prompts: the engine's detokenizer sees ids, emits nothing."""
+
+    eos_token_ids: list = []
+
+    class _Detok:
+        text = ""
+
+        def add_token(self, token):
+            pass
+
+        def finalize(self):
+            pass
+
+        def reset(self):
+            pass
+
+    @property
+    def detokenizer(self):
+        return self._Detok()
+
+    def encode(self, text):
+        raise ValueError("random-weight bench shapes take token-id prompts only")
+
+    def decode(self, ids):
+        return ""
+
+
+def _std(name: str, shape: tuple, cfg: dict) -> float | None:
+    if len(shape) == 1:
+        return None  # norm scale: ones
+    if name.endswith("embed_tokens.weight") or name.endswith("lm_head.weight"):
+        return 3.0 / math.sqrt(cfg["hidden_size"])  # a few units of logit spread
+    return 1.0 / math.sqrt(shape[-1])
+
+
+def random_model(cfg: dict, dtype=mx.bfloat16, seed: int = 0):
+    """mlx-lm's model for `cfg` with random `dtype` weights, evaluated parameter by parameter."""
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config=cfg)
+    model = model_class(args_class.from_dict(cfg))  # its own init stays lazy: never evaluated
+    params = tree_flatten(model.parameters())
+    keys = mx.random.split(mx.random.key(seed), len(params))
+    new = []
+    for i, (name, p) in enumerate(params):
+        std = _std(name, p.shape, cfg)
+        if std is None:
+            w = mx.ones(p.shape, dtype=dtype)
+        else:
+            w = mx.random.normal(p.shape, dtype=dtype, key=keys[i]) * mx.array(std, dtype)
+        mx.eval(w)
+        new.append((name, w))
+    model.update(tree_unflatten(new))
+    model.eval()
+    return model
+
+
+def weight_bytes(model) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(p.nbytes for _, p in tree_flatten(model.parameters()))
+
+
+def load_shape(name_or_dir: str, dtype: str = "bfloat16", seed: int = 0):
+    """(model, tokenizer, config, label) for a shape name or a model folder."""
+    if name_or_dir in SHAPES:
+        cfg = dict(SHAPES[name_or_dir])
+        model = random_model(cfg, getattr(mx, dtype), seed)
+        return model, IdTokenizer(), cfg, name_or_dir
+    path = Path(name_or_dir)
+    if not (path / "config.json").exists():
+        known = ", ".join(SHAPES)
+        raise SystemExit(f"graphc bench: '{name_or_dir}' is neither a shape ({known}) nor a model folder")
+    import mlx_lm
+
+    model, tokenizer = mlx_lm.load(str(path))
+    return model, tokenizer, json.loads((path / "config.json").read_text()), path.name
