@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from graphc.runtime.sampling import SamplingParams, SamplingTensors, noise_state, select_tokens
-from graphc.runtime.sampling.select import rank_order, select_candidates, select_full
-from graphc.runtime.sampling.tensors import CANDIDATES, FULL, _make_group
+from graphc.runtime.sampling.select import rank_order, select_candidates, select_full, select_plain
+from graphc.runtime.sampling.tensors import CANDIDATES, FULL, PLAIN, _make_group
 
 V = 1000
 
@@ -39,11 +39,11 @@ TARGETS = [
     dict(temperature=0.9, seed=77),  # plain
     dict(temperature=0.8, top_k=40, top_p=0.9, seed=78),  # candidates
     dict(temperature=1.1, top_p=0.95, seed=79),  # full sort
-    dict(temperature=0.7, min_p=0.05, seed=80),  # full sort, min_p only
+    dict(temperature=0.7, min_p=0.05, seed=80),  # plain + min_p mask, no sort
 ]
 
 
-@pytest.mark.parametrize("target", TARGETS, ids=["plain", "candidates", "full_top_p", "full_min_p"])
+@pytest.mark.parametrize("target", TARGETS, ids=["plain", "candidates", "full_top_p", "plain_min_p"])
 def test_seeded_row_same_token_alone_or_in_a_mixed_batch(target):
     rng = np.random.default_rng(1)
     others = [
@@ -163,3 +163,26 @@ def test_banned_token_never_chosen_by_any_path():
     assert best not in np.array(toks).tolist()
     lp = token_logprobs(edited, st, mx.full((B,), best, mx.int32))
     assert np.all(np.isneginf(np.array(lp.chosen)))
+
+
+@pytest.mark.parametrize("tie_step", [None, 0.5])
+def test_sort_free_min_p_equals_full_path(tie_step):
+    rng = np.random.default_rng(11)
+    B, v = 128, 3000
+    x = mx.array(_logits(rng, B, v, tie_step))
+    params = [
+        SamplingParams(
+            temperature=float(rng.choice([0.5, 1.0, 2.0])),
+            min_p=float(rng.choice([0.0, 0.01, 0.1, 0.5, 1.0])),
+            seed=int(rng.integers(0, 2**32)),
+        )
+        for _ in range(B)
+    ]
+    inv_t = np.array([1.0 / p.temperature for p in params], np.float32)
+    rows = list(range(B))
+    st = SamplingTensors.build(params, v)
+    assert [g.kind for g in st.groups] == [PLAIN]
+    state = noise_state(st, mx.array(rng.integers(0, 10**6, B).astype(np.int32)))
+    a = np.array(select_plain(x, _make_group(PLAIN, rows, params, v, inv_t, whole=True), state))
+    b = np.array(select_full(x, _make_group(FULL, rows, params, v, inv_t, whole=True), state))
+    assert np.array_equal(a, b), f"{(a != b).sum()} rows differ"

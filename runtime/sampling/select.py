@@ -80,11 +80,17 @@ def select_greedy(x: mx.array) -> mx.array:
     return mx.argmax(x, axis=-1).astype(mx.int32)
 
 
-def select_plain(x: mx.array, inv_temperature: mx.array, state: mx.array) -> mx.array:
-    """Temperature only: argmax(x / T + g) over the whole vocabulary; no sort."""
-    s = x.astype(mx.float32) * inv_temperature[:, None]
+def select_plain(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
+    """Temperature (and min_p): argmax(x / T + g) over the whole vocabulary, no
+    sort. min_p compares against the row max — the same float the rank path
+    calls s_0 — so it keeps exactly the tokens the rank rule keeps."""
+    s = x.astype(mx.float32) * g.inv_temperature[:, None]
     ids = mx.arange(x.shape[-1], dtype=mx.uint32)[None]
-    return mx.argmax(s + gumbel_noise(state, ids), axis=-1).astype(mx.int32)
+    score = s + gumbel_noise(state, ids)
+    if g.use_min_p:
+        keep = (s - mx.max(s, axis=-1, keepdims=True)) >= g.log_min_p[:, None]
+        score = mx.where(keep, score, _NEG_INF)
+    return mx.argmax(score, axis=-1).astype(mx.int32)
 
 
 def filtered_choice(sv: mx.array, sid: mx.array, g: RowGroup, state: mx.array) -> mx.array:
@@ -126,7 +132,8 @@ def select_candidates(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
 
 
 def select_full(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
-    """Rows with top_p / min_p and no small top_k: full-vocabulary rank sort."""
+    """Rows with top_p and no top_k <= CANDIDATE_MAX (or a larger top_k):
+    full-vocabulary rank sort."""
     sv, sid = rank_order(x, x.shape[-1])
     return filtered_choice(sv, sid, g, state)
 
@@ -158,7 +165,7 @@ def select_group(x: mx.array, g: RowGroup, state: mx.array | None) -> mx.array:
     if g.kind == GREEDY:
         return select_greedy(x)
     if g.kind == PLAIN:
-        return select_plain(x, g.inv_temperature, state)
+        return select_plain(x, g, state)
     if g.kind == CANDIDATES:
         return select_candidates(x, g, state)
     if g.kind == FULL:

@@ -9,10 +9,10 @@ penalties never touches a counts array, and so on.
 Rows are split into *selection groups* by what their filters need:
 
   greedy      temperature 0 or top_k 1            -> argmax of the edited logits
-  plain       temperature only (no filter)        -> argmax(x/T + g) over the vocab
+  plain       temperature, maybe min_p            -> argmax(x/T + g) over the vocab
   candidates  top_k in 2..CANDIDATE_MAX           -> filters + Gumbel-max on a [b, K] set
-  full        top_p/min_p/top_k>CANDIDATE_MAX
-              with no top_k that bounds the set   -> full-vocabulary rank sort
+  full        top_p without a top_k <= CANDIDATE_MAX,
+              or top_k > CANDIDATE_MAX            -> full-vocabulary rank sort
 
 Each group's parameters are sliced here on the host, so the step gathers
 only logits rows (and only when a batch mixes groups).
@@ -71,7 +71,8 @@ def _row_kind(p: SamplingParamsLike, vocab_size: int) -> str:
     k = p.top_k if 0 < p.top_k < vocab_size else 0
     if p.temperature == 0.0 or k == 1:
         return GREEDY
-    if k == 0 and p.top_p >= 1.0 and p.min_p <= 0.0:
+    if k == 0 and p.top_p >= 1.0:
+        # min_p alone is a value threshold against the row max: no sort needed.
         return PLAIN
     if 0 < k <= CANDIDATE_MAX:
         return CANDIDATES
