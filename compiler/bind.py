@@ -25,6 +25,7 @@ class LayerInfo:
     kv_heads: int = 0
     head_dim: int = 0
     dtype: str = "float32"
+    state_bytes: int = 0  # linear_attention: bytes of one request's recurrent state
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -43,7 +44,7 @@ def _dtype_name(dt) -> str:
 def classify_layer(i: int, layer, config: dict, layer_types: list | None) -> LayerInfo:
     """One layer's kind, window and KV shape, read off the mlx-lm module itself."""
     if getattr(layer, "is_linear", False) or hasattr(layer, "linear_attn") or hasattr(layer, "mamba"):
-        return LayerInfo(i, "linear_attention")
+        return LayerInfo(i, "linear_attention", state_bytes=_state_bytes(layer))
     attn = getattr(layer, "self_attn", None) or getattr(layer, "attention", None)
     if attn is None:
         raise NotImplementedError(f"layer {i} ({type(layer).__name__}) has no self_attn and is not a known state layer")
@@ -67,6 +68,16 @@ def classify_layer(i: int, layer, config: dict, layer_types: list | None) -> Lay
         head_dim=int(head_dim),
         dtype=dtype,
     )
+
+
+def _state_bytes(layer) -> int:
+    """One request's recurrent state for a GatedDeltaNet-style layer (conv tail + float32 state), else 0."""
+    m = getattr(layer, "linear_attn", None)
+    try:
+        conv = (m.conv_kernel_size - 1) * m.conv_dim * _DTYPE_BYTES.get(_dtype_name(m.in_proj_qkvz.weight.dtype), 4)
+        return int(conv + m.num_v_heads * m.head_v_dim * m.head_k_dim * 4)
+    except AttributeError:
+        return 0
 
 
 @attrs.define

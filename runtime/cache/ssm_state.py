@@ -1,0 +1,120 @@
+"""`ssm_state`: the recurrent state of linear-attention / SSM layers (qwen3_next GatedDeltaNet).
+
+mlx-lm keeps this state in an `ArraysCache`: the layer reads and writes `cache[0]` (the
+convolution's last kernel-1 inputs) and `cache[1]` (the recurrent state), reads
+`cache.lengths` (per-row valid lengths, for right-padded batches), calls
+`cache.advance(N)`, and the model builds its mask with `create_ssm_mask` ->
+`cache.make_mask(N)`. `StateCache` is that protocol plus graphc's batching.
+
+Batching needs no padding here: every row's state is its own [1, ...] slice, whatever its
+length, and graphc prefills one request at a time and decodes one token per row. So
+`lengths` stays None and `make_mask` returns None (no masked positions); merge and
+extract are concatenation and slicing along the batch axis.
+
+Prefix reuse: the state after position p cannot be rebuilt from a later one, so the
+prefix cache keeps *snapshots* (references to the state arrays — mx arrays are values,
+and the layer replaces them rather than writing in place, so a snapshot costs no copy)
+at chunk-aligned boundaries and at prompt / request ends. A hit resumes exactly at a
+snapshot, or falls back to a shorter one (or to a full recompute): never a wrong state.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .base import CachePolicy, LayerCache
+from .registry import register_policy
+
+
+class StateCache(LayerCache):
+    def __init__(self, size: int = 2, batch: int = 1):
+        self.cache: list = [None] * size
+        self.lengths = None  # never set: rows are never padded (see module docstring)
+        self.left_padding = None
+        self.tokens = [0] * batch  # tokens folded into each row's state (host ints)
+
+    # -- what the model sees (mlx-lm's ArraysCache protocol) -------------------------
+    def __getitem__(self, i):
+        return self.cache[i]
+
+    def __setitem__(self, i, value):
+        self.cache[i] = value
+
+    def advance(self, N: int) -> None:
+        self.tokens = [t + N for t in self.tokens]
+
+    def make_mask(self, N: int, window_size=None, return_array: bool = False):
+        return None
+
+    @property
+    def offset(self):  # not read by state layers; uniform with the attention caches
+        return self.tokens[0] if len(set(self.tokens)) == 1 else mx.array(self.tokens, dtype=mx.int32)
+
+    def row_length(self, row: int) -> int:
+        return self.tokens[row]
+
+    @property
+    def batch(self) -> int:
+        return len(self.tokens)
+
+    # -- batching ---------------------------------------------------------------
+    def filter(self, rows: list[int]) -> None:
+        idx = mx.array(rows, dtype=mx.int32)
+        self.cache = [None if c is None else c[idx] for c in self.cache]
+        self.tokens = [self.tokens[r] for r in rows]
+
+    def extend(self, other: "StateCache") -> None:
+        merged = []
+        for a, b in zip(self.cache, other.cache):
+            ref = a if a is not None else b
+            if ref is None:
+                merged.append(None)
+                continue
+            if a is None:
+                a = mx.zeros((self.batch,) + ref.shape[1:], ref.dtype)
+            if b is None:
+                b = mx.zeros((other.batch,) + ref.shape[1:], ref.dtype)
+            merged.append(mx.concatenate([a, b]))
+        self.cache = merged
+        self.tokens = self.tokens + other.tokens
+
+    def extract(self, row: int) -> "StateCache":
+        out = StateCache(len(self.cache), 1)
+        out.cache = [None if c is None else c[row:row + 1] for c in self.cache]
+        out.tokens = [self.tokens[row]]
+        return out
+
+    # -- prefix cache ------------------------------------------------------------
+    def snapshot(self, row: int) -> tuple:
+        """The state of `row` as it is now (references, no copy)."""
+        if self.batch == 1:
+            return tuple(self.cache)
+        return tuple(None if c is None else c[row:row + 1] for c in self.cache)
+
+    @classmethod
+    def restored(cls, snap: tuple, tokens: int) -> "StateCache":
+        out = cls(len(snap), 1)
+        out.cache = list(snap)
+        out.tokens = [tokens]
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.cache if c is not None)
+
+
+@register_policy("ssm_state")
+class SSMStatePolicy(CachePolicy):
+    """Constant-size recurrent state per request (linear-attention / SSM layers)."""
+
+    LAYER_KINDS = ("linear_attention",)
+    prefix_role = "snapshot"  # the prefix cache keeps state snapshots at boundaries
+
+    def bytes_per_token(self) -> int:
+        return 0
+
+    def bytes_per_request(self, context: int) -> int:
+        return self.layer.state_bytes
+
+    def new_cache(self) -> StateCache:
+        return StateCache(2, 1)
