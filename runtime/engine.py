@@ -26,12 +26,17 @@ from .text import TextState
 
 class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
-                 max_batch: int = 64, chain: bool = True, model_path: str | None = None):
+                 max_batch: int = 64, chain: bool = True, model_path: str | None = None,
+                 compile: bool = False):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         self.model_path = model_path
         self.compiled: CompiledGraph = compile_graph(graph, model, config)
+        if compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
+            from .compiled_decode import CompiledDecode
+
+            self.compiled.decode = CompiledDecode(self.compiled.decode)
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk)
         self.vocab_size = int(config.get("vocab_size") or model.args.vocab_size)
