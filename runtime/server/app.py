@@ -1,0 +1,99 @@
+"""The OpenAI-compatible app: routes, API key, health, metrics, lifecycle.
+
+    from graphc.runtime.server import ServerConfig, create_app
+    app = create_app(ServerConfig(model="/tmp/tiny-llama"))   # then: uvicorn.run(app)
+
+The model loads on a background thread when the app starts, so /health answers (503)
+at once; the engine then runs on its own thread (AsyncEngine) and the event loop only
+parses, tokenizes, and forwards deltas.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from typing import Callable
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from graphc.runtime.engine import Engine
+
+from .chat import create_chat_completion
+from .completions import create_completion
+from .config import ServerConfig
+from .errors import APIError, install_handlers
+from .metrics import HTTPCounter
+from .protocol import ModelCard, ModelList
+from .state import ServerState
+
+
+def create_app(config: ServerConfig | None = None, *, engine: Engine | None = None,
+               loader: Callable[[], Engine] | None = None) -> FastAPI:
+    """An app serving `engine` (already loaded), or what `loader()` / `config.model` loads at startup."""
+    config = config or ServerConfig()
+    state = ServerState(config, engine=engine, loader=loader)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.start()
+        try:
+            yield
+        finally:
+            state.stop()
+
+    app = FastAPI(title="graphc", summary="OpenAI-compatible server on MLX", lifespan=lifespan)
+    app.state.graphc = state
+    install_handlers(app)
+    app.add_middleware(HTTPCounter, metrics=state.metrics)
+
+    def check_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, key = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
+            raise APIError(401, "invalid or missing API key; send `Authorization: Bearer <key>`",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
+
+    @v1.post("/completions")
+    async def completions(request: Request):
+        return await create_completion(request, state)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request):
+        return await create_chat_completion(request, state)
+
+    def _card() -> ModelCard:
+        return ModelCard(id=state.model_name, created=state.created, max_model_len=state.max_model_len)
+
+    @v1.get("/models")
+    async def models():
+        state.require_ready()
+        return Response(ModelList(data=[_card()]).model_dump_json(), media_type="application/json")
+
+    @v1.get("/models/{model_id:path}")
+    async def model(model_id: str):
+        state.require_ready()
+        state.check_model(model_id)
+        return Response(_card().model_dump_json(), media_type="application/json")
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health():
+        state.require_ready()
+        snap = state.aengine.snapshot
+        return JSONResponse({"status": "ok", "model": state.model_name,
+                             "running": snap.running, "waiting": snap.waiting})
+
+    @app.get("/metrics")
+    async def metrics():
+        a = state.aengine
+        text = state.metrics.render(a.snapshot if a else None, ready=state.ready,
+                                    engine_alive=bool(a and a.alive), model=state.model_name)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

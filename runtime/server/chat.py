@@ -1,0 +1,122 @@
+"""/v1/chat/completions: messages through the model's chat template, n choices, streamed or not.
+
+Streaming follows OpenAI's chunk order per choice: a role chunk, content chunks, then an
+empty delta carrying finish_reason; with stream_options.include_usage a last chunk with
+no choices carries the usage.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from .body import parse, read_json
+from .errors import APIError, bad_request
+from .logprobs import chat_logprobs, logprob_source
+from .prompts import chat_prompt
+from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatChunkChoice,
+                       ChatDelta, ChatResponseMessage, make_usage)
+from .sampling import build_params
+from .sse import DONE, sse, watch_disconnect
+
+
+async def create_chat_completion(request: Request, state):
+    data = await read_json(request, state.config.max_body_bytes)
+    req = parse(ChatCompletionRequest, data)
+    state.require_ready()
+    state.check_model(req.model)
+    state.check_n(req.n)
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    ids = chat_prompt(state, req)
+    # max_completion_tokens replaced max_tokens in OpenAI's API; take it first.
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = state.max_tokens_for(len(ids), requested, None, param)
+    items = [(ids, build_params(req, max_tokens=max_tokens, vocab_size=state.vocab_size,
+                                default_temperature=state.config.default_temperature, choice=j), None)
+             for j in range(req.n)]
+    group = await state.submit(items, req)
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(request, state, req, group, rid, ids, include_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _collect(request, state, req, group, rid, ids)
+
+
+def _usage(group, prompt_ids):
+    completion = sum(len(r.token_ids) for r in group.results if r is not None)
+    cached = group.results[0].cached_tokens if group.results and group.results[0] else 0
+    return make_usage(len(prompt_ids), completion, cached)
+
+
+async def _collect(request, state, req, group, rid, prompt_ids):
+    entries: list[list] = [[] for _ in group.results]
+    have_lp = [True] * len(group.results)
+    watcher = watch_disconnect(request, group.abort)
+    try:
+        async for i, out in group:
+            if req.logprobs:
+                if out.new_logprobs is None:
+                    have_lp[i] = have_lp[i] and not out.new_token_ids
+                else:
+                    entries[i].extend(out.new_logprobs)
+    except Exception as e:
+        raise APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}", code="engine_error") from None
+    finally:
+        watcher.cancel()
+        group.abort()
+        state.record(group)
+    choices = []
+    for i, res in enumerate(group.results):
+        src = logprob_source(res, entries[i], have_lp[i]) if req.logprobs else None
+        lp = chat_logprobs(src, res.token_ids, state.texts) if src is not None else None
+        choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=res.text if res else ""),
+                                  logprobs=lp, finish_reason=res.finish_reason if res else "abort"))
+    resp = ChatCompletionResponse(id=rid, model=state.model_name, choices=choices, usage=_usage(group, prompt_ids))
+    return Response(resp.model_dump_json(), media_type="application/json")
+
+
+async def _stream(request, state, req, group, rid, prompt_ids, include_usage):
+    created = int(time.time())
+    usage_null = {"usage": None} if include_usage else {}
+
+    def chunk(i, delta: ChatDelta, lp=None, finish=None):
+        c = ChatCompletionChunk(id=rid, created=created, model=state.model_name,
+                                choices=[ChatChunkChoice(index=i, delta=delta, logprobs=lp, finish_reason=finish)],
+                                **usage_null)
+        d = c.model_dump()
+        d["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI sends `{}` / only what changed
+        if not include_usage:
+            d.pop("usage")
+        return "data: " + json.dumps(d, separators=(",", ":"), ensure_ascii=False) + "\n\n"
+
+    watcher = watch_disconnect(request, group.abort)
+    try:
+        for i in range(len(group.results)):
+            yield chunk(i, ChatDelta(role="assistant", content=""))
+        async for i, out in group:
+            lp = None
+            if req.logprobs and out.new_token_ids and out.new_logprobs is not None:
+                lp = chat_logprobs(out.new_logprobs, out.new_token_ids, state.texts)
+            if out.new_text or lp is not None:
+                yield chunk(i, ChatDelta(content=out.new_text), lp)
+            if out.finished:
+                yield chunk(i, ChatDelta(), finish=out.finish_reason)
+        if include_usage:
+            yield sse(ChatCompletionChunk(id=rid, created=created, model=state.model_name, choices=[],
+                                          usage=_usage(group, prompt_ids)))
+        yield DONE
+    except Exception as e:  # headers are gone: report in-band, as OpenAI does
+        yield sse(APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}",
+                           code="engine_error").body())
+        yield DONE
+    finally:
+        watcher.cancel()
+        group.abort()
+        state.record(group)

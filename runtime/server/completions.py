@@ -1,0 +1,128 @@
+"""/v1/completions: prompts (text or token ids, one or many) x n choices, streamed or not.
+
+Choice index = prompt index * n + choice, as OpenAI numbers them. Usage counts each
+prompt once (not once per choice) and the completion tokens of every choice.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from .body import parse, read_json
+from .errors import APIError, bad_request
+from .logprobs import completion_logprobs, logprob_source
+from .prompts import completion_prompts, prompt_text
+from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, make_usage
+from .sampling import build_params
+from .sse import DONE, sse, watch_disconnect
+
+
+async def create_completion(request: Request, state):
+    data = await read_json(request, state.config.max_body_bytes)
+    req = parse(CompletionRequest, data)
+    state.require_ready()
+    state.check_model(req.model)
+    state.check_n(req.n)
+    if req.suffix:
+        raise bad_request("suffix is not supported", "suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise bad_request("best_of must equal n (ranking several samples is not supported)", "best_of")
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo together with logprobs is not supported (it needs prompt logprobs)", "echo")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+    prompts, texts = completion_prompts(state, req.prompt)
+    items = []
+    for ids in prompts:
+        max_tokens = state.max_tokens_for(len(ids), req.max_tokens, state.config.default_completion_max_tokens)
+        for j in range(req.n):
+            params = build_params(req, max_tokens=max_tokens, vocab_size=state.vocab_size,
+                                  default_temperature=state.config.default_temperature, choice=j)
+            items.append((ids, params, None))
+    group = await state.submit(items, req)
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    echo = [prompt_text(state, ids, t) for ids, t in zip(prompts, texts)] if req.echo else None
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(request, state, req, group, rid, prompts, echo, include_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _collect(request, state, req, group, rid, prompts, echo)
+
+
+def _usage(group, prompts, n):
+    completion = sum(len(r.token_ids) for r in group.results if r is not None)
+    cached = sum((group.results[p * n].cached_tokens if group.results[p * n] else 0) for p in range(len(prompts)))
+    return make_usage(sum(len(p) for p in prompts), completion, cached)
+
+
+async def _collect(request, state, req, group, rid, prompts, echo):
+    n = req.n
+    want_lp = req.logprobs is not None
+    entries: list[list] = [[] for _ in group.results]
+    have_lp = [True] * len(group.results)
+    watcher = watch_disconnect(request, group.abort)
+    try:
+        async for i, out in group:
+            if want_lp:
+                if out.new_logprobs is None:
+                    have_lp[i] = have_lp[i] and not out.new_token_ids
+                else:
+                    entries[i].extend(out.new_logprobs)
+    except Exception as e:
+        raise APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}", code="engine_error") from None
+    finally:
+        watcher.cancel()
+        group.abort()
+        state.record(group)
+    choices = []
+    for i, res in enumerate(group.results):
+        prefix = echo[i // n] if echo else ""
+        lp = None
+        src = logprob_source(res, entries[i], have_lp[i]) if want_lp else None
+        if src is not None:
+            lp, _ = completion_logprobs(src, res.token_ids, state.texts, len(prefix))
+        choices.append(CompletionChoice(index=i, text=prefix + (res.text if res else ""), logprobs=lp,
+                                        finish_reason=res.finish_reason if res else "abort"))
+    resp = CompletionResponse(id=rid, model=state.model_name, choices=choices, usage=_usage(group, prompts, n))
+    return Response(resp.model_dump_json(), media_type="application/json")
+
+
+async def _stream(request, state, req, group, rid, prompts, echo, include_usage):
+    created = int(time.time())
+    n = req.n
+    want_lp = req.logprobs is not None
+    offsets = [len(echo[i // n]) if echo else 0 for i in range(len(group.results))]
+    usage_null = {"usage": None} if include_usage else {}
+
+    def chunk(i, text, lp=None, finish=None):
+        return sse(CompletionResponse(id=rid, created=created, model=state.model_name,
+                                      choices=[CompletionChoice(index=i, text=text, logprobs=lp, finish_reason=finish)],
+                                      **usage_null))
+
+    watcher = watch_disconnect(request, group.abort)
+    try:
+        if echo:
+            for i in range(len(group.results)):
+                yield chunk(i, echo[i // n])
+        async for i, out in group:
+            lp = None
+            if want_lp and out.new_token_ids and out.new_logprobs is not None:
+                lp, offsets[i] = completion_logprobs(out.new_logprobs, out.new_token_ids, state.texts, offsets[i])
+            if out.new_text or lp is not None or out.finished:
+                yield chunk(i, out.new_text, lp, out.finish_reason if out.finished else None)
+        if include_usage:
+            yield sse(CompletionResponse(id=rid, created=created, model=state.model_name, choices=[],
+                                         usage=_usage(group, prompts, n)))
+        yield DONE
+    except Exception as e:  # headers are gone: report in-band, as OpenAI does
+        yield sse(APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}",
+                           code="engine_error").body())
+        yield DONE
+    finally:
+        watcher.cancel()
+        group.abort()
+        state.record(group)

@@ -1,0 +1,83 @@
+"""OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with the right HTTP status.
+
+Every failure the server can see — a bad field, a bad key, malformed JSON, an unknown
+route, an engine error — leaves through `APIError` or one of the handlers below, so a
+client always gets the same body shape and never a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("graphc.server")
+
+# OpenAI's `type` per status family.
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def from_validation_errors(errors: list[dict]) -> APIError:
+    """Pydantic's error list -> one 400 naming the first bad field (the rest in the message)."""
+    parts, first = [], None
+    for e in errors:
+        loc = [str(x) for x in e.get("loc", ()) if x not in ("body",)]
+        # pydantic puts union member names in the path ("str", "list[int]"); they only confuse.
+        loc = [x for x in loc if not any(c in x for c in "[]") and x not in ("str", "int", "float", "bool", "function-after")]
+        field = ".".join(loc) or None
+        first = first or field
+        parts.append(f"{field}: {e.get('msg')}" if field else str(e.get("msg")))
+    msg = "; ".join(dict.fromkeys(parts)) or "invalid request"
+    return bad_request(msg, param=first, code="invalid_value")
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return from_validation_errors(exc.errors()).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            msg, code = f"no route {request.method} {request.url.path}", "not_found"
+        elif exc.status_code == 405:
+            msg, code = f"method {request.method} is not allowed on {request.url.path}", "method_not_allowed"
+        else:
+            msg, code = str(exc.detail), None
+        return APIError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()

@@ -1,0 +1,106 @@
+"""/metrics in the Prometheus text format (written by hand: no client library needed).
+
+Engine numbers come from `AsyncEngine.snapshot`, copied on the engine thread after each
+step, so a scrape never touches the engine. HTTP and finish-reason counters live here and
+are only touched from the event loop thread.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from graphc.runtime.async_engine import EngineSnapshot
+
+
+class ServerMetrics:
+    def __init__(self):
+        self.http = collections.Counter()  # (path, status) -> count
+        self.finished = collections.Counter()  # finish_reason -> count
+        self.rejected = collections.Counter()  # why a request was refused before it ran -> count
+
+    def render(self, snap: EngineSnapshot | None, *, ready: bool, engine_alive: bool, model: str) -> str:
+        lines: list[str] = []
+
+        def metric(name, kind, help_, samples):
+            lines.append(f"# HELP {name} {help_}")
+            lines.append(f"# TYPE {name} {kind}")
+            for labels, value in samples:
+                lab = "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items()) + "}" if labels else ""
+                lines.append(f"{name}{lab} {_num(value)}")
+
+        m = {"model": model}
+        metric("graphc_model_loaded", "gauge", "1 once the model is loaded and the engine thread runs.",
+               [(m, int(ready and engine_alive))])
+        s = snap or EngineSnapshot()
+        st = s.stats
+        metric("graphc_requests_running", "gauge", "Requests in the decode batch.", [(m, s.running)])
+        metric("graphc_requests_waiting", "gauge", "Requests queued for prefill or a batch slot.", [(m, s.waiting)])
+        metric("graphc_requests_inflight", "gauge", "Requests submitted and not finished (incl. not yet scheduled).",
+               [(m, s.inflight)])
+        metric("graphc_generation_tokens_per_second", "gauge",
+               "Generated tokens per second over the last ~10 s.", [(m, s.generation_tps)])
+        metric("graphc_generation_tokens_total", "counter", "Tokens generated.", [(m, st.get("generated_tokens", 0))])
+        metric("graphc_prompt_tokens_total", "counter", "Prompt tokens received.", [(m, st.get("prompt_tokens", 0))])
+        metric("graphc_prompt_tokens_computed_total", "counter", "Prompt tokens run through prefill.",
+               [(m, st.get("computed_prompt_tokens", 0))])
+        cached, prompt = st.get("cached_tokens", 0), st.get("prompt_tokens", 0)
+        metric("graphc_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.",
+               [(m, cached)])
+        metric("graphc_prefix_cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens, since start.",
+               [(m, cached / prompt if prompt else 0.0)])
+        metric("graphc_kv_cache_bytes", "gauge", "Bytes held by the decode batch's KV caches.", [(m, s.kv_bytes)])
+        if s.pool is not None:
+            used, total = s.pool["used"], s.pool["total"]
+            metric("graphc_kv_pool_used_slots", "gauge", "KV slots in use in the shared pool.", [(m, used)])
+            metric("graphc_kv_pool_total_slots", "gauge", "KV slots in the shared pool.", [(m, total)])
+            metric("graphc_kv_pool_usage_ratio", "gauge", "Fraction of the KV pool in use.",
+                   [(m, used / total if total else 0.0)])
+        metric("graphc_engine_steps_total", "counter", "Decode steps launched.", [(m, s.steps)])
+        metric("graphc_requests_finished_total", "counter", "Finished engine requests by finish reason.",
+               [({**m, "reason": r}, n) for r, n in sorted(self.finished.items())] or [({**m, "reason": "stop"}, 0)])
+        metric("graphc_requests_rejected_total", "counter", "Requests refused before they ran, by cause.",
+               [({**m, "cause": c}, n) for c, n in sorted(self.rejected.items())] or [({**m, "cause": "overloaded"}, 0)])
+        metric("graphc_http_requests_total", "counter", "HTTP responses by path and status.",
+               [({"path": p, "status": str(c)}, n) for (p, c), n in sorted(self.http.items())])
+        return "\n".join(lines) + "\n"
+
+
+def _num(v) -> str:
+    if isinstance(v, float):
+        return repr(v) if v == v else "NaN"
+    return str(int(v))
+
+
+def _esc(v) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class HTTPCounter:
+    """Pure ASGI middleware counting responses by path and status (BaseHTTPMiddleware would
+    wrap `receive` and break disconnect detection on streams)."""
+
+    KNOWN = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        # Bound the label set: unknown paths (scanners) share one label.
+        label = path if path in self.KNOWN or path.startswith("/v1/models/") else "other"
+        if label.startswith("/v1/models/"):
+            label = "/v1/models/{id}"
+        status = {"code": 500}
+
+        async def counting_send(msg):
+            if msg["type"] == "http.response.start":
+                status["code"] = msg["status"]
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.metrics.http[(label, status["code"])] += 1

@@ -1,0 +1,89 @@
+"""Prompts as token ids: /v1/completions' four prompt shapes, and chat messages through the
+model's chat template (tokenizer.apply_chat_template). Runs on the event loop with the
+server's own tokenizer copy."""
+
+from __future__ import annotations
+
+from .errors import bad_request
+from .protocol import ChatCompletionRequest
+
+
+def completion_prompts(state, prompt) -> tuple[list[list[int]], list[str]]:
+    """(token ids, text) per prompt for str | list[str] | list[int] | list[list[int]]."""
+    shape = "prompt must be a string, a list of token ids, or a list of those"
+    if isinstance(prompt, str):
+        raw = [prompt]
+    elif not isinstance(prompt, list):
+        raise bad_request(f"{shape}, got {type(prompt).__name__}", "prompt")
+    elif not prompt:
+        raise bad_request("prompt is empty: give a string, a list of strings, or token ids", "prompt")
+    elif all(_is_id(p) for p in prompt):
+        raw = [prompt]
+    elif all(isinstance(p, str) or (isinstance(p, list) and all(_is_id(t) for t in p)) for p in prompt):
+        raw = list(prompt)
+    else:
+        raise bad_request(shape, "prompt")
+    if len(raw) > state.config.max_prompts:
+        raise bad_request(f"at most {state.config.max_prompts} prompts per request, got {len(raw)}", "prompt")
+    ids_list, texts = [], []
+    for i, p in enumerate(raw):
+        where = "prompt" if len(raw) == 1 else f"prompt[{i}]"
+        if isinstance(p, str):
+            ids = list(state.tokenizer.encode(p))
+            text = p
+        else:
+            ids = [int(t) for t in p]
+            bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
+            if bad is not None:
+                raise bad_request(f"{where}: token id {bad} is out of range for a vocabulary of {state.vocab_size}",
+                                  "prompt", code="invalid_value")
+            text = None
+        if not ids:
+            raise bad_request(f"{where} is empty: give at least one token", "prompt")
+        ids_list.append(ids)
+        texts.append(text)
+    return ids_list, texts
+
+
+def _is_id(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def prompt_text(state, ids: list[int], text: str | None) -> str:
+    return text if text is not None else state.tokenizer.decode(ids)
+
+
+def chat_prompt(state, req: ChatCompletionRequest) -> list[int]:
+    if req.tools or req.functions:
+        raise bad_request("tools and function calling are not supported by this server", "tools")
+    tok = state.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise bad_request(f"the model '{state.model_name}' has no chat template; use /v1/completions",
+                          "messages", code="no_chat_template")
+    messages = []
+    for i, m in enumerate(req.messages):
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}].content: only text parts are supported, got "
+                                      f"{part.get('type')!r}", "messages")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        msg = dict(m.model_extra or {})
+        msg.update(role="system" if m.role == "developer" else m.role, content=content or "")
+        if m.name is not None:
+            msg["name"] = m.name
+        messages.append(msg)
+    try:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                      continue_final_message=req.continue_final_message, tokenize=True)
+    except Exception as e:  # template errors (raise_exception in jinja, bad role order) are the client's
+        raise bad_request(f"the chat template rejected these messages: {e}", "messages") from None
+    if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+        ids = ids["input_ids"]
+    ids = [int(t) for t in ids]
+    if not ids:
+        raise bad_request("the chat template produced an empty prompt", "messages")
+    return ids

@@ -1,0 +1,146 @@
+"""What the routes share: the loaded engine behind its AsyncEngine, the server's tokenizer copy,
+the limits, and the checks every request goes through (ready, model name, lengths, queue)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from graphc.runtime.async_engine import AsyncEngine, EngineClosed, StreamGroup
+from graphc.runtime.engine import Engine
+
+from .config import ServerConfig
+from .errors import APIError, bad_request
+from .logprobs import TokenText
+from .metrics import ServerMetrics
+from .sampling import param_error
+
+log = logging.getLogger("graphc.server")
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig, engine: Engine | None = None,
+                 loader: Callable[[], Engine] | None = None):
+        self.config = config
+        self._engine = engine
+        self._loader = loader
+        self.engine: Engine | None = None
+        self.aengine: AsyncEngine | None = None
+        self.tokenizer = None  # the server's own copy: tokenization on the event loop never races the engine thread
+        self.texts: TokenText | None = None
+        self.ready = False
+        self.load_error: str | None = None
+        self.metrics = ServerMetrics()
+        self.model_name = config.served_model_name or "graphc"
+        self.created = int(time.time())
+        self.max_model_len = 0
+        self.max_prompt_tokens = 0
+        self.vocab_size = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Attach a given engine now, or load one on a background thread (requests get 503 until then)."""
+        if self._engine is not None:
+            self._attach(self._engine)
+            return
+        threading.Thread(target=self._load, name="graphc-loader", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            if self._loader is not None:
+                engine = self._loader()
+            else:
+                c = self.config
+                engine = Engine.load(c.model, c.graph, max_batch=c.max_batch, prefill_chunk=c.prefill_chunk)
+            self._attach(engine)
+        except BaseException as e:  # reported through /health and 503s, not a dead server
+            log.exception("loading the model failed")
+            self.load_error = f"{type(e).__name__}: {e}"
+
+    def _attach(self, engine: Engine) -> None:
+        c = self.config
+        self.engine = engine
+        self.tokenizer = copy.deepcopy(engine.tokenizer)
+        self.texts = TokenText(self.tokenizer)
+        self.vocab_size = engine.vocab_size
+        if not c.served_model_name:
+            self.model_name = Path(engine.model_path).name if engine.model_path else "graphc"
+        cfg = engine.config or {}
+        self.max_model_len = int(c.max_model_len or cfg.get("max_position_embeddings")
+                                 or cfg.get("max_seq_len") or 4096)
+        self.max_prompt_tokens = min(c.max_prompt_tokens or self.max_model_len - 1, self.max_model_len - 1)
+        self.aengine = AsyncEngine(engine)
+        self.ready = True
+        log.info("serving %s (context %d tokens)", self.model_name, self.max_model_len)
+
+    def stop(self) -> None:
+        if self.aengine is not None:
+            self.aengine.shutdown()
+
+    # -- checks ----------------------------------------------------------------------------
+    def require_ready(self) -> None:
+        if self.load_error is not None:
+            raise APIError(503, f"the model failed to load: {self.load_error}", code="model_load_failed")
+        if not self.ready:
+            raise APIError(503, "the model is still loading; retry shortly", code="model_loading",
+                           headers={"Retry-After": "2"})
+        if not self.aengine.alive:
+            err = self.aengine.error
+            raise APIError(503, "the engine is not running" + (f": {err}" if err else ""), code="engine_unavailable")
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.model_name}'",
+                           param="model", code="model_not_found")
+
+    def check_n(self, n: int) -> None:
+        if not 1 <= n <= self.config.max_n:
+            raise bad_request(f"n must be in 1..{self.config.max_n}, got {n}", "n", code="invalid_value")
+
+    def max_tokens_for(self, prompt_len: int, requested: int | None, default: int | None,
+                       param: str = "max_tokens") -> int:
+        """The completion budget of one prompt; 400 context_length_exceeded when it does not fit."""
+        ctx = self.max_model_len
+        if prompt_len > self.max_prompt_tokens:
+            raise bad_request(
+                f"the prompt has {prompt_len} tokens; this server accepts at most {self.max_prompt_tokens} "
+                f"(the model's context is {ctx} tokens)", "messages" if param == "max_completion_tokens" else "prompt",
+                code="context_length_exceeded")
+        room = ctx - prompt_len
+        if requested is None:
+            return min(default, room) if default else room
+        if requested < 1:
+            raise bad_request(f"{param} must be at least 1, got {requested}", param, code="invalid_value")
+        if requested > room:
+            raise bad_request(
+                f"this model's maximum context length is {ctx} tokens; you requested {prompt_len + requested} "
+                f"({prompt_len} in the prompt, {requested} for the completion); reduce the prompt or {param}",
+                param, code="context_length_exceeded")
+        return requested
+
+    # -- submission -------------------------------------------------------------------------
+    async def submit(self, items: list[tuple], req=None) -> StreamGroup:
+        """Admission control, then hand the sequences to the engine thread."""
+        limit = self.engine.scheduler.max_batch + self.config.max_queued
+        if len(items) > limit:
+            raise bad_request(f"this request asks for {len(items)} sequences; the server runs at most {limit} "
+                              "at once (lower n or send fewer prompts)", "n", code="invalid_value")
+        if self.aengine.num_inflight + len(items) > limit:
+            self.metrics.rejected["overloaded"] += 1
+            raise APIError(503, f"the server is overloaded ({self.aengine.num_inflight} sequences in flight, "
+                                f"limit {limit}); retry later", code="overloaded", headers={"Retry-After": "1"})
+        try:
+            return await self.aengine.add_group(items)
+        except EngineClosed:
+            raise APIError(503, "the server is shutting down", code="engine_unavailable") from None
+        except ValueError as e:  # the engine's own checks (prompt ids, grammar compile, ...)
+            raise param_error(e, req) from None
+
+    def record(self, group: StreamGroup) -> None:
+        for r in group.results:
+            if r is not None:
+                self.metrics.finished[r.finish_reason] += 1
