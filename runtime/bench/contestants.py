@@ -273,7 +273,11 @@ def _prefix_summary(ttfts, generated, wall) -> dict:
 
 # -- MLX's own matmul at decode shapes ------------------------------------------------------------
 def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> list[dict]:
-    """Median time of a bare `x @ W.T` ([B, K] x [N, K]) per B, and its weight bandwidth."""
+    """Median time of a bare matmul at a decode shape per B rows, and its weight bandwidth.
+
+    Two formulations of the same product: `x @ W.T` (what nn.Linear runs) and `W @ x.T`
+    (the transposed problem; the library may pick another kernel for it).
+    """
     from statistics import median
 
     copies = max(2, int(2 * 2**30 // (K * N * 2)))  # rotate >= 2 GiB of weights: L2 holds none
@@ -281,20 +285,22 @@ def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> l
     Ws = [mx.random.normal((N, K), dtype=dtype) for _ in range(copies)]
     mx.eval(Ws)
     rows = []
+    variants = {"x@W.T": lambda x, w: x @ w.T, "W@x.T": lambda x, w: w @ x.T}
     for B in batches:
         x = mx.random.normal((B, K), dtype=dtype)
         mx.eval(x)
-        for w in Ws:
-            mx.eval(x @ w.T)
-        times = []
-        for _ in range(reps):
-            outs = [x @ w.T for w in Ws]
-            mx.synchronize()
-            t0 = now()
-            mx.eval(outs)
-            times.append((now() - t0) / copies)
-        t = median(times)
-        rows.append({"B": B, "K": K, "N": N, "us": t * 1e6, "GBps": K * N * 2 / t / 1e9})
+        for name, f in variants.items():
+            for w in Ws:
+                mx.eval(f(x, w))
+            times = []
+            for _ in range(reps):
+                outs = [f(x, w) for w in Ws]
+                mx.synchronize()
+                t0 = now()
+                mx.eval(outs)
+                times.append((now() - t0) / copies)
+            t = median(times)
+            rows.append({"B": B, "K": K, "N": N, "variant": name, "us": t * 1e6, "GBps": K * N * 2 / t / 1e9})
     del Ws
     free()
     return rows

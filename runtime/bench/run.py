@@ -66,19 +66,37 @@ def _prompts(n: int, length: int, vocab: int, rng: random.Random, prefix: list |
     return [head + [rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def find_prefix_graph() -> str | None:
-    """A packaged graph whose full-attention layers use a prefix-caching policy, if one exists yet."""
+def _packaged_graphs() -> list[str]:
     from importlib import resources
 
     try:
-        files = sorted(p for p in resources.files("graphc.graphs").iterdir() if p.name.endswith(".yaml"))
+        names = sorted(p.name[:-5] for p in resources.files("graphc.graphs").iterdir() if p.name.endswith(".yaml"))
     except Exception:
-        return None
-    for f in files:
-        text = f.read_text()
-        if any(w in text for w in ("pool_backed", "prefix_cache", "radix")):
-            return f.name[: -len(".yaml")]
-    return None
+        return []
+    # Graphs that name a prefix cache first.
+    return sorted(names, key=lambda n: not any(w in n for w in ("prefix", "pool", "radix")))
+
+
+def find_prefix_graph(model, tokenizer, config, prompt_len: int = 96) -> tuple[str | None, str]:
+    """A graph under which a repeated prompt is served from the prefix cache, and why (not).
+
+    A behavioural probe rather than a name check: the same prompt twice through one
+    Engine must report cached tokens the second time.
+    """
+    tried = []
+    prompt = [[3 + (i * 7) % 200 for i in range(prompt_len)]]
+    for name in _packaged_graphs():
+        try:
+            eng = C.make_engine(model, tokenizer, config, graph=name)
+            eng.generate(prompt, C.graphc_params(2))
+            hit = eng.generate(prompt, C.graphc_params(2))[0].cached_tokens or 0
+        except Exception as e:  # noqa: BLE001 - a graph that does not bind to this model
+            tried.append(f"{name}: {type(e).__name__}")
+            continue
+        if hit > 0:
+            return name, f"graph '{name}' reuses a repeated prompt ({hit} of {prompt_len} tokens cached)"
+        tried.append(f"{name}: no cached tokens on a repeated prompt")
+    return None, "no packaged graph serves a repeated prompt from a prefix cache yet (" + "; ".join(tried) + ")"
 
 
 def sampling_supported(model, tokenizer, config) -> str | None:
@@ -137,10 +155,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                 add("host", (B, "graphc_compiled"), f"host B={B} graphc+compile",
                     lambda ps=ps: C.graphc_host(**mm, prompts=ps, warmup=W, steps=N, compile=True))
     if "prefix" in wl:
-        graph = cfg.prefix_graph or find_prefix_graph()
+        graph, why = (cfg.prefix_graph, "given") if cfg.prefix_graph else find_prefix_graph(model, tokenizer, config)
         if graph is None:
-            notes.append("prefix: no graph with a prefix cache is packaged yet (the prefix cache is in progress); "
-                         "rows skipped — pass --prefix-graph NAME once it exists")
+            notes.append(f"prefix: rows skipped — {why}; pass --prefix-graph NAME to force one")
         else:
             n = cfg.prefix_requests
             for r in range(cfg.prefix_repeats):
@@ -156,7 +173,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                 add("prefix", (r, "graphc_on"), f"prefix #{r} graphc, cache on ({graph})",
                     lambda ps=ps, warm=warm: (C.graphc_prefix(**mm, prompts=warm[:4], max_tokens=M, graph=graph),
                                               C.graphc_prefix(**mm, prompts=ps, max_tokens=M, graph=graph))[1])
-            notes.append(f"prefix: graph '{graph}' for cache on, the default graph for cache off")
+            notes.append(f"prefix: cache on = graph '{graph}' ({why}); cache off = the default graph")
     if "sampling" in wl:
         why = sampling_supported(model, tokenizer, config)
         if why:
@@ -331,11 +348,11 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
         if vals:
             rows.append({"workload": "chain", "case": f"B={B}", "batch": B, "unit": "tok/s", "values": vals,
                          "ratios": _drop_none({"chained/unchained": _ratio(vals.get("chained"), vals.get("unchained"))})})
-    for k in sorted((k for k in raw if k[0] == "matmul" and raw[k]), key=str):
+    for k in (k for k in raw if k[0] == "matmul" and raw[k]):
         (K, Nn), what = k[1], k[2]
         for r in raw[k]:
-            rows.append({"workload": "matmul", "case": f"{what} {K}->{Nn} B={r['B']}", "batch": r["B"],
-                         "unit": "GB/s (weights)", "values": {"mlx": r["GBps"]}, "us": r["us"],
+            rows.append({"workload": "matmul", "case": f"{what} {K}->{Nn} B={r['B']} {r['variant']}",
+                         "batch": r["B"], "unit": "GB/s (weights)", "values": {"mlx": r["GBps"], "us": r["us"]},
                          "ratios": {"of HBM peak": r["GBps"] * 1e9 / HBM_BYTES_PER_S}})
     return rows
 
