@@ -186,3 +186,25 @@ def test_sort_free_min_p_equals_full_path(tie_step):
     a = np.array(select_plain(x, _make_group(PLAIN, rows, params, v, inv_t, whole=True), state))
     b = np.array(select_full(x, _make_group(FULL, rows, params, v, inv_t, whole=True), state))
     assert np.array_equal(a, b), f"{(a != b).sum()} rows differ"
+
+
+def test_compiled_selectors_equal_eager(monkeypatch):
+    import graphc.runtime.sampling.select as sel
+
+    rng = np.random.default_rng(12)
+    B = 64
+    x = mx.array(_logits(rng, B, tie_step=0.25))
+    kinds = [
+        dict(),
+        dict(temperature=1.0),
+        dict(temperature=0.9, min_p=0.05),
+        dict(temperature=0.8, top_k=40, top_p=0.9),
+        dict(temperature=1.2, top_p=0.8, min_p=0.01),
+        dict(temperature=1.2, top_k=1500),
+    ]
+    st = SamplingTensors.build([SamplingParams(seed=i, **kinds[i % len(kinds)]) for i in range(B)], V)
+    pos = mx.arange(B, dtype=mx.int32)
+    compiled = np.array(select_tokens(x, st, pos))
+    monkeypatch.setattr(sel, "COMPILE", False)
+    eager = np.array(select_tokens(x, st, pos))
+    assert np.array_equal(compiled, eager)

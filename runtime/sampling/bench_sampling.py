@@ -15,8 +15,11 @@ import time
 
 import mlx.core as mx
 
+from . import select as _select
 from .params import SamplingParams
+from .penalties import build_token_counts
 from .select import select_tokens
+from .step import sample_step
 from .tensors import SamplingTensors
 
 CONFIGS = {
@@ -38,9 +41,30 @@ def _time(fn, iters: int, warmup: int = 3) -> float:
     return statistics.median(ts)
 
 
-def run_bench(batch_sizes=(1, 16, 64), vocab: int = 32000, iters: int = 50, configs=None, seeded: bool = True) -> list[dict]:
-    """[{batch, config, ms, ratio_to_greedy}] — medians of ``iters`` evaluated steps."""
-    configs = configs or CONFIGS
+STEP_CONFIGS = {
+    "greedy": dict(),
+    "greedy+edits+penalties+logprobs=5": dict(
+        logit_bias={5: 1.0}, banned_token_ids=(7,), min_tokens=2, repetition_penalty=1.1,
+        frequency_penalty=0.2, presence_penalty=0.1, logprobs=5,
+    ),
+    "sampled(T=0.8,top_p=0.9,top_k=50)+edits+penalties+logprobs=5": dict(
+        temperature=0.8, top_p=0.9, top_k=50, logit_bias={5: 1.0}, banned_token_ids=(7,),
+        min_tokens=2, repetition_penalty=1.1, frequency_penalty=0.2, presence_penalty=0.1, logprobs=5,
+    ),
+}
+
+
+def run_bench(
+    batch_sizes=(1, 16, 64),
+    vocab: int = 32000,
+    iters: int = 50,
+    configs=None,
+    seeded: bool = True,
+    step: bool = False,
+) -> list[dict]:
+    """[{batch, config, ms, ratio_to_greedy}] — medians of ``iters`` evaluated steps.
+    ``step=True`` times the whole ``sample_step`` (edits, penalties, logprobs)."""
+    configs = configs or (STEP_CONFIGS if step else CONFIGS)
     rows = []
     for B in batch_sizes:
         logits = mx.random.normal((B, vocab), key=mx.random.key(B)).astype(mx.float32)
@@ -50,8 +74,20 @@ def run_bench(batch_sizes=(1, 16, 64), vocab: int = 32000, iters: int = 50, conf
         base = None
         for name, kw in configs.items():
             params = [SamplingParams(seed=(i if seeded and kw else None), **kw) for i in range(B)]
-            st = SamplingTensors.build(params, vocab)
-            ms = 1e3 * _time(lambda: select_tokens(logits, st, positions, key), iters)
+            st = SamplingTensors.build(params, vocab, eos_token_ids=[2])
+            if step:
+                counts = build_token_counts([[1, 2, 3, 3]] * B, vocab)
+                n_gen = mx.zeros((B,), mx.int32)
+
+                def fn():
+                    out = sample_step(logits, st, positions=positions, n_generated=n_gen, counts=counts, key=key)
+                    return [out.tokens] + ([out.logprobs.chosen, out.logprobs.top_ids] if out.logprobs else [])
+            else:
+
+                def fn():
+                    return select_tokens(logits, st, positions, key)
+
+            ms = 1e3 * _time(fn, iters)
             base = ms if base is None else base
             rows.append(dict(batch=B, config=name, ms=ms, ratio_to_greedy=ms / base))
     return rows
@@ -62,11 +98,19 @@ def main(argv=None) -> None:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--step", action="store_true", help="time sample_step with edits/penalties/logprobs")
+    ap.add_argument("--eager", action="store_true", help="do not mx.compile the selectors")
     a = ap.parse_args(argv)
-    print(f"device={mx.default_device()} mlx={mx.__version__} vocab={a.vocab} iters={a.iters} (median ms per evaluated step)")
-    print(f"{'B':>4}  {'config':<30} {'ms':>9} {'x greedy':>9}")
-    for r in run_bench(a.batch, a.vocab, a.iters):
-        print(f"{r['batch']:>4}  {r['config']:<30} {r['ms']:>9.3f} {r['ratio_to_greedy']:>9.2f}")
+    _select.COMPILE = not a.eager
+    print(
+        f"device={mx.default_device()} mlx={mx.__version__} vocab={a.vocab} iters={a.iters} "
+        f"compiled={not a.eager} (median ms per evaluated step)"
+    )
+    rows = run_bench(a.batch, a.vocab, a.iters, step=a.step)
+    w = max(len(r["config"]) for r in rows)
+    print(f"{'B':>4}  {'config':<{w}} {'ms':>9} {'x greedy':>9}")
+    for r in rows:
+        print(f"{r['batch']:>4}  {r['config']:<{w}} {r['ms']:>9.3f} {r['ratio_to_greedy']:>9.2f}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ requested logprobs are gathers, and top-N uses a top-k over rank keys, so no
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import mlx.core as mx
 
@@ -87,6 +89,12 @@ def logprobs_of(
     logits [B, V] any float dtype; inv_temperature f32 [B] or None (= 1);
     top: how many top entries; token_ids int32 [B, R] extra ids to report.
     """
+    f = _compiled(top, inv_temperature is not None, token_ids is not None)
+    chosen, top_ids, top_lp, req = f(logits, inv_temperature, tokens, token_ids)
+    return LogprobsOutput(chosen=chosen, top_ids=top_ids, top_logprobs=top_lp, requested=req)
+
+
+def _logprobs(logits, inv_temperature, tokens, token_ids, *, top):
     s = logits.astype(mx.float32)
     if inv_temperature is not None:
         s = s * inv_temperature[:, None]
@@ -97,7 +105,31 @@ def logprobs_of(
         top_ids, top_lp = top_n(s, lse, top)
     if token_ids is not None:
         req = mx.take_along_axis(s, token_ids.astype(mx.int32), axis=-1) - lse
-    return LogprobsOutput(chosen=chosen, top_ids=top_ids, top_logprobs=top_lp, requested=req)
+    return chosen, top_ids, top_lp, req
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(top: int, has_inv_t: bool, has_ids: bool):
+    # None inputs/outputs cannot cross mx.compile, so each combination gets a
+    # wrapper with only array arguments and results.
+    def f(*args):
+        it = iter(args)
+        logits, tokens = next(it), next(it)
+        inv_t = next(it) if has_inv_t else None
+        ids = next(it) if has_ids else None
+        return tuple(o for o in _logprobs(logits, inv_t, tokens, ids, top=top) if o is not None)
+
+    cf = mx.compile(f)
+
+    def call(logits, inv_t, tokens, ids):
+        args = [logits, tokens] + ([inv_t] if has_inv_t else []) + ([ids] if has_ids else [])
+        outs = iter(cf(*args))
+        chosen = next(outs)
+        top_ids, top_lp = (next(outs), next(outs)) if top > 0 else (None, None)
+        req = next(outs) if has_ids else None
+        return chosen, top_ids, top_lp, req
+
+    return call
 
 
 def token_logprobs(logits: mx.array, st, tokens: mx.array) -> LogprobsOutput:

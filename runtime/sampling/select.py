@@ -21,6 +21,8 @@ keyed by token id, so a row picks the same token on either path.
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 
 from .noise import gumbel_noise, row_noise_state
@@ -80,30 +82,25 @@ def select_greedy(x: mx.array) -> mx.array:
     return mx.argmax(x, axis=-1).astype(mx.int32)
 
 
-def select_plain(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
-    """Temperature (and min_p): argmax(x / T + g) over the whole vocabulary, no
-    sort. min_p compares against the row max — the same float the rank path
-    calls s_0 — so it keeps exactly the tokens the rank rule keeps."""
-    s = x.astype(mx.float32) * g.inv_temperature[:, None]
+def _plain(x, inv_t, log_min_p, state, *, use_min_p: bool):
+    s = x.astype(mx.float32) * inv_t[:, None]
     ids = mx.arange(x.shape[-1], dtype=mx.uint32)[None]
     score = s + gumbel_noise(state, ids)
-    if g.use_min_p:
-        keep = (s - mx.max(s, axis=-1, keepdims=True)) >= g.log_min_p[:, None]
+    if use_min_p:
+        keep = (s - mx.max(s, axis=-1, keepdims=True)) >= log_min_p[:, None]
         score = mx.where(keep, score, _NEG_INF)
     return mx.argmax(score, axis=-1).astype(mx.int32)
 
 
-def filtered_choice(sv: mx.array, sid: mx.array, g: RowGroup, state: mx.array) -> mx.array:
-    """Filters + Gumbel-max in rank space. ``sv``/``sid`` [b, n] are the first n
-    ranks (values, ids) of each row; returns the chosen token ids int32 [b]."""
+def _filtered(sv, sid, inv_t, top_k, top_p, log_min_p, state, *, use_top_k, use_top_p, use_min_p):
     b, n = sv.shape
-    s = sv.astype(mx.float32) * g.inv_temperature[:, None]
+    s = sv.astype(mx.float32) * inv_t[:, None]
     s0 = s[:, :1]
     keep = None
-    k = mx.minimum(g.top_k, n)[:, None]
-    if g.use_top_k:
+    k = mx.minimum(top_k, n)[:, None]
+    if use_top_k:
         keep = mx.arange(n)[None] < k
-    if g.use_top_p:
+    if use_top_p:
         p = mx.exp(s - s0)
         if keep is not None:
             p = mx.where(keep, p, 0.0)
@@ -112,11 +109,11 @@ def filtered_choice(sv: mx.array, sid: mx.array, g: RowGroup, state: mx.array) -
         # (K-wide and V-wide rows share the first K prefix sums) agree bit for bit.
         z = mx.take_along_axis(c, k - 1, axis=-1)
         excl = mx.concatenate([mx.zeros((b, 1), mx.float32), c[:, :-1]], axis=1)
-        top_p = g.top_p[:, None]
-        kp = (excl < top_p * z) | (top_p >= 1.0)
+        tp = top_p[:, None]
+        kp = (excl < tp * z) | (tp >= 1.0)
         keep = kp if keep is None else keep & kp
-    if g.use_min_p:
-        km = (s - s0) >= g.log_min_p[:, None]
+    if use_min_p:
+        km = (s - s0) >= log_min_p[:, None]
         keep = km if keep is None else keep & km
     score = s + gumbel_noise(state, sid)
     if keep is not None:
@@ -125,17 +122,60 @@ def filtered_choice(sv: mx.array, sid: mx.array, g: RowGroup, state: mx.array) -
     return mx.take_along_axis(sid, j, axis=-1)[:, 0]
 
 
+def _ranked(x, inv_t, top_k, top_p, log_min_p, state, *, width, use_top_k, use_top_p, use_min_p):
+    sv, sid = rank_order(x, min(width, x.shape[-1]))
+    return _filtered(
+        sv, sid, inv_t, top_k, top_p, log_min_p, state,
+        use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p,
+    )
+
+
+# Each selector is compiled once per static configuration (and mx.compile
+# re-traces per input shape). On a GPU the win is mostly fewer graph nodes and
+# no per-step Python op construction: a sampled step is ~30 small ops, whose
+# scheduling cost is comparable to the work itself at decode batch sizes.
+COMPILE = True
+
+
+def _compiled(fn, **static):
+    return _compiled_cached(fn, COMPILE, **static)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_cached(fn, compile_: bool, **static):
+    f = functools.partial(fn, **static)
+    return mx.compile(f) if compile_ else f
+
+
+def select_plain(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
+    """Temperature (and min_p): argmax(x / T + g) over the whole vocabulary, no
+    sort. min_p compares against the row max — the same float the rank path
+    calls s_0 — so it keeps exactly the tokens the rank rule keeps."""
+    f = _compiled(_plain, use_min_p=g.use_min_p)
+    return f(x, g.inv_temperature, g.log_min_p, state)
+
+
+def filtered_choice(sv: mx.array, sid: mx.array, g: RowGroup, state: mx.array) -> mx.array:
+    """Filters + Gumbel-max in rank space. ``sv``/``sid`` [b, n] are the first n
+    ranks (values, ids) of each row; returns the chosen token ids int32 [b]."""
+    f = _compiled(_filtered, use_top_k=g.use_top_k, use_top_p=g.use_top_p, use_min_p=g.use_min_p)
+    return f(sv, sid, g.inv_temperature, g.top_k, g.top_p, g.log_min_p, state)
+
+
+def _select_ranked(x: mx.array, g: RowGroup, state: mx.array, width: int) -> mx.array:
+    f = _compiled(_ranked, width=width, use_top_k=g.use_top_k, use_top_p=g.use_top_p, use_min_p=g.use_min_p)
+    return f(x, g.inv_temperature, g.top_k, g.top_p, g.log_min_p, state)
+
+
 def select_candidates(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
     """Rows whose top_k bounds the kept set: work on the first ``g.width`` ranks."""
-    sv, sid = rank_order(x, g.width)
-    return filtered_choice(sv, sid, g, state)
+    return _select_ranked(x, g, state, g.width)
 
 
 def select_full(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
     """Rows with top_p and no top_k <= CANDIDATE_MAX (or a larger top_k):
     full-vocabulary rank sort."""
-    sv, sid = rank_order(x, x.shape[-1])
-    return filtered_choice(sv, sid, g, state)
+    return _select_ranked(x, g, state, x.shape[-1])
 
 
 # --------------------------------------------------------------------------
