@@ -56,6 +56,7 @@ class EngineSnapshot:
     stats: dict = attrs.field(factory=dict)
     kv_bytes: int = 0
     pool: dict | None = None  # {"used": n, "total": m} when the engine has a slot pool
+    finished: dict = attrs.field(factory=dict)  # finish_reason -> requests finished that way
     generation_tps: float = 0.0  # generated tokens per second over the last few seconds
     time: float = 0.0
 
@@ -81,6 +82,7 @@ class AsyncEngine:
         self._closed = False
         self._tps_window_s = tps_window_s
         self._tps_samples: collections.deque = collections.deque()
+        self._finished: collections.Counter = collections.Counter()  # engine thread only
         self.snapshot = EngineSnapshot(time=time.time())
         self.error: BaseException | None = None  # set when the engine thread died
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -273,6 +275,7 @@ class AsyncEngine:
             result = None
             if out.finished:
                 del self._live[out.request_id]
+                self._finished[out.finish_reason] += 1
                 result = self.engine._result(live.req)
                 self._done_one()
             self._deliver(live, out, result, None)
@@ -280,6 +283,7 @@ class AsyncEngine:
     def _finish_aborted(self, rid: str, live: _Live) -> None:
         self._live.pop(rid, None)
         self._done_one()
+        self._finished["abort"] += 1
         out = RequestOutput(rid, [], live.req.detokenizer.flush() if live.req.detokenizer else "", True, "abort")
         self._deliver(live, out, self.engine._result(live.req), None)
 
@@ -303,6 +307,7 @@ class AsyncEngine:
                 log.exception("abort of %s after an engine error failed", rid)
             self._live.pop(rid, None)
             self._done_one()
+            self._finished["error"] += 1
             self._deliver(live, None, None, err)
 
     def _stop_all(self) -> None:
@@ -341,7 +346,8 @@ class AsyncEngine:
         self.snapshot = EngineSnapshot(
             waiting=len(eng.scheduler.waiting), running=len(eng.scheduler.running),
             inflight=self._inflight, steps=eng.runner.steps, stats=stats,
-            kv_bytes=eng.runner.kv_bytes, pool=_pool_usage(eng), generation_tps=tps, time=now)
+            kv_bytes=eng.runner.kv_bytes, pool=_pool_usage(eng), finished=dict(self._finished),
+            generation_tps=tps, time=now)
 
 
 def _pool_usage(eng: Engine) -> dict | None:

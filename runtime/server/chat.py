@@ -71,7 +71,6 @@ async def _collect(request, state, req, group, rid, prompt_ids):
     finally:
         watcher.cancel()
         group.abort()
-        state.record(group)
     choices = []
     for i, res in enumerate(group.results):
         src = logprob_source(res, entries[i], have_lp[i]) if req.logprobs else None
@@ -119,4 +118,3 @@ async def _stream(request, state, req, group, rid, prompt_ids, include_usage):
     finally:
         watcher.cancel()
         group.abort()
-        state.record(group)

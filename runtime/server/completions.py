@@ -77,7 +77,6 @@ async def _collect(request, state, req, group, rid, prompts, echo):
     finally:
         watcher.cancel()
         group.abort()
-        state.record(group)
     choices = []
     for i, res in enumerate(group.results):
         prefix = echo[i // n] if echo else ""
@@ -125,4 +124,3 @@ async def _stream(request, state, req, group, rid, prompts, echo, include_usage)
     finally:
         watcher.cancel()
         group.abort()
-        state.record(group)

@@ -15,7 +15,6 @@ from graphc.runtime.async_engine import EngineSnapshot
 class ServerMetrics:
     def __init__(self):
         self.http = collections.Counter()  # (path, status) -> count
-        self.finished = collections.Counter()  # finish_reason -> count
         self.rejected = collections.Counter()  # why a request was refused before it ran -> count
 
     def render(self, snap: EngineSnapshot | None, *, ready: bool, engine_alive: bool, model: str) -> str:
@@ -57,7 +56,7 @@ class ServerMetrics:
                    [(m, used / total if total else 0.0)])
         metric("graphc_engine_steps_total", "counter", "Decode steps launched.", [(m, s.steps)])
         metric("graphc_requests_finished_total", "counter", "Finished engine requests by finish reason.",
-               [({**m, "reason": r}, n) for r, n in sorted(self.finished.items())] or [({**m, "reason": "stop"}, 0)])
+               [({**m, "reason": r}, s.finished.get(r, 0)) for r in sorted({"stop", "length", "abort", *s.finished})])
         metric("graphc_requests_rejected_total", "counter", "Requests refused before they ran, by cause.",
                [({**m, "cause": c}, n) for c, n in sorted(self.rejected.items())] or [({**m, "cause": "overloaded"}, 0)])
         metric("graphc_http_requests_total", "counter", "HTTP responses by path and status.",

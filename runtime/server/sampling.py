@@ -109,8 +109,11 @@ def param_error(e: Exception, req=None) -> APIError:
     param = _PARAM_NAMES.get(first, first)
     if msg.startswith("token id"):
         param = "logit_bias" if req is not None and req.logit_bias else "stop_token_ids"
-    if param == "max_tokens" and isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
-        param = "max_completion_tokens"
+    if isinstance(req, ChatCompletionRequest):
+        if param == "max_tokens" and req.max_completion_tokens is not None:
+            param = "max_completion_tokens"
+        elif param == "logprobs":
+            param = "top_logprobs"  # chat's logprobs is a bool; the count is top_logprobs
     if "grammar" in msg or type(e).__name__ == "GrammarError":
         param = "response_format"
     if req is not None and param not in type(req).model_fields:

@@ -139,8 +139,3 @@ class ServerState:
             raise APIError(503, "the server is shutting down", code="engine_unavailable") from None
         except ValueError as e:  # the engine's own checks (prompt ids, grammar compile, ...)
             raise param_error(e, req) from None
-
-    def record(self, group: StreamGroup) -> None:
-        for r in group.results:
-            if r is not None:
-                self.metrics.finished[r.finish_reason] += 1
