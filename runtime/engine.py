@@ -18,6 +18,8 @@ from pathlib import Path
 from graphc.compiler.compile import CompiledGraph, compile_graph
 
 from .params import SamplingParams
+from .prefix_cache import for_binding
+from .prefix_io import PrefixIO
 from .request import GenerationResult, Request, RequestOutput, Status
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -27,7 +29,8 @@ from .text import TextState
 class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
-                 compile: bool = False):
+                 compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
+                 max_total_tokens: int | None = None, prefix_interval: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -37,8 +40,15 @@ class Engine:
             from .compiled_decode import CompiledDecode
 
             self.compiled.decode = CompiledDecode(self.compiled.decode)
-        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits)
-        self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk)
+        # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
+        # Pool size: max_total_tokens slots, else mem_fraction of device memory.
+        self.prefix = prefix_cache and for_binding(
+            self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
+            interval=prefix_interval or prefill_chunk) or None
+        io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
+        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits, prefix_io=io)
+        self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
+                                   admit=self._admit if self.prefix is not None else None)
         self.vocab_size = int(config.get("vocab_size") or model.args.vocab_size)
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
@@ -181,7 +191,19 @@ class Engine:
         self.scheduler.finish(req, reason)
         req.caches = None  # a request aborted mid-prefill drops its partial KV
         if was_running:
-            self.runner.leave([req])
+            self.runner.leave([req])  # stores its KV in the prefix cache on the way out
+        if self.prefix is not None:
+            self.prefix.release(req)  # every tree reference and pin it held
+
+    def _admit(self, req: Request) -> None:
+        self.stats["cached_tokens"] += self.prefix.admit(req)
+
+    def cache_stats(self) -> dict:
+        """Prefix-cache usage for /metrics: pool slots (free / used), tree tokens and nodes,
+        hits and hit tokens, evictions, pool bytes; {"enabled": False} without a prefix cache."""
+        if self.prefix is None:
+            return {"enabled": False}
+        return {"enabled": True, **self.prefix.stats(), "pool_bytes": self.runner.prefix_io.nbytes}
 
     def _delta(self, req: Request) -> RequestOutput:
         new_ids = req.output_ids[req.emitted_tokens:]

@@ -29,8 +29,11 @@ class Launch:
 
 
 class ModelRunner:
-    def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None):
+    def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None):
         self.compiled = compiled
+        # The prefix cache's array side (runtime/prefix_io.py), or None: restores admitted
+        # hits, captures state at prefix boundaries, writes KV into the pools.
+        self.prefix_io = prefix_io
         # host_edits(rows, logits) -> additive [B, V] row or None: grammar masks and Python
         # logits processors, for rows that are not chain-safe. Set by the engine.
         self.host_edits = host_edits
@@ -53,18 +56,26 @@ class ModelRunner:
         """
         if req.caches is None:
             req.caches = self.new_caches()
+            if self.prefix_io is not None:
+                self.prefix_io.restore(req)  # the cached prefix the scheduler admitted
         start = req.prefilled
         end = min(len(req.prompt_ids), start + max_tokens)
         final = end == len(req.prompt_ids)
+        if self.prefix_io is not None:  # pieces ending at prefix boundaries, state captured there
+            start = self.prefix_io.prefill_pieces(req, start, end)
         tokens = mx.array(req.prompt_ids[start:end], dtype=mx.int32)[None]
         step = self.compiled.prefill
         ctx = step.forward(StepInputs(tokens, req.caches, final=final))
         req.prefilled = end
+        if self.prefix_io is not None:
+            self.prefix_io.after_chunk(req, end)
         if not final:
             mx.eval(ctx.values[step.hidden_node])
             return None
         out = step.head(ctx, self._edits([req], ctx, step))
         mx.eval(out.next_tokens)
+        if self.prefix_io is not None:
+            self.prefix_io.store_prompt(req)  # the prompt's new KV into the pool, its end locked
         return int(out.next_tokens.item())
 
     def _edits(self, rows, ctx, step):
@@ -92,6 +103,9 @@ class ModelRunner:
         keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
         if len(keep) == len(self.rows):
             return
+        if self.prefix_io is not None:  # their prompt + output KV into the prefix cache first
+            left = [i for i, r in enumerate(self.rows) if id(r) in gone]
+            self.prefix_io.store_rows([self.rows[i] for i in left], left, self.caches)
         self.rows = [self.rows[i] for i in keep]
         if not self.rows:
             self.caches = None

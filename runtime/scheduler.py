@@ -21,13 +21,16 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512):
+    def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, admit=None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        # admit(req): match a waiting request against the prefix cache before its first
+        # chunk is sized (it sets req.prefilled to the cached length). Idempotent.
+        self.admit = admit
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.by_id: dict[str, Request] = {}
@@ -45,6 +48,8 @@ class Scheduler:
         for req in self.waiting:
             if budget <= 0 or slots <= 0:
                 break
+            if self.admit is not None and req.status is Status.WAITING:
+                self.admit(req)
             n = min(budget, len(req.prompt_ids) - req.prefilled)
             chunks.append((req, n))
             budget -= n

@@ -118,3 +118,12 @@ class SSMStatePolicy(CachePolicy):
 
     def new_cache(self) -> StateCache:
         return StateCache(2, 1)
+
+    # -- prefix cache hooks (called by runtime/prefix_io.py) ---------------------------
+    @staticmethod
+    def capture(cache: StateCache, row: int) -> tuple:
+        return cache.snapshot(row)
+
+    @staticmethod
+    def restore(snapshot: tuple, tokens: int) -> StateCache:
+        return StateCache.restored(snapshot, tokens)

@@ -240,3 +240,12 @@ class WindowedPolicy(CachePolicy):
 
     def new_cache(self) -> WindowedKV:
         return WindowedKV(self.window, 1)
+
+    # -- prefix cache hooks (arrays; called by runtime/prefix_io.py) ---------------
+    @staticmethod
+    def capture(cache: WindowedKV, row: int):
+        """(keys [H, w, D], values, first position) of the last `window` positions of `row`."""
+        return cache.tail(row)
+
+    def restore(self, keys, values, start: int) -> WindowedKV:
+        return WindowedKV.restored(self.window, keys, values, start)

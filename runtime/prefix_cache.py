@@ -1,0 +1,438 @@
+"""The prefix cache's bookkeeping: radix tree, slot allocators, LRU eviction, per-request holds.
+
+Plain Python (numpy for slot lists): it decides *which* slots hold what; the array side
+(runtime/prefix_io.py, runtime/cache/pool.py) gathers and scatters.
+
+What is kept, per layer role (a policy's `prefix_role`):
+
+- "pool" (full attention, `pool_backed`): every cached token's K/V in a pool slot. A hit
+  may end at any matched position.
+- "window" (sliding attention, `windowed`): only the last `window` positions before a
+  *boundary* are kept, in a second, window pool. Boundaries sit at multiples of
+  `interval` inside a prompt, at the prompt's end and at the end of a finished request
+  (the next turn of a chat resumes there). A hit may end at m when positions
+  m-window+1..m-1 are all kept: at a boundary b, or at b-1. Window slots are reference
+  counted by the boundaries that cover them, so sliding KV that no boundary needs is
+  freed as soon as its last boundary goes.
+- "snapshot" (linear attention / SSM, `ssm_state`): the recurrent state after a boundary
+  (boundaries as above, plus prompt end - 1 so a repeated prompt recomputes one token).
+  A hit must end exactly at a snapshot, else it falls back to a shorter one or to none.
+
+A full-prefix hit still recomputes the last prompt token (its logits start decoding).
+
+Holds. A request admitted with a hit locks the node holding its last matched token (so
+its pool slots cannot be evicted before they are gathered) and pins the window slots it
+will restore. It re-locks its prompt's end once its prompt is inserted, and releases
+everything when it finishes or is aborted — at any point. Nothing else is held: slots
+are allocated and written in the same call.
+
+Eviction. Pool slots: least recently used unreferenced leaves first (their boundary
+marks and snapshots go with them). Window slots: least recently used boundaries of
+unreferenced nodes lose their window ("tombstones": the tokens stay for full layers).
+Snapshots: a count limit, evicted the same way. If nothing can be evicted, the insert
+keeps what fits; a request never waits on the cache.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import attrs
+import numpy as np
+
+from .cache.radix import Node, RadixTree, tick
+from .cache.slots import SlotAllocator
+
+
+@attrs.define
+class Hit:
+    length: int  # prompt tokens restored (m)
+    slots: np.ndarray  # pool slots of positions 0..m-1
+    window_slots: np.ndarray | None = None  # window-pool slots of positions m-len..m-1
+    snapshot: object = None  # recurrent state after m (opaque)
+
+
+@attrs.define
+class Capture:
+    """What the array side saw at a boundary b (opaque data; only its extent is read here)."""
+
+    window: object = None  # per windowed layer (keys, values) of positions window_start..b-1
+    window_start: int = 0
+    snapshot: object = None  # per state layer, the state after b
+
+
+@attrs.define
+class Hold:
+    node: Node | None = None  # locked
+    hit: Hit | None = None
+    pinned: tuple | None = None  # (node, start, end): window positions pinned for the hit
+    captures: dict = attrs.field(factory=dict)  # boundary position -> Capture
+
+
+@attrs.define
+class WritePlan:
+    """Array work an insert needs: pool slots for sequence positions, window slots from captures."""
+
+    pool: list = attrs.field(factory=list)  # (slots, start, end): positions start..end-1
+    window: list = attrs.field(factory=list)  # (slots, capture, offsets into the capture)
+
+
+class PrefixCache:
+    def __init__(self, *, capacity: int, window: int | None = None, window_capacity: int = 0,
+                 snapshots: bool = False, max_snapshots: int = 0, interval: int = 512):
+        if interval < 1:
+            raise ValueError(f"prefix boundary interval must be >= 1, got {interval}")
+        self.window = window
+        self.snapshots = snapshots
+        self.interval = interval
+        self.tree = RadixTree(windowed=window is not None)
+        self.slots = SlotAllocator(capacity)
+        self.window_slots = SlotAllocator(window_capacity) if window is not None else None
+        self.max_snapshots = max_snapshots
+        self.n_snapshots = 0
+        self.holds: dict[str, Hold] = {}
+        self.counters = {"queries": 0, "hits": 0, "hit_tokens": 0, "inserted_tokens": 0,
+                         "evicted_tokens": 0, "window_tombstones": 0, "snapshot_evictions": 0}
+
+    @property
+    def needs_boundaries(self) -> bool:
+        return self.window is not None or self.snapshots
+
+    # -- admission ----------------------------------------------------------------
+    def admit(self, req) -> int:
+        """Match the longest usable cached prefix of `req`'s prompt; lock it; set
+        req.prefilled / req.cached_tokens. Idempotent. Returns the tokens restored."""
+        if req.id in self.holds:
+            return req.cached_tokens
+        hold = self.holds[req.id] = Hold()
+        self.counters["queries"] += 1
+        tokens = np.asarray(req.prompt_ids, dtype=np.int32)
+        path, m0 = self.tree.match(tokens)
+        m = self._usable(path, min(m0, len(tokens) - 1))
+        if m <= 0:
+            return 0
+        node = next(n for n in path if n.end >= m)  # holds position m-1
+        self.tree.lock(node)
+        hold.node = node
+        for n in path:
+            n.last_access = tick()
+        slots = np.concatenate([n.slots for n in path])[:m]
+        hit = Hit(m, slots)
+        if self.window is not None:
+            start = max(0, m - (self.window - 1))
+            self._add_cover(node, start, m, +1)  # pin: no tombstone may free them before restore
+            hold.pinned = (node, start, m)
+            hit.window_slots = np.concatenate(
+                [n.sw[lo:hi] for n, lo, hi in reversed(list(self.tree.ancestors_over(node, start, m)))])
+        if self.snapshots:
+            hit.snapshot = next(n.snapshot for n in path if n.end == m)
+        hold.hit = hit
+        req.prefilled = req.cached_tokens = m
+        self.counters["hits"] += 1
+        self.counters["hit_tokens"] += m
+        return m
+
+    def _usable(self, path: list[Node], limit: int) -> int:
+        """The longest m <= limit a hit can resume at (see the module docstring)."""
+        if limit <= 0:
+            return 0
+        if not self.needs_boundaries:
+            return limit
+        if self.snapshots:
+            cands = sorted((n.end for n in path if n.snapshot is not None and n.end <= limit), reverse=True)
+        else:
+            cands = None
+        cov = None
+        if self.window is not None:
+            cov = np.concatenate([n.sw >= 0 for n in path])[:limit]
+            bad = np.flatnonzero(~cov)
+        if cands is None:  # window only: scan down from limit, jumping over uncovered tokens
+            m = limit
+            while m > 0:
+                ok, m2 = self._window_ok(bad, m)
+                if ok:
+                    return m
+                m = m2
+            return 0
+        for m in cands:
+            if cov is None or self._window_ok(bad, m)[0]:
+                return m
+        return 0
+
+    def _window_ok(self, bad: np.ndarray, m: int) -> tuple[bool, int]:
+        """Whether positions m-window+1..m-1 are all kept; else the next m worth trying."""
+        i = np.searchsorted(bad, m) - 1  # last uncovered position < m
+        if i < 0:
+            return True, m
+        last_bad = int(bad[i])
+        if last_bad < m - (self.window - 1):
+            return True, m
+        return False, last_bad  # any m' in (last_bad, m) still needs last_bad
+
+    def take_hit(self, req) -> Hit | None:
+        """The admitted hit, handed to the array side once (unpins its window slots)."""
+        hold = self.holds.get(req.id)
+        if hold is None or hold.hit is None:
+            return None
+        hit, hold.hit = hold.hit, None
+        self._unpin(hold)
+        return hit
+
+    def _unpin(self, hold: Hold) -> None:
+        if hold.pinned is not None:
+            node, start, end = hold.pinned
+            self._add_cover(node, start, end, -1)
+            hold.pinned = None
+
+    # -- boundaries (where the array side captures state during prefill) ---------------
+    def capture_points(self, req) -> set[int]:
+        if not self.needs_boundaries:
+            return set()
+        L = len(req.prompt_ids)
+        pts = set(range(self.interval, L + 1, self.interval)) | {L}
+        if self.snapshots and L > 1:
+            pts.add(L - 1)
+        return pts
+
+    def add_capture(self, req, pos: int, capture: Capture) -> None:
+        hold = self.holds.get(req.id)
+        if hold is not None:
+            hold.captures[pos] = capture
+
+    # -- insertion --------------------------------------------------------------------
+    def insert_prompt(self, req) -> WritePlan:
+        """The prompt is in the working cache: store what the tree lacks, keep its end locked."""
+        hold = self.holds.setdefault(req.id, Hold())
+        plan, end = self._insert(req.prompt_ids, hold.captures)
+        hold.captures = {}
+        old, hold.node = hold.node, end
+        if end is not None:
+            self.tree.lock(end)
+        if old is not None:
+            self.tree.unlock(old)
+        return plan
+
+    def insert_finished(self, req, seq: list[int], capture: Capture | None) -> WritePlan:
+        """A finished request's whole sequence (prompt + output whose KV exists)."""
+        caps = {len(seq): capture} if capture is not None else {}
+        plan, _ = self._insert(seq, caps)
+        return plan
+
+    def _insert(self, seq: list[int], captures: dict) -> tuple[WritePlan, Node | None]:
+        plan = WritePlan()
+        tokens = np.asarray(seq, dtype=np.int32)
+        n = len(tokens)
+        if n == 0:
+            return plan, None
+        path, e = self.tree.match(tokens)
+        if path:
+            self.tree.lock(path[-1])  # nothing on our path may be evicted while we allocate
+        try:
+            if e < n:
+                slots = self._alloc_pool(n - e)
+                n = e + len(slots)
+                if len(slots):
+                    parent = self.tree.node_ending_at(tokens, e)
+                    self.tree.add_leaf(parent, tokens[e:n], slots)
+                    plan.pool.append((slots, e, n))
+                    self.counters["inserted_tokens"] += len(slots)
+            for b in sorted(p for p in captures if 0 < p <= n):
+                self._mark_boundary(tokens, b, captures[b], plan)
+            end = self.tree.node_ending_at(tokens, n) if n > 0 else None
+        finally:
+            if path:
+                self.tree.unlock(path[-1])
+        for node in (end,) if end is not None else ():
+            node.last_access = tick()
+        return plan, end
+
+    def _mark_boundary(self, tokens: np.ndarray, b: int, cap: Capture, plan: WritePlan) -> None:
+        node = self.tree.node_ending_at(tokens, b)
+        node.last_access = tick()
+        if self.window is not None and not node.covered and cap.window is not None:
+            start = max(0, b - self.window)
+            if cap.window_start <= start:
+                self._cover_boundary(node, start, b, cap, plan)
+        if self.snapshots and node.snapshot is None and cap.snapshot is not None:
+            if self.n_snapshots >= self.max_snapshots:
+                self._evict_snapshot()
+            if self.n_snapshots < self.max_snapshots:
+                node.snapshot = cap.snapshot
+                self.n_snapshots += 1
+
+    def _cover_boundary(self, node: Node, start: int, b: int, cap: Capture, plan: WritePlan) -> None:
+        parts = list(self.tree.ancestors_over(node, start, b))
+        for n, lo, hi in parts:  # count this boundary first, so evicting others cannot free what it reuses
+            n.sw_ref[lo:hi] += 1
+        need = sum(int((n.sw[lo:hi] < 0).sum()) for n, lo, hi in parts)
+        if need > self.window_slots.free:
+            self._evict_windows(need - self.window_slots.free, keep=node)
+        new = self.window_slots.alloc(need)
+        if new is None:  # no room: this boundary stays a plain prefix point
+            self._add_cover(node, start, b, -1)
+            return
+        taken, offsets = 0, []
+        for n, lo, hi in parts:
+            miss = np.flatnonzero(n.sw[lo:hi] < 0) + lo
+            n.sw[miss] = new[taken:taken + len(miss)]
+            taken += len(miss)
+            offsets.append(miss + n.start - cap.window_start)
+        node.covered = True
+        if need:
+            plan.window.append((new, cap, np.concatenate(offsets)))
+
+    def _add_cover(self, node: Node, start: int, end: int, delta: int) -> None:
+        """Count (or uncount) one holder of the window slots of positions start..end-1."""
+        for n, lo, hi in self.tree.ancestors_over(node, start, end):
+            n.sw_ref[lo:hi] += delta
+            if delta < 0:
+                dead = np.flatnonzero((n.sw_ref[lo:hi] == 0) & (n.sw[lo:hi] >= 0)) + lo
+                if len(dead):
+                    self.window_slots.release(n.sw[dead])
+                    n.sw[dead] = -1
+
+    def _uncover(self, node: Node) -> None:
+        if node.covered:
+            node.covered = False
+            self._add_cover(node, max(0, node.end - self.window), node.end, -1)
+
+    # -- eviction -----------------------------------------------------------------------
+    def _alloc_pool(self, n: int) -> np.ndarray:
+        if n > self.slots.free:
+            self._evict_leaves(n - self.slots.free)
+        return self.slots.alloc(min(n, self.slots.free))
+
+    def _evict_leaves(self, need: int) -> int:
+        heap = [(n.last_access, id(n), n) for n in self.tree.nodes()
+                if not n.children and n.ref == 0 and n is not self.tree.root]
+        heapq.heapify(heap)
+        freed = 0
+        while heap and freed < need:
+            _, _, leaf = heapq.heappop(heap)
+            freed += self._drop(leaf)
+            parent = leaf.parent
+            if parent is not self.tree.root and not parent.children and parent.ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        return freed
+
+    def _drop(self, leaf: Node) -> int:
+        if self.window is not None:
+            self._uncover(leaf)
+        if leaf.snapshot is not None:
+            leaf.snapshot = None
+            self.n_snapshots -= 1
+        self.tree.remove_leaf(leaf)
+        self.slots.release(leaf.slots)
+        self.counters["evicted_tokens"] += len(leaf.slots)
+        return len(leaf.slots)
+
+    def _evict_windows(self, need: int, keep: Node | None = None) -> None:
+        start = self.window_slots.free
+        heap = [(n.last_access, id(n), n) for n in self.tree.nodes() if n.covered and n.ref == 0 and n is not keep]
+        heapq.heapify(heap)
+        while heap and self.window_slots.free - start < need:
+            _, _, node = heapq.heappop(heap)
+            self._uncover(node)
+            self.counters["window_tombstones"] += 1
+
+    def _evict_snapshot(self) -> None:
+        cands = [n for n in self.tree.nodes() if n.snapshot is not None and n.ref == 0]
+        if cands:
+            victim = min(cands, key=lambda n: n.last_access)
+            victim.snapshot = None
+            self.n_snapshots -= 1
+            self.counters["snapshot_evictions"] += 1
+
+    # -- release / admin ---------------------------------------------------------------
+    def release(self, req) -> None:
+        """Return every tree reference and pin `req` holds (finished or aborted, at any point)."""
+        hold = self.holds.pop(req.id, None)
+        if hold is None:
+            return
+        self._unpin(hold)
+        if hold.node is not None:
+            self.tree.unlock(hold.node)
+
+    def flush(self) -> int:
+        """Evict everything no live request holds; returns the tokens freed."""
+        freed = self._evict_leaves(self.tree.tokens + 1)
+        if self.window is not None:
+            self._evict_windows(self.window_slots.capacity + 1)
+        return freed
+
+    def stats(self) -> dict:
+        out = {
+            "pool_slots": self.slots.capacity,
+            "pool_used": self.slots.used,
+            "pool_free": self.slots.free,
+            "tree_tokens": self.tree.tokens,
+            "tree_nodes": sum(1 for _ in self.tree.nodes()) - 1,
+            "held_requests": len(self.holds),
+            **self.counters,
+        }
+        if self.window is not None:
+            out.update(window_slots=self.window_slots.capacity, window_used=self.window_slots.used,
+                       boundaries=sum(1 for n in self.tree.nodes() if n.covered))
+        if self.snapshots:
+            out.update(snapshots=self.n_snapshots, max_snapshots=self.max_snapshots)
+        return out
+
+    def check(self) -> None:
+        """Assert the bookkeeping invariants (tests call this after every scenario)."""
+        nodes = [n for n in self.tree.nodes() if n is not self.tree.root]
+        assert self.tree.tokens == sum(len(n.key) for n in nodes)
+        assert self.slots.used == self.tree.tokens, (self.slots.used, self.tree.tokens)
+        all_slots = np.concatenate([n.slots for n in nodes]) if nodes else np.zeros(0)
+        assert len(np.unique(all_slots)) == len(all_slots), "a pool slot is used twice"
+        for n in nodes:
+            assert n.ref >= sum(c.ref for c in n.children.values())
+            assert n.end == n.parent.end + len(n.key)
+        if self.window is not None:
+            kept = np.concatenate([n.sw[n.sw >= 0] for n in nodes]) if nodes else np.zeros(0)
+            assert self.window_slots.used == len(kept), (self.window_slots.used, len(kept))
+            assert len(np.unique(kept)) == len(kept), "a window slot is used twice"
+            for n in nodes:
+                assert ((n.sw >= 0) == (n.sw_ref > 0)).all(), n
+        if self.snapshots:
+            assert self.n_snapshots == sum(1 for n in nodes if n.snapshot is not None)
+
+
+DEFAULT_MEM_FRACTION = 0.25
+
+
+def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens: int | None = None,
+                interval: int = 512) -> PrefixCache | None:
+    """The prefix cache a bound graph supports, or None.
+
+    Prefix reuse needs every layer's policy to take part (a `prefix_role`) and at least one
+    pool-backed layer; a graph that uses `full` (graphs/dense_noprefix.yaml) has none.
+    Capacity: `max_total_tokens` pool slots if given, else what `mem_fraction` of the
+    device's memory holds at the pool's bytes per token (the arrays grow on demand, so an
+    unused budget costs nothing).
+    """
+    from .cache.pool import device_memory
+
+    pols = binding.policies
+    roles = [getattr(p, "prefix_role", None) for p in pols]
+    if None in roles or "pool" not in roles:
+        return None
+    pool_bpt = sum(p.bytes_per_token() for p, r in zip(pols, roles) if r == "pool")
+    win_bpt = sum(p.bytes_per_token() for p, r in zip(pols, roles) if r == "window")
+    if max_total_tokens is None:
+        frac = DEFAULT_MEM_FRACTION if mem_fraction is None else mem_fraction
+        if not 0 < frac <= 1:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {frac}")
+        max_total_tokens = int(frac * device_memory()) // max(1, pool_bpt + win_bpt)
+    if max_total_tokens < 1:
+        raise ValueError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
+    windows = {p.window for p, r in zip(pols, roles) if r == "window"}
+    if len(windows) > 1:
+        return None  # one window pool serves one window size (no supported model mixes them)
+    state_bytes = sum(p.bytes_per_request(0) for p, r in zip(pols, roles) if r == "snapshot")
+    snapshots = "snapshot" in roles
+    # Snapshots may take about a quarter of the pool's bytes (and at least a few).
+    max_snapshots = max(8, (max_total_tokens * pool_bpt // 4) // max(1, state_bytes)) if snapshots else 0
+    window = windows.pop() if windows else None
+    return PrefixCache(capacity=max_total_tokens, window=window,
+                       window_capacity=max_total_tokens if window else 0,
+                       snapshots=snapshots, max_snapshots=max_snapshots, interval=interval)
