@@ -1,0 +1,192 @@
+"""The embedding API: Engine.stream on the caller's loop, AsyncEngine on its own thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from graphc.runtime import AsyncEngine, Engine, SamplingParams
+from graphc.runtime.async_engine import EngineClosed
+from helpers import random_prompts
+
+P = SamplingParams(max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    return Engine.load(model_dir("llama"))
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    return random_prompts(6, engine.vocab_size, [4, 19, 1, 33], seed=2)
+
+
+@pytest.fixture(scope="module")
+def reference(engine, prompts):
+    return [r.token_ids for r in engine.generate(prompts, P)]
+
+
+@pytest.fixture
+def aengine(engine):
+    a = AsyncEngine(engine)
+    yield a
+    a.shutdown()
+
+
+async def collect(stream):
+    ids, text, last = [], "", None
+    async for out in stream:
+        ids += out.new_token_ids
+        text += out.new_text
+        last = out
+    return ids, text, last
+
+
+def test_engine_stream_on_the_callers_loop(engine, prompts, reference):
+    async def main():
+        return await asyncio.gather(*[collect(engine.stream(p, P)) for p in prompts])
+
+    got = asyncio.run(main())
+    assert [ids for ids, _, _ in got] == reference
+    assert all(last.finished and last.finish_reason == "length" for _, _, last in got)
+    assert not engine.has_unfinished()
+
+
+def test_engine_stream_break_aborts(engine, prompts):
+    async def main():
+        async for _ in engine.stream(prompts[0], SamplingParams(max_tokens=500, ignore_eos=True)):
+            break
+
+    asyncio.run(main())
+    assert not engine.has_unfinished() and engine.runner.kv_bytes == 0
+
+
+def test_async_engine_streams_match_generate(aengine, prompts, reference):
+    async def main():
+        return await asyncio.gather(*[collect(aengine.stream(p, P)) for p in prompts])
+
+    got = asyncio.run(main())
+    assert [ids for ids, _, _ in got] == reference
+
+
+def test_generate_result_and_text(aengine, engine, prompts, reference):
+    res = asyncio.run(aengine.generate(prompts[1], P))
+    assert res.token_ids == reference[1] and res.finish_reason == "length"
+    assert res.text == engine.tokenizer.decode(res.token_ids)
+
+
+def test_submissions_from_many_threads_and_loops(aengine, prompts, reference):
+    results = [None] * len(prompts)
+
+    def in_own_loop(i):  # each thread runs its own event loop
+        results[i] = asyncio.run(collect(aengine.stream(prompts[i], P)))[0]
+
+    def blocking(i):  # no event loop at all
+        results[i] = aengine.generate_blocking(prompts[i], P, timeout=30).token_ids
+
+    threads = [threading.Thread(target=in_own_loop if i % 2 else blocking, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == reference
+
+
+def test_iter_blocking_yields_deltas(aengine, prompts, reference):
+    with aengine.iter_blocking(prompts[2], P, timeout=30) as it:
+        ids = [t for out in it for t in out.new_token_ids]
+    assert ids == reference[2] and it.result.token_ids == ids
+
+
+def test_abort_from_another_thread(aengine):
+    async def main():
+        stream = await aengine.add_request([5, 6, 7], SamplingParams(max_tokens=3000, ignore_eos=True))
+        first = await stream.__anext__()
+        threading.Thread(target=aengine.abort, args=(stream.request_id,)).start()
+        ids, _, last = await collect(stream)
+        return first, ids, last, stream
+
+    first, ids, last, stream = asyncio.run(main())
+    assert last.finished and last.finish_reason == "abort"
+    assert len(first.new_token_ids) + len(ids) < 3000
+    assert stream.result.finish_reason == "abort"
+    _wait(lambda: aengine.num_inflight == 0 and aengine.snapshot.running == 0)
+    assert aengine.engine.runner.kv_bytes == 0
+
+
+def test_cancelled_task_aborts(aengine):
+    async def main():
+        task = asyncio.create_task(aengine.generate([9, 9, 9], SamplingParams(max_tokens=3000, ignore_eos=True)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert _wait(lambda: aengine.num_inflight == 0 and aengine.snapshot.running == 0)
+    assert aengine.snapshot.finished.get("abort", 0) >= 1
+
+
+def test_bad_params_raise_value_error(aengine):
+    with pytest.raises(ValueError, match="top_p"):
+        asyncio.run(aengine.generate("hi", SamplingParams(top_p=0)))
+    with pytest.raises(ValueError, match="out of range"):
+        asyncio.run(aengine.generate([10 ** 6], P))
+    assert aengine.num_inflight == 0
+
+
+def test_group_tags_outputs_by_index(aengine, prompts, reference):
+    async def main():
+        group = await aengine.add_group([(p, P, None) for p in prompts[:3]])
+        ids = {i: [] for i in range(3)}
+        async for i, out in group:
+            ids[i] += out.new_token_ids
+        return ids, group
+
+    ids, group = asyncio.run(main())
+    assert [ids[i] for i in range(3)] == reference[:3]
+    assert [r.token_ids for r in group.results] == reference[:3]
+
+
+def test_idle_thread_sleeps(aengine):
+    asyncio.run(aengine.generate("warm", SamplingParams(max_tokens=2)))
+    cpu0 = time.process_time()
+    time.sleep(0.3)
+    # The engine thread blocks on its queue: the process burns (almost) no CPU while idle.
+    assert time.process_time() - cpu0 < 0.1
+
+
+def test_shutdown_ends_streams_with_abort(engine):
+    a = AsyncEngine(engine)
+
+    async def main():
+        stream = await a.add_request([3, 4], SamplingParams(max_tokens=3000, ignore_eos=True))
+        await stream.__anext__()
+        threading.Thread(target=a.shutdown).start()
+        return await collect(stream)
+
+    _, _, last = asyncio.run(main())
+    assert last.finish_reason == "abort"
+    a.shutdown()
+    assert not a.alive
+    with pytest.raises(EngineClosed):
+        a.submit("x", P, lambda *_: None)
+    assert not engine.has_unfinished()
+
+
+def test_call_runs_on_the_engine_thread(aengine):
+    name = aengine.call(lambda eng: threading.current_thread().name).result(10)
+    assert name == "graphc-engine"
+
+
+def _wait(cond, timeout=5.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
