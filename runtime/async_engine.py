@@ -55,7 +55,7 @@ class EngineSnapshot:
     steps: int = 0
     stats: dict = attrs.field(factory=dict)
     kv_bytes: int = 0
-    pool: dict | None = None  # {"used": n, "total": m} when the engine has a slot pool
+    cache: dict = attrs.field(factory=dict)  # Engine.cache_stats(): prefix-cache pool and tree
     finished: dict = attrs.field(factory=dict)  # finish_reason -> requests finished that way
     generation_tps: float = 0.0  # generated tokens per second over the last few seconds
     time: float = 0.0
@@ -83,6 +83,8 @@ class AsyncEngine:
         self._tps_window_s = tps_window_s
         self._tps_samples: collections.deque = collections.deque()
         self._finished: collections.Counter = collections.Counter()  # engine thread only
+        self._cache_stats: dict = {}
+        self._cache_time = 0.0
         self.snapshot = EngineSnapshot(time=time.time())
         self.error: BaseException | None = None  # set when the engine thread died
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -331,6 +333,16 @@ class AsyncEngine:
             elif cmd[0] == "call" and cmd[2].set_running_or_notify_cancel():
                 cmd[2].set_exception(err)
 
+    def _cache(self, now: float) -> dict:
+        """Prefix-cache stats, refreshed at most every 0.2 s while busy (they walk the radix
+        tree) and always once idle, so a scrape after the work is done sees the final state."""
+        fn = getattr(self.engine, "cache_stats", None)
+        if fn is None:
+            return {}
+        if now - self._cache_time >= 0.2 or not self.engine.has_unfinished():
+            self._cache_stats, self._cache_time = fn(), now
+        return self._cache_stats
+
     def _snap(self) -> None:
         eng = self.engine
         now = time.time()
@@ -346,36 +358,8 @@ class AsyncEngine:
         self.snapshot = EngineSnapshot(
             waiting=len(eng.scheduler.waiting), running=len(eng.scheduler.running),
             inflight=self._inflight, steps=eng.runner.steps, stats=stats,
-            kv_bytes=eng.runner.kv_bytes, pool=_pool_usage(eng), finished=dict(self._finished),
+            kv_bytes=eng.runner.kv_bytes, cache=self._cache(now), finished=dict(self._finished),
             generation_tps=tps, time=now)
-
-
-def _pool_usage(eng: Engine) -> dict | None:
-    """Slot-pool occupancy if the engine has a pool (pool_backed policy); duck-typed so the
-    cache work can land without changing this file: any of `engine.pool`, `runner.pool`
-    with `used`/`total` (or `num_used`/`num_slots`, `capacity`) attributes."""
-    for owner in (eng, eng.runner):
-        pool = getattr(owner, "pool", None)
-        if pool is None:
-            continue
-        used = _first_attr(pool, ("used", "num_used", "used_slots"))
-        total = _first_attr(pool, ("total", "num_slots", "capacity", "size"))
-        if used is not None and total:
-            return {"used": int(used), "total": int(total)}
-    return None
-
-
-def _first_attr(obj, names):
-    for n in names:
-        v = getattr(obj, n, None)
-        if callable(v):
-            try:
-                v = v()
-            except TypeError:
-                continue
-        if isinstance(v, (int, float)):
-            return v
-    return None
 
 
 class StreamGroup:

@@ -45,6 +45,10 @@ def test_metrics_is_prometheus_text(server, client):
                  "graphc_prefix_cache_hit_rate", "graphc_kv_cache_bytes", "graphc_generation_tokens_total",
                  "graphc_prompt_tokens_total", "graphc_requests_finished_total", "graphc_http_requests_total"):
         assert name in declared, name
+    if server.state.aengine.snapshot.cache.get("enabled"):
+        for name in ("graphc_kv_pool_used_slots", "graphc_kv_pool_total_slots", "graphc_kv_pool_usage_ratio",
+                     "graphc_prefix_cache_tree_tokens", "graphc_prefix_cache_hits_total"):
+            assert name in declared, name
     assert declared["graphc_generation_tokens_total"] == "counter"
     assert declared["graphc_requests_running"] == "gauge"
 
@@ -73,7 +77,6 @@ def test_error_statuses_are_counted(server):
     assert server.metric("graphc_http_requests_total", path="other", status="404") >= 1
 
 
-@pytest.mark.xfail(reason="the prefix cache is not wired into the engine yet", strict=False)
 def test_repeated_prompt_reports_cached_tokens(server, client):
     prompt = list(range(10, 110))  # 100 tokens
     client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)

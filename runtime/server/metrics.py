@@ -48,12 +48,23 @@ class ServerMetrics:
         metric("graphc_prefix_cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens, since start.",
                [(m, cached / prompt if prompt else 0.0)])
         metric("graphc_kv_cache_bytes", "gauge", "Bytes held by the decode batch's KV caches.", [(m, s.kv_bytes)])
-        if s.pool is not None:
-            used, total = s.pool["used"], s.pool["total"]
-            metric("graphc_kv_pool_used_slots", "gauge", "KV slots in use in the shared pool.", [(m, used)])
-            metric("graphc_kv_pool_total_slots", "gauge", "KV slots in the shared pool.", [(m, total)])
+        c = s.cache
+        if c.get("enabled"):
+            used, total = c.get("pool_used", 0), c.get("pool_slots", 0)
+            metric("graphc_kv_pool_used_slots", "gauge", "Token slots in use in the shared KV pool.", [(m, used)])
+            metric("graphc_kv_pool_total_slots", "gauge", "Token slots in the shared KV pool.", [(m, total)])
             metric("graphc_kv_pool_usage_ratio", "gauge", "Fraction of the KV pool in use.",
                    [(m, used / total if total else 0.0)])
+            metric("graphc_kv_pool_bytes", "gauge", "Bytes allocated for the KV pool.", [(m, c.get("pool_bytes", 0))])
+            metric("graphc_prefix_cache_tree_tokens", "gauge", "Tokens held by the radix prefix tree.",
+                   [(m, c.get("tree_tokens", 0))])
+            metric("graphc_prefix_cache_held_requests", "gauge", "Requests holding locks on tree nodes.",
+                   [(m, c.get("held_requests", 0))])
+            metric("graphc_prefix_cache_queries_total", "counter", "Prefix lookups.", [(m, c.get("queries", 0))])
+            metric("graphc_prefix_cache_hits_total", "counter", "Prefix lookups that matched something.",
+                   [(m, c.get("hits", 0))])
+            metric("graphc_prefix_cache_evicted_tokens_total", "counter", "Tokens evicted from the tree (LRU).",
+                   [(m, c.get("evicted_tokens", 0))])
         metric("graphc_engine_steps_total", "counter", "Decode steps launched.", [(m, s.steps)])
         metric("graphc_requests_finished_total", "counter", "Finished engine requests by finish reason.",
                [({**m, "reason": r}, s.finished.get(r, 0)) for r in sorted({"stop", "length", "abort", *s.finished})])
