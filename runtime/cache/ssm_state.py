@@ -86,10 +86,11 @@ class StateCache(LayerCache):
 
     # -- prefix cache ------------------------------------------------------------
     def snapshot(self, row: int) -> tuple:
-        """The state of `row` as it is now (references, no copy)."""
+        """The state of `row` as it is now: the arrays themselves for a batch of one (no copy);
+        a copy of the row otherwise (a row view would keep the whole batch's buffer alive)."""
         if self.batch == 1:
             return tuple(self.cache)
-        return tuple(None if c is None else c[row:row + 1] for c in self.cache)
+        return tuple(None if c is None else mx.array(c[row:row + 1]) for c in self.cache)
 
     @classmethod
     def restored(cls, snap: tuple, tokens: int) -> "StateCache":

@@ -1,0 +1,152 @@
+"""The radix prefix cache on a dense model (graphs/dense.yaml -> pool_backed), and its bookkeeping.
+
+Hits give the same greedy tokens as cold runs and save the prefill of the matched prefix;
+pool slots and tree references all come back after requests finish or are aborted at any
+point; eviction under a small pool keeps answers exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.cache.pool import device_memory
+from graphc.runtime.cache.radix import RadixTree
+from graphc.runtime.cache.slots import SlotAllocator
+from helpers import random_prompts, reference_greedy
+
+GREEDY = SamplingParams(max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def dense_dir(model_dir):
+    return model_dir("llama")
+
+
+def shared_prompts(n_shared: int, tails: list[int], seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(3, 1000, n_shared).tolist()
+    return [shared + rng.integers(3, 1000, k).tolist() for k in tails]
+
+
+def all_unreferenced(prefix) -> bool:
+    return all(n.ref == 0 for n in prefix.tree.nodes() if n is not prefix.tree.root) and not prefix.holds
+
+
+# -- bookkeeping units ---------------------------------------------------------------
+def test_slot_allocator_reserves_padding_slot_and_reuses():
+    a = SlotAllocator(5)
+    ids = a.alloc(3)
+    assert ids.tolist() == [1, 2, 3] and a.free == 2 and a.high_water == 4
+    assert a.alloc(3) is None and a.free == 2  # all or nothing
+    a.release(ids[:2])
+    assert sorted(a.alloc(4).tolist()) == [1, 2, 4, 5]
+    with pytest.raises(ValueError):
+        a.release([0])
+
+
+def test_radix_match_split_and_locks():
+    t = RadixTree()
+    toks = np.array([5, 6, 7, 8, 9], np.int32)
+    leaf = t.add_leaf(t.root, toks, np.arange(1, 6, dtype=np.int32))
+    path, m = t.match(np.array([5, 6, 7, 1], np.int32))
+    assert path == [leaf] and m == 3
+    t.lock(leaf)
+    mid = t.node_ending_at(toks, 3)  # split: the leaf keeps the deeper part and its lock
+    assert (mid.start, mid.end, leaf.start, leaf.end) == (0, 3, 3, 5)
+    assert mid.ref == leaf.ref == 1 and mid.slots.tolist() == [1, 2, 3]
+    t.unlock(leaf)
+    assert mid.ref == leaf.ref == 0 and t.tokens == 5
+
+
+# -- engine ----------------------------------------------------------------------------
+def test_hits_equal_cold_and_report_cached_tokens(dense_dir):
+    prompts = shared_prompts(40, [5, 12, 1, 30])
+    prompts.append(list(prompts[1]))  # a full-prefix hit
+    cold = Engine.load(dense_dir, prefill_chunk=16, graph="dense_noprefix").generate(prompts, GREEDY)
+    eng = Engine.load(dense_dir, prefill_chunk=16, max_total_tokens=1024)
+    assert eng.compiled.spec.name == "dense" and eng.prefix is not None
+    warm = [eng.generate([p], GREEDY)[0] for p in prompts]
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    assert [r.cached_tokens for r in warm] == [0, 40, 40, 40, len(prompts[1]) - 1]
+    assert [r.usage["cached_tokens"] for r in warm] == [r.cached_tokens for r in warm]
+    s = eng.stats
+    assert s["computed_prompt_tokens"] == s["prompt_tokens"] - sum(r.cached_tokens for r in warm)
+    stats = eng.cache_stats()
+    assert stats["hits"] == 4 and stats["pool_used"] == stats["tree_tokens"] > 0
+    eng.prefix.check()
+
+
+def test_decode_kv_is_stored_when_a_request_ends(dense_dir):
+    eng = Engine.load(dense_dir, prefill_chunk=16, max_total_tokens=1024)
+    [p] = random_prompts(1, 1024, [20], seed=4)
+    [first] = eng.generate([p], GREEDY)
+    follow = p + first.token_ids + [7, 8]
+    [second] = eng.generate([follow], GREEDY)
+    # The whole first turn (prompt and every generated token whose KV exists) was cached.
+    assert second.cached_tokens == len(p) + len(first.token_ids)
+    assert second.token_ids == reference_greedy(eng.model, follow, 10)
+
+
+def test_batched_requests_share_prefixes_under_eviction(dense_dir):
+    """A pool of 120 slots for prompts of ~50 tokens: eviction runs while rows decode; exact."""
+    prompts = shared_prompts(30, [3, 25, 8, 40, 1, 17], seed=2) + random_prompts(3, 1024, [33, 7, 50], seed=8)
+    eng = Engine.load(dense_dir, prefill_chunk=16, max_total_tokens=120, max_batch=4)
+    results = eng.generate(prompts, GREEDY)
+    again = eng.generate(prompts[::-1], GREEDY)[::-1]
+    for p, a, b in zip(prompts, results, again):
+        ref = reference_greedy(eng.model, p, 10)
+        assert a.token_ids == ref and b.token_ids == ref
+    st = eng.cache_stats()
+    assert st["evicted_tokens"] > 0 and st["pool_used"] <= 120
+    eng.prefix.check()
+    assert all_unreferenced(eng.prefix)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss", "qwen3_next"])
+def test_every_slot_and_reference_returns_after_finish_and_abort(model_dir, arch):
+    eng = Engine.load(model_dir(arch), prefill_chunk=8, max_total_tokens=400, max_batch=3)
+    prompts = shared_prompts(24, [4, 30, 9, 15, 2, 21], seed=3)
+    ids = [eng.add_request(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in prompts]
+    eng.abort(ids[5])  # waiting, never scheduled
+    eng.step()
+    eng.abort(ids[1])  # mid-prefill (30 tokens, chunk 8)
+    for _ in range(3):
+        eng.step()
+    running = [i for i in ids if i in eng.scheduler.by_id and eng.scheduler.by_id[i].status.value == "running"]
+    assert running
+    eng.abort(running[0])  # in the decode batch
+    while eng.has_unfinished():
+        eng.step()
+    # A hit that was admitted and then aborted before its first chunk also lets go.
+    rid = eng.add_request(prompts[0], GREEDY)
+    eng.scheduler.schedule()
+    assert eng.prefix.holds
+    eng.abort(rid)
+    eng.prefix.check()
+    assert all_unreferenced(eng.prefix)
+    eng.prefix.flush()
+    st = eng.cache_stats()
+    assert st["pool_used"] == 0 and st["pool_free"] == st["pool_slots"] and st["tree_tokens"] == 0
+    assert st.get("window_used", 0) == 0 and st.get("snapshots", 0) == 0
+    eng.prefix.check()
+
+
+def test_compiled_decode_still_applies_to_pool_backed(dense_dir):
+    prompts = shared_prompts(20, [3, 9])
+    eng = Engine.load(dense_dir, prefill_chunk=16, max_total_tokens=512, compile=True)
+    first = eng.generate(prompts, GREEDY)
+    second = eng.generate(prompts, GREEDY)
+    assert [r.token_ids for r in first] == [r.token_ids for r in second]
+    assert all(r.cached_tokens > 0 for r in second)
+    assert eng.compiled.decode.compiled_steps > 0
+
+
+def test_pool_size_from_memory_budget(dense_dir):
+    eng = Engine.load(dense_dir, mem_fraction=1e-6)
+    bpt = sum(p.bytes_per_token() for p in eng.compiled.binding.policies)
+    assert eng.prefix.slots.capacity == int(1e-6 * device_memory()) // bpt
+    assert eng.runner.prefix_io.pool.nbytes == 0  # nothing allocated until something is stored
+    assert Engine.load(dense_dir, prefix_cache=False).cache_stats() == {"enabled": False}
+    assert Engine.load(dense_dir, graph="dense_noprefix").prefix is None
