@@ -35,7 +35,7 @@ class ServerState:
         self.ready = False
         self.load_error: str | None = None
         self.metrics = ServerMetrics()
-        self.model_name = config.served_model_name or "graphc"
+        self.model_name = config.served_model_name or (Path(config.model).name if config.model else "graphc")
         self.created = int(time.time())
         self.max_model_len = 0
         self.max_prompt_tokens = 0
