@@ -59,7 +59,10 @@ def _attention(ctx, node, h):
                 masks[key] = cache.make_mask(n)
             else:
                 masks[key] = cache.make_mask(n, window_size=info.window)
-        h = layer(h, masks[key], cache)
+        # A layer cache may run its layer itself: the compiled decode path
+        # (runtime/compiled_decode.py) runs llama blocks with fused projections.
+        run = getattr(cache, "run_layer", None)
+        h = layer(h, masks[key], cache) if run is None else run(layer, h, masks[key])
     return h
 
 

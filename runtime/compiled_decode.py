@@ -26,6 +26,7 @@ Batches whose caches are not `FullKV` (other policies) run uncompiled.
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from graphc.compiler.lower import LoweredStep, StepContext, StepInputs
 
@@ -35,9 +36,11 @@ from .cache.full import MIN_CAPACITY, FullKV
 class _FixedKV:
     """What an mlx-lm layer sees inside the trace: array offsets, a write at an array column."""
 
-    def __init__(self, keys, values, idx, offset, mask):
+    def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel):
         self.keys, self.values = keys, values
         self.idx, self.offset, self.mask = idx, offset, mask
+        self.start, self.end = start, end  # first valid column per row, one past the last
+        self.fused, self.kernel = fused, kernel
 
     def update_and_fetch(self, k, v):
         self.keys = mx.slice_update(self.keys, k, self.idx, axes=(2,))
@@ -48,6 +51,73 @@ class _FixedKV:
         if window_size is not None:
             raise ValueError("compiled decode serves full-attention layers only")
         return self.mask
+
+    # Called by the lowering's attention rule in place of `layer(h, mask, cache)`.
+    def run_layer(self, layer, h, mask):
+        w = self.fused.get(id(layer)) if self.fused else None
+        if w is None:
+            return layer(h, mask, self)
+        return _llama_block(layer, w, h, self)
+
+    def attend(self, q, k, v, scale):
+        if self.kernel:
+            from .decode_attention import ragged_attention
+
+            return ragged_attention(q, k, v, self.start, self.end, scale)
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=self.mask)
+
+
+def _llama_block(layer, w, x, cache):
+    """mlx-lm's llama TransformerBlock with q/k/v and gate/up each as one matmul.
+
+    MLX's matmul for 2..64 rows costs about the same per call whatever the width
+    (docs/performance.md, the matmul table), so 4 calls a layer instead of 7 pays.
+    """
+    a = layer.self_attn
+    B, L, _ = x.shape
+    qkv = layer.input_layernorm(x) @ w["qkv"].T
+    q, k, v = mx.split(qkv, w["split"], axis=-1)
+    q = q.reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)
+    k = k.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    q = a.rope(q, offset=cache.offset)
+    k = a.rope(k, offset=cache.offset)
+    k, v = cache.update_and_fetch(k, v)
+    o = cache.attend(q, k, v, a.scale)
+    h = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
+    g, u = mx.split(layer.post_attention_layernorm(h) @ w["gate_up"].T, 2, axis=-1)
+    return h + layer.mlp.down_proj(nn.silu(g) * u)
+
+
+def fuse_llama_projections(layers) -> dict:
+    """{id(layer): fused weights} for mlx-lm llama blocks (plain Linear, no biases).
+
+    The fused matrices are stored once: the layer's own q/k/v and gate/up weights are
+    replaced by row slices of them (same values, no second copy), so the model and
+    the uncompiled path keep working on the same memory.
+    """
+    try:
+        from mlx_lm.models import llama
+    except ImportError:  # pragma: no cover
+        return {}
+    out = {}
+    for layer in layers:
+        a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if type(layer) is not llama.TransformerBlock or type(a) is not llama.Attention or type(m) is not llama.MLP:
+            continue
+        projs = [a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj]
+        if any(type(p) is not nn.Linear or "bias" in p for p in projs):
+            continue  # quantized or biased projections: left as they are
+        qkv = mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        gu = mx.concatenate([m.gate_proj.weight, m.up_proj.weight])
+        mx.eval(qkv, gu)
+        nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
+        ng = m.gate_proj.weight.shape[0]
+        a.q_proj.weight, a.k_proj.weight, a.v_proj.weight = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
+        m.gate_proj.weight, m.up_proj.weight = gu[:ng], gu[ng:]
+        mx.eval(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight)
+        out[id(layer)] = {"qkv": qkv, "gate_up": gu, "split": [nq, nq + nk]}
+    return out
 
 
 CAPACITY_STEP = 256
@@ -71,12 +141,18 @@ def _bucket(n: int) -> int:
 class CompiledDecode:
     """Drop-in for the runner's decode `LoweredStep` (forward / head / node names)."""
 
-    def __init__(self, step: LoweredStep):
+    def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool | None = None):
         self.step = step
         self.hidden_node = step.hidden_node
         self.logits_node = step.logits_node
         self.plan = step.plan
         self.binding = step.binding
+        self.fused = fuse_llama_projections(step.binding.adapter.layers) if fuse else {}
+        # The ragged attention kernel: CUDA only, and only once it matched MLX here.
+        from . import decode_attention
+
+        self.kernel_note = "off" if kernel is False else decode_attention.check()
+        self.kernel = self.kernel_note is None
         self._fn = mx.compile(self._traced)
         self.compiled_steps = 0
         self.fallback_steps = 0
@@ -86,7 +162,9 @@ class CompiledDecode:
         cols = mx.arange(C)
         mask = ((cols[None] <= idx) & (cols[None] >= left_pad[:, None]))[:, None, None, :]
         offset = idx - left_pad
-        shims = [_FixedKV(k, v, idx, offset, mask) for k, v in zip(keys, values)]
+        end = (idx + 1).reshape(1)
+        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel)
+                 for k, v in zip(keys, values)]
         ctx = self.step.forward(StepInputs(tokens, shims))
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
         return vals, [s.keys for s in shims], [s.values for s in shims]

@@ -35,6 +35,7 @@ def test_compiled_greedy_tokens_identical(llama, chain):
     assert [len(t) for t in got] == lens
     d = comp.compiled.decode
     assert d.compiled_steps > 0 and d.fallback_steps == 0
+    assert len(d.fused) == len(comp.model.layers)  # llama blocks run with fused projections
 
 
 def test_compiled_matches_mlx_lm_reference(llama):

@@ -27,6 +27,17 @@ def free() -> None:
     mx.clear_cache()
 
 
+class nogc:
+    """No Python garbage collection inside a timed window (the same for every contestant)."""
+
+    def __enter__(self):
+        gc.collect()
+        gc.disable()
+
+    def __exit__(self, *exc):
+        gc.enable()
+
+
 # -- graphc -------------------------------------------------------------------------
 def engine_options() -> set[str]:
     from graphc.runtime import Engine
@@ -57,7 +68,7 @@ def graphc_decode(model, tokenizer, config, prompts, *, warmup, steps, repeats, 
     B = len(prompts)
     eng = make_engine(model, tokenizer, config, graph=graph, max_batch=max(B, 1),
                       prefill_chunk=max(512, len(prompts[0])), **engine_kw)
-    params = graphc_params(warmup + steps * repeats + 8, sampling)
+    params = graphc_params(warmup + steps * repeats + 2 * B + 16, sampling)
     ids = [eng.add_request(p, params) for p in prompts]
     while eng.scheduler.waiting:
         eng.step()
@@ -65,10 +76,11 @@ def graphc_decode(model, tokenizer, config, prompts, *, warmup, steps, repeats, 
         eng.step()
     out = []
     for _ in range(repeats):
-        t0 = now()
-        for _ in range(steps):
-            eng.step()
-        out.append((now() - t0) * 1e3 / steps)
+        with nogc():
+            t0 = now()
+            for _ in range(steps):
+                eng.step()
+            out.append((now() - t0) * 1e3 / steps)
         if tick:
             tick()
     for i in ids:
@@ -123,6 +135,37 @@ def _host_summary(build, submit, device) -> dict:
             "device_ms": median(device) * 1e3}
 
 
+def graphc_exact(model, tokenizer, config, prompts, max_tokens: int) -> dict:
+    """Greedy tokens of compiled against uncompiled decode on the same prompts.
+
+    On the CPU (float32 tests) they are identical; on a GPU the fused projections and the
+    ragged attention kernel round differently, so a near-tie may flip a token: this
+    reports how long each row stays identical.
+    """
+    outs = []
+    for comp in (False, True):
+        eng = make_engine(model, tokenizer, config, max_batch=len(prompts), compile=comp)
+        outs.append([r.token_ids for r in eng.generate(prompts, graphc_params(max_tokens))])
+        del eng
+        free()
+    same = []
+    for a, b in zip(*outs):
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+        same.append(n)
+    return {"rows": len(prompts), "identical_rows": sum(n == max_tokens for n in same),
+            "prefix_match": sum(same) / (len(prompts) * max_tokens), "first_divergence": min(same)}
+
+
+def compiled_info(model, tokenizer, config) -> dict:
+    eng = make_engine(model, tokenizer, config, compile=True)
+    d = eng.compiled.decode
+    info = {"fused_layers": len(getattr(d, "fused", {}) or {}),
+            "ragged_kernel": "on" if getattr(d, "kernel", False) else f"off ({getattr(d, 'kernel_note', '?')})"}
+    del eng
+    free()
+    return info
+
+
 # -- mlx-lm BatchGenerator ---------------------------------------------------------------
 def batchgen_decode(model, prompts, *, warmup, steps, repeats, sampling=None, tick=None) -> list[float]:
     from mlx_lm.generate import BatchGenerator
@@ -133,7 +176,7 @@ def batchgen_decode(model, prompts, *, warmup, steps, repeats, sampling=None, ti
     if sampling:
         sampler = make_sampler(temp=sampling.get("temperature", 0.0), top_p=sampling.get("top_p", 0.0),
                                top_k=sampling.get("top_k", 0))
-    gen = BatchGenerator(model, max_tokens=warmup + steps * repeats + 8, sampler=sampler,
+    gen = BatchGenerator(model, max_tokens=warmup + steps * repeats + 2 * B + 16, sampler=sampler,
                          completion_batch_size=B, prefill_batch_size=min(B, 8))
     uids = gen.insert(prompts)
     seen = set()
@@ -144,10 +187,11 @@ def batchgen_decode(model, prompts, *, warmup, steps, repeats, sampling=None, ti
         gen.next_generated()
     out = []
     for _ in range(repeats):
-        t0 = now()
-        for _ in range(steps):
-            rs = gen.next_generated()
-        out.append((now() - t0) * 1e3 / steps)
+        with nogc():
+            t0 = now()
+            for _ in range(steps):
+                rs = gen.next_generated()
+            out.append((now() - t0) * 1e3 / steps)
         assert len(rs) == B, "a BatchGenerator row finished inside a timed window"
         if tick:
             tick()
@@ -192,9 +236,10 @@ def plain_decode(model, prompts, *, warmup, steps, repeats, tick=None) -> list[f
     run(warmup)
     out = []
     for _ in range(repeats):
-        t0 = now()
-        run(steps)
-        out.append((now() - t0) * 1e3 / steps)
+        with nogc():
+            t0 = now()
+            run(steps)
+            out.append((now() - t0) * 1e3 / steps)
         if tick:
             tick()
     mx.eval(nxt)

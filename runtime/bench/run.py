@@ -3,6 +3,7 @@
 Workloads (all on by default):
   decode    steady-state decode tok/s at each batch size: graphc, graphc+compile, BatchGenerator, plain loop
   host      host ms to build one lazy decode step vs. the device ms it takes (unchained)
+  exact     greedy tokens of graphc+compile against graphc (identical on CPU; rounding on GPU)
   prefix    32 requests sharing a 2k-token prefix: TTFT and throughput, prefix cache on/off, BatchGenerator
   sampling  temperature 0.8 / top_p 0.9 / top_k 50 against greedy, graphc and BatchGenerator
   chain     graphc chained against unchained decode
@@ -23,7 +24,7 @@ from . import contestants as C
 from .env import environment
 from .shapes import load_shape, weight_bytes
 
-WORKLOADS = ("decode", "host", "prefix", "sampling", "chain", "matmul")
+WORKLOADS = ("decode", "host", "exact", "prefix", "sampling", "chain", "matmul")
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e, the roofline the docs quote
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
 
@@ -125,6 +126,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
     use_compile = ("compile" in opts) if cfg.compile is None else cfg.compile
     if cfg.compile is None and not use_compile:
         notes.append("compiled decode: the Engine has no `compile` option; graphc+compile columns skipped")
+    compiled = {}
+    if use_compile:
+        compiled = C.compiled_info(model, tokenizer, config)
+        notes.append(f"graphc+compile: {compiled['fused_layers']} llama blocks with fused q/k/v and gate/up; "
+                     f"ragged decode-attention kernel {compiled['ragged_kernel']}")
     W, N, R = cfg.warmup, cfg.steps, cfg.repeats
     mm = dict(model=model, tokenizer=tokenizer, config=config)
     tasks: list[Task] = []
@@ -154,6 +160,11 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
             if use_compile:
                 add("host", (B, "graphc_compiled"), f"host B={B} graphc+compile",
                     lambda ps=ps: C.graphc_host(**mm, prompts=ps, warmup=W, steps=N, compile=True))
+    if "exact" in wl and use_compile:
+        B = max(cfg.chain_batches)
+        ps = _prompts(B, cfg.prompt_len, vocab, rng)
+        add("exact", (B, "check"), f"exact B={B} compiled vs uncompiled",
+            lambda ps=ps: C.graphc_exact(**mm, prompts=ps, max_tokens=max(8, cfg.steps)))
     if "prefix" in wl:
         graph, why = (cfg.prefix_graph, "given") if cfg.prefix_graph else find_prefix_graph(model, tokenizer, config)
         if graph is None:
@@ -221,6 +232,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                   "layers": config.get("num_hidden_layers"), "hidden": config.get("hidden_size"),
                   "hbm_roofline_ms": wbytes / HBM_BYTES_PER_S * 1e3},
         "environment": env,
+        "compiled_decode": compiled,
         "rows": rows,
         "notes": notes,
         "elapsed_s": time.time() - t_start,
@@ -308,6 +320,11 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
                                  | {"compiled/graphc build": _ratio(vals.get("graphc_compiled", {}).get("build_ms"),
                                                                     vals.get("graphc", {}).get("build_ms"))}),
         })
+    for k in (k for k in raw if k[0] == "exact" and raw[k]):
+        e = raw[k]
+        rows.append({"workload": "exact", "case": f"B={k[1]}", "batch": k[1], "unit": "rows identical",
+                     "values": {"identical rows": e["identical_rows"], "rows": e["rows"]},
+                     "detail": e, "ratios": {"token prefix match": e["prefix_match"]}})
     prefix = [k for k in raw if k[0] == "prefix" and raw[k]]
     if prefix:
         reps = sorted({k[1] for k in prefix})

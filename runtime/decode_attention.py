@@ -1,0 +1,140 @@
+"""Ragged decode attention: one query per row over KV columns [start[b], end) — a CUDA kernel.
+
+Why: on MLX's CUDA backend `mx.fast.scaled_dot_product_attention` takes its fused
+one-query kernel only without an array mask; a batch whose rows are left-padded (rows
+join a running batch at different lengths) or a fixed-capacity buffer (the compiled
+decode path) needs a mask, and then MLX falls back to a slower path. This kernel takes
+each row's first valid column and the shared end column instead of a mask, so it reads
+only the columns that hold the row's context.
+
+It is used only by the compiled decode path, only on CUDA, and only after `check()`
+has compared it with MLX's masked attention on random inputs in this process (bf16
+tolerance); otherwise the masked MLX attention runs. It does not reproduce MLX's
+summation order, so its outputs match to rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+_SOURCE = r"""
+    constexpr int WARPS = 4;
+    constexpr int PER = D / 32;
+    const int Hq = q_shape[1];
+    const int Hkv = k_shape[1];
+    const int C = k_shape[2];
+    const int bh = blockIdx.x;
+    const int b = bh / Hq;
+    const int h = bh % Hq;
+    const int kvh = h / (Hq / Hkv);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const float sc = scale[0];
+
+    const T* qp = q + (size_t)bh * D + lane * PER;
+    const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
+    const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
+
+    float qv[PER];
+    float acc[PER];
+    for (int i = 0; i < PER; ++i) { qv[i] = static_cast<float>(qp[i]) * sc; acc[i] = 0.f; }
+    float m = -inf;
+    float l = 0.f;
+    const int s = start[b];
+    const int e = end[0];
+    for (int j = s + warp; j < e; j += WARPS) {
+        float d = 0.f;
+        for (int i = 0; i < PER; ++i) d += qv[i] * static_cast<float>(kp[(size_t)j * D + i]);
+        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffff, d, o);
+        const float mn = fmaxf(m, d);
+        const float c = expf(m - mn);
+        const float p = expf(d - mn);
+        l = l * c + p;
+        for (int i = 0; i < PER; ++i) acc[i] = acc[i] * c + p * static_cast<float>(vp[(size_t)j * D + i]);
+        m = mn;
+    }
+    __shared__ float sm[WARPS];
+    __shared__ float sl[WARPS];
+    __shared__ float sacc[WARPS][D];
+    if (lane == 0) { sm[warp] = m; sl[warp] = l; }
+    for (int i = 0; i < PER; ++i) sacc[warp][lane * PER + i] = acc[i];
+    __syncthreads();
+    if (warp == 0) {
+        float M = -inf;
+        for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w]);
+        float L = 0.f;
+        float f[WARPS];
+        for (int w = 0; w < WARPS; ++w) { f[w] = (sl[w] > 0.f) ? expf(sm[w] - M) : 0.f; L += sl[w] * f[w]; }
+        for (int i = 0; i < PER; ++i) {
+            float o = 0.f;
+            for (int w = 0; w < WARPS; ++w) o += sacc[w][lane * PER + i] * f[w];
+            out[(size_t)bh * D + lane * PER + i] = static_cast<T>(o / L);
+        }
+    }
+"""
+
+_kernel = None
+
+
+def available() -> bool:
+    return mx.default_device().type == mx.gpu and mx.cuda.is_available()
+
+
+def _get():
+    global _kernel
+    if _kernel is None:
+        _kernel = mx.fast.cuda_kernel(
+            name="graphc_ragged_decode_attention",
+            input_names=["q", "k", "v", "start", "end", "scale"],
+            output_names=["out"],
+            source=_SOURCE,
+        )
+    return _kernel
+
+
+def ragged_attention(q, k, v, start, end, scale: float | mx.array):
+    """q [B, Hq, 1, D]; k, v [B, Hkv, C, D]; start [B] int32; end [1] int32 -> [B, Hq, 1, D]."""
+    B, Hq, L, D = q.shape
+    if L != 1 or D % 32 or k.shape[1] == 0 or Hq % k.shape[1]:
+        raise ValueError(f"ragged decode attention takes one query per row and D % 32 == 0, got {q.shape}")
+    if not isinstance(scale, mx.array):
+        scale = mx.array([scale], dtype=mx.float32)
+    (out,) = _get()(
+        inputs=[q, k, v, start, end, scale],
+        template=[("T", q.dtype), ("D", D)],
+        grid=(B * Hq * 128, 1, 1),
+        threadgroup=(128, 1, 1),
+        output_shapes=[q.shape],
+        output_dtypes=[q.dtype],
+    )
+    return out
+
+
+def reference(q, k, v, start, end: int, scale: float):
+    C = k.shape[2]
+    cols = mx.arange(C)
+    mask = ((cols[None] < end) & (cols[None] >= start[:, None]))[:, None, None, :]
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def check(seed: int = 0) -> str | None:
+    """None when the kernel matches MLX's masked attention on random inputs; else why not."""
+    if not available():
+        return "not a CUDA device"
+    try:
+        key = mx.random.key(seed)
+        for (B, Hq, Hkv, C, D, end) in ((3, 8, 2, 64, 64, 50), (5, 32, 8, 256, 128, 200), (2, 4, 4, 512, 128, 511)):
+            ks = mx.random.split(key, 4)
+            key = ks[3]
+            q = mx.random.normal((B, Hq, 1, D), key=ks[0]).astype(mx.bfloat16)
+            k = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
+            v = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
+            start = mx.array([(7 * i) % (end - 1) for i in range(B)], dtype=mx.int32)
+            got = ragged_attention(q, k, v, start, mx.array([end], dtype=mx.int32), D ** -0.5)
+            want = reference(q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32), start, end, D ** -0.5)
+            err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
+            if not err < 2e-2:
+                return f"kernel differs from masked attention by {err:.3g} at B={B} Hq={Hq} C={C} D={D}"
+    except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop decoding
+        return f"kernel failed: {type(e).__name__}: {e}"
+    return None
