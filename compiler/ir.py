@@ -64,6 +64,7 @@ class GraphSpec:
     cache: tuple[CachePolicySpec, ...] = ()
     outputs: tuple = ()  # frozen (output name, node id) pairs
     output_lines: tuple = ()  # (output name, line) pairs, for diagnostics
+    plugins: tuple = ()  # (module name or file path, line) pairs, imported before validation
     loc: SourceLoc = SourceLoc("<memory>")
 
     def node(self, node_id: str) -> NodeSpec:

@@ -114,7 +114,7 @@ def parse_collect(text: str, file: str, config: dict | None = None) -> tuple[Gra
     return _build(doc, file, diags)
 
 
-_TOP_KEYS = {"name", "description", "inputs", "cache", "nodes", "outputs"}
+_TOP_KEYS = {"name", "description", "plugins", "inputs", "cache", "nodes", "outputs"}
 _NODE_KEYS = {"id", "op", "inputs", "params"}
 
 
@@ -132,6 +132,20 @@ def _build(doc: _LineDict, file: str, diags: list[Diagnostic]) -> tuple[GraphSpe
     if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
         diags.append(Diagnostic(loc(doc.key_lines.get("inputs", 0)), "`inputs` must be a list of names"))
         inputs = ["tokens"]
+
+    plugins = []
+    raw_plugins = doc.get("plugins") or []
+    if isinstance(raw_plugins, str):
+        raw_plugins = [raw_plugins]
+    if not isinstance(raw_plugins, list) or not all(isinstance(p, str) and p for p in raw_plugins):
+        diags.append(Diagnostic(loc(doc.key_lines.get("plugins", 0)), "`plugins` must be a list of module names or .py paths",
+                                hint="e.g. `plugins: [my_policy.py]` (relative to this file) or `plugins: [mypkg.policies]`"))
+        raw_plugins = []
+    first = getattr(raw_plugins, "line", doc.key_lines.get("plugins", 0))
+    for i, entry in enumerate(raw_plugins):
+        # Block lists start on the line after `plugins:`; flow lists sit on its line.
+        line = first + i if first > doc.key_lines.get("plugins", 0) else first
+        plugins.append((entry, line))
 
     cache = []
     raw_cache = doc.get("cache") or {}
@@ -200,6 +214,7 @@ def _build(doc: _LineDict, file: str, diags: list[Diagnostic]) -> tuple[GraphSpe
         cache=tuple(cache),
         outputs=tuple((str(k), str(v)) for k, v in outputs.items()),
         output_lines=tuple((str(k), out_lines.get(k, 0)) for k in outputs),
+        plugins=tuple(plugins),
         loc=SourceLoc(file, 1),
     )
     return spec, diags

@@ -185,7 +185,14 @@ def check_cache(spec: GraphSpec) -> list[Diagnostic]:
     return out
 
 
-CHECKS = (check_ids, check_ops_and_params, check_required, check_cache)
+def check_plugins(spec: GraphSpec) -> list[Diagnostic]:
+    """Import the graph's plugins first: they register the policies check_cache looks up."""
+    from .plugins import load_plugins
+
+    return load_plugins(spec)
+
+
+CHECKS = (check_plugins, check_ids, check_ops_and_params, check_required, check_cache)
 
 
 def validate(spec: GraphSpec) -> list[Diagnostic]:

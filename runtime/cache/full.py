@@ -16,9 +16,14 @@ MIN_CAPACITY = 64
 
 
 class FullKV(LayerCache):
+    # Arrays laid out [B, H, T, ...]: every batching op (grow, filter, extend, extract)
+    # applies to each. A subclass that stores more per token (quantization scales, see
+    # examples/kv_int8_policy.py) lists its extra planes here and reuses all of it.
+    PLANES: tuple[str, ...] = ("keys", "values")
+
     def __init__(self, batch: int = 1, left_pad: list[int] | None = None):
-        self.keys = None
-        self.values = None
+        for name in self.PLANES:
+            setattr(self, name, None)
         self.left_pad = list(left_pad) if left_pad is not None else [0] * batch
         self.idx = 0  # columns written (padding included)
         self._offset = None
@@ -36,28 +41,36 @@ class FullKV(LayerCache):
             self._offset = mx.array([self.idx - p for p in self.left_pad], dtype=mx.int32)
         return self._offset
 
+    def row_length(self, row: int) -> int:
+        return self.idx - self.left_pad[row]
+
     def update_and_fetch(self, keys, values):
-        n = keys.shape[2]
+        out = self.append({"keys": keys, "values": values})
+        return out["keys"], out["values"]
+
+    def append(self, new: dict) -> dict:
+        """Write one [B, H, n, ...] array per plane at column idx; return every plane's [.., :idx+n, :]."""
+        n = new["keys"].shape[2]
         need = self.idx + n
         if self.keys is None or need > self.keys.shape[2]:
-            self._grow(keys, values, need)
-        self.keys[..., self.idx:need, :] = keys
-        self.values[..., self.idx:need, :] = values
+            self._grow(new, need)
+        for name, x in new.items():
+            getattr(self, name)[..., self.idx:need, :] = x
         self.idx = need
         self._offset = None
-        return self.keys[..., :need, :], self.values[..., :need, :]
+        return {name: getattr(self, name)[..., :need, :] for name in self.PLANES}
 
-    def _grow(self, keys, values, need: int):
+    def _grow(self, new: dict, need: int):
         cap = MIN_CAPACITY if self.keys is None else self.keys.shape[2]
         while cap < need:
             cap *= 2
-        B, H, _, D = keys.shape
-        new_k = mx.zeros((B, H, cap, D), keys.dtype)
-        new_v = mx.zeros((B, H, cap, values.shape[3]), values.dtype)
-        if self.keys is not None and self.idx:
-            new_k[..., : self.idx, :] = self.keys[..., : self.idx, :]
-            new_v[..., : self.idx, :] = self.values[..., : self.idx, :]
-        self.keys, self.values = new_k, new_v
+        for name in self.PLANES:
+            x = new[name]
+            grown = mx.zeros(x.shape[:2] + (cap,) + x.shape[3:], x.dtype)
+            old = getattr(self, name)
+            if old is not None and self.idx:
+                grown[..., : self.idx, :] = old[..., : self.idx, :]
+            setattr(self, name, grown)
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
         if window_size is not None:
@@ -80,12 +93,12 @@ class FullKV(LayerCache):
         if self.keys is None:
             return
         idx = mx.array(rows, dtype=mx.int32)
-        self.keys, self.values = self.keys[idx], self.values[idx]
         # Drop the columns that are padding for every remaining row.
         shift = min(self.left_pad) if self.left_pad else 0
+        for name in self.PLANES:
+            x = getattr(self, name)[idx]
+            setattr(self, name, x[..., shift:, :] if shift else x)
         if shift:
-            self.keys = self.keys[..., shift:, :]
-            self.values = self.values[..., shift:, :]
             self.idx -= shift
             self.left_pad = [p - shift for p in self.left_pad]
 
@@ -96,37 +109,35 @@ class FullKV(LayerCache):
             return
         idx = max(self.idx, other.idx)
         cap = max(c.keys.shape[2] - c.idx for c in (self, other) if c.keys is not None) + idx
-        ref = self.keys if self.keys is not None else other.keys
-        ks, vs, pads = [], [], []
+        ref = self if self.keys is not None else other
+        pads = []
+        parts = {name: [] for name in self.PLANES}
         for c in (self, other):
             shift = idx - c.idx  # right-align both at column idx
-            if c.keys is None:
-                k = mx.zeros((c.batch, ref.shape[1], cap, ref.shape[3]), ref.dtype)
-                v = mx.zeros((c.batch, ref.shape[1], cap, ref.shape[3]), ref.dtype)
-            else:
-                body_k, body_v = c.keys[..., : c.idx, :], c.values[..., : c.idx, :]
-                right = cap - idx
-                k = mx.pad(body_k, [(0, 0), (0, 0), (shift, right), (0, 0)])
-                v = mx.pad(body_v, [(0, 0), (0, 0), (shift, right), (0, 0)])
-            ks.append(k)
-            vs.append(v)
+            for name in self.PLANES:
+                r = getattr(ref, name)
+                if c.keys is None:
+                    x = mx.zeros((c.batch,) + r.shape[1:2] + (cap,) + r.shape[3:], r.dtype)
+                else:
+                    x = mx.pad(getattr(c, name)[..., : c.idx, :], [(0, 0), (0, 0), (shift, cap - idx), (0, 0)])
+                parts[name].append(x)
             pads += [p + shift for p in c.left_pad]
-        self.keys = mx.concatenate(ks, axis=0)
-        self.values = mx.concatenate(vs, axis=0)
+        for name in self.PLANES:
+            setattr(self, name, mx.concatenate(parts[name], axis=0))
         self.left_pad, self.idx, self._offset = pads, idx, None
 
     def extract(self, row: int) -> "FullKV":
-        out = FullKV(1)
+        out = type(self)(1)
         if self.keys is not None:
             p = self.left_pad[row]
-            out.keys = mx.contiguous(self.keys[row : row + 1, :, p : self.idx])
-            out.values = mx.contiguous(self.values[row : row + 1, :, p : self.idx])
+            for name in self.PLANES:
+                setattr(out, name, mx.contiguous(getattr(self, name)[row : row + 1, :, p : self.idx]))
             out.idx = self.idx - p
         return out
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return 0 if self.keys is None else sum(getattr(self, n).nbytes for n in self.PLANES)
 
     @property
     def capacity(self) -> int:

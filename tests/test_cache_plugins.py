@@ -1,0 +1,76 @@
+"""A user-authored cache policy (examples/kv_int8_policy.py) loaded through a graph's `plugins:` key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+
+from graphc.compiler.cli import main as cli
+from graphc.compiler.compile import compile_graph, load_spec
+from graphc.compiler.errors import GraphError
+from graphc.compiler.inspect import inspect_plan
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.cache import policy_names
+from helpers import random_prompts, reference_greedy, reference_logits
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "kv_int8.yaml"
+
+
+def test_validate_loads_the_plugin_and_registers_its_policy(capsys):
+    assert cli(["validate", str(EXAMPLE)]) == 0
+    assert "ok" in capsys.readouterr().out
+    assert "kv_int8" in policy_names()
+    load_spec(EXAMPLE)  # loading the same file again does not register twice
+
+
+def test_int8_policy_generates_like_mlx_lm(model_dir):
+    d = model_dir("llama")
+    eng = Engine.load(d, graph=str(EXAMPLE), prefill_chunk=16)
+    assert {p.name for p in eng.compiled.binding.policies} == {"kv_int8"}
+    assert eng.prefix is None  # the policy takes no part in the radix pool
+    prompts = random_prompts(4, eng.vocab_size, [5, 40, 1, 23], seed=11)
+    results = eng.generate(prompts, SamplingParams(max_tokens=20, ignore_eos=True))
+    for p, r in zip(prompts, results):
+        assert r.token_ids == reference_greedy(eng.model, p, 20)
+    # Rounding to int8 moves logits a little (here ~1% of their range), not a lot.
+    from graphc.compiler.lower import StepInputs
+
+    p = prompts[1]
+    caches = eng.runner.new_caches()
+    out = eng.compiled.prefill(StepInputs(mx.array(p)[None], caches, final=True))
+    ref = reference_logits(eng.model, p)[-1]
+    err = np.abs(np.array(out.logits[0]) - np.array(ref)).max()
+    assert 0 < err < 0.03 * np.abs(np.array(ref)).max()
+
+
+def test_inspect_shows_the_smaller_kv(model_dir):
+    d = model_dir("llama")
+    model, _ = mlx_lm.load(str(d))
+    config = json.loads((d / "config.json").read_text())
+    plan = compile_graph(str(EXAMPLE), model, config).plan("decode")
+    dense = compile_graph("dense", model, config).plan("decode")
+    l = compile_graph("dense", model, config).binding.layers[0]
+    assert plan.layers[0].bytes_per_token == 2 * l.kv_heads * (l.head_dim + 4)
+    assert plan.kv_bytes_per_token < dense.kv_bytes_per_token
+    assert "kv_int8" in inspect_plan(compile_graph(str(EXAMPLE), model, config), "decode", trace=False)
+
+
+@pytest.mark.parametrize("entry, words", [
+    ("missing_policy.py", "no such file"),
+    ("no_such_module_for_graphc", "No module named"),
+])
+def test_a_plugin_that_fails_is_a_diagnostic_on_its_line(tmp_path, entry, words):
+    text = EXAMPLE.read_text().replace("  - kv_int8_policy.py   # relative to this file; registers the `kv_int8` policy",
+                                       f"  - {entry}")
+    g = tmp_path / "bad.yaml"
+    g.write_text(text)
+    with pytest.raises(GraphError) as e:
+        load_spec(g)
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if entry in l)
+    d = next(d for d in e.value.diagnostics if "plugin" in d.message)
+    assert d.loc.line == line and words in d.message and d.hint
