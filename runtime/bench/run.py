@@ -71,33 +71,48 @@ def _packaged_graphs() -> list[str]:
     from importlib import resources
 
     try:
-        names = sorted(p.name[:-5] for p in resources.files("graphc.graphs").iterdir() if p.name.endswith(".yaml"))
+        return sorted(p.name[:-5] for p in resources.files("graphc.graphs").iterdir() if p.name.endswith(".yaml"))
     except Exception:
         return []
-    # Graphs that name a prefix cache first.
-    return sorted(names, key=lambda n: not any(w in n for w in ("prefix", "pool", "radix")))
 
 
-def find_prefix_graph(model, tokenizer, config, prompt_len: int = 96) -> tuple[str | None, str]:
-    """A graph under which a repeated prompt is served from the prefix cache, and why (not).
-
-    A behavioural probe rather than a name check: the same prompt twice through one
-    Engine must report cached tokens the second time.
-    """
-    tried = []
+def _prefix_hits(model, tokenizer, config, graph, prompt_len: int) -> int:
+    """Cached tokens reported for the second of two identical prompts through one Engine."""
     prompt = [[3 + (i * 7) % 200 for i in range(prompt_len)]]
-    for name in _packaged_graphs():
+    eng = C.make_engine(model, tokenizer, config, graph=graph)
+    eng.generate(prompt, C.graphc_params(2))
+    return eng.generate(prompt, C.graphc_params(2))[0].cached_tokens or 0
+
+
+def find_prefix_graphs(model, tokenizer, config, prompt_len: int = 96) -> tuple:
+    """(graph with the prefix cache on, graph with it off, why): a behavioural probe.
+
+    "On" is the first of the default graph and the packaged ones under which a repeated
+    prompt reports cached tokens; "off" is one that binds to the model and reports none
+    (names with "noprefix" first). None stands for the default graph.
+    """
+    tried, on, off = [], None, None
+    names = [None] + sorted(_packaged_graphs(), key=lambda n: "noprefix" not in n and "no_prefix" not in n)
+    found_on = found_off = False
+    for name in names:
         try:
-            eng = C.make_engine(model, tokenizer, config, graph=name)
-            eng.generate(prompt, C.graphc_params(2))
-            hit = eng.generate(prompt, C.graphc_params(2))[0].cached_tokens or 0
+            hit = _prefix_hits(model, tokenizer, config, name, prompt_len)
         except Exception as e:  # noqa: BLE001 - a graph that does not bind to this model
-            tried.append(f"{name}: {type(e).__name__}")
+            tried.append(f"{name or 'default'}: {type(e).__name__}")
             continue
-        if hit > 0:
-            return name, f"graph '{name}' reuses a repeated prompt ({hit} of {prompt_len} tokens cached)"
-        tried.append(f"{name}: no cached tokens on a repeated prompt")
-    return None, "no packaged graph serves a repeated prompt from a prefix cache yet (" + "; ".join(tried) + ")"
+        tried.append(f"{name or 'default'}: {hit} of {prompt_len} cached on a repeat")
+        if hit > 0 and not found_on:
+            on, found_on = name, True
+        if hit == 0 and not found_off:
+            off, found_off = name, True
+        if found_on and found_off:
+            break
+    why = "; ".join(tried)
+    if not found_on:
+        return None, None, "no graph serves a repeated prompt from a prefix cache (" + why + ")"
+    if not found_off:
+        return None, None, "every graph caches prefixes; no cache-off graph to compare with (" + why + ")"
+    return (on or "default"), (off or "default"), why
 
 
 def sampling_supported(model, tokenizer, config) -> str | None:
@@ -166,10 +181,15 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
         add("exact", (B, "check"), f"exact B={B} compiled vs uncompiled",
             lambda ps=ps: C.graphc_exact(**mm, prompts=ps, max_tokens=max(8, cfg.steps)))
     if "prefix" in wl:
-        graph, why = (cfg.prefix_graph, "given") if cfg.prefix_graph else find_prefix_graph(model, tokenizer, config)
+        if cfg.prefix_graph:
+            graph, off_graph, why = cfg.prefix_graph, "dense_noprefix", "given"
+        else:
+            graph, off_graph, why = find_prefix_graphs(model, tokenizer, config)
         if graph is None:
             notes.append(f"prefix: rows skipped — {why}; pass --prefix-graph NAME to force one")
         else:
+            on_g = None if graph == "default" else graph
+            off_g = None if off_graph == "default" else off_graph
             n = cfg.prefix_requests
             for r in range(cfg.prefix_repeats):
                 # Each repeat: a fresh prefix (a warm-up run with another prefix JITs the kernels first).
@@ -179,12 +199,12 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                 add("prefix", (r, "batchgen"), f"prefix #{r} BatchGenerator",
                     lambda ps=ps, warm=warm: (C.batchgen_prefix(model, warm[:4], M), C.batchgen_prefix(model, ps, M))[1])
                 add("prefix", (r, "graphc_off"), f"prefix #{r} graphc, cache off",
-                    lambda ps=ps, warm=warm: (C.graphc_prefix(**mm, prompts=warm[:4], max_tokens=M),
-                                              C.graphc_prefix(**mm, prompts=ps, max_tokens=M))[1])
+                    lambda ps=ps, warm=warm: (C.graphc_prefix(**mm, prompts=warm[:4], max_tokens=M, graph=off_g),
+                                              C.graphc_prefix(**mm, prompts=ps, max_tokens=M, graph=off_g))[1])
                 add("prefix", (r, "graphc_on"), f"prefix #{r} graphc, cache on ({graph})",
-                    lambda ps=ps, warm=warm: (C.graphc_prefix(**mm, prompts=warm[:4], max_tokens=M, graph=graph),
-                                              C.graphc_prefix(**mm, prompts=ps, max_tokens=M, graph=graph))[1])
-            notes.append(f"prefix: cache on = graph '{graph}' ({why}); cache off = the default graph")
+                    lambda ps=ps, warm=warm: (C.graphc_prefix(**mm, prompts=warm[:4], max_tokens=M, graph=on_g),
+                                              C.graphc_prefix(**mm, prompts=ps, max_tokens=M, graph=on_g))[1])
+            notes.append(f"prefix: cache on = graph '{graph}', cache off = graph '{off_graph}' ({why})")
     if "sampling" in wl:
         why = sampling_supported(model, tokenizer, config)
         if why:
