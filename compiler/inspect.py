@@ -20,17 +20,26 @@ MEMORY_CONTEXTS = (8192, 32768)
 
 
 def memory_table(compiled: CompiledGraph) -> dict | None:
-    """KV bytes per request at 8k and 32k context: as bound, and as if every attention layer were `full`."""
+    """KV bytes per request at 8k and 32k context: as bound, and as if every attention layer were `full`.
+
+    Sliding models also get their sliding layers alone, as bound (windowed: 2 x window in
+    steady decode) and as full KV — the saving the windowed policy buys.
+    """
     pols = compiled.binding.policies
-    kinds = {l.kind for l in compiled.binding.layers}
+    layers = compiled.binding.layers
+    kinds = {l.kind for l in layers}
     if kinds == {"full_attention"}:
         return None
+    sliding = [(l, p) for l, p in zip(layers, pols) if l.kind == "sliding_attention"]
+    columns = ["as bound", "all full"] + (["sliding, bound", "sliding if full"] if sliding else [])
     rows = []
     for ctx in MEMORY_CONTEXTS:
-        bound = sum(p.bytes_per_request(ctx) for p in pols)
-        full = sum(l.kv_bytes_per_token * ctx for l in compiled.binding.layers)
-        rows.append({"context": ctx, "values": [bound, full]})
-    return {"columns": ["as bound", "all full"], "rows": rows}
+        values = [sum(p.bytes_per_request(ctx) for p in pols), sum(l.kv_bytes_per_token * ctx for l in layers)]
+        if sliding:
+            values += [sum(p.bytes_per_request(ctx) for _, p in sliding),
+                       sum(l.kv_bytes_per_token * ctx for l, _ in sliding)]
+        rows.append({"context": ctx, "values": values})
+    return {"columns": columns, "rows": rows}
 
 
 def render_text(plan: Plan, memory: dict | None = None) -> str:

@@ -128,3 +128,18 @@ def test_windowed_request_bytes_stay_constant_past_the_window(sliding_dir):
     # Context runs from 20 to 80 tokens; the windowed layers hold exactly 2 x window columns throughout.
     info = eng.compiled.binding.layers[windowed[0]]
     assert set(sizes) == {len(windowed) * 2 * WINDOW * info.kv_bytes_per_token}
+
+
+def test_inspect_memory_table_shows_windowed_vs_full(engine):
+    from graphc.compiler.inspect import inspect_plan, memory_table
+
+    table = memory_table(engine.compiled)
+    assert table["columns"] == ["as bound", "all full", "sliding, bound", "sliding if full"]
+    sliding = [l for l in engine.compiled.binding.layers if l.kind == "sliding_attention"]
+    steady = sum(2 * WINDOW * l.kv_bytes_per_token for l in sliding)
+    for row in table["rows"]:
+        bound, full, s_bound, s_full = row["values"]
+        assert s_bound == steady  # the same at 8k and 32k: bounded by the window
+        assert s_full == sum(l.kv_bytes_per_token for l in sliding) * row["context"]
+        assert full - bound == s_full - s_bound
+    assert "sliding if full" in inspect_plan(engine.compiled, "decode", trace=False)
