@@ -25,6 +25,8 @@ Batches whose caches are not `FullKV` (other policies) run uncompiled.
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -141,7 +143,13 @@ def _bucket(n: int) -> int:
 class CompiledDecode:
     """Drop-in for the runner's decode `LoweredStep` (forward / head / node names)."""
 
-    def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool | None = None):
+    def __init__(self, step: LoweredStep, *, fuse: bool | None = None, kernel: bool | None = None):
+        # Defaults: both on; GRAPHC_FUSE_PROJ=0 / GRAPHC_RAGGED_KERNEL=0 turn them off
+        # (the bench's --compile-ablation measures each).
+        if fuse is None:
+            fuse = os.environ.get("GRAPHC_FUSE_PROJ", "1") != "0"
+        if kernel is None and os.environ.get("GRAPHC_RAGGED_KERNEL", "1") == "0":
+            kernel = False
         self.step = step
         self.hidden_node = step.hidden_node
         self.logits_node = step.logits_node

@@ -38,6 +38,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--compile", dest="compile", action="store_true", default=None,
                    help="measure graphc+compile (default: when the Engine offers it)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
+    p.add_argument("--compile-ablation", action="store_true",
+                   help="also measure compiled decode without fused projections and without the attention kernel")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="draw the ratios to this PNG (needs matplotlib)")
@@ -60,7 +62,8 @@ def cmd_bench(args) -> int:
         warmup=args.warmup, steps=args.steps, repeats=args.repeats, prefix_len=args.prefix_len,
         prefix_requests=args.prefix_requests, suffix_len=args.suffix_len,
         prefix_max_tokens=args.prefix_max_tokens, prefix_repeats=args.prefix_repeats,
-        prefix_graph=args.prefix_graph, compile=args.compile, seed=args.seed, progress=args.progress,
+        prefix_graph=args.prefix_graph, compile=args.compile, compile_ablation=args.compile_ablation,
+        seed=args.seed, progress=args.progress,
     )
     result = run_bench(cfg)
     result["command"] = "graphc " + " ".join(sys.argv[1:])

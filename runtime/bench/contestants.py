@@ -45,8 +45,26 @@ def engine_options() -> set[str]:
     return set(inspect.signature(Engine.__init__).parameters)
 
 
-def make_engine(model, tokenizer, config, *, graph=None, **kw):
+def make_engine(model, tokenizer, config, *, graph=None, env=None, **kw):
+    """An Engine with only the options it has (NotImplementedError naming a missing one).
+
+    `env`: environment variables set while it is built (compiled-decode ablations).
+    """
+    import os
+
     from graphc.runtime import Engine
+
+    if env:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return make_engine(model, tokenizer, config, graph=graph, **kw)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     opts = engine_options()
     missing = [k for k, v in kw.items() if k not in opts and v not in (None, False)]

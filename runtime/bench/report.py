@@ -7,7 +7,8 @@ import math
 
 from .env import describe
 
-LABELS = {"graphc": "graphc", "graphc_compiled": "graphc+compile", "batchgen": "mlx-lm BatchGen",
+LABELS = {"graphc": "graphc", "graphc_compiled": "graphc+compile", "compiled_nofuse": "compile w/o fusion",
+          "compiled_nokernel": "compile w/o kernel", "batchgen": "mlx-lm BatchGen",
           "plain": "plain mlx-lm loop", "graphc_on": "graphc cache on", "graphc_off": "graphc cache off"}
 
 

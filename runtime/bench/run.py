@@ -50,6 +50,7 @@ class BenchConfig:
     prefix_repeats: int = 2
     prefix_graph: str | None = None  # None: detect a graph with a prefix cache
     compile: bool | None = None  # None: measure compiled decode when the Engine offers it
+    compile_ablation: bool = False  # also compiled decode without fused projections / without the kernel
     seed: int = 0
     progress: bool = True
 
@@ -166,6 +167,12 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
             if use_compile:
                 add("decode", (B, "graphc_compiled"), f"decode B={B} graphc+compile",
                     lambda ps=ps: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R, compile=True))
+            if use_compile and cfg.compile_ablation:
+                for name, ev in (("compiled_nofuse", {"GRAPHC_FUSE_PROJ": "0"}),
+                                  ("compiled_nokernel", {"GRAPHC_RAGGED_KERNEL": "0"})):
+                    add("decode", (B, name), f"decode B={B} graphc+compile ({name})",
+                        lambda ps=ps, ev=ev: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R,
+                                                               compile=True, env=ev))
     if "host" in wl:
         for B in cfg.host_batches:
             ps = _prompts(B, cfg.prompt_len, vocab, rng)
@@ -267,8 +274,10 @@ def _matmul_shapes(config) -> list:
     h, i = config["hidden_size"], config["intermediate_size"]
     hd = config.get("head_dim") or h // config["num_attention_heads"]
     kv = config.get("num_key_value_heads") or config["num_attention_heads"]
-    return [((h, i), "mlp up/gate"), ((i, h), "mlp down"), ((h, h), "q/o proj"),
-            ((h, kv * hd), "k/v proj"), ((h, config["vocab_size"]), "lm head")]
+    nq = config["num_attention_heads"] * hd
+    return [((h, i), "mlp up/gate"), ((i, h), "mlp down"), ((h, nq), "q proj"), ((nq, h), "o proj"),
+            ((h, kv * hd), "k/v proj"), ((h, config["vocab_size"]), "lm head"),
+            ((h, nq + 2 * kv * hd), "fused qkv"), ((h, 2 * i), "fused gate+up")]
 
 
 class _NoBar:
@@ -312,7 +321,7 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
         return None if not v else median(v)
 
     for B in cfg.batches if "decode" in cfg.workloads else ():
-        names = ("graphc", "graphc_compiled", "batchgen", "plain")
+        names = ("graphc", "graphc_compiled", "compiled_nofuse", "compiled_nokernel", "batchgen", "plain")
         vals = {n: tps(("decode", B, n), B) for n in names if raw.get(("decode", B, n))}
         steps = {n: ms(("decode", B, n)) for n in vals}
         best = min(steps.get("graphc", math.inf), steps.get("graphc_compiled", math.inf))
@@ -325,6 +334,8 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
                 "compiled/batchgen": _ratio(vals.get("graphc_compiled"), vals.get("batchgen")),
                 "compiled/plain": _ratio(vals.get("graphc_compiled"), vals.get("plain")),
                 "compiled/graphc": _ratio(vals.get("graphc_compiled"), vals.get("graphc")),
+                "nofuse/graphc": _ratio(vals.get("compiled_nofuse"), vals.get("graphc")),
+                "nokernel/graphc": _ratio(vals.get("compiled_nokernel"), vals.get("graphc")),
             }),
             "hbm_roofline_ms": roof,
             # The HBM roofline is an H200 number: on other devices the gap means nothing.
