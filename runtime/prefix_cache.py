@@ -90,6 +90,7 @@ class PrefixCache:
         self.window_slots = SlotAllocator(window_capacity) if window is not None else None
         self.max_snapshots = max_snapshots
         self.n_snapshots = 0
+        self.n_boundaries = 0  # nodes whose window is kept
         self.holds: dict[str, Hold] = {}
         self.counters = {"queries": 0, "hits": 0, "hit_tokens": 0, "inserted_tokens": 0,
                          "evicted_tokens": 0, "window_tombstones": 0, "snapshot_evictions": 0}
@@ -106,6 +107,8 @@ class PrefixCache:
             return req.cached_tokens
         hold = self.holds[req.id] = Hold()
         self.counters["queries"] += 1
+        if getattr(req.params, "prompt_logprobs", None) is not None:
+            return 0  # it needs logits at every prompt position: compute them all
         tokens = np.asarray(req.prompt_ids, dtype=np.int32)
         path, m0 = self.tree.match(tokens)
         m = self._usable(path, min(m0, len(tokens) - 1))
@@ -278,6 +281,7 @@ class PrefixCache:
             taken += len(miss)
             offsets.append(miss + n.start - cap.window_start)
         node.covered = True
+        self.n_boundaries += 1
         if need:
             plan.window.append((new, cap, np.concatenate(offsets)))
 
@@ -294,6 +298,7 @@ class PrefixCache:
     def _uncover(self, node: Node) -> None:
         if node.covered:
             node.covered = False
+            self.n_boundaries -= 1
             self._add_cover(node, max(0, node.end - self.window), node.end, -1)
 
     # -- eviction -----------------------------------------------------------------------
@@ -366,13 +371,13 @@ class PrefixCache:
             "pool_used": self.slots.used,
             "pool_free": self.slots.free,
             "tree_tokens": self.tree.tokens,
-            "tree_nodes": sum(1 for _ in self.tree.nodes()) - 1,
+            "tree_nodes": self.tree.size,
             "held_requests": len(self.holds),
             **self.counters,
         }
         if self.window is not None:
             out.update(window_slots=self.window_slots.capacity, window_used=self.window_slots.used,
-                       boundaries=sum(1 for n in self.tree.nodes() if n.covered))
+                       boundaries=self.n_boundaries)
         if self.snapshots:
             out.update(snapshots=self.n_snapshots, max_snapshots=self.max_snapshots)
         return out
@@ -380,7 +385,8 @@ class PrefixCache:
     def check(self) -> None:
         """Assert the bookkeeping invariants (tests call this after every scenario)."""
         nodes = [n for n in self.tree.nodes() if n is not self.tree.root]
-        assert self.tree.tokens == sum(len(n.key) for n in nodes)
+        assert self.tree.tokens == sum(len(n.key) for n in nodes) and self.tree.size == len(nodes)
+        assert self.n_boundaries == sum(1 for n in nodes if n.covered)
         assert self.slots.used == self.tree.tokens, (self.slots.used, self.tree.tokens)
         all_slots = np.concatenate([n.slots for n in nodes]) if nodes else np.zeros(0)
         assert len(np.unique(all_slots)) == len(all_slots), "a pool slot is used twice"

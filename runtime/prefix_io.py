@@ -85,6 +85,7 @@ class PrefixIO:
             tails = [self.policies[i].capture(caches[i], row) for i in self.window_layers]
             cap.window = [(k, v) for k, v, _ in tails]
             cap.window_start = tails[0][2]
+            mx.async_eval([a for kv in cap.window for a in kv])  # copy now, free the buffer it came from
         if self.state_layers:
             cap.snapshot = [self.policies[i].capture(caches[i], row) for i in self.state_layers]
         return cap

@@ -66,6 +66,7 @@ class RadixTree:
         self.root = Node(empty, empty, sw=empty.copy() if windowed else None)
         self.root.ref = 1  # never evicted
         self.tokens = 0  # tokens held by all nodes
+        self.size = 0  # nodes, root excluded (kept as a counter: stats are read from other threads)
 
     def match(self, tokens: np.ndarray) -> tuple[list[Node], int]:
         """The nodes a walk along `tokens` visits and how many tokens matched.
@@ -102,6 +103,7 @@ class RadixTree:
         node.key, node.slots = node.key[k:], node.slots[k:]
         node.parent = parent
         parent.children[int(node.key[0])] = node
+        self.size += 1
         return parent
 
     def node_ending_at(self, tokens: np.ndarray, pos: int) -> Node:
@@ -122,12 +124,14 @@ class RadixTree:
         leaf = Node(key, slots, parent, parent.end + len(key), sw)
         parent.children[int(key[0])] = leaf
         self.tokens += len(key)
+        self.size += 1
         return leaf
 
     def remove_leaf(self, node: Node) -> None:
         assert not node.children and node is not self.root
         del node.parent.children[int(node.key[0])]
         self.tokens -= len(node.key)
+        self.size -= 1
 
     def lock(self, node: Node) -> None:
         while node is not None:

@@ -189,10 +189,12 @@ class WindowedKV(LayerCache):
 
     # -- prefix cache ------------------------------------------------------------
     def tail(self, row: int) -> tuple[mx.array, mx.array, int]:
-        """The last min(window, held) positions of `row`: (keys [H, w, D], values, first position)."""
+        """The last min(window, held) positions of `row`: (keys [H, w, D], values, first position).
+
+        Copies (a view would keep the whole buffer alive for as long as the tail is held)."""
         w = min(self.window, self.idx - self.lo[row])
-        k = self.keys[row, :, self.idx - w:self.idx]
-        v = self.values[row, :, self.idx - w:self.idx]
+        k = mx.array(self.keys[row, :, self.idx - w:self.idx])
+        v = mx.array(self.values[row, :, self.idx - w:self.idx])
         return k, v, self.row_length(row) - w
 
     @classmethod
