@@ -77,6 +77,7 @@ class AsyncEngine:
         self.engine = engine
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, _Live] = {}  # engine thread only
+        self._outbox: list = []  # deliveries of this iteration, sent after the snapshot (engine thread only)
         self._lock = threading.Lock()
         self._inflight = 0
         self._closed = False
@@ -226,13 +227,14 @@ class AsyncEngine:
                     self._handle(cmd)
                 if eng.has_unfinished():
                     try:
-                        outs = eng.step()
+                        self._dispatch(eng.step())
                     except Exception as e:  # one bad step must not kill the server
                         log.exception("engine step failed; failing its live requests")
                         self._fail_all(e)
-                        continue
-                    self._dispatch(outs)
+                # Snapshot before delivering: a client that saw its request finish then sees
+                # it gone from /metrics too.
                 self._snap()
+                self._flush()
         except BaseException as e:  # pragma: no cover - a bug in this loop itself
             log.exception("the engine thread died")
             self.error = e
@@ -240,6 +242,7 @@ class AsyncEngine:
                 self._closed = True
             self._fail_all(e)
             self._drain_closed(e)
+            self._flush()
 
     def _handle(self, cmd) -> None:
         kind = cmd[0]
@@ -290,12 +293,17 @@ class AsyncEngine:
         self._deliver(live, out, self.engine._result(live.req), None)
 
     def _deliver(self, live: _Live, out, result, error) -> None:
-        try:
-            live.sink(out, result, error)
-        except Exception:  # a consumer that went away (closed loop) must not stop the engine
-            log.debug("dropping output for %s: its sink failed", getattr(out, "request_id", "?"), exc_info=True)
-            if out is not None and not out.finished:
-                self.abort(out.request_id)
+        self._outbox.append((live, out, result, error))
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        for live, out, result, error in outbox:
+            try:
+                live.sink(out, result, error)
+            except Exception:  # a consumer that went away (closed loop) must not stop the engine
+                log.debug("dropping output for %s: its sink failed", getattr(out, "request_id", "?"), exc_info=True)
+                if out is not None and not out.finished:
+                    self.abort(out.request_id)
 
     def _done_one(self) -> None:
         with self._lock:
@@ -318,6 +326,7 @@ class AsyncEngine:
             self._finish_aborted(rid, live)
         self._drain_closed(EngineClosed("the engine is shut down"))
         self._snap()
+        self._flush()
 
     def _drain_closed(self, err: BaseException) -> None:
         """Fail commands that raced with shutdown so no caller waits forever."""

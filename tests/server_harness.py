@@ -20,7 +20,9 @@ MODEL = "tiny"  # served model name in every test server
 class LiveServer:
     def __init__(self, app):
         self.app = app
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto must say TCP: asyncio sets TCP_NODELAY on accepted sockets only then, and without it
+        # every response pays a 40 ms Nagle / delayed-ACK stall (headers and body are two writes).
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -137,6 +137,7 @@ def test_many_disconnects_then_outputs_unchanged(server):
         t.start()
     for t in threads:
         t.join(30)
-    assert wait_until(lambda: back_to_baseline(server, base), timeout=5)
+    assert wait_until(lambda: back_to_baseline(server, base), timeout=5), (base, baseline(server),
+                                                                           server.state.aengine.num_inflight)
     assert run_one(sync, kind, prompt) == before
 

@@ -260,3 +260,34 @@ def test_errors_leave_no_state_behind(server):
     assert snap.running == 0 and snap.waiting == 0
     r = post(server, "/v1/completions", completion(max_tokens=3, temperature=0))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+FUZZ_FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "temperature", "top_p",
+               "top_k", "min_p", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
+               "logprobs", "top_logprobs", "stop", "stop_token_ids", "ignore_eos", "min_tokens", "stream",
+               "stream_options", "response_format", "echo", "user", "tools", "add_generation_prompt"]
+FUZZ_VALUES = [None, True, False, -1, 0, 1, 3, 2 ** 70, -(2 ** 70), 1e308, -1e308, 1e-308, 0.5, "", "x", "tiny",
+               [], [1], [[1]], [-5], [None], ["a", 1], {}, {"a": 1}, {"type": "json_object"}, {"1": 1e9},
+               {"include_usage": True}, [{"role": "user", "content": None}], [{"role": "user"}]]
+
+
+def test_fuzzed_bodies_never_500_and_leave_nothing_behind(small):
+    import random
+
+    server = small  # context 64: a fuzzed body that runs cannot run long
+
+    rng = random.Random(1234)
+    statuses = set()
+    for i in range(300):
+        path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+        body = completion(max_tokens=2) if path == "/v1/completions" else chat(max_tokens=2)
+        for field in rng.sample(FUZZ_FIELDS, rng.randint(1, 3)):
+            body[field] = rng.choice(FUZZ_VALUES)
+        r = post(server, path, body)
+        statuses.add(r.status_code)
+        assert r.status_code in (200, 400, 404, 413), (body, r.status_code, r.text)
+        if r.status_code != 200:
+            assert_error(r, r.status_code)
+    assert 200 in statuses and 400 in statuses
+    assert wait_until(lambda: server.state.aengine.num_inflight == 0)
+    assert httpx.get(server.url + "/health").status_code == 200

@@ -73,8 +73,8 @@ def build_params(req, *, max_tokens: int, vocab_size: int, default_temperature: 
     """SamplingParams for choice `choice` of `req`. Seeded requests with n > 1 give choice i the
     seed + i, so the choices differ and each stays reproducible."""
     top_k = req.top_k if req.top_k is not None else 0
-    if top_k == -1:
-        top_k = 0  # vLLM's spelling of "off"
+    if top_k == -1 or top_k >= vocab_size:
+        top_k = 0  # -1 is vLLM's spelling of "off"; k >= vocabulary keeps everything anyway
     seed = req.seed + choice if req.seed is not None else None
     try:
         params = SamplingParams(
