@@ -134,6 +134,14 @@ def test_candidate_path_equals_full_path(tie_step):
     a = np.array(select_candidates(x, g_cand, state))
     b = np.array(select_full(x, g_full, state))
     assert np.array_equal(a, b), f"{(a != b).sum()} rows differ"
+    import graphc.runtime.sampling.select as sel
+
+    try:  # the sort-based way of finding the candidates picks the same ranks
+        sel.CANDIDATE_SELECT = "sort"
+        c = np.array(select_candidates(x, g_cand, state))
+    finally:
+        sel.CANDIDATE_SELECT = "topk"
+    assert np.array_equal(a, c)
     # The batch entry point routes these rows to the candidate path.
     assert [g.kind for g in st.groups] == [CANDIDATES]
 

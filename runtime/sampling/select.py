@@ -62,12 +62,20 @@ def _ids_from_keys(keys: mx.array) -> mx.array:
     return (mx.array(0xFFFFFFFF, mx.uint32) - low).astype(mx.int32)
 
 
+# How the candidate path finds its first K ranks: "topk" (mx.topk over the
+# keys, then sort K) or "sort" (sort all V keys, keep K). Both give the same
+# ranks bit for bit. On the H200, mlx's top-k over uint64 keys cost more than a
+# full sort at B = 1 and less at B >= 64; flip this after measuring.
+CANDIDATE_SELECT = "topk"
+
+
 def rank_order(x: mx.array, width: int) -> tuple[mx.array, mx.array]:
     """First ``width`` ranks of each row: (values in x's dtype [b, width], ids int32 [b, width])."""
     keys = rank_keys(x)
-    if width < x.shape[-1]:
-        keys = mx.topk(keys, width, axis=-1)
-    keys = mx.sort(keys, axis=-1)[:, ::-1]
+    if width < x.shape[-1] and CANDIDATE_SELECT == "topk":
+        keys = mx.sort(mx.topk(keys, width, axis=-1), axis=-1)[:, ::-1]
+    else:
+        keys = mx.sort(keys, axis=-1)[:, ::-1][:, :width]
     ids = _ids_from_keys(keys)
     return mx.take_along_axis(x, ids, axis=-1), ids
 
@@ -122,7 +130,7 @@ def _filtered(sv, sid, inv_t, top_k, top_p, log_min_p, state, *, use_top_k, use_
     return mx.take_along_axis(sid, j, axis=-1)[:, 0]
 
 
-def _ranked(x, inv_t, top_k, top_p, log_min_p, state, *, width, use_top_k, use_top_p, use_min_p):
+def _ranked(x, inv_t, top_k, top_p, log_min_p, state, *, width, use_top_k, use_top_p, use_min_p, candidate_select=None):
     sv, sid = rank_order(x, min(width, x.shape[-1]))
     return _filtered(
         sv, sid, inv_t, top_k, top_p, log_min_p, state,
@@ -138,6 +146,8 @@ COMPILE = True
 
 
 def _compiled(fn, **static):
+    if fn is _ranked:
+        static["candidate_select"] = CANDIDATE_SELECT  # traced in, so part of the cache key
     return _compiled_cached(fn, COMPILE, **static)
 
 
