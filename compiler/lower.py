@@ -23,7 +23,7 @@ class StepInputs:
     tokens: mx.array  # int32 [B, L]; rows left-padded to a common length
     caches: list  # one LayerCache per layer
     final: bool = True  # prefill: the last chunk (run the head); decode: always True
-    sampling: Any = None  # a SamplingTensors pack (graphc.runtime.sampling) or None for greedy
+    sampling: Any = None  # runtime.batch_sampling.SamplingState, or None: every row plain greedy
     key: mx.array | None = None  # RNG key for rows without a seed
     extra_edits: mx.array | None = None  # additive [B, V] rows computed on the host (grammar masks)
 
@@ -76,11 +76,15 @@ def _logits(ctx, node, h):
 
 
 def _logit_edits(ctx, node, logits):
+    """Penalties, then additive rows (bias, bans, min_tokens), then host rows (grammar masks)."""
     s = ctx.inputs.sampling
     if s is not None:
-        logits = s.apply_edits(logits)
+        from graphc.runtime.sampling import edit_logits
+
+        return edit_logits(logits, s.st, counts=s.counts, n_generated=s.n_generated,
+                           additive_mask=ctx.inputs.extra_edits)
     if ctx.inputs.extra_edits is not None:
-        logits = logits + ctx.inputs.extra_edits
+        return logits + ctx.inputs.extra_edits
     return logits
 
 
@@ -88,14 +92,18 @@ def _sample(ctx, node, logits):
     s = ctx.inputs.sampling
     if s is None or node.param_dict.get("method") == "greedy":
         return mx.argmax(logits, axis=-1).astype(mx.int32)
-    return s.select(logits, key=ctx.inputs.key, candidates=node.param_dict.get("candidates", 1024))
+    from graphc.runtime.sampling import select_tokens
+
+    return select_tokens(logits, s.st, s.positions, ctx.inputs.key)
 
 
 def _logprobs(ctx, node, logits, tokens):
     s = ctx.inputs.sampling
-    if s is None or not s.wants_logprobs:
+    if s is None or not s.st.want_logprobs:
         return None
-    return s.logprobs(logits, tokens)
+    from graphc.runtime.sampling import token_logprobs
+
+    return token_logprobs(logits, s.st, tokens)
 
 
 RULES: dict[str, Callable] = {

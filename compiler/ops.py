@@ -92,7 +92,6 @@ OPS: dict[str, OpDef] = {
             required=True,
             params={
                 "method": Param(str, "auto", choices=("auto", "greedy"), doc="greedy forces argmax for every row"),
-                "candidates": Param(int, 1024, check=_positive, doc="top-k bound below which a [B, K] candidate set is used"),
             },
             doc="per-row temperature / top-k / top-p / min-p selection with Gumbel-max noise",
         ),

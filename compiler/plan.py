@@ -102,8 +102,12 @@ def _step_detail(node, binding: Binding, kind: str) -> tuple[str, str]:
         edits = p.get("edits", list(OPS["logit_edits"].params["edits"].default))
         return "additive edit rows: " + ", ".join(edits), "rows that ask"
     if node.op == "sample":
+        from graphc.runtime.sampling import CANDIDATE_MAX
+
+        if p.get("method") == "greedy":
+            return "argmax for every row", when
         return (f"per-row greedy / temperature / top-k / top-p / min-p, Gumbel-max; "
-                f"candidate set when every top_k <= {p.get('candidates', 1024)}"), when
+                f"[B, K] candidate set for rows with top_k <= {CANDIDATE_MAX}"), when
     if node.op == "logprobs":
         return f"chosen-token logprob, top-N (N <= {p.get('max_top_n', 20)}), requested ids", "rows that ask"
     return node.op, "always"

@@ -30,7 +30,8 @@ class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
                  compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
-                 max_total_tokens: int | None = None, prefix_interval: int | None = None):
+                 max_total_tokens: int | None = None, prefix_interval: int | None = None,
+                 seed: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -46,11 +47,12 @@ class Engine:
             self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
             interval=prefix_interval or prefill_chunk) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
-        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits, prefix_io=io)
-        self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
-                                   admit=self._admit if self.prefix is not None else None)
         self.vocab_size = int(config.get("vocab_size") or model.args.vocab_size)
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
+        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits, prefix_io=io,
+                                  vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
+        self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
+                                   admit=self._admit if self.prefix is not None else None)
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0}
 
@@ -155,20 +157,22 @@ class Engine:
                 continue
             req.first_token_time = time.perf_counter()
             self.scheduler.started(req)
-            if not self._append(req, first):
+            if not self._append(req, first, req.pending_logprobs):
                 self.runner.join(req)
             touched.append(req)
         if sched.decode:
-            for req, tok in self.runner.decode():
+            for req, tok, lp in self.runner.decode():
                 if req.finished:
                     continue
-                self._append(req, tok)
+                self._append(req, tok, lp)
                 touched.append(req)
         return [self._delta(r) for r in dict.fromkeys(touched)]
 
-    def _append(self, req: Request, tok: int) -> bool:
+    def _append(self, req: Request, tok: int, logprobs: dict | None = None) -> bool:
         """Record one generated token; finish the request if it stops here. True when finished."""
         req.output_ids.append(tok)
+        if logprobs is not None:
+            req.logprobs.append(logprobs)
         self.stats["generated_tokens"] += 1
         p = req.params
         hit_stop = req.detokenizer.add(tok)
@@ -209,7 +213,9 @@ class Engine:
         new_ids = req.output_ids[req.emitted_tokens:]
         req.emitted_tokens = len(req.output_ids)
         text = req.detokenizer.flush() if req.finished else req.detokenizer.ready()
-        return RequestOutput(req.id, new_ids, text, req.finished, req.finish_reason)
+        new_lps = req.logprobs[req.emitted_logprobs:] if req.logprobs else None
+        req.emitted_logprobs = len(req.logprobs)
+        return RequestOutput(req.id, new_ids, text, req.finished, req.finish_reason, new_lps or None)
 
     # -- one-call API ---------------------------------------------------------------
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None,

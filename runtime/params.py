@@ -42,30 +42,13 @@ class SamplingParams:
         def bad(field, msg):
             raise ValueError(f"{field} {msg}")
 
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 0:
             bad("max_tokens", f"must be a non-negative integer, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            bad("temperature", f"must be >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            bad("top_k", f"must be a non-negative integer (0 = off), got {self.top_k!r}")
-        if not 0 < self.top_p <= 1:
-            bad("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            bad("min_p", f"must be in [0, 1], got {self.min_p}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            bad("seed", f"must be an integer, got {self.seed!r}")
-        if self.repetition_penalty <= 0:
-            bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
-        for name in ("frequency_penalty", "presence_penalty"):
-            v = getattr(self, name)
-            if not -2 <= v <= 2:
-                bad(name, f"must be in [-2, 2], got {v}")
-        if self.min_tokens < 0:
-            bad("min_tokens", f"must be >= 0, got {self.min_tokens}")
-        for name in ("logprobs", "prompt_logprobs"):
-            v = getattr(self, name)
-            if v is not None and not (isinstance(v, int) and 0 <= v <= 20):
-                bad(name, f"must be an integer in 0..20, got {v!r}")
+        from .sampling.params import validate_params
+
+        validate_params(self)  # temperature, top-k/p, min-p, seed, penalties, bias, logprobs, ...
+        if not all(isinstance(s, str) for s in self.stop):
+            bad("stop", f"must be strings, got {self.stop!r}")
         if vocab_size is not None:
             ids = list((self.logit_bias or {}).keys()) + list(self.banned_token_ids) + list(self.logprob_token_ids)
             ids += list(self.stop_token_ids)

@@ -39,7 +39,9 @@ class Request:
     emitted_text: int = 0
     detokenizer: object = None
     grammar: object = None  # GrammarState when the request has structured output
-    logprobs: list = attrs.field(factory=list)
+    logprobs: list = attrs.field(factory=list)  # one dict per output token when asked (see docs/sampling.md)
+    pending_logprobs: dict | None = None  # the first token's, from the prefill step
+    emitted_logprobs: int = 0
     prompt_logprobs: list | None = None
 
     @property

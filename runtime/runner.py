@@ -16,6 +16,7 @@ import mlx.core as mx
 from graphc.compiler.compile import CompiledGraph
 from graphc.compiler.lower import StepInputs
 
+from .batch_sampling import SamplerCache, SamplingState
 from .request import Request
 
 
@@ -25,12 +26,18 @@ class Launch:
 
     rows: list
     tokens: mx.array  # int32 [B]
-    logprobs: object = None
+    logprobs: object = None  # LogprobsOutput when a row asked
+    sampling: SamplingState | None = None  # the state this step used
+    next_sampling: SamplingState | None = None  # advanced past this step's tokens (lazy)
 
 
 class ModelRunner:
-    def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None):
+    def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
+                 vocab_size: int | None = None, eos_token_ids=(), seed: int | None = None):
         self.compiled = compiled
+        self.sampler = SamplerCache(vocab_size or int(compiled.binding.config["vocab_size"]), eos_token_ids)
+        # Rows without a seed draw noise from this key, split at every graph build.
+        self._key = mx.random.key(seed if seed is not None else int.from_bytes(__import__("os").urandom(4), "little"))
         # The prefix cache's array side (runtime/prefix_io.py), or None: restores admitted
         # hits, captures state at prefix boundaries, writes KV into the pools.
         self.prefix_io = prefix_io
@@ -70,13 +77,47 @@ class ModelRunner:
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)
         if not final:
+            if req.params.prompt_logprobs is not None:
+                self._prompt_logprobs(req, ctx, step, start, end)
             mx.eval(ctx.values[step.hidden_node])
             return None
+        if req.params.prompt_logprobs is not None:
+            self._prompt_logprobs(req, ctx, step, start, end)
+        st = self.sampler.tensors([req])
+        if st is not None:
+            ctx.inputs.sampling = self.sampler.host_state(st, [req])
+            ctx.inputs.key = self._split_key()
         out = step.head(ctx, self._edits([req], ctx, step))
         mx.eval(out.next_tokens)
+        if out.logprobs is not None:
+            req.pending_logprobs = out.logprobs.to_lists(st)[0]
         if self.prefix_io is not None:
             self.prefix_io.store_prompt(req)  # the prompt's new KV into the pool, its end locked
         return int(out.next_tokens.item())
+
+    def _split_key(self) -> mx.array:
+        key, self._key = mx.random.split(self._key)
+        return key
+
+    def _prompt_logprobs(self, req: Request, ctx, step, start: int, end: int) -> None:
+        """Logprob of each prompt token given the ones before it (chunk by chunk, from this chunk's hidden states)."""
+        from .sampling import prompt_logprobs
+
+        h = ctx.values[step.hidden_node]
+        adapter = self.compiled.binding.adapter
+        logits = adapter.head(adapter.norm(h))[0].astype(mx.float32)  # [n, V]
+        nxt = req.prompt_ids[start + 1:end + 1]
+        logits = logits[: len(nxt)]
+        if req.prompt_logprobs is None:
+            req.prompt_logprobs = [None] * (start + 1)  # the first token has no logprob
+        if not nxt:
+            return
+        lp, ids, top = prompt_logprobs(logits, mx.array(nxt, dtype=mx.int32), top=req.params.prompt_logprobs)
+        mx.eval(lp, *(x for x in (ids, top) if x is not None))
+        lp, ids, top = lp.tolist(), ids.tolist() if ids is not None else None, top.tolist() if top is not None else None
+        for i, t in enumerate(nxt):
+            req.prompt_logprobs.append({"token": t, "logprob": lp[i],
+                                        "top": list(zip(ids[i], top[i])) if ids is not None else []})
 
     def _edits(self, rows, ctx, step):
         """Host edit rows for `rows`, filled while the device runs the forward already queued."""
@@ -115,34 +156,54 @@ class ModelRunner:
             c.filter(keep)
 
     # -- decode -------------------------------------------------------------------
-    def _next_input(self) -> mx.array:
-        """Input tokens [B, 1] for the current rows, lazily from the pending step where possible."""
+    def _next_input(self) -> tuple[mx.array, SamplingState | None]:
+        """Input tokens [B, 1] and sampling state for the current rows, lazily from the pending step where possible."""
         p = self.pending
+        st = self.sampler.tensors(self.rows)
         if p is None:
-            return mx.array([[r.last_token] for r in self.rows], dtype=mx.int32)
+            toks = mx.array([[r.last_token] for r in self.rows], dtype=mx.int32)
+            return toks, (self.sampler.host_state(st, self.rows) if st is not None else None)
         pos = {id(r): i for i, r in enumerate(p.rows)}
         from_pending = [pos[id(r)] for r in self.rows if id(r) in pos]
-        joined = [r.last_token for r in self.rows if id(r) not in pos]
+        joined = [r for r in self.rows if id(r) not in pos]
         # join() appends and leave() keeps order, so pending rows come first.
-        if from_pending == list(range(len(p.rows))):
-            toks = p.tokens
-        else:
-            toks = p.tokens[mx.array(from_pending, dtype=mx.int32)]
+        same = from_pending == list(range(len(p.rows)))
+        idx = None if same else mx.array(from_pending, dtype=mx.int32)
+        toks = p.tokens if same else p.tokens[idx]
         if joined:
-            toks = mx.concatenate([toks, mx.array(joined, dtype=mx.int32)])
-        return toks[:, None]
+            toks = mx.concatenate([toks, mx.array([r.last_token for r in joined], dtype=mx.int32)])
+        if st is None:
+            return toks[:, None], None
+        prev = p.next_sampling
+        if prev is None or (not same and not from_pending):
+            # The pending step ran without a sampler: every row's history is on the host but
+            # the pending token, which is still in flight.
+            inflight = [r for r in self.rows if id(r) in pos]
+            state = self.sampler.host_state(st, inflight, in_flight=1) if inflight else None
+            fresh = self.sampler.host_state(st, joined) if joined else None
+            return toks[:, None], _concat(st, state, fresh)
+        kept = prev if same else SamplingState(st, prev.positions[idx], prev.n_generated[idx],
+                                               prev.counts[idx] if prev.counts is not None else None)
+        kept.st = st
+        if kept.counts is None and st.has_penalties:  # penalties appeared with a joined row
+            kept = self.sampler.host_state(st, [r for r in self.rows if id(r) in pos], in_flight=1)
+        fresh = self.sampler.host_state(st, joined) if joined else None
+        return toks[:, None], _concat(st, kept, fresh)
 
     def _launch(self) -> Launch:
         step = self.compiled.decode
-        ctx = step.forward(StepInputs(self._next_input(), self.caches))
+        toks, sampling = self._next_input()
+        key = self._split_key() if sampling is not None else None
+        ctx = step.forward(StepInputs(toks, self.caches, sampling=sampling, key=key))
         out = step.head(ctx, self._edits(self.rows, ctx, step))
-        launch = Launch(list(self.rows), out.next_tokens, out.logprobs)
-        mx.async_eval(launch.tokens)
+        nxt = sampling.advanced(out.next_tokens) if sampling is not None else None
+        launch = Launch(list(self.rows), out.next_tokens, out.logprobs, sampling, nxt)
+        mx.async_eval(launch.tokens, *([out.logprobs.chosen] if out.logprobs is not None else []))
         self.steps += 1
         return launch
 
-    def decode(self) -> list[tuple[Request, int]]:
-        """One decode step for the batch; returns (request, token) for the step that completed.
+    def decode(self) -> list[tuple[Request, int, dict | None]]:
+        """One decode step for the batch; returns (request, token, logprobs) for the step that completed.
 
         With chaining on, the step after it is queued before this returns.
         """
@@ -153,8 +214,9 @@ class ModelRunner:
         self.pending = cur
         self.pending = self._launch() if chain else None
         toks = cur.tokens.tolist()
+        lps = cur.logprobs.to_lists(cur.sampling.st) if cur.logprobs is not None else [None] * len(toks)
         live = {id(r) for r in self.rows}
-        return [(r, t) for r, t in zip(cur.rows, toks) if id(r) in live]
+        return [(r, t, lp) for r, t, lp in zip(cur.rows, toks, lps) if id(r) in live]
 
     def drain(self) -> None:
         """Forget a queued step (the batch is about to change in a way the chain cannot follow)."""
@@ -163,3 +225,15 @@ class ModelRunner:
     @property
     def kv_bytes(self) -> int:
         return sum(c.nbytes for c in self.caches) if self.caches else 0
+
+
+def _concat(st, a: SamplingState | None, b: SamplingState | None) -> SamplingState:
+    if a is None or b is None:
+        out = a or b
+        out.st = st
+        return out
+    counts = None
+    if a.counts is not None and b.counts is not None:
+        counts = mx.concatenate([a.counts, b.counts])
+    return SamplingState(st, mx.concatenate([a.positions, b.positions]),
+                         mx.concatenate([a.n_generated, b.n_generated]), counts)

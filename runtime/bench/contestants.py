@@ -130,7 +130,8 @@ def graphc_host(model, tokenizer, config, prompts, *, warmup, steps, graph=None,
     build, submit, device = [], [], []
     for _ in range(steps):
         t0 = now()
-        out = step_fn(StepInputs(runner._next_input(), runner.caches))
+        toks, sampling = runner._next_input()
+        out = step_fn(StepInputs(toks, runner.caches, sampling=sampling, key=runner._split_key() if sampling else None))
         t1 = now()
         mx.async_eval(out.next_tokens)
         t2 = now()

@@ -1,0 +1,70 @@
+"""Per-batch sampling state: what the graph's edit / sample / logprobs nodes need for one step.
+
+`SamplingTensors` (runtime/sampling) holds the per-row parameters of one batch
+composition; it is rebuilt only when rows join or leave. The per-step arrays —
+the position each chosen token will occupy (the seeded-noise key), tokens
+generated so far (min_tokens) and penalty counts — advance *inside* the lazy
+step, so a chained step N+1 gets exact values without the host.
+"""
+
+from __future__ import annotations
+
+import attrs
+import mlx.core as mx
+
+from .sampling import SamplingTensors, advance, build_token_counts, penalty_history
+
+
+def needs_sampler(params) -> bool:
+    """False for rows the plain argmax serves exactly: the greedy hot path skips the sampler."""
+    return bool(
+        params.temperature > 0 or params.repetition_penalty != 1.0 or params.frequency_penalty
+        or params.presence_penalty or params.logit_bias or params.banned_token_ids or params.min_tokens
+        or params.logprobs is not None or params.logprob_token_ids
+    )
+
+
+@attrs.define
+class SamplingState:
+    """StepInputs.sampling: the batch's SamplingTensors and this step's per-row arrays."""
+
+    st: SamplingTensors
+    positions: mx.array  # int32 [B]: index the chosen token takes in its sequence
+    n_generated: mx.array  # int32 [B]
+    counts: mx.array | None  # int32 [B, V] penalty counts (None without penalties)
+
+    def advanced(self, tokens: mx.array) -> "SamplingState":
+        pos, n, counts = advance(self.st, tokens, positions=self.positions, n_generated=self.n_generated,
+                                 counts=self.counts)
+        return SamplingState(self.st, pos, n, counts)
+
+
+class SamplerCache:
+    """Builds SamplingTensors for a row list, reusing the last one while the rows are the same."""
+
+    def __init__(self, vocab_size: int, eos_token_ids=()):
+        self.vocab_size = vocab_size
+        self.eos_token_ids = sorted(eos_token_ids)
+        self._key: tuple = ()
+        self._st: SamplingTensors | None = None
+
+    def tensors(self, rows) -> SamplingTensors | None:
+        """None when every row is plain greedy (argmax needs no sampler)."""
+        if not any(needs_sampler(r.params) for r in rows):
+            return None
+        key = tuple(id(r) for r in rows)
+        if key != self._key:
+            self._st = SamplingTensors.build([r.params for r in rows], self.vocab_size,
+                                             eos_token_ids=self.eos_token_ids, validate=False)
+            self._key = key
+        return self._st
+
+    def host_state(self, st: SamplingTensors, rows, in_flight: int = 0) -> SamplingState:
+        """Per-row arrays from host-known history (rows with no step in flight)."""
+        pos = mx.array([r.num_tokens + in_flight for r in rows], dtype=mx.int32)
+        n = mx.array([len(r.output_ids) + in_flight for r in rows], dtype=mx.int32)
+        counts = None
+        if st.has_penalties:
+            counts = build_token_counts([penalty_history(r.params, r.prompt_ids, r.output_ids) for r in rows],
+                                        self.vocab_size)
+        return SamplingState(st, pos, n, counts)
