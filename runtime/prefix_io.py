@@ -63,6 +63,8 @@ class PrefixIO:
     def prefill_pieces(self, req, start: int, end: int) -> int:
         """Run the prompt from `start` up to the last boundary before `end`, one forward per
         piece (lazy, not evaluated), capturing state at each boundary. Returns the new start."""
+        if getattr(req.params, "prompt_logprobs", None) is not None:
+            return start  # the runner reads prompt logprobs off one forward per chunk: no pieces
         points = self.prefix.capture_points(req)
         step = self.compiled.prefill
         for cut in sorted(p for p in points if start < p < end):

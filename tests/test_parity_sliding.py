@@ -143,3 +143,17 @@ def test_inspect_memory_table_shows_windowed_vs_full(engine):
         assert s_full == sum(l.kv_bytes_per_token for l in sliding) * row["context"]
         assert full - bound == s_full - s_bound
     assert "sliding if full" in inspect_plan(engine.compiled, "decode", trace=False)
+
+
+def test_prompt_logprobs_unchanged_by_the_prefix_cache(sliding_dir):
+    """Requests asking for prompt logprobs skip the match and are prefilled in whole chunks."""
+    [p] = random_prompts(1, 1024, [45], seed=17)
+    params = SamplingParams(max_tokens=3, prompt_logprobs=2, ignore_eos=True)
+    plain = Engine.load(sliding_dir, prefill_chunk=16, prefix_cache=False).generate([p], params)[0]
+    eng = Engine.load(sliding_dir, prefill_chunk=16, max_total_tokens=512)
+    eng.generate([p], SamplingParams(max_tokens=3, ignore_eos=True))  # now cached
+    got = eng.generate([p], params)[0]
+    assert got.cached_tokens == 0 and got.token_ids == plain.token_ids
+    assert len(got.prompt_logprobs) == len(p)
+    for a, b in zip(got.prompt_logprobs[1:], plain.prompt_logprobs[1:]):
+        assert a["token"] == b["token"] and abs(a["logprob"] - b["logprob"]) < 1e-4
