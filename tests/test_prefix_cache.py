@@ -150,3 +150,34 @@ def test_pool_size_from_memory_budget(dense_dir):
     assert eng.runner.prefix_io.pool.nbytes == 0  # nothing allocated until something is stored
     assert Engine.load(dense_dir, prefix_cache=False).cache_stats() == {"enabled": False}
     assert Engine.load(dense_dir, graph="dense_noprefix").prefix is None
+
+
+@pytest.mark.parametrize("arch, kw", [("gpt_oss", {"sliding_window": 8}), ("gemma3_text", {"sliding_window": 8}),
+                                      ("qwen3_next", {})])
+def test_batched_hits_and_misses_under_pressure_equal_mlx_lm(model_dir, arch, kw):
+    """Hits and cold prompts decode in one batch while a small pool evicts leaves, window
+    tombstones and snapshots; every answer equals mlx-lm's."""
+    d = model_dir(arch, **kw)
+    prompts = shared_prompts(33, [2, 19, 7, 40], seed=6) + random_prompts(2, 1024, [26, 11], seed=6)
+    eng = Engine.load(d, prefill_chunk=8, max_total_tokens=150, max_batch=4)
+    first = eng.generate(prompts, GREEDY)
+    second = eng.generate(prompts[::-1], GREEDY)[::-1]
+    for p, a, b in zip(prompts, first, second):
+        ref = reference_greedy(eng.model, p, 10)
+        assert a.token_ids == ref and b.token_ids == ref
+    assert sum(r.cached_tokens for r in first + second) > 0
+    eng.prefix.check()
+    assert all_unreferenced(eng.prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_next", "llama"])
+def test_long_prompts_with_hits_equal_mlx_lm(model_dir, arch):
+    kw = {"sliding_window": 32} if arch == "gpt_oss" else {}
+    d = model_dir(arch, **kw)
+    prompts = shared_prompts(700, [300, 5, 900], seed=12)
+    eng = Engine.load(d, prefill_chunk=128, max_total_tokens=3000)
+    for p in prompts + [prompts[0]]:
+        [res] = eng.generate([p], SamplingParams(max_tokens=40, ignore_eos=True))
+        assert res.token_ids == reference_greedy(eng.model, p, 40)
+    eng.prefix.check()
