@@ -38,7 +38,8 @@ _SOURCE = r"""
     float qv[PER];
     float acc[PER];
     for (int i = 0; i < PER; ++i) { qv[i] = static_cast<float>(qp[i]) * sc; acc[i] = 0.f; }
-    float m = -inf;
+    const float NEG_INF = __int_as_float(0xff800000);
+    float m = NEG_INF;
     float l = 0.f;
     const int s = start[b];
     const int e = end[0];
@@ -60,7 +61,7 @@ _SOURCE = r"""
     for (int i = 0; i < PER; ++i) sacc[warp][lane * PER + i] = acc[i];
     __syncthreads();
     if (warp == 0) {
-        float M = -inf;
+        float M = NEG_INF;
         for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w]);
         float L = 0.f;
         float f[WARPS];

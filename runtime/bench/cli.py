@@ -65,7 +65,7 @@ def cmd_bench(args) -> int:
         prefix_graph=args.prefix_graph, compile=args.compile, compile_ablation=args.compile_ablation,
         seed=args.seed, progress=args.progress,
     )
-    result = run_bench(cfg)
+    result = run_bench(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
     result["command"] = "graphc " + " ".join(sys.argv[1:])
     print(tables(result))
     if args.json_out:

@@ -245,10 +245,15 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
     for t in tasks:
         bar.set_description(t.label)
         try:
-            raw[(t.workload,) + t.key] = t.fn()
+            raw[(t.workload,) + t.key] = res = t.fn()
+            log(f"[bench] {t.label}: {_brief(res)}")
         except NotImplementedError as e:
             raw[(t.workload,) + t.key] = None
-            notes.append(f"{t.label}: skipped — {e}")
+            notes.append(f"{t.workload}: {t.label} skipped — {e}")
+        except Exception as e:  # noqa: BLE001 - one broken measurement must not lose the others
+            raw[(t.workload,) + t.key] = None
+            notes.append(f"{t.workload}: {t.label} FAILED — {type(e).__name__}: {e}")
+            log(f"[bench] {t.label}: FAILED {type(e).__name__}: {e}")
         bar.update(1)
     bar.close()
 
@@ -264,6 +269,15 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
         "notes": notes,
         "elapsed_s": time.time() - t_start,
     }
+
+
+def _brief(res) -> str:
+    """One line per finished measurement, printed as the bench goes (a killed run keeps them)."""
+    if isinstance(res, list) and res and isinstance(res[0], (int, float)):
+        return f"median {median(res):.3f} ms/step, windows {[round(x, 3) for x in res]}"
+    if isinstance(res, list):
+        return f"{len(res)} rows"
+    return str({k: (round(v, 3) if isinstance(v, float) else v) for k, v in res.items()})
 
 
 def _explicit(cfg) -> tuple:
