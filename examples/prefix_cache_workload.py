@@ -98,16 +98,23 @@ def main(argv=None) -> int:
     ap.add_argument("--unique", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=256, help="size of the models built here")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--archs", default="llama,gpt_oss,qwen3_next")
+    ap.add_argument("--decode-batch", type=int, default=16)
+    ap.add_argument("--hit-lengths", default="256,1024,2048")
     args = ap.parse_args(argv)
     models = [Path(m) for m in args.model or []]
     if not models:
         from graphc.compiler.modelgen import make_model
 
         tmp = Path(tempfile.mkdtemp(prefix="graphc-prefix-"))
-        dims = dict(hidden_size=256, num_layers=8, num_heads=8, num_kv_heads=4, head_dim=32, intermediate_size=512)
-        models = [make_model("llama", tmp / "llama", **dims),
-                  make_model("gpt_oss", tmp / "gpt_oss", sliding_window=64, **dims),
-                  make_model("qwen3_next", tmp / "qwen3_next", **dims)]
+        heads = max(4, args.hidden // 64)
+        dims = dict(hidden_size=args.hidden, num_layers=args.layers, num_heads=heads, num_kv_heads=heads // 2,
+                    head_dim=args.hidden // heads, intermediate_size=2 * args.hidden, dtype=args.dtype)
+        extra = {"gpt_oss": {"sliding_window": 64}}
+        models = [make_model(a, tmp / a, **dims, **extra.get(a, {})) for a in args.archs.split(",")]
     rows = []
     for d in models:
         warm = Engine.load(d, prefill_chunk=128, max_total_tokens=1 << 15)
@@ -121,10 +128,13 @@ def main(argv=None) -> int:
         same = all(a.token_ids == b.token_ids for a, b in zip(res_c, res_w))
         total = sum(len(p) for p in prompts)
         cached = sum(r.cached_tokens for r in res_w)
-        rates = [(decode_rate(cold, 16, 256, 32), decode_rate(warm, 16, 256, 32)) for _ in range(3)]
+        B = args.decode_batch
+        rates = [(decode_rate(cold, B, 256, 32), decode_rate(warm, B, 256, 32)) for _ in range(3)]
         rate_c, rate_w = (sorted(r)[1] for r in zip(*rates))  # median of 3, interleaved
-        rows.append((d.name, graph, total, cached, t_c, t_w, rate_c, rate_w, same, hit_costs(warm)))
-    print(f"\nworkload: {args.groups} groups x {args.per_group} requests, shared prefix {args.shared}, "
+        lengths = [int(x) for x in args.hit_lengths.split(",")]
+        rows.append((d.name, graph, total, cached, t_c, t_w, rate_c, rate_w, same, hit_costs(warm, lengths)))
+    print(f"\ndevice: {mx.default_device()}; decode batch {args.decode_batch}")
+    print(f"workload: {args.groups} groups x {args.per_group} requests, shared prefix {args.shared}, "
           f"unique {args.unique}, {args.max_tokens} new tokens, waves of {args.batch}")
     print(f"{'model':12} {'graph':8} {'prompt tok':>10} {'cached':>8} {'saved':>6} {'cold s':>7} {'warm s':>7} "
           f"{'speedup':>7} {'decode tok/s cold/warm':>23} same")

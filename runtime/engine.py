@@ -52,7 +52,8 @@ class Engine:
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
-                                   admit=self._admit if self.prefix is not None else None)
+                                   admit=self._admit if self.prefix is not None else None,
+                                   defer=self.prefix.should_wait if self.prefix is not None else None)
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0}
 

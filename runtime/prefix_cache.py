@@ -40,7 +40,7 @@ import heapq
 import attrs
 import numpy as np
 
-from .cache.radix import Node, RadixTree, tick
+from .cache.radix import Node, RadixTree, common_prefix, tick
 from .cache.slots import SlotAllocator
 
 
@@ -78,6 +78,7 @@ class WritePlan:
 
 
 class PrefixCache:
+    MIN_GAIN = 32  # prompt tokens a request must gain to wait a step for a request ahead of it
     def __init__(self, *, capacity: int, window: int | None = None, window_capacity: int = 0,
                  snapshots: bool = False, max_snapshots: int = 0, interval: int = 512):
         if interval < 1:
@@ -134,6 +135,20 @@ class PrefixCache:
         self.counters["hits"] += 1
         self.counters["hit_tokens"] += m
         return m
+
+    def should_wait(self, req, ahead: list) -> bool:
+        """Whether `req` should wait a step: requests scheduled ahead of it share at least
+        MIN_GAIN more prompt tokens with it than the cache can give now, and will have
+        stored them by the next step (in-batch prefix sharing, for bursts of one system prompt)."""
+        if not ahead or req.id in self.holds or getattr(req.params, "prompt_logprobs", None) is not None:
+            return False
+        tokens = np.asarray(req.prompt_ids, dtype=np.int32)
+        shared = max(common_prefix(np.asarray(r.prompt_ids, dtype=np.int32), tokens) for r in ahead)
+        shared = min(shared, len(tokens) - 1)
+        if shared < self.MIN_GAIN:
+            return False
+        path, m0 = self.tree.match(tokens)
+        return shared - self._usable(path, min(m0, len(tokens) - 1)) >= self.MIN_GAIN
 
     def _usable(self, path: list[Node], limit: int) -> int:
         """The longest m <= limit a hit can resume at (see the module docstring)."""
@@ -203,11 +218,15 @@ class PrefixCache:
             hold.captures[pos] = capture
 
     # -- insertion --------------------------------------------------------------------
-    def insert_prompt(self, req) -> WritePlan:
-        """The prompt is in the working cache: store what the tree lacks, keep its end locked."""
+    def insert_prompt(self, req, upto: int | None = None) -> WritePlan:
+        """Prompt tokens [0, upto) are in the working cache: store what the tree lacks and keep
+        its end locked. Called after every chunk, so a request admitted while this one is
+        still prefilling already hits the part computed so far."""
         hold = self.holds.setdefault(req.id, Hold())
-        plan, end = self._insert(req.prompt_ids, hold.captures)
-        hold.captures = {}
+        n = len(req.prompt_ids) if upto is None else upto
+        caps = {p: c for p, c in hold.captures.items() if p <= n}
+        plan, end = self._insert(req.prompt_ids[:n], caps)
+        hold.captures = {p: c for p, c in hold.captures.items() if p > n}
         old, hold.node = hold.node, end
         if end is not None:
             self.tree.lock(end)

@@ -77,6 +77,8 @@ class PrefixIO:
     def after_chunk(self, req, end: int) -> None:
         if end in self.prefix.capture_points(req):
             self.prefix.add_capture(req, end, self.capture(req.caches, 0))
+        if end < len(req.prompt_ids):  # the prompt so far, for requests admitted meanwhile
+            self.store_prompt(req, end)  # (the whole prompt is stored once its first token is out)
 
     def capture(self, caches: list, row: int) -> Capture | None:
         """References to the window tails and recurrent state of `row` (no copies)."""
@@ -93,9 +95,9 @@ class PrefixIO:
         return cap
 
     # -- inserts ---------------------------------------------------------------------
-    def store_prompt(self, req) -> None:
-        """The prompt's KV is in req.caches: write what the tree lacks."""
-        self._write(self.prefix.insert_prompt(req), req.caches, 0)
+    def store_prompt(self, req, upto: int | None = None) -> None:
+        """Prompt positions [0, upto) are in req.caches: write what the tree lacks."""
+        self._write(self.prefix.insert_prompt(req, upto), req.caches, 0)
 
     def store_rows(self, reqs: list, rows: list[int], caches: list) -> None:
         """Requests leaving the decode batch: store prompt + output whose KV the batch holds."""

@@ -21,7 +21,7 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, admit=None):
+    def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, admit=None, defer=None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if max_batch < 1:
@@ -31,6 +31,9 @@ class Scheduler:
         # admit(req): match a waiting request against the prefix cache before its first
         # chunk is sized (it sets req.prefilled to the cached length). Idempotent.
         self.admit = admit
+        # defer(req, ahead): True when `req` shares a longer prefix with requests scheduled
+        # ahead of it this step than the cache holds: it waits a step and then hits.
+        self.defer = defer
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.by_id: dict[str, Request] = {}
@@ -49,6 +52,8 @@ class Scheduler:
             if budget <= 0 or slots <= 0:
                 break
             if self.admit is not None and req.status is Status.WAITING:
+                if self.defer is not None and self.defer(req, [r for r, _ in chunks]):
+                    break
                 self.admit(req)
             n = min(budget, len(req.prompt_ids) - req.prefilled)
             chunks.append((req, n))

@@ -181,3 +181,22 @@ def test_long_prompts_with_hits_equal_mlx_lm(model_dir, arch):
         [res] = eng.generate([p], SamplingParams(max_tokens=40, ignore_eos=True))
         assert res.token_ids == reference_greedy(eng.model, p, 40)
     eng.prefix.check()
+
+
+def test_a_burst_sharing_a_prompt_waits_one_step_and_hits(dense_dir):
+    """Requests arriving together with one long shared prefix: the first computes it, the rest
+    wait a step (instead of computing it alongside) and hit."""
+    prompts = shared_prompts(80, [6, 9, 3, 12], seed=21)
+    eng = Engine.load(dense_dir, prefill_chunk=256, max_total_tokens=1024)
+    results = eng.generate(prompts, GREEDY)
+    assert [r.cached_tokens for r in results] == [0, 80, 80, 80]
+    for p, r in zip(prompts, results):
+        assert r.token_ids == reference_greedy(eng.model, p, 10)
+    # Unrelated requests are not held back.
+    others = random_prompts(4, 1024, [90, 70, 85, 60], seed=22)
+    before = eng.stats["computed_prompt_tokens"]
+    eng.add_request(others[0], GREEDY)
+    eng.add_request(others[1], GREEDY)
+    sched = eng.scheduler.schedule()
+    assert len(sched.prefill) == 2
+    assert eng.stats["computed_prompt_tokens"] == before
