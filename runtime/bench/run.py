@@ -233,8 +233,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                     lambda ps=ps, chain=chain: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R,
                                                                chain=chain))
     if "matmul" in wl:
-        if env["backend"] == "cpu" and cfg.model != "tiny" and "matmul" not in _explicit(cfg):
-            notes.append("matmul: skipped on CPU (pass --workloads matmul to force)")
+        if env["backend"] == "cpu" and "matmul" not in _explicit(cfg):
+            notes.append("matmul: skipped on CPU — it measures MLX's GPU matmul (pass --workloads matmul to force)")
         else:
             for (K, Nn), what in _matmul_shapes(config):
                 add("matmul", ((K, Nn), what), f"matmul {what} {K}->{Nn}",
