@@ -1,26 +1,34 @@
-"""Compiled decode: the lowered decode step's forward under `mx.compile`, on fixed-shape KV.
+"""Compiled decode (`Engine(..., compile=True)`): the decode forward under `mx.compile`.
 
 Why: a decode step is hundreds of small ops; building them through Python (mlx-lm's
 modules, the graph lowering) costs host time every step, which is what bounds small
 models at small batches. `mx.compile` traces the forward once per input shape and
-replays it from C++ (and fuses elementwise chains), so the per-step host cost drops.
+replays it from C++ (and fuses elementwise chains), so the per-step build cost drops
+(docs/performance.md, host table: about half at batch 64).
 
 What makes the step compile-friendly (the shapes stop changing every step):
-- KV stays in the `full` policy's buffers (`FullKV`: capacity grows by doubling), and
-  a step attends over the whole capacity with a [B, 1, 1, C] mask — `cols <= idx` and
-  `cols >= left_pad[row]` — instead of slicing `[:idx+1]`;
+- KV stays in the `full` / `pool_backed` policies' `FullKV` buffers; a step attends
+  over the whole capacity, each row limited to its valid columns (`left_pad[row]` up
+  to the write column) — by a [B, 1, 1, C] mask for MLX's attention, or on CUDA by the
+  ragged decode-attention kernel (runtime/decode_attention.py), which takes the first
+  and end columns instead of a mask and reads only valid columns;
 - the write column and RoPE positions are arrays (`mx.slice_update` at an array
   index; offset = idx - left_pad), not Python ints baked into the trace;
 - capacities are bucketed (powers of two up to 256, then multiples of 256), so
   shapes change at most once per 256 steps; each distinct (batch size, capacity) is
-  traced once and then reused from mx.compile's cache (batch sizes are not padded to buckets: a bucketed batch would
-  pay a KV copy on every membership change; the trace cache makes that unnecessary).
+  traced once and reused from mx.compile's cache. Batch sizes are not padded to
+  buckets: that would cost a KV copy on every membership change, and the trace cache
+  already holds one trace per batch size seen.
+- llama blocks run with q/k/v and gate/up as one matmul each (MLX's matmul for 2..64
+  rows costs about the same per call whatever its width); weights are stored once.
 
-Exactness: masked columns get zero weight, so the tokens are those of the
-uncompiled step (tests/test_compiled_decode.py checks greedy tokens are identical).
+Exactness: masked columns get zero weight and the fused matmuls compute the same dot
+products, so on the CPU the tokens are those of the uncompiled step
+(tests/test_compiled_decode.py); on a GPU the kernel and the fused matmuls round
+differently (the bench's `exact` workload reports how often tokens still agree).
 Only the forward (embed, decoder, logits) is compiled; the head (edits, sampling,
-logprobs) runs as lowered, so host edit rows and sampling packs work unchanged.
-Batches whose caches are not `FullKV` (other policies) run uncompiled.
+logprobs) runs as lowered, so host edit rows and sampling work unchanged. Batches
+whose caches are not plain `FullKV` (other policies, subclasses) run uncompiled.
 """
 
 from __future__ import annotations
