@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -62,6 +63,8 @@ BAD_COMPLETION_FIELDS = [
     ({"top_k": -5}, "top_k"),
     ({"min_p": 2}, "min_p"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 1e300}, "repetition_penalty"),
+    ({"temperature": 1e300}, "temperature"),
     ({"frequency_penalty": 3}, "frequency_penalty"),
     ({"presence_penalty": -2.5}, "presence_penalty"),
     ({"logprobs": 21}, "logprobs"),
@@ -291,3 +294,29 @@ def test_fuzzed_bodies_never_500_and_leave_nothing_behind(small):
     assert 200 in statuses and 400 in statuses
     assert wait_until(lambda: server.state.aengine.num_inflight == 0)
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_engine_failure_is_reported_and_the_server_keeps_serving(model_dir):
+    engine = Engine.load(model_dir("llama"))
+    real_step, fail = engine.step, threading.Event()
+
+    def step():
+        if fail.is_set():
+            fail.clear()
+            raise RuntimeError("injected step failure")
+        return real_step()
+
+    engine.step = step
+    with live_server(engine=engine) as srv:
+        fail.set()
+        err = assert_error(post(srv, "/v1/completions", completion(max_tokens=5)), 500, code="engine_error")
+        assert "injected" in err["message"]
+        fail.set()
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=chat(max_tokens=5, stream=True)) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2][6:])["error"]["code"] == "engine_error"
+        assert srv.metric("graphc_requests_finished_total", reason="error") == 2
+        assert wait_until(lambda: srv.state.aengine.num_inflight == 0)
+        r = post(srv, "/v1/completions", completion(max_tokens=3, temperature=0))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1

@@ -10,6 +10,7 @@ sent as -9999.0, as OpenAI and vLLM do.
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 
 from .protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
@@ -59,17 +60,56 @@ def logprob_source(res, from_deltas: list, deltas_complete: bool):
 
 
 class TokenText:
-    """Token id -> its text and bytes, cached (the server's own tokenizer copy; event loop only)."""
+    """Token id -> its text and raw bytes, cached (the server's own tokenizer copy; event loop only).
+
+    A token can hold part of a UTF-8 character: its text then shows U+FFFD, but `bytes` must be
+    the token's real bytes, so clients can join them. Byte-level BPE vocabularies spell bytes
+    with GPT-2's printable alphabet; SentencePiece ones use <0xNN> pieces and U+2581 for spaces.
+    """
+
+    _HEX = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
     def __init__(self, tokenizer):
         self._tok = tokenizer
+        self._byte_level = type(getattr(tokenizer, "detokenizer", None)).__name__ == "BPEStreamingDetokenizer"
         self.text = lru_cache(maxsize=65536)(self._text)
+        self.bytes = lru_cache(maxsize=65536)(self._bytes)
 
     def _text(self, tid: int) -> str:
         return self._tok.decode([tid])
 
-    def bytes(self, tid: int) -> list[int]:
-        return list(self.text(tid).encode("utf-8", errors="replace"))
+    def _bytes(self, tid: int) -> list[int]:
+        text = self.text(tid)
+        if "\ufffd" not in text:
+            return list(text.encode("utf-8"))
+        try:
+            piece = self._tok.convert_ids_to_tokens(tid)
+        except Exception:
+            piece = None
+        if isinstance(piece, str):
+            m = self._HEX.match(piece)
+            if m:
+                return [int(m.group(1), 16)]
+            if self._byte_level:
+                table = _gpt2_byte_decoder()
+                if all(c in table for c in piece):
+                    return [table[c] for c in piece]
+        return list(text.encode("utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte -> printable-character table, inverted (the alphabet byte-level BPE uses)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + n)] = b
+            n += 1
+    return table
 
 
 def completion_logprobs(entries, token_ids: list[int], texts: TokenText, offset: int) -> tuple[CompletionLogprobs, int]:
@@ -81,10 +121,19 @@ def completion_logprobs(entries, token_ids: list[int], texts: TokenText, offset:
         s = texts.text(tid)
         out.tokens.append(s)
         out.token_logprobs.append(None if math.isnan(lp) else _finite(lp))
-        out.top_logprobs.append({texts.text(t): _finite(v) for t, v in top} if top else None)
+        out.top_logprobs.append(_top_dict(top, texts) if top else None)
         out.text_offset.append(offset)
         offset += len(s)
     return out, offset
+
+
+def _top_dict(top, texts) -> dict[str, float]:
+    """Completions key alternatives by text; tokens can share one (partial UTF-8 shows as U+FFFD).
+    The engine lists them best first, so the first of a text keeps its place."""
+    d: dict[str, float] = {}
+    for t, v in top:
+        d.setdefault(texts.text(t), _finite(v))
+    return d
 
 
 def chat_logprobs(entries, token_ids: list[int], texts: TokenText) -> ChatLogprobs:

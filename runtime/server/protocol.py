@@ -71,11 +71,6 @@ class CompletionRequest(_Sampling):
     best_of: int | None = None
 
 
-class TextPart(_Req):
-    type: Literal["text"]
-    text: str
-
-
 class ChatMessage(BaseModel):
     # Message objects carry role-specific extras (name, tool_call_id, ...): keep them for the template.
     model_config = ConfigDict(extra="allow")

@@ -16,6 +16,8 @@ from .protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
 # SamplingParams field -> request field, where the names differ.
 _PARAM_NAMES = {"logprobs": "logprobs", "grammar": "response_format", "token id": "logit_bias"}
 MAX_LOGIT_BIAS = 100.0
+MAX_SCALE = 1e4  # temperature, repetition_penalty
+MIN_TOP_P = 1e-6
 
 
 def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
@@ -76,12 +78,20 @@ def build_params(req, *, max_tokens: int, vocab_size: int, default_temperature: 
     if top_k == -1 or top_k >= vocab_size:
         top_k = 0  # -1 is vLLM's spelling of "off"; k >= vocabulary keeps everything anyway
     seed = req.seed + choice if req.seed is not None else None
+    # The sampler runs in float32: keep values where float32 still means what the client asked.
+    for name in ("temperature", "repetition_penalty"):
+        v = getattr(req, name)
+        if v is not None and v > MAX_SCALE:
+            raise bad_request(f"{name} must be at most {MAX_SCALE:g}, got {v}", name, code="invalid_value")
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if 0 < top_p < MIN_TOP_P:
+        top_p = MIN_TOP_P  # below this float32 rounds to 0; any such top_p keeps only the top token anyway
     try:
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=default_temperature if req.temperature is None else req.temperature,
             top_k=top_k,
-            top_p=1.0 if req.top_p is None else req.top_p,
+            top_p=top_p,
             min_p=0.0 if req.min_p is None else req.min_p,
             seed=seed,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
