@@ -234,3 +234,30 @@ def test_logprob_bytes_of_partial_utf8_tokens(server):
         assert 1 <= len(texts.bytes(i)) <= 4 and all(0 <= b < 256 for b in texts.bytes(i))
     euro = tok.encode("€")  # 3 UTF-8 bytes, split over tokens by this tiny vocabulary
     assert bytes(b for t in euro for b in texts.bytes(t)) == "€".encode()
+
+
+def test_echo_logprobs_scores_the_prompt(client, server, model_dir):
+    """echo + logprobs + max_tokens 0: the prompt's log-likelihood (lm-eval-harness's request)."""
+    import mlx.core as mx
+    import mlx_lm
+
+    from helpers import reference_logits
+
+    ids = [5, 17, 300, 42, 7, 99]
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    c = r.choices[0]
+    lp = c.logprobs
+    assert r.usage.completion_tokens == 0 and c.text == server.state.tokenizer.decode(ids)
+    assert len(lp.tokens) == len(ids) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    model, _ = mlx_lm.load(str(model_dir("llama")))
+    ref = reference_logits(model, ids)
+    ref = (ref - mx.logsumexp(ref, axis=-1, keepdims=True)).tolist()
+    for i in range(1, len(ids)):
+        assert abs(lp.token_logprobs[i] - ref[i - 1][ids[i]]) < 1e-3
+        assert len(lp.top_logprobs[i]) == 1
+    # With a completion too: prompt entries, then the generated ones, offsets running on.
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, echo=True, logprobs=2, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 3 and "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 import uuid
 
+import attrs
+
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -31,17 +33,24 @@ async def create_completion(request: Request, state):
         raise bad_request("suffix is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of must equal n (ranking several samples is not supported)", "best_of")
-    if req.echo and req.logprobs is not None:
-        raise bad_request("echo together with logprobs is not supported (it needs prompt logprobs)", "echo")
+    # echo + logprobs scores the prompt (prompt logprobs); max_tokens 0 then means "score only",
+    # as lm-eval-harness asks for log-likelihoods.
+    score_prompt = req.echo and req.logprobs is not None
+    if score_prompt and req.stream:
+        raise bad_request("echo with logprobs is only supported without stream", "echo")
+    score_only = req.echo and req.max_tokens == 0
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     prompts, texts = completion_prompts(state, req.prompt)
     items = []
     for ids in prompts:
-        max_tokens = state.max_tokens_for(len(ids), req.max_tokens, state.config.default_completion_max_tokens)
+        requested = 1 if score_only else req.max_tokens  # the engine always makes one token; dropped below
+        max_tokens = state.max_tokens_for(len(ids), requested, state.config.default_completion_max_tokens)
         for j in range(req.n):
             params = build_params(req, max_tokens=max_tokens, vocab_size=state.vocab_size,
                                   default_temperature=state.config.default_temperature, choice=j)
+            if score_prompt:
+                params = attrs.evolve(params, prompt_logprobs=req.logprobs)
             items.append((ids, params, None))
     group = await state.submit(items, req)
     rid = f"cmpl-{uuid.uuid4().hex}"
@@ -50,16 +59,16 @@ async def create_completion(request: Request, state):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_stream(request, state, req, group, rid, prompts, echo, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _collect(request, state, req, group, rid, prompts, echo)
+    return await _collect(request, state, req, group, rid, prompts, echo, score_only)
 
 
-def _usage(group, prompts, n):
-    completion = sum(len(r.token_ids) for r in group.results if r is not None)
+def _usage(group, prompts, n, score_only=False):
+    completion = 0 if score_only else sum(len(r.token_ids) for r in group.results if r is not None)
     cached = sum((group.results[p * n].cached_tokens if group.results[p * n] else 0) for p in range(len(prompts)))
     return make_usage(sum(len(p) for p in prompts), completion, cached)
 
 
-async def _collect(request, state, req, group, rid, prompts, echo):
+async def _collect(request, state, req, group, rid, prompts, echo, score_only):
     n = req.n
     want_lp = req.logprobs is not None
     entries: list[list] = [[] for _ in group.results]
@@ -82,11 +91,21 @@ async def _collect(request, state, req, group, rid, prompts, echo):
         prefix = echo[i // n] if echo else ""
         lp = None
         src = logprob_source(res, entries[i], have_lp[i]) if want_lp else None
-        if src is not None:
+        if echo and want_lp and res is not None:
+            # Prompt tokens first (the first has no logprob), offsets from the start of the prompt.
+            lp, end = completion_logprobs(res.prompt_logprobs or [None] * len(res.prompt_ids), res.prompt_ids,
+                                          state.texts, 0)
+            if src is not None and not score_only:
+                rest, _ = completion_logprobs(src, res.token_ids, state.texts, end)
+                for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                    getattr(lp, name).extend(getattr(rest, name))
+        elif src is not None:
             lp, _ = completion_logprobs(src, res.token_ids, state.texts, len(prefix))
-        choices.append(CompletionChoice(index=i, text=prefix + (res.text if res else ""), logprobs=lp,
+        text = "" if score_only or res is None else res.text
+        choices.append(CompletionChoice(index=i, text=prefix + text, logprobs=lp,
                                         finish_reason=res.finish_reason if res else "abort"))
-    resp = CompletionResponse(id=rid, model=state.model_name, choices=choices, usage=_usage(group, prompts, n))
+    resp = CompletionResponse(id=rid, model=state.model_name, choices=choices,
+                              usage=_usage(group, prompts, n, score_only))
     return Response(resp.model_dump_json(), media_type="application/json")
 
 

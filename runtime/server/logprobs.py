@@ -35,6 +35,8 @@ def entry_parts(entry, token_id: int) -> tuple[int, float, list[tuple[int, float
         lp = get("chosen", float("nan"))
     tid = get("token_id", None)
     if tid is None:
+        tid = get("token", None)  # prompt logprob entries name the scored token "token"
+    if not isinstance(tid, int):
         tid = token_id
     top = get("top", None)
     if top is None:
