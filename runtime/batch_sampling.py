@@ -45,18 +45,17 @@ class SamplerCache:
     def __init__(self, vocab_size: int, eos_token_ids=()):
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
-        self._key: tuple = ()
+        self._rows: list = []  # the rows _st was built for (held, so identity comparison is sound)
         self._st: SamplingTensors | None = None
 
     def tensors(self, rows) -> SamplingTensors | None:
         """None when every row is plain greedy (argmax needs no sampler)."""
         if not any(needs_sampler(r.params) for r in rows):
             return None
-        key = tuple(id(r) for r in rows)
-        if key != self._key:
+        if len(rows) != len(self._rows) or any(a is not b for a, b in zip(rows, self._rows)):
             self._st = SamplingTensors.build([r.params for r in rows], self.vocab_size,
                                              eos_token_ids=self.eos_token_ids, validate=False)
-            self._key = key
+            self._rows = list(rows)
         return self._st
 
     def host_state(self, st: SamplingTensors, rows, in_flight: int = 0) -> SamplingState:
