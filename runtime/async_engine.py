@@ -20,15 +20,18 @@ Thread-safe (call from anywhere): `submit`, `abort`, `call`, `shutdown`, `add_re
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import concurrent.futures
 import logging
 import queue
 import threading
 import time
+import weakref
 from typing import AsyncIterator, Callable, Iterator
 
 import attrs
+import mlx.core as mx
 
 from .engine import Engine
 from .params import SamplingParams
@@ -68,6 +71,14 @@ class _Live:
 
 
 _STOP = object()
+_running: "weakref.WeakSet[AsyncEngine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_all() -> None:
+    """Stop engine threads the program forgot to shut down, so each clears its MLX streams."""
+    for a in list(_running):
+        a.shutdown(timeout=5)
 
 
 class AsyncEngine:
@@ -90,6 +101,7 @@ class AsyncEngine:
         self.error: BaseException | None = None  # set when the engine thread died
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _running.add(self)
 
     # -- thread-safe primitives -------------------------------------------------------
     @property
@@ -210,6 +222,16 @@ class AsyncEngine:
 
     # -- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            # MLX keeps per-thread streams; a thread that used MLX must destroy them before it ends,
+            # or the process can abort at exit ("terminate called without an active exception").
+            clear = getattr(mx, "clear_streams", None)
+            if clear is not None:
+                clear()
+
+    def _loop(self) -> None:
         eng = self.engine
         try:
             while True:
