@@ -41,12 +41,14 @@ async def create_chat_completion(request: Request, state):
                                 default_temperature=state.config.default_temperature, choice=j), None)
              for j in range(req.n)]
     group = await state.submit(items, req)
+    # Watch from here, not from inside the stream: a client gone before streaming starts must abort too.
+    watcher = watch_disconnect(request, group.abort)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(request, state, req, group, rid, ids, include_usage),
+        return StreamingResponse(_stream(watcher, state, req, group, rid, ids, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _collect(request, state, req, group, rid, ids)
+    return await _collect(watcher, state, req, group, rid, ids)
 
 
 def _usage(group, prompt_ids):
@@ -55,10 +57,9 @@ def _usage(group, prompt_ids):
     return make_usage(len(prompt_ids), completion, cached)
 
 
-async def _collect(request, state, req, group, rid, prompt_ids):
+async def _collect(watcher, state, req, group, rid, prompt_ids):
     entries: list[list] = [[] for _ in group.results]
     have_lp = [True] * len(group.results)
-    watcher = watch_disconnect(request, group.abort)
     try:
         async for i, out in group:
             if req.logprobs:
@@ -81,7 +82,7 @@ async def _collect(request, state, req, group, rid, prompt_ids):
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
-async def _stream(request, state, req, group, rid, prompt_ids, include_usage):
+async def _stream(watcher, state, req, group, rid, prompt_ids, include_usage):
     created = int(time.time())
     usage_null = {"usage": None} if include_usage else {}
 
@@ -95,7 +96,6 @@ async def _stream(request, state, req, group, rid, prompt_ids, include_usage):
             d.pop("usage")
         return "data: " + json.dumps(d, separators=(",", ":"), ensure_ascii=False) + "\n\n"
 
-    watcher = watch_disconnect(request, group.abort)
     try:
         for i in range(len(group.results)):
             yield chunk(i, ChatDelta(role="assistant", content=""))

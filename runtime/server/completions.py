@@ -52,14 +52,16 @@ async def create_completion(request: Request, state):
             if score_prompt:
                 params = attrs.evolve(params, prompt_logprobs=req.logprobs)
             items.append((ids, params, None))
-    group = await state.submit(items, req)
-    rid = f"cmpl-{uuid.uuid4().hex}"
     echo = [prompt_text(state, ids, t) for ids, t in zip(prompts, texts)] if req.echo else None
+    group = await state.submit(items, req)
+    # Watch from here, not from inside the stream: a client gone before streaming starts must abort too.
+    watcher = watch_disconnect(request, group.abort)
+    rid = f"cmpl-{uuid.uuid4().hex}"
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(request, state, req, group, rid, prompts, echo, include_usage),
+        return StreamingResponse(_stream(watcher, state, req, group, rid, prompts, echo, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _collect(request, state, req, group, rid, prompts, echo, score_only)
+    return await _collect(watcher, state, req, group, rid, prompts, echo, score_only)
 
 
 def _usage(group, prompts, n, score_only=False):
@@ -68,12 +70,11 @@ def _usage(group, prompts, n, score_only=False):
     return make_usage(sum(len(p) for p in prompts), completion, cached)
 
 
-async def _collect(request, state, req, group, rid, prompts, echo, score_only):
+async def _collect(watcher, state, req, group, rid, prompts, echo, score_only):
     n = req.n
     want_lp = req.logprobs is not None
     entries: list[list] = [[] for _ in group.results]
     have_lp = [True] * len(group.results)
-    watcher = watch_disconnect(request, group.abort)
     try:
         async for i, out in group:
             if want_lp:
@@ -109,7 +110,7 @@ async def _collect(request, state, req, group, rid, prompts, echo, score_only):
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
-async def _stream(request, state, req, group, rid, prompts, echo, include_usage):
+async def _stream(watcher, state, req, group, rid, prompts, echo, include_usage):
     created = int(time.time())
     n = req.n
     want_lp = req.logprobs is not None
@@ -121,7 +122,6 @@ async def _stream(request, state, req, group, rid, prompts, echo, include_usage)
                                       choices=[CompletionChoice(index=i, text=text, logprobs=lp, finish_reason=finish)],
                                       **usage_null))
 
-    watcher = watch_disconnect(request, group.abort)
     try:
         if echo:
             for i in range(len(group.results)):
