@@ -31,7 +31,7 @@ class Engine:
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
                  compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, kv_budget_tokens: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -53,9 +53,11 @@ class Engine:
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
                                    admit=self._admit if self.prefix is not None else None,
-                                   defer=self.prefix.should_wait if self.prefix is not None else None)
+                                   defer=self.prefix.should_wait if self.prefix is not None else None,
+                                   kv_budget=kv_budget_tokens)
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
-        self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0}
+        self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
+                      "preemptions": 0}
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -95,6 +97,10 @@ class Engine:
         """Queue a request; returns its id. Raises ValueError for a bad prompt or params."""
         params = (params or SamplingParams()).validate(self.vocab_size)
         ids = self.encode(prompt)
+        budget = self.scheduler.kv_budget
+        if budget is not None and len(ids) + self.scheduler.HEADROOM > budget:
+            raise ValueError(f"the prompt has {len(ids)} tokens; with {self.scheduler.HEADROOM} tokens of room to "
+                             f"generate it does not fit the KV budget of {budget} tokens (kv_budget_tokens)")
         req = Request(ids, params) if request_id is None else Request(ids, params, id=request_id)
         if params.grammar is not None:
             req.grammar = self.grammar_compiler.compile(params.grammar)  # GrammarError (a ValueError) if bad
@@ -156,12 +162,14 @@ class Engine:
             self.stats["computed_prompt_tokens"] += n
             if first is None:
                 continue
-            req.first_token_time = time.perf_counter()
+            req.first_token_time = req.first_token_time or time.perf_counter()
             self.scheduler.started(req)
             if not self._append(req, first, req.pending_logprobs):
                 self.runner.join(req)
             touched.append(req)
-        if sched.decode:
+        for req in self.scheduler.over_budget():
+            self._preempt(req)
+        if self.scheduler.running:
             for req, tok, lp in self.runner.decode():
                 if req.finished:
                     continue
@@ -199,6 +207,16 @@ class Engine:
             self.runner.leave([req])  # stores its KV in the prefix cache on the way out
         if self.prefix is not None:
             self.prefix.release(req)  # every tree reference and pin it held
+
+    def _preempt(self, req: Request) -> None:
+        """Free a running request's working KV (the budget ran out); it is recomputed later from
+        its prompt and output so far — through the prefix cache when there is one — and goes on
+        with the same tokens (greedy and seeded rows)."""
+        self.runner.leave([req])  # stores its KV in the prefix cache on the way out
+        if self.prefix is not None:
+            self.prefix.release(req)
+        self.scheduler.preempted(req)
+        self.stats["preemptions"] += 1
 
     def _admit(self, req: Request) -> None:
         self.stats["cached_tokens"] += self.prefix.admit(req)

@@ -110,7 +110,7 @@ class PrefixCache:
         self.counters["queries"] += 1
         if getattr(req.params, "prompt_logprobs", None) is not None:
             return 0  # it needs logits at every prompt position: compute them all
-        tokens = np.asarray(req.prompt_ids, dtype=np.int32)
+        tokens = np.asarray(req.context_ids, dtype=np.int32)
         path, m0 = self.tree.match(tokens)
         m = self._usable(path, min(m0, len(tokens) - 1))
         if m <= 0:
@@ -142,8 +142,8 @@ class PrefixCache:
         stored them by the next step (in-batch prefix sharing, for bursts of one system prompt)."""
         if not ahead or req.id in self.holds or getattr(req.params, "prompt_logprobs", None) is not None:
             return False
-        tokens = np.asarray(req.prompt_ids, dtype=np.int32)
-        shared = max(common_prefix(np.asarray(r.prompt_ids, dtype=np.int32), tokens) for r in ahead)
+        tokens = np.asarray(req.context_ids, dtype=np.int32)
+        shared = max(common_prefix(np.asarray(r.context_ids, dtype=np.int32), tokens) for r in ahead)
         shared = min(shared, len(tokens) - 1)
         if shared < self.MIN_GAIN:
             return False
@@ -206,7 +206,7 @@ class PrefixCache:
     def capture_points(self, req) -> set[int]:
         if not self.needs_boundaries:
             return set()
-        L = len(req.prompt_ids)
+        L = len(req.context_ids)
         pts = set(range(self.interval, L + 1, self.interval)) | {L}
         if self.snapshots and L > 1:
             pts.add(L - 1)
@@ -223,9 +223,9 @@ class PrefixCache:
         its end locked. Called after every chunk, so a request admitted while this one is
         still prefilling already hits the part computed so far."""
         hold = self.holds.setdefault(req.id, Hold())
-        n = len(req.prompt_ids) if upto is None else upto
+        n = len(req.context_ids) if upto is None else upto
         caps = {p: c for p, c in hold.captures.items() if p <= n}
-        plan, end = self._insert(req.prompt_ids[:n], caps)
+        plan, end = self._insert(req.context_ids[:n], caps)
         hold.captures = {p: c for p, c in hold.captures.items() if p > n}
         old, hold.node = hold.node, end
         if end is not None:

@@ -68,7 +68,7 @@ class PrefixIO:
         points = self.prefix.capture_points(req)
         step = self.compiled.prefill
         for cut in sorted(p for p in points if start < p < end):
-            tokens = mx.array(req.prompt_ids[start:cut], dtype=mx.int32)[None]
+            tokens = mx.array(req.context_ids[start:cut], dtype=mx.int32)[None]
             step.forward(StepInputs(tokens, req.caches, final=False))
             self.prefix.add_capture(req, cut, self.capture(req.caches, 0))
             start = cut
@@ -77,7 +77,7 @@ class PrefixIO:
     def after_chunk(self, req, end: int) -> None:
         if end in self.prefix.capture_points(req):
             self.prefix.add_capture(req, end, self.capture(req.caches, 0))
-        if end < len(req.prompt_ids):  # the prompt so far, for requests admitted meanwhile
+        if end < len(req.context_ids):  # the prompt so far, for requests admitted meanwhile
             self.store_prompt(req, end)  # (the whole prompt is stored once its first token is out)
 
     def capture(self, caches: list, row: int) -> Capture | None:

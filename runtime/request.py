@@ -28,7 +28,9 @@ class Request:
     output_ids: list[int] = attrs.field(factory=list)
     status: Status = Status.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort"
-    prefilled: int = 0  # prompt tokens whose KV exists
+    prefilled: int = 0  # context tokens whose KV exists
+    n_resumed: int = 0  # output tokens folded back into the context after a preemption
+    preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens that came from the prefix cache
     caches: list | None = None  # per-layer caches while prefilling (batch of one)
     arrival: float = attrs.field(factory=time.perf_counter)
@@ -47,6 +49,14 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    @property
+    def context_ids(self) -> list[int]:
+        """The tokens to put in the cache before the next token is sampled: the prompt, plus, for a
+        request preempted and recomputed, the output it had produced by then."""
+        if not self.n_resumed:
+            return self.prompt_ids
+        return self.prompt_ids + self.output_ids[: self.n_resumed]
 
     @property
     def last_token(self) -> int:

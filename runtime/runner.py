@@ -66,22 +66,23 @@ class ModelRunner:
             if self.prefix_io is not None:
                 self.prefix_io.restore(req)  # the cached prefix the scheduler admitted
         start = req.prefilled
-        end = min(len(req.prompt_ids), start + max_tokens)
-        final = end == len(req.prompt_ids)
+        ctx_ids = req.context_ids
+        end = min(len(ctx_ids), start + max_tokens)
+        final = end == len(ctx_ids)
         if self.prefix_io is not None:  # pieces ending at prefix boundaries, state captured there
             start = self.prefix_io.prefill_pieces(req, start, end)
-        tokens = mx.array(req.prompt_ids[start:end], dtype=mx.int32)[None]
+        tokens = mx.array(ctx_ids[start:end], dtype=mx.int32)[None]
         step = self.compiled.prefill
         ctx = step.forward(StepInputs(tokens, req.caches, final=final))
         req.prefilled = end
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)
         if not final:
-            if req.params.prompt_logprobs is not None:
+            if req.params.prompt_logprobs is not None and not req.n_resumed:
                 self._prompt_logprobs(req, ctx, step, start, end)
             mx.eval(ctx.values[step.hidden_node])
             return None
-        if req.params.prompt_logprobs is not None:
+        if req.params.prompt_logprobs is not None and not req.n_resumed:
             self._prompt_logprobs(req, ctx, step, start, end)
         st = self.sampler.tensors([req])
         if st is not None:

@@ -21,7 +21,8 @@ class Schedule:
 
 
 class Scheduler:
-    def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, admit=None, defer=None):
+    def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, admit=None, defer=None,
+                 kv_budget: int | None = None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if max_batch < 1:
@@ -34,6 +35,9 @@ class Scheduler:
         # defer(req, ahead): True when `req` shares a longer prefix with requests scheduled
         # ahead of it this step than the cache holds: it waits a step and then hits.
         self.defer = defer
+        # KV tokens the working caches of running and prefilling requests may hold together
+        # (None: unbounded). Admission waits for room; the engine preempts when decode outgrows it.
+        self.kv_budget = kv_budget
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.by_id: dict[str, Request] = {}
@@ -55,14 +59,52 @@ class Scheduler:
                 if self.defer is not None and self.defer(req, [r for r, _ in chunks]):
                     break
                 self.admit(req)
-            n = min(budget, len(req.prompt_ids) - req.prefilled)
+            if req.prefilled == req.cached_tokens and not self.fits(req, chunks):
+                break  # no room for its KV yet: it waits (and nothing overtakes it)
+            n = min(budget, len(req.context_ids) - req.prefilled)
             chunks.append((req, n))
             budget -= n
-            if req.prefilled + n == len(req.prompt_ids):
+            if req.prefilled + n == len(req.context_ids):
                 slots -= 1
             else:
                 break  # a request mid-prompt goes first next step too (FIFO, no starvation)
         return Schedule(chunks, decode=bool(self.running))
+
+    # -- KV budget ------------------------------------------------------------------
+    HEADROOM = 16  # decode tokens a newly admitted request must have room for
+
+    def kv_tokens(self) -> int:
+        """KV tokens held by running requests (plus one in flight each) and started prefills."""
+        held = sum(r.num_tokens + 1 for r in self.running)
+        return held + sum(r.prefilled for r in self.waiting if r.prefilled > r.cached_tokens)
+
+    def fits(self, req: Request, scheduled=()) -> bool:
+        if self.kv_budget is None:
+            return True
+        extra = sum(len(r.context_ids) + self.HEADROOM for r, _ in scheduled if r.prefilled == r.cached_tokens)
+        need = len(req.context_ids) + self.HEADROOM
+        return not self.running and not extra or self.kv_tokens() + extra + need <= self.kv_budget
+
+    def over_budget(self) -> list[Request]:
+        """Running requests to preempt (newest first) so the next decode step fits the budget."""
+        if self.kv_budget is None or len(self.running) <= 1:
+            return []
+        out, total = [], self.kv_tokens() + len(self.running)
+        for req in reversed(self.running):
+            if total <= self.kv_budget or len(out) == len(self.running) - 1:
+                break
+            out.append(req)
+            total -= req.num_tokens + 2
+        return out
+
+    def preempted(self, req: Request) -> None:
+        """Back to the front of the queue; its output so far is recomputed as context."""
+        self.running.remove(req)
+        req.status = Status.WAITING
+        req.n_resumed = len(req.output_ids)
+        req.prefilled = req.cached_tokens = 0
+        req.preemptions += 1
+        self.waiting.appendleft(req)
 
     def started(self, req: Request) -> None:
         """The request's prompt is in the cache and it joined the decode batch."""

@@ -39,8 +39,9 @@ def test_decode_runs_one_forward_per_step_for_the_batch(engine):
     prompts = random_prompts(4, engine.vocab_size, [3, 20, 7, 12], seed=5)
     before = engine.runner.steps
     engine.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
-    # All four decode together: ~10 batched steps (+ a chained step queued past the end), not 40.
-    assert engine.runner.steps - before <= 12
+    # All four decode together: ~10 batched steps (+ a few while the later prompts are still being
+    # prefilled, + a chained step queued past the end), not 40 as one forward per request would take.
+    assert engine.runner.steps - before <= 15
 
 
 def test_last_position_logits_close_to_mlx_lm(engine):
