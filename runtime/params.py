@@ -5,13 +5,46 @@ from __future__ import annotations
 import attrs
 
 
+def _bias_converter(v):
+    if v is None:
+        return None
+    # Keys may arrive as strings from JSON (OpenAI's logit_bias is {"123": 5}).
+    try:
+        return {int(k): float(x) for k, x in dict(v).items()}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"logit_bias must map token ids to numbers, got {v!r}") from e
+
+
+def _tuple(v):
+    if v is None:
+        return ()
+    return (v,) if isinstance(v, (str, int)) or callable(v) else tuple(v)
+
+
 @attrs.frozen
 class SamplingParams:
     """Per-request generation settings. Defaults give greedy decoding of up to 256 tokens.
 
-    Selection: `temperature` 0 is greedy (exact argmax); otherwise `top_k` (0 = off),
-    `top_p`, `min_p` filter and a Gumbel-max draw picks. `seed` makes the draw a pure
-    function of (seed, position, token id), whatever else shares the batch.
+    max_tokens         tokens to generate at most (finish_reason "length").
+    temperature        0.0 = greedy (argmax); > 0 divides the logits.
+    top_k              0 = off; else keep the k highest-ranked tokens.
+    top_p              1.0 = off; nucleus over the (top-k renormalised) probabilities.
+    min_p              0.0 = off; keep p >= min_p * p_max.
+    seed               None = noise from the step's random key; int = reproducible
+                       noise keyed by (seed, position, token id), whatever shares the batch.
+    repetition_penalty 1.0 = off; CTRL-style, sign-aware, on tokens seen.
+    frequency_penalty  0.0 = off; subtract penalty * count.
+    presence_penalty   0.0 = off; subtract penalty once if count > 0.
+    penalize_prompt    False: penalties see generated tokens only; True: prompt too.
+    logit_bias         {token id: additive bias} or None (JSON string keys accepted).
+    banned_token_ids   ids that can never be chosen (logit -inf).
+    min_tokens         EOS ids are banned until this many tokens were generated.
+    logprobs           None = none; N in 0..20 = chosen token's logprob plus top N.
+    logprob_token_ids  extra token ids whose logprobs are reported each step.
+    prompt_logprobs    None = none; N in 0..20 = per prompt token logprob plus top N.
+    stop, stop_token_ids, ignore_eos   when to stop (finish_reason "stop").
+    logits_processors  Python callables (token_ids, logits) -> logits; run on the host, break the chain.
+    grammar            structured output (graphc.runtime.grammar.Grammar), see docs/structured-output.md.
     """
 
     max_tokens: int = 256
@@ -24,17 +57,17 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     penalize_prompt: bool = False
-    logit_bias: dict | None = None
-    banned_token_ids: tuple = ()
+    logit_bias: dict | None = attrs.field(default=None, converter=_bias_converter, hash=False)
+    banned_token_ids: tuple = attrs.field(default=(), converter=_tuple)
     min_tokens: int = 0
     logprobs: int | None = None  # top-N alternatives per token (0 = chosen token only)
-    logprob_token_ids: tuple = ()
+    logprob_token_ids: tuple = attrs.field(default=(), converter=_tuple)
     prompt_logprobs: int | None = None
-    stop: tuple = ()  # stop strings
-    stop_token_ids: tuple = ()
+    stop: tuple = attrs.field(default=(), converter=_tuple)  # stop strings
+    stop_token_ids: tuple = attrs.field(default=(), converter=_tuple)
     ignore_eos: bool = False
-    logits_processors: tuple = ()  # Python callables (token_ids, logits) -> logits; break the chain
-    grammar: object = None  # structured-output spec (see docs/structured-output.md)
+    logits_processors: tuple = attrs.field(default=(), converter=_tuple)
+    grammar: object = None
 
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
         """Raise ValueError naming the bad field; return self so calls chain."""
@@ -59,7 +92,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature == 0.0 or self.top_k == 1
 
     @property
     def chain_safe(self) -> bool:

@@ -1,9 +1,8 @@
 """Host-side sampling parameters of one request.
 
-``SamplingParams`` is the plain, frozen input the runtime re-exports. The
-tensor builder (``tensors.py``) reads it through ``SamplingParamsLike`` — any
-object with these attributes will do — so the lead's public type and this one
-can differ without an adapter.
+The tensor builder (``tensors.py``) reads request parameters through
+``SamplingParamsLike`` — any object with these attributes will do; the public
+``graphc.runtime.SamplingParams`` is one. ``validate_params`` holds the rules.
 """
 
 from __future__ import annotations
@@ -34,66 +33,9 @@ class SamplingParamsLike(Protocol):
     prompt_logprobs: int | None
 
 
-def _bias_converter(v):
-    if v is None:
-        return None
-    # Keys may arrive as strings from JSON (OpenAI's logit_bias is {"123": 5}).
-    try:
-        return {int(k): float(x) for k, x in dict(v).items()}
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"logit_bias must map token ids to numbers, got {v!r}") from e
-
-
-def _ids_converter(v):
-    return tuple(v) if v is not None else ()
-
-
-@attrs.frozen
-class SamplingParams:
-    """Per-request selection parameters. Defaults are greedy with nothing else on.
-
-    temperature        0.0 = greedy (argmax); > 0 divides the logits.
-    top_k              0 = off; else keep the k highest-ranked tokens.
-    top_p              1.0 = off; nucleus over the (top-k renormalised) probabilities.
-    min_p              0.0 = off; keep p >= min_p * p_max.
-    seed               None = noise from the step's random key; int = reproducible
-                       noise keyed by (seed, position, token id).
-    repetition_penalty 1.0 = off; CTRL-style, sign-aware, on tokens seen.
-    frequency_penalty  0.0 = off; subtract penalty * count.
-    presence_penalty   0.0 = off; subtract penalty once if count > 0.
-    penalize_prompt    False: penalties see generated tokens only; True: prompt too.
-    logit_bias         {token id: additive bias} or None.
-    banned_token_ids   ids that can never be chosen (logit -inf).
-    min_tokens         EOS ids are banned until this many tokens were generated.
-    logprobs           None = none; N in 0..20 = chosen token's logprob plus top N.
-    logprob_token_ids  extra token ids whose logprobs are reported each step.
-    prompt_logprobs    None = none; N in 0..20 = per prompt token logprob plus top N.
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    penalize_prompt: bool = False
-    logit_bias: dict | None = attrs.field(default=None, converter=_bias_converter, hash=False)
-    banned_token_ids: tuple = attrs.field(default=(), converter=_ids_converter)
-    min_tokens: int = 0
-    logprobs: int | None = None
-    logprob_token_ids: tuple = attrs.field(default=(), converter=_ids_converter)
-    prompt_logprobs: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-    def validate(self) -> "SamplingParams":
-        """Raise ValueError naming the first bad field; return self when fine."""
-        validate_params(self)
-        return self
+# The one public SamplingParams lives in runtime/params.py (it adds max_tokens, stops,
+# grammar, ...); it is re-exported here because the sampler reads exactly these fields.
+from ..params import SamplingParams  # noqa: E402
 
 
 def _is_int(v) -> bool:
