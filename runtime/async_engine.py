@@ -58,6 +58,8 @@ class EngineSnapshot:
     steps: int = 0
     stats: dict = attrs.field(factory=dict)
     kv_bytes: int = 0
+    kv_tokens: int = 0  # KV tokens the scheduler counts against its budget
+    kv_budget: int | None = None  # the engine's kv_budget_tokens (None = unbounded)
     cache: dict = attrs.field(factory=dict)  # Engine.cache_stats(): prefix-cache pool and tree
     finished: dict = attrs.field(factory=dict)  # finish_reason -> requests finished that way
     generation_tps: float = 0.0  # generated tokens per second over the last few seconds
@@ -389,8 +391,14 @@ class AsyncEngine:
         self.snapshot = EngineSnapshot(
             waiting=len(eng.scheduler.waiting), running=len(eng.scheduler.running),
             inflight=self._inflight, steps=eng.runner.steps, stats=stats,
-            kv_bytes=eng.runner.kv_bytes, cache=self._cache(now), finished=dict(self._finished),
+            kv_bytes=eng.runner.kv_bytes, cache=self._cache(now),
+            kv_tokens=_call_or(eng.scheduler, "kv_tokens", 0), kv_budget=getattr(eng.scheduler, "kv_budget", None), finished=dict(self._finished),
             generation_tps=tps, time=now)
+
+
+def _call_or(obj, name: str, default):
+    fn = getattr(obj, name, None)
+    return fn() if callable(fn) else default
 
 
 class StreamGroup:

@@ -66,7 +66,8 @@ def live_server(model_path=None, *, engine: Engine | None = None, loader=None, *
     config.setdefault("served_model_name", MODEL)
     cfg = ServerConfig(**config)
     if engine is None and loader is None:
-        engine = Engine.load(model_path, max_batch=cfg.max_batch, prefill_chunk=cfg.prefill_chunk)
+        extra = {"kv_budget_tokens": cfg.kv_budget_tokens} if cfg.kv_budget_tokens is not None else {}
+        engine = Engine.load(model_path, max_batch=cfg.max_batch, prefill_chunk=cfg.prefill_chunk, **extra)
     srv = LiveServer(create_app(cfg, engine=engine, loader=loader)).start()
     try:
         yield srv

@@ -141,3 +141,24 @@ def test_many_disconnects_then_outputs_unchanged(server):
                                                                            server.state.aengine.num_inflight)
     assert run_one(sync, kind, prompt) == before
 
+
+
+def test_tight_kv_budget_preempts_but_outputs_stay_exact(model_dir):
+    """Streams that cannot all fit the KV budget: the scheduler preempts and recomputes, the
+    greedy outputs still equal one-by-one runs, and a prompt that can never fit is a clean 400."""
+    reqs = [("completion", p) for p in random_prompts(8, 1024, [30, 24, 36, 28], seed=3)]
+    with live_server(model_dir("llama"), kv_budget_tokens=160, max_batch=8) as srv:
+        sync = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        one_by_one = [run_one(sync, k, p) for k, p in reqs]
+
+        async def all_at_once():
+            async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0) as client:
+                return await asyncio.gather(*[run_stream(client, k, p) for k, p in reqs])
+
+        assert asyncio.run(all_at_once()) == one_by_one
+        assert srv.metric("graphc_preemptions_total") > 0
+        assert srv.metric("graphc_kv_budget_tokens") == 160
+        with pytest.raises(openai.BadRequestError) as e:
+            sync.completions.create(model=MODEL, prompt=[5] * 150, max_tokens=2)
+        assert e.value.body["code"] == "context_length_exceeded"
+        assert wait_until(lambda: srv.state.aengine.num_inflight == 0)

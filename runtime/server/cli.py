@@ -21,6 +21,8 @@ def add_parser(subparsers) -> None:
     s.add_argument("--served-model-name", help="the model name clients send (default: the model folder's name)")
     s.add_argument("--max-batch", type=int, default=64, help="rows in the decode batch")
     s.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill chunk")
+    s.add_argument("--kv-budget-tokens", type=int,
+                   help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's max_position_embeddings)")
     s.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default: context - 1)")
     s.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
@@ -36,6 +38,7 @@ def config_from_args(args) -> ServerConfig:
     return ServerConfig(
         model=args.model, graph=args.graph, served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
+        kv_budget_tokens=args.kv_budget_tokens,
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
         max_queued=args.max_queued)

@@ -18,6 +18,7 @@ class ServerConfig:
     # engine
     max_batch: int = 64  # decode batch rows
     prefill_chunk: int = 512
+    kv_budget_tokens: int | None = None  # KV tokens the scheduler may hold; None = unbounded
 
     # limits
     max_model_len: int | None = None  # context; default: config.json's max_position_embeddings

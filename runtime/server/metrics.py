@@ -65,6 +65,11 @@ class ServerMetrics:
                    [(m, c.get("hits", 0))])
             metric("graphc_prefix_cache_evicted_tokens_total", "counter", "Tokens evicted from the tree (LRU).",
                    [(m, c.get("evicted_tokens", 0))])
+        if s.kv_budget is not None:
+            metric("graphc_kv_budget_tokens", "gauge", "The scheduler's KV token budget.", [(m, s.kv_budget)])
+            metric("graphc_kv_budget_used_tokens", "gauge", "KV tokens counted against the budget.", [(m, s.kv_tokens)])
+        metric("graphc_preemptions_total", "counter", "Running requests preempted to fit the KV budget.",
+               [(m, st.get("preemptions", 0))])
         metric("graphc_engine_steps_total", "counter", "Decode steps launched.", [(m, s.steps)])
         metric("graphc_requests_finished_total", "counter", "Finished engine requests by finish reason.",
                [({**m, "reason": r}, s.finished.get(r, 0)) for r in sorted({"stop", "length", "abort", *s.finished})])

@@ -55,7 +55,8 @@ class ServerState:
                 engine = self._loader()
             else:
                 c = self.config
-                engine = Engine.load(c.model, c.graph, max_batch=c.max_batch, prefill_chunk=c.prefill_chunk)
+                extra = {"kv_budget_tokens": c.kv_budget_tokens} if c.kv_budget_tokens is not None else {}
+                engine = Engine.load(c.model, c.graph, max_batch=c.max_batch, prefill_chunk=c.prefill_chunk, **extra)
             self._attach(engine)
         except BaseException as e:  # reported through /health and 503s, not a dead server
             log.exception("loading the model failed")
@@ -73,6 +74,9 @@ class ServerState:
         self.max_model_len = int(c.max_model_len or cfg.get("max_position_embeddings")
                                  or cfg.get("max_seq_len") or 4096)
         self.max_prompt_tokens = min(c.max_prompt_tokens or self.max_model_len - 1, self.max_model_len - 1)
+        budget = getattr(engine.scheduler, "kv_budget", None)
+        if budget is not None:  # the engine refuses prompts that cannot fit its KV budget with room to decode
+            self.max_prompt_tokens = min(self.max_prompt_tokens, budget - getattr(engine.scheduler, "HEADROOM", 0))
         self.aengine = AsyncEngine(engine)
         self.ready = True
         log.info("serving %s (context %d tokens)", self.model_name, self.max_model_len)
