@@ -23,7 +23,7 @@ from .prefix_io import PrefixIO
 from .request import GenerationResult, Request, RequestOutput, Status
 from .runner import ModelRunner
 from .scheduler import Scheduler
-from .text import TextState
+from .text import TextState, token_bytes_table
 
 
 class Engine:
@@ -56,6 +56,7 @@ class Engine:
                                    defer=self.prefix.should_wait if self.prefix is not None else None,
                                    kv_budget=kv_budget_tokens)
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
+        self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0}
 
@@ -104,7 +105,7 @@ class Engine:
         req = Request(ids, params) if request_id is None else Request(ids, params, id=request_id)
         if params.grammar is not None:
             req.grammar = self.grammar_compiler.compile(params.grammar)  # GrammarError (a ValueError) if bad
-        req.detokenizer = TextState(self.tokenizer, params.stop)
+        req.detokenizer = TextState(self.tokenizer, params.stop, self._token_bytes)
         self.scheduler.add(req)
         self.stats["prompt_tokens"] += len(ids)
         return req.id
@@ -184,11 +185,13 @@ class Engine:
             req.logprobs.append(logprobs)
         self.stats["generated_tokens"] += 1
         p = req.params
-        hit_stop = req.detokenizer.add(tok)
+        stop_token = (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids
+        # A stop token ends the text; it is in token_ids but not in the text (like OpenAI's API).
+        hit_stop = not stop_token and req.detokenizer.add(tok)
         if req.grammar is not None and tok not in self.eos_token_ids:
             req.grammar.consume(tok)
             hit_stop = hit_stop or req.grammar.done
-        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+        if stop_token:
             self._finish(req, "stop")
         elif hit_stop:
             self._finish(req, "stop")

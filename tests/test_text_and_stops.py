@@ -100,3 +100,33 @@ def test_text_equals_stream_and_decode(engine):
     text, ids, last = stream(engine, prompt, SamplingParams(max_tokens=20, ignore_eos=True))
     assert last.finish_reason == "length" and len(ids) == 20
     assert text == engine.tokenizer.decode(ids)
+
+
+def test_byte_table_detokenization_equals_tokenizer_decode(engine):
+    import random
+
+    from graphc.runtime.text import token_bytes_table
+
+    tok = engine.tokenizer
+    table = token_bytes_table(tok)
+    assert table is not None  # the test tokenizers are byte-level BPE
+    rng = random.Random(0)
+    vocab = len(table)
+    for _ in range(200):
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))]
+        fast, slow = TextState(tok, table=table), TextState(tok)
+        shown_fast = shown_slow = ""
+        for t in ids:
+            fast.add(t)
+            slow.add(t)
+            shown_fast += fast.ready()
+            shown_slow += slow.ready()
+        shown_fast += fast.flush()
+        assert shown_fast == tok.decode(ids)
+
+
+def test_stop_token_is_in_ids_but_not_in_text(engine):
+    eos = min(engine.eos_token_ids)
+    [r] = engine.generate([[9, 10, 11]], SamplingParams(max_tokens=20, logit_bias={eos: 50.0}, min_tokens=2))
+    assert r.token_ids[-1] == eos and r.finish_reason == "stop"
+    assert r.text == engine.tokenizer.decode(r.token_ids[:-1])
