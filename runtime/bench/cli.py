@@ -24,6 +24,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--sampling-batches", type=_ints, default=(1, 16, 64))
     p.add_argument("--chain-batches", type=_ints, default=(1, 32))
     p.add_argument("--host-batches", type=_ints, default=(1, 64))
+    p.add_argument("--grammar-batches", type=_ints, default=(16,), help="grammar-constrained vs greedy decode")
+    p.add_argument("--admission-batch", type=int, default=16, help="rows decoding while a long prompt is admitted")
+    p.add_argument("--admission-len", type=int, default=2048, help="tokens of the admitted prompt")
+    p.add_argument("--admission-chunk", type=int, default=256, help="prefill chunk while admitting it")
     p.add_argument("--matmul-batches", type=_ints, default=(1, 2, 4, 8, 16, 32, 64))
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--warmup", type=int, default=8, help="decode steps before timing")
@@ -58,7 +62,9 @@ def cmd_bench(args) -> int:
     cfg = BenchConfig(
         model=args.model, dtype=args.dtype, workloads=wl, batches=args.batches,
         sampling_batches=args.sampling_batches, chain_batches=args.chain_batches,
-        host_batches=args.host_batches, matmul_batches=args.matmul_batches, prompt_len=args.prompt_len,
+        host_batches=args.host_batches, grammar_batches=args.grammar_batches,
+        admission_batch=args.admission_batch, admission_len=args.admission_len,
+        admission_chunk=args.admission_chunk, matmul_batches=args.matmul_batches, prompt_len=args.prompt_len,
         warmup=args.warmup, steps=args.steps, repeats=args.repeats, prefix_len=args.prefix_len,
         prefix_requests=args.prefix_requests, suffix_len=args.suffix_len,
         prefix_max_tokens=args.prefix_max_tokens, prefix_repeats=args.prefix_repeats,

@@ -368,3 +368,51 @@ def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> l
     del Ws
     free()
     return rows
+
+
+def text_tokenizer(tokenizer):
+    """A real tokenizer for workloads that need text (grammars): the model's, or for in-memory
+    shapes (token-id prompts only) the built-in demo model's byte-level BPE."""
+    if hasattr(tokenizer, "_tokenizer"):
+        return tokenizer
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from graphc.compiler.modelgen import demo_model_path
+
+    return load_tokenizer(demo_model_path())
+
+
+def graphc_admission(model, tokenizer, config, prompts, long_prompt, *, warmup, steps, prefill_chunk,
+                     **engine_kw) -> dict:
+    """len(prompts) rows decode; a long prompt is then admitted in chunks of `prefill_chunk`.
+
+    Returns the running rows' ms/step before (steady) and while the long prompt is prefilled
+    (each of those steps also runs one prefill chunk), and how many steps admission took."""
+    from graphc.runtime.request import Status
+
+    B = len(prompts)
+    eng = make_engine(model, tokenizer, config, max_batch=B + 1, prefill_chunk=prefill_chunk, **engine_kw)
+    params = graphc_params(warmup + 2 * steps + len(long_prompt) // prefill_chunk + 16)
+    ids = [eng.add_request(p, params) for p in prompts]
+    while eng.scheduler.waiting:
+        eng.step()
+    for _ in range(warmup):
+        eng.step()
+    with nogc():
+        t0 = now()
+        for _ in range(steps):
+            eng.step()
+        steady = (now() - t0) * 1e3 / steps
+        lid = eng.add_request(long_prompt, graphc_params(4))
+        during = []
+        while eng.scheduler.by_id[lid].status is not Status.RUNNING:
+            t = now()
+            eng.step()
+            during.append((now() - t) * 1e3)
+    for i in ids + [lid]:
+        eng.abort(i)
+    del eng
+    free()
+    from statistics import median
+
+    return {"steady_ms": steady, "during_ms": median(during), "max_ms": max(during), "steps": len(during)}

@@ -24,7 +24,8 @@ from . import contestants as C
 from .env import environment
 from .shapes import load_shape, weight_bytes
 
-WORKLOADS = ("decode", "host", "exact", "prefix", "sampling", "chain", "matmul")
+WORKLOADS = ("decode", "host", "exact", "prefix", "sampling", "chain", "grammar", "admission", "matmul")
+GRAMMAR = r"[a-z]+( [a-z]+)*"  # unbounded, so grammar rows decode for the whole timed window
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e, the roofline the docs quote
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
 
@@ -38,6 +39,10 @@ class BenchConfig:
     sampling_batches: tuple = (1, 16, 64)
     chain_batches: tuple = (1, 32)
     host_batches: tuple = (1, 64)
+    grammar_batches: tuple = (16,)
+    admission_batch: int = 16
+    admission_len: int = 2048
+    admission_chunk: int = 256
     matmul_batches: tuple = (1, 2, 4, 8, 16, 32, 64)
     prompt_len: int = 128
     warmup: int = 8
@@ -232,6 +237,23 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                 add("chain", (B, name), f"chain B={B} {name}",
                     lambda ps=ps, chain=chain: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R,
                                                                chain=chain))
+    if "grammar" in wl:
+        from graphc.runtime.grammar import Grammar
+
+        tok = C.text_tokenizer(tokenizer)
+        for B in cfg.grammar_batches:
+            ps = _prompts(B, cfg.prompt_len, vocab, rng)
+            for name, s in (("greedy", None), ("grammar", {"grammar": Grammar.regex(GRAMMAR)})):
+                add("grammar", (B, name), f"grammar B={B} {name}",
+                    lambda ps=ps, s=s: C.graphc_decode(model, tok, config, prompts=ps, warmup=W, steps=N,
+                                                       repeats=R, sampling=s))
+    if "admission" in wl:
+        B = cfg.admission_batch
+        ps = _prompts(B, cfg.prompt_len, vocab, rng)
+        long_prompt = _prompts(1, cfg.admission_len, vocab, rng)[0]
+        add("admission", (B, "graphc"), f"admission of a {cfg.admission_len}-token prompt while {B} decode",
+            lambda: C.graphc_admission(**mm, prompts=ps, long_prompt=long_prompt, warmup=W, steps=N,
+                                       prefill_chunk=cfg.admission_chunk))
     if "matmul" in wl:
         if env["backend"] == "cpu" and "matmul" not in _explicit(cfg):
             notes.append("matmul: skipped on CPU — it measures MLX's GPU matmul (pass --workloads matmul to force)")
@@ -410,6 +432,18 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
         if vals:
             rows.append({"workload": "chain", "case": f"B={B}", "batch": B, "unit": "tok/s", "values": vals,
                          "ratios": _drop_none({"chained/unchained": _ratio(vals.get("chained"), vals.get("unchained"))})})
+    for B in cfg.grammar_batches if "grammar" in cfg.workloads else ():
+        vals = {n: tps(("grammar", B, n), B) for n in ("greedy", "grammar") if raw.get(("grammar", B, n))}
+        if vals:
+            rows.append({"workload": "grammar", "case": f"B={B}", "batch": B, "unit": "tok/s", "values": vals,
+                         "ratios": _drop_none({"grammar/greedy": _ratio(vals.get("grammar"), vals.get("greedy"))})})
+    for k in (k for k in raw if k[0] == "admission" and raw[k]):
+        a = raw[k]
+        rows.append({"workload": "admission", "case": f"{cfg.admission_len} tokens, chunk {cfg.admission_chunk}, B={k[1]}",
+                     "batch": k[1], "unit": "ms/step of the running rows",
+                     "values": {"steady": a["steady_ms"], "during": a["during_ms"], "max": a["max_ms"],
+                                "steps": a["steps"]},
+                     "ratios": {"during/steady": a["during_ms"] / a["steady_ms"]}})
     for k in (k for k in raw if k[0] == "matmul" and raw[k]):
         (K, Nn), what = k[1], k[2]
         for r in raw[k]:

@@ -26,8 +26,11 @@ class GrammarCompiler:
         hf = getattr(tokenizer, "_tokenizer", tokenizer)
         eos = sorted(eos_token_ids) or None
         self._ll = llguidance
-        self.lltok = llguidance.hf.from_tokenizer(hf, n_vocab=vocab_size, eos_token=eos[0] if eos else None)
-        self.vocab_size = vocab_size
+        # The model's vocabulary may be padded past the tokenizer's (or, in tests and benches,
+        # be smaller than it): the mask covers both; ids the model lacks are sliced off later.
+        n_vocab = max(vocab_size, len(hf))
+        self.lltok = llguidance.hf.from_tokenizer(hf, n_vocab=n_vocab, eos_token=eos[0] if eos else None)
+        self.vocab_size = n_vocab
         self.executor = llguidance.LLExecutor()
 
     def grammar_text(self, g: Grammar) -> str:
