@@ -31,7 +31,7 @@ class Engine:
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
                  compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
-                 seed: int | None = None, kv_budget_tokens: int | None = None):
+                 seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -55,6 +55,7 @@ class Engine:
                                    admit=self._admit if self.prefix is not None else None,
                                    defer=self.prefix.should_wait if self.prefix is not None else None,
                                    kv_budget=kv_budget_tokens)
+        self.batch_prefill = batch_prefill  # whole short prompts share one prefill forward
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
@@ -156,7 +157,20 @@ class Engine:
         """Run one scheduler iteration: some prefill chunks, then one decode step. Returns deltas."""
         sched = self.scheduler.schedule()
         touched: list[Request] = []
-        for req, n in sched.prefill:
+        for group in self._prefill_groups(sched.prefill):
+            if len(group) > 1:  # whole prompts, one left-padded forward
+                firsts = self.runner.prefill_batch([r for r, _ in group])
+                keep = []
+                for (req, n), (tok, lp) in zip(group, firsts):
+                    self.stats["computed_prompt_tokens"] += n
+                    req.first_token_time = req.first_token_time or time.perf_counter()
+                    self.scheduler.started(req)
+                    if not self._append(req, tok, lp):
+                        keep.append(req)
+                    touched.append(req)
+                self.runner.join_prefilled(keep)
+                continue
+            [(req, n)] = group
             if req.status is Status.WAITING:
                 req.status = Status.PREFILLING
             first = self.runner.prefill_chunk(req, n)
@@ -177,6 +191,20 @@ class Engine:
                 self._append(req, tok, lp)
                 touched.append(req)
         return [self._delta(r) for r in dict.fromkeys(touched)]
+
+    def _prefill_groups(self, chunks: list) -> list[list]:
+        """Consecutive chunks that are whole prompts with nothing cached go through one batched
+        forward (when the graph's caches allow it); every other chunk runs alone."""
+        batchable = self.batch_prefill and self.runner.can_batch_prefill
+        groups: list[list] = []
+        for req, n in chunks:
+            whole = (batchable and req.prefilled == 0 and n == len(req.context_ids)
+                     and req.params.prompt_logprobs is None)
+            if whole and groups and groups[-1][-1][2]:
+                groups[-1].append((req, n, True))
+            else:
+                groups.append([(req, n, whole)])
+        return [[(r, n) for r, n, _ in g] for g in groups]
 
     def _append(self, req: Request, tok: int, logprobs: dict | None = None) -> bool:
         """Record one generated token; finish the request if it stops here. True when finished."""

@@ -99,6 +99,10 @@ class PrefixIO:
         """Prompt positions [0, upto) are in req.caches: write what the tree lacks."""
         self._write(self.prefix.insert_prompt(req, upto), req.caches, 0)
 
+    def store_prompt_row(self, req, caches: list, row: int) -> None:
+        """Like store_prompt, for a request whose prompt is row `row` of a batched prefill."""
+        self._write(self.prefix.insert_prompt(req, None), caches, row)
+
     def store_rows(self, reqs: list, rows: list[int], caches: list) -> None:
         """Requests leaving the decode batch: store prompt + output whose KV the batch holds."""
         for req, row in zip(reqs, rows):

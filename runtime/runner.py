@@ -132,12 +132,64 @@ class ModelRunner:
     def join(self, req: Request) -> None:
         """Add a prefilled request to the decode batch (its caches become batch rows)."""
         caches, req.caches = req.caches, None
+        self._join_rows([req], caches)
+
+    def _join_rows(self, reqs: list[Request], caches: list) -> None:
         if self.caches is None or not self.rows:
             self.caches = caches
         else:
             for mine, theirs in zip(self.caches, caches):
                 mine.extend(theirs)
-        self.rows.append(req)
+        self.rows.extend(reqs)
+
+    # -- batched prefill ------------------------------------------------------------------
+    @property
+    def can_batch_prefill(self) -> bool:
+        """Several whole prompts in one left-padded forward: for graphs whose every layer keeps
+        FullKV rows (full / pool_backed) and whose prefix cache needs no boundary captures."""
+        from .cache.full import FullKV
+
+        if self.prefix_io is not None and self.prefix_io.prefix.needs_boundaries:
+            return False
+        return all(isinstance(p.new_cache(), FullKV) for p in self.policies)
+
+    def prefill_batch(self, reqs: list[Request]) -> list[tuple[int, dict | None]]:
+        """Prefill the whole contexts of `reqs` (none with cached tokens) in one forward, rows
+        left-padded, and sample each one's first token. Returns (token, logprobs) per request;
+        their caches are then handed to `join_prefilled`."""
+        ctxs = [r.context_ids for r in reqs]
+        L = max(map(len, ctxs))
+        pads = [L - len(c) for c in ctxs]
+        caches = [type(p.new_cache())(len(reqs), pads) for p in self.policies]
+        tokens = mx.array([[0] * p + c for p, c in zip(pads, ctxs)], dtype=mx.int32)
+        step = self.compiled.prefill
+        ctx = step.forward(StepInputs(tokens, caches, final=True))
+        st = self.sampler.tensors(reqs)
+        if st is not None:
+            ctx.inputs.sampling = self.sampler.host_state(st, reqs)
+            ctx.inputs.key = self._split_key()
+        out = step.head(ctx, self._edits(reqs, ctx, step))
+        mx.eval(out.next_tokens)
+        toks = out.next_tokens.tolist()
+        lps = out.logprobs.to_lists(st) if out.logprobs is not None else [None] * len(reqs)
+        for i, r in enumerate(reqs):
+            r.prefilled = len(ctxs[i])
+            if self.prefix_io is not None:
+                self.prefix_io.store_prompt_row(r, caches, i)
+        self._prefilled_batch = (list(reqs), caches)
+        return list(zip(toks, lps))
+
+    def join_prefilled(self, keep: list[Request]) -> None:
+        """Join the rows of the last prefill_batch that go on decoding (the others finished)."""
+        reqs, caches = self._prefilled_batch
+        self._prefilled_batch = None
+        rows = [i for i, r in enumerate(reqs) if any(r is k for k in keep)]
+        if not rows:
+            return
+        if len(rows) < len(reqs):
+            for c in caches:
+                c.filter(rows)
+        self._join_rows([reqs[i] for i in rows], caches)
 
     def leave(self, reqs: list[Request]) -> None:
         """Drop finished or aborted requests from the decode batch."""

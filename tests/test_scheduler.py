@@ -100,3 +100,23 @@ def test_long_prompt_never_stalls_running_decodes(mdir):
         prefill_steps += 1
         assert all(len(outs[r].new_token_ids) == 1 for r in short), "every running row got its token this step"
     assert prefill_steps >= 150 // 16
+
+
+def test_batched_prefill_equals_one_at_a_time_and_feeds_the_prefix_cache(mdir):
+    prompts = random_prompts(8, 1024, [5, 40, 17, 1, 33, 9, 64, 2], seed=11)
+    ps = [SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.7 * (i % 2), seed=i, logprobs=2)
+          for i in range(8)]
+    batched = Engine.load(mdir, prefill_chunk=256)
+    groups = []
+    orig = batched.runner.prefill_batch
+    batched.runner.prefill_batch = lambda reqs: (groups.append(len(reqs)), orig(reqs))[1]
+    got = batched.generate(prompts, ps)
+    assert groups == [8], "all eight whole prompts went through one forward"
+    ref = Engine.load(mdir, prefill_chunk=256, batch_prefill=False).generate(prompts, ps)
+    assert [r.token_ids for r in got] == [r.token_ids for r in ref]
+    for a, b in zip(got, ref):
+        assert [x["logprob"] for x in a.logprobs] == pytest.approx([x["logprob"] for x in b.logprobs], abs=1e-4)
+    # Their prompts went into the prefix pool: the same prompts again hit it.
+    again = batched.generate(prompts, ps)
+    assert sum(r.cached_tokens for r in again) > 0
+    assert [r.token_ids for r in again] == [r.token_ids for r in ref]
