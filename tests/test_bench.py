@@ -15,7 +15,7 @@ from graphc.runtime.bench.run import WORKLOADS
 
 TINY = ["--model", "tiny", "--prompt-len", "8", "--warmup", "1", "--steps", "2", "--repeats", "2",
         "--batches", "1,3", "--sampling-batches", "1,2", "--chain-batches", "2", "--host-batches", "2",
-        "--grammar-batches", "2", "--admission-batch", "2", "--admission-len", "40", "--admission-chunk", "16",
+        "--grammar-batches", "2", "--burst-requests", "3", "--admission-batch", "2", "--admission-len", "40", "--admission-chunk", "16",
         "--matmul-batches", "1,2", "--prefix-len", "24", "--prefix-requests", "3", "--suffix-len", "3",
         "--prefix-max-tokens", "2", "--prefix-repeats", "1", "--no-progress"]
 
@@ -58,6 +58,13 @@ def test_decode_rows_cover_every_batch_and_contestant(result):
 def test_host_and_chain_rows(result):
     assert [r["batch"] for r in _rows(result, "host")] == [2]
     assert "chained/unchained" in _rows(result, "chain")[0]["ratios"]
+
+
+def test_burst_rows(result):
+    rows = _rows(result, "burst")
+    assert {r["unit"] for r in rows} == {"TTFT ms (median)", "generated tok/s"}
+    for r in rows:
+        assert {"graphc_batched", "graphc_single", "batchgen"} <= set(r["values"])
 
 
 def test_grammar_and_admission_rows(result):

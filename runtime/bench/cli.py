@@ -25,6 +25,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--chain-batches", type=_ints, default=(1, 32))
     p.add_argument("--host-batches", type=_ints, default=(1, 64))
     p.add_argument("--grammar-batches", type=_ints, default=(16,), help="grammar-constrained vs greedy decode")
+    p.add_argument("--burst-requests", type=int, default=32, help="short distinct prompts submitted at once")
     p.add_argument("--admission-batch", type=int, default=16, help="rows decoding while a long prompt is admitted")
     p.add_argument("--admission-len", type=int, default=2048, help="tokens of the admitted prompt")
     p.add_argument("--admission-chunk", type=int, default=256, help="prefill chunk while admitting it")
@@ -63,7 +64,7 @@ def cmd_bench(args) -> int:
         model=args.model, dtype=args.dtype, workloads=wl, batches=args.batches,
         sampling_batches=args.sampling_batches, chain_batches=args.chain_batches,
         host_batches=args.host_batches, grammar_batches=args.grammar_batches,
-        admission_batch=args.admission_batch, admission_len=args.admission_len,
+        burst_requests=args.burst_requests, admission_batch=args.admission_batch, admission_len=args.admission_len,
         admission_chunk=args.admission_chunk, matmul_batches=args.matmul_batches, prompt_len=args.prompt_len,
         warmup=args.warmup, steps=args.steps, repeats=args.repeats, prefix_len=args.prefix_len,
         prefix_requests=args.prefix_requests, suffix_len=args.suffix_len,

@@ -24,7 +24,7 @@ from . import contestants as C
 from .env import environment
 from .shapes import load_shape, weight_bytes
 
-WORKLOADS = ("decode", "host", "exact", "prefix", "sampling", "chain", "grammar", "admission", "matmul")
+WORKLOADS = ("decode", "host", "exact", "prefix", "burst", "sampling", "chain", "grammar", "admission", "matmul")
 GRAMMAR = r"[a-z]+( [a-z]+)*"  # unbounded, so grammar rows decode for the whole timed window
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e, the roofline the docs quote
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
@@ -40,6 +40,7 @@ class BenchConfig:
     chain_batches: tuple = (1, 32)
     host_batches: tuple = (1, 64)
     grammar_batches: tuple = (16,)
+    burst_requests: int = 32
     admission_batch: int = 16
     admission_len: int = 2048
     admission_chunk: int = 256
@@ -217,6 +218,20 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                     lambda ps=ps, warm=warm: (C.graphc_prefix(**mm, prompts=warm[:4], max_tokens=M, graph=on_g),
                                               C.graphc_prefix(**mm, prompts=ps, max_tokens=M, graph=on_g))[1])
             notes.append(f"prefix: cache on = graph '{graph}', cache off = graph '{off_graph}' ({why})")
+    if "burst" in wl:
+        # A burst of short distinct prompts (no shared prefix): prefill batching, not caching.
+        n = cfg.burst_requests
+        for r in range(cfg.prefix_repeats):
+            ps = _prompts(n, cfg.prompt_len, vocab, rng)
+            warm = _prompts(4, cfg.prompt_len, vocab, rng)
+            M = cfg.prefix_max_tokens
+            add("burst", (r, "batchgen"), f"burst #{r} BatchGenerator",
+                lambda ps=ps, warm=warm: (C.batchgen_prefix(model, warm, M), C.batchgen_prefix(model, ps, M))[1])
+            for name, bp in (("graphc_batched", True), ("graphc_single", False)):
+                add("burst", (r, name), f"burst #{r} graphc, batch_prefill={bp}",
+                    lambda ps=ps, warm=warm, bp=bp: (
+                        C.graphc_prefix(**mm, prompts=warm, max_tokens=M, batch_prefill=bp),
+                        C.graphc_prefix(**mm, prompts=ps, max_tokens=M, batch_prefill=bp))[1])
     if "sampling" in wl:
         why = sampling_supported(model, tokenizer, config)
         if why:
@@ -413,6 +428,23 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
                                       "graphc off/batchgen": r(vals.get("graphc_off"), vals.get("batchgen"))}),
                 "lower_is_better": lower,
                 "cached_tokens": agg("graphc_on", "cached_tokens"),
+            })
+    burst = [k for k in raw if k[0] == "burst" and raw[k]]
+    if burst:
+        reps = sorted({k[1] for k in burst})
+
+        def bagg(name, field):
+            xs = [raw[("burst", r, name)][field] for r in reps if raw.get(("burst", r, name))]
+            return median(xs) if xs else None
+
+        for field, unit, lower in (("ttft_median_ms", "TTFT ms (median)", True), ("tok_per_s", "generated tok/s", False)):
+            vals = _drop_none({n: bagg(n, field) for n in ("graphc_batched", "graphc_single", "batchgen")})
+            r = (lambda a, b: _ratio(b, a)) if lower else _ratio
+            rows.append({
+                "workload": "burst", "case": f"{cfg.burst_requests}x{cfg.prompt_len}", "batch": cfg.burst_requests,
+                "unit": unit, "values": vals, "lower_is_better": lower,
+                "ratios": _drop_none({"batched/single": r(vals.get("graphc_batched"), vals.get("graphc_single")),
+                                      "batched/batchgen": r(vals.get("graphc_batched"), vals.get("batchgen"))}),
             })
     for B in cfg.sampling_batches if "sampling" in cfg.workloads else ():
         names = ("graphc_greedy", "graphc_sampled", "batchgen_greedy", "batchgen_sampled")
