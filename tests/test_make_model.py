@@ -237,3 +237,21 @@ def test_demo_model_path_loads():
     path = demo_model_path()
     model, tok = mlx_lm.load(str(path))
     assert mlx_lm.generate(model, tok, "Once upon a time", max_tokens=8)
+
+
+def test_shipped_demo_speaks():
+    """The trained demo (package data) writes words from its corpus, not noise."""
+    import re
+
+    from graphc.compiler.modelgen import demo
+    from graphc.compiler.modelgen.tokenizer import corpus_text
+
+    if not demo._shipped_demo_ok(demo.SHIPPED_DEMO_DIR):
+        pytest.skip("trained demo model not present")
+    assert demo_model_path() == demo.SHIPPED_DEMO_DIR
+    model, tok = mlx_lm.load(str(demo.SHIPPED_DEMO_DIR))
+    text = mlx_lm.generate(model, tok, "Once upon a time", max_tokens=40)
+    words = re.findall(r"[A-Za-z]+", text)
+    known = set(re.findall(r"[A-Za-z]+", corpus_text()))
+    assert len(words) >= 15
+    assert sum(w in known for w in words) / len(words) > 0.9, text
