@@ -21,6 +21,11 @@ SHAPES: dict[str, dict] = {
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
                  rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
                  max_position_embeddings=8192),
+    # CPU-sized, but with a real-sized vocabulary: selection cost (sampling, grammar masks) scales with V.
+    "small-32k": dict(model_type="llama", hidden_size=256, num_hidden_layers=4, intermediate_size=768,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=32, vocab_size=32000,
+                      rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+                      max_position_embeddings=8192),
     # meta-llama/Llama-3.2-1B config.json
     "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, intermediate_size=8192,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
