@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -38,3 +39,35 @@ def random_prompts(n: int, vocab: int, lengths: list[int], seed: int = 0) -> lis
     """Token-id prompts drawn at random (not tuned): ids 3.. so special tokens are avoided."""
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
+
+
+def prefilled_batch(engine, prompts: list[list[int]], chunk: int = 16) -> list:
+    """Each prompt prefilled alone in `chunk`-token pieces through the lowered prefill step, then
+    joined into one left-padded decode batch — what the runner does, without the scheduler."""
+    from graphc.compiler.lower import StepInputs
+
+    caches = None
+    for p in prompts:
+        own = [pol.new_cache() for pol in engine.compiled.binding.policies]
+        for a in range(0, len(p), chunk):
+            end = min(len(p), a + chunk)
+            engine.compiled.prefill(StepInputs(mx.array(p[a:end], dtype=mx.int32)[None], own, final=end == len(p)))
+        if caches is None:
+            caches = own
+        else:
+            for mine, theirs in zip(caches, own):
+                mine.extend(theirs)
+    return caches
+
+
+def assert_decode_logits_match(engine, prompts: list[list[int]], atol: float, chunk: int = 16) -> None:
+    """One batched decode step after chunked prefill: each row's logits equal mlx-lm's forward
+    over that row's whole sequence (left padding and chunking must not show)."""
+    from graphc.compiler.lower import StepInputs
+
+    caches = prefilled_batch(engine, prompts, chunk)
+    nxt = [7 + i for i in range(len(prompts))]
+    out = engine.compiled.decode(StepInputs(mx.array(nxt, dtype=mx.int32)[:, None], caches))
+    for i, p in enumerate(prompts):
+        ref = reference_logits(engine.model, p + [nxt[i]])[-1]
+        np.testing.assert_allclose(np.array(out.logits[i]), np.array(ref), atol=atol, rtol=0)

@@ -5,13 +5,10 @@ Reference: mlx_lm.generate.generate_step with mlx-lm's own KVCache, one prompt a
 
 from __future__ import annotations
 
-import mlx.core as mx
-import numpy as np
 import pytest
 
-from graphc.compiler.lower import StepInputs
 from graphc.runtime import Engine, SamplingParams
-from helpers import random_prompts, reference_greedy, reference_logits
+from helpers import assert_decode_logits_match, random_prompts, reference_greedy
 
 # float32 tiny models: graphc runs the same mlx-lm modules, so differences come only from
 # batching (left padding, masked columns) and chunking changing reduction order.
@@ -47,27 +44,7 @@ def test_decode_runs_one_forward_per_step_for_the_batch(engine):
 def test_last_position_logits_close_to_mlx_lm(engine):
     """Prefill (chunked) then batched decode with left padding: logits match mlx-lm's full forward."""
     prompts = random_prompts(3, engine.vocab_size, [37, 5, 20], seed=3)
-    runner = engine.runner
-    reqs = []
-    from graphc.runtime.request import Request
-
-    for p in prompts:
-        r = Request(list(p), SamplingParams())
-        while runner.prefill_chunk(r, 16) is None:
-            pass
-        reqs.append(r)
-    caches = None
-    for r in reqs:
-        if caches is None:
-            caches, r.caches = r.caches, None
-        else:
-            for mine, theirs in zip(caches, r.caches):
-                mine.extend(theirs)
-    nxt = [7, 8, 9]
-    out = engine.compiled.decode(StepInputs(mx.array(nxt, dtype=mx.int32)[:, None], caches))
-    for i, p in enumerate(prompts):
-        ref = reference_logits(engine.model, p + [nxt[i]])[-1]
-        np.testing.assert_allclose(np.array(out.logits[i]), np.array(ref), atol=LOGIT_ATOL, rtol=0)
+    assert_decode_logits_match(engine, prompts, LOGIT_ATOL)
 
 
 def test_chained_and_unchained_give_identical_tokens(model_dir):

@@ -7,14 +7,11 @@ axis); prefix hits resume exactly at a state snapshot, or fall back to a shorter
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
-from graphc.compiler.lower import StepInputs
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.request import Request
-from helpers import random_prompts, reference_greedy, reference_logits
+from helpers import assert_decode_logits_match, random_prompts, reference_greedy
 
 LOGIT_ATOL = 2e-4
 
@@ -48,23 +45,7 @@ def test_batched_greedy_matches_mlx_lm(engine):
 
 def test_last_position_logits_close_to_mlx_lm(engine):
     prompts = random_prompts(3, engine.vocab_size, [37, 5, 20], seed=3)
-    caches = None
-    for p in prompts:
-        r = Request(list(p), SamplingParams())
-        r.caches = engine.runner.new_caches()
-        for a in range(0, len(p), 16):
-            end = min(len(p), a + 16)
-            engine.compiled.prefill(StepInputs(mx.array(p[a:end])[None], r.caches, final=end == len(p)))
-        if caches is None:
-            caches = r.caches
-        else:
-            for mine, theirs in zip(caches, r.caches):
-                mine.extend(theirs)
-    nxt = [7, 8, 9]
-    out = engine.compiled.decode(StepInputs(mx.array(nxt, dtype=mx.int32)[:, None], caches))
-    for i, p in enumerate(prompts):
-        ref = reference_logits(engine.model, p + [nxt[i]])[-1]
-        np.testing.assert_allclose(np.array(out.logits[i]), np.array(ref), atol=LOGIT_ATOL, rtol=0)
+    assert_decode_logits_match(engine, prompts, LOGIT_ATOL)
 
 
 def test_chained_and_unchained_give_identical_tokens(hybrid_dir):

@@ -7,15 +7,11 @@ mixed lengths and decoded past the window again; prefix hits must give the same 
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 import pytest
 
-from graphc.compiler.lower import StepInputs
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.cache.windowed import WindowedKV
-from graphc.runtime.request import Request
-from helpers import random_prompts, reference_greedy, reference_logits
+from helpers import assert_decode_logits_match, random_prompts, reference_greedy
 
 LOGIT_ATOL = 2e-4
 WINDOW = 8
@@ -58,26 +54,7 @@ def test_chunked_prefill_matches_mlx_lm(sliding_dir, chunk):
 def test_last_position_logits_close_to_mlx_lm(engine):
     """Chunked prefill then one left-padded batched decode step: logits match mlx-lm."""
     prompts = random_prompts(3, engine.vocab_size, [37, 5, 20], seed=3)
-    runner = engine.runner
-    caches = None
-    for p in prompts:
-        r = Request(list(p), SamplingParams())
-        r.caches = runner.new_caches()
-        while r.prefilled < len(p):
-            step = engine.compiled.prefill
-            end = min(len(p), r.prefilled + 16)
-            step(StepInputs(mx.array(p[r.prefilled:end])[None], r.caches, final=end == len(p)))
-            r.prefilled = end
-        if caches is None:
-            caches = r.caches
-        else:
-            for mine, theirs in zip(caches, r.caches):
-                mine.extend(theirs)
-    nxt = [7, 8, 9]
-    out = engine.compiled.decode(StepInputs(mx.array(nxt, dtype=mx.int32)[:, None], caches))
-    for i, p in enumerate(prompts):
-        ref = reference_logits(engine.model, p + [nxt[i]])[-1]
-        np.testing.assert_allclose(np.array(out.logits[i]), np.array(ref), atol=LOGIT_ATOL, rtol=0)
+    assert_decode_logits_match(engine, prompts, LOGIT_ATOL)
 
 
 def test_chained_and_unchained_give_identical_tokens(sliding_dir):
