@@ -26,6 +26,13 @@ from .scheduler import Scheduler
 from .text import TextState, token_bytes_table
 
 
+def _padded_ok(lengths: list[int], chunk: int) -> bool:
+    """A batched prefill pads every prompt to the longest: allow it while the padded batch is no
+    bigger than one prefill chunk, or the padding stays under a third of the work."""
+    padded = max(lengths) * len(lengths)
+    return padded <= chunk or padded <= 1.5 * sum(lengths)
+
+
 class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
@@ -200,8 +207,9 @@ class Engine:
         for req, n in chunks:
             whole = (batchable and req.prefilled == 0 and n == len(req.context_ids)
                      and req.params.prompt_logprobs is None)
-            if whole and groups and groups[-1][-1][2]:
-                groups[-1].append((req, n, True))
+            g = groups[-1] if groups else None
+            if whole and g and g[-1][2] and _padded_ok([m for _, m, _ in g] + [n], self.scheduler.prefill_chunk):
+                g.append((req, n, True))
             else:
                 groups.append([(req, n, whole)])
         return [[(r, n) for r, n, _ in g] for g in groups]

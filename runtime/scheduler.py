@@ -48,8 +48,13 @@ class Scheduler:
         self.waiting.append(req)
         self.by_id[req.id] = req
 
+    # With nothing decoding there is nothing to stall: admit up to this many prompt tokens in
+    # one step (each request still in chunks of at most prefill_chunk), so a burst of requests
+    # starts decoding together — equal-length rows need no padding mask.
+    IDLE_PREFILL_TOKENS = 8192
+
     def schedule(self) -> Schedule:
-        budget = self.prefill_chunk
+        budget = self.prefill_chunk if self.running else max(self.prefill_chunk, self.IDLE_PREFILL_TOKENS)
         chunks = []
         slots = self.max_batch - len(self.running)
         for req in self.waiting:
@@ -61,7 +66,7 @@ class Scheduler:
                 self.admit(req)
             if req.prefilled == req.cached_tokens and not self.fits(req, chunks):
                 break  # no room for its KV yet: it waits (and nothing overtakes it)
-            n = min(budget, len(req.context_ids) - req.prefilled)
+            n = min(budget, self.prefill_chunk, len(req.context_ids) - req.prefilled)
             chunks.append((req, n))
             budget -= n
             if req.prefilled + n == len(req.context_ids):

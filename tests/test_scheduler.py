@@ -111,7 +111,9 @@ def test_batched_prefill_equals_one_at_a_time_and_feeds_the_prefix_cache(mdir):
     orig = batched.runner.prefill_batch
     batched.runner.prefill_batch = lambda reqs: (groups.append(len(reqs)), orig(reqs))[1]
     got = batched.generate(prompts, ps)
-    assert groups == [8], "all eight whole prompts went through one forward"
+    # All eight whole prompts went through batched forwards, split where padding would be over
+    # half the work (lengths 5, 40, 17, 1, 33, 9, 64, 2 in arrival order).
+    assert sum(groups) == 8 and max(groups) > 1
     ref = Engine.load(mdir, prefill_chunk=256, batch_prefill=False).generate(prompts, ps)
     assert [r.token_ids for r in got] == [r.token_ids for r in ref]
     for a, b in zip(got, ref):
