@@ -10,7 +10,7 @@ import attrs
 import mlx.core as mx
 
 from .archs import ArchAdapter, adapter_for
-from .errors import Diagnostic, GraphError, SourceLoc
+from .errors import Diagnostic, GraphError
 from .ir import GraphSpec
 
 
@@ -160,6 +160,3 @@ def _ranges(idxs: list[int]) -> str:
         return f"{idxs[0]}..{idxs[-1]} ({len(idxs)} layers)"
     return ",".join(map(str, idxs))
 
-
-def model_loc(config: dict) -> SourceLoc:
-    return SourceLoc(config.get("_path", "<model>"))

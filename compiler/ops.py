@@ -38,10 +38,6 @@ class OpDef:
     doc: str = ""
 
 
-def _positive(v):
-    return None if isinstance(v, int) and v > 0 else f"must be a positive integer, got {v!r}"
-
-
 def _max_top_n(v):
     return None if isinstance(v, int) and 0 <= v <= 20 else f"must be an integer in 0..20, got {v!r}"
 

@@ -38,7 +38,6 @@ class Request:
     finish_time: float | None = None
     text: str = ""
     emitted_tokens: int = 0  # output tokens already reported through step()
-    emitted_text: int = 0
     detokenizer: object = None
     grammar: object = None  # GrammarState when the request has structured output
     logprobs: list = attrs.field(factory=list)  # one dict per output token when asked (see docs/sampling.md)

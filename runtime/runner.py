@@ -271,10 +271,6 @@ class ModelRunner:
         live = {id(r) for r in self.rows}
         return [(r, t, lp) for r, t, lp in zip(cur.rows, toks, lps) if id(r) in live]
 
-    def drain(self) -> None:
-        """Forget a queued step (the batch is about to change in a way the chain cannot follow)."""
-        self.pending = None
-
     @property
     def kv_bytes(self) -> int:
         return sum(c.nbytes for c in self.caches) if self.caches else 0

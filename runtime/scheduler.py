@@ -17,7 +17,6 @@ from .request import Request, Status
 @attrs.define
 class Schedule:
     prefill: list  # (request, n_tokens) chunks to run this step, in order
-    decode: bool
 
 
 class Scheduler:
@@ -73,7 +72,7 @@ class Scheduler:
                 slots -= 1
             else:
                 break  # a request mid-prompt goes first next step too (FIFO, no starvation)
-        return Schedule(chunks, decode=bool(self.running))
+        return Schedule(chunks)
 
     # -- KV budget ------------------------------------------------------------------
     HEADROOM = 16  # decode tokens a newly admitted request must have room for

@@ -19,7 +19,6 @@ bit-identical weights on any machine.
 
 from __future__ import annotations
 
-import importlib
 import math
 from pathlib import Path
 from typing import Any

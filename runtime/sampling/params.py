@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from typing import Mapping, Protocol, Sequence
 
-import attrs
 
 MAX_LOGPROBS = 20
 
@@ -35,7 +34,7 @@ class SamplingParamsLike(Protocol):
 
 # The one public SamplingParams lives in runtime/params.py (it adds max_tokens, stops,
 # grammar, ...); it is re-exported here because the sampler reads exactly these fields.
-from ..params import SamplingParams  # noqa: E402
+from ..params import SamplingParams  # noqa: E402,F401  (re-exported)
 
 
 def _is_int(v) -> bool:
