@@ -167,6 +167,9 @@ class AsyncEngine:
         stream tagged with each item's index (for OpenAI `n` and prompt lists). If any item
         is rejected, the others are aborted and the error is raised."""
         loop = asyncio.get_running_loop()
+        # Compile grammars here, in a worker thread: a large JSON schema can take a while, and
+        # compiled on the engine thread it would stall every stream's decoding meanwhile.
+        items = [(p, await self._precompiled(loop, sp), rid) for p, sp, rid in items]
         group = StreamGroup(self, loop, len(items))
         futs = []
         try:
@@ -184,6 +187,14 @@ class AsyncEngine:
             raise
         group._accepted(accepted)
         return group
+
+    async def _precompiled(self, loop, params):
+        from .grammar import GrammarState
+
+        if params is None or params.grammar is None or isinstance(params.grammar, GrammarState):
+            return params
+        state = await loop.run_in_executor(None, self.engine.grammar_compiler.compile, params.grammar)
+        return attrs.evolve(params, grammar=state)  # one matcher per request (it is stateful)
 
     def _abort_when_accepted(self, fut: concurrent.futures.Future) -> None:
         def done(f):

@@ -12,6 +12,7 @@ runs it on its own thread (see docs/embedding.md).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +65,7 @@ class Engine:
                                    kv_budget=kv_budget_tokens)
         self.batch_prefill = batch_prefill  # whole short prompts share one prefill forward
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
+        self._grammar_lock = threading.Lock()
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0}
@@ -112,7 +114,10 @@ class Engine:
                              f"generate it does not fit the KV budget of {budget} tokens (kv_budget_tokens)")
         req = Request(ids, params) if request_id is None else Request(ids, params, id=request_id)
         if params.grammar is not None:
-            req.grammar = self.grammar_compiler.compile(params.grammar)  # GrammarError (a ValueError) if bad
+            from .grammar import GrammarState
+
+            g = params.grammar  # compiled already (AsyncEngine does it off the engine thread) or a spec
+            req.grammar = g if isinstance(g, GrammarState) else self.grammar_compiler.compile(g)
         req.detokenizer = TextState(self.tokenizer, params.stop, self._token_bytes)
         self.scheduler.add(req)
         self.stats["prompt_tokens"] += len(ids)
@@ -120,11 +125,13 @@ class Engine:
 
     @property
     def grammar_compiler(self):
-        if self._grammar is None:
-            from .grammar import GrammarCompiler
+        """Built on first use; thread-safe (AsyncEngine compiles grammars on worker threads)."""
+        with self._grammar_lock:
+            if self._grammar is None:
+                from .grammar import GrammarCompiler
 
-            self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        return self._grammar
+                self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._grammar
 
     def _host_edits(self, rows: list[Request], logits):
         """Additive [B, V] edits for rows that need the host: grammar masks and Python logits processors."""

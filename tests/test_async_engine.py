@@ -190,3 +190,36 @@ def _wait(cond, timeout=5.0):
             return True
         time.sleep(0.01)
     return cond()
+
+
+def test_grammars_compile_off_the_engine_thread(engine, aengine):
+    import json
+
+    from graphc.runtime.grammar import Grammar, GrammarError
+
+    compiled_on = []
+    real = engine.grammar_compiler.compile
+
+    def spy(g):
+        compiled_on.append(threading.current_thread())
+        return real(g)
+
+    engine.grammar_compiler.compile = spy
+    try:
+        schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                  "required": ["n"], "additionalProperties": False}
+        params = SamplingParams(max_tokens=30, grammar=Grammar.json_schema(schema))
+
+        async def main():
+            a, b = await asyncio.gather(collect(await aengine.add_request([5, 6, 7], params)),
+                                        collect(await aengine.add_request([8, 9], params)))
+            with pytest.raises(GrammarError):
+                await aengine.add_request([5], SamplingParams(grammar=Grammar.lark("start: (")))
+            return a, b
+
+        (ids_a, text_a, _), (ids_b, text_b, _) = asyncio.run(main())
+    finally:
+        del engine.grammar_compiler.compile
+    assert len(compiled_on) == 3 and aengine._thread not in compiled_on
+    for text in (text_a, text_b):  # one matcher per request: both outputs are whole documents
+        assert 0 <= json.loads(text)["n"] <= 99
