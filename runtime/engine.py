@@ -136,7 +136,6 @@ class Engine:
     def _host_edits(self, rows: list[Request], logits):
         """Additive [B, V] edits for rows that need the host: grammar masks and Python logits processors."""
         import mlx.core as mx
-        import numpy as np
 
         from .grammar.matcher import bitmask_to_additive
 
@@ -146,13 +145,14 @@ class Engine:
             words = self.grammar_compiler.fill_masks([r.grammar for r in rows])
             edits = bitmask_to_additive(words, self.vocab_size)
         if any(r.params.logits_processors for r in rows):
+            from .sampling import apply_logits_processors
+
+            # mlx-lm's convention: proc(token ids so far [n], logits [1, V]) -> [1, V].
             base = logits if edits is None else logits + edits
-            host = np.array(base, dtype=np.float32)
-            new = host.copy()
-            for i, r in enumerate(rows):
-                for fn in r.params.logits_processors:
-                    new[i] = np.asarray(fn(r.prompt_ids + r.output_ids, mx.array(new[i])), dtype=np.float32)
-            delta = mx.array(np.nan_to_num(new - host, nan=0.0, posinf=0.0, neginf=-np.inf))
+            new = apply_logits_processors(base, [r.params.logits_processors or None for r in rows],
+                                          [r.prompt_ids + r.output_ids for r in rows])
+            delta = new - base
+            delta = mx.where(mx.isnan(delta), 0.0, delta)  # -inf already in base (a grammar mask) stays
             edits = delta if edits is None else edits + delta
         return edits
 

@@ -43,7 +43,8 @@ class SamplingParams:
     logprob_token_ids  extra token ids whose logprobs are reported each step.
     prompt_logprobs    None = none; N in 0..20 = per prompt token logprob plus top N.
     stop, stop_token_ids, ignore_eos   when to stop (finish_reason "stop").
-    logits_processors  Python callables (token_ids, logits) -> logits; run on the host, break the chain.
+    logits_processors  Python callables (token_ids [n], logits [1, V]) -> logits, mlx-lm's convention
+                       (its make_logits_processors output works as is); run on the host, break the chain.
     grammar            structured output (graphc.runtime.grammar.Grammar), see docs/structured-output.md.
     """
 

@@ -139,3 +139,12 @@ def test_python_logits_processor_runs_and_breaks_the_chain(engine):
         assert engine.runner.pending is None or all(r.params.chain_safe for r in engine.runner.pending.rows)
     assert toks[rid] == [42] * 6
     assert toks[other] == reference_greedy(engine.model, [8, 9], 6)
+
+
+def test_mlx_lm_logits_processors_work_as_is(engine):
+    prompt = [21, 22, 23, 24]
+    procs = tuple(make_logits_processors(repetition_penalty=1.5, repetition_context_size=10_000))
+    [r] = engine.generate([prompt], SamplingParams(max_tokens=16, logits_processors=procs, ignore_eos=True))
+    ref = [int(t) for t, _ in generate_step(mx.array(prompt), engine.model, max_tokens=16, logits_processors=list(procs),
+                                            prompt_cache=make_prompt_cache(engine.model))]
+    assert r.token_ids == ref
