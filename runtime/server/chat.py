@@ -21,7 +21,7 @@ from .prompts import chat_prompt
 from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatChunkChoice,
                        ChatDelta, ChatResponseMessage, make_usage)
 from .sampling import build_params
-from .sse import DONE, sse, watch_disconnect
+from .sse import DONE, drain, sse, watch_disconnect
 
 
 async def create_chat_completion(request: Request, state):
@@ -58,20 +58,7 @@ def _usage(group, prompt_ids):
 
 
 async def _collect(watcher, state, req, group, rid, prompt_ids):
-    entries: list[list] = [[] for _ in group.results]
-    have_lp = [True] * len(group.results)
-    try:
-        async for i, out in group:
-            if req.logprobs:
-                if out.new_logprobs is None:
-                    have_lp[i] = have_lp[i] and not out.new_token_ids
-                else:
-                    entries[i].extend(out.new_logprobs)
-    except Exception as e:
-        raise APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}", code="engine_error") from None
-    finally:
-        watcher.cancel()
-        group.abort()
+    entries, have_lp = await drain(watcher, group, bool(req.logprobs))
     choices = []
     for i, res in enumerate(group.results):
         src = logprob_source(res, entries[i], have_lp[i]) if req.logprobs else None

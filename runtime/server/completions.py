@@ -20,7 +20,7 @@ from .logprobs import completion_logprobs, logprob_source
 from .prompts import completion_prompts, prompt_text
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, make_usage
 from .sampling import build_params
-from .sse import DONE, sse, watch_disconnect
+from .sse import DONE, drain, sse, watch_disconnect
 
 
 async def create_completion(request: Request, state):
@@ -73,20 +73,7 @@ def _usage(group, prompts, n, score_only=False):
 async def _collect(watcher, state, req, group, rid, prompts, echo, score_only):
     n = req.n
     want_lp = req.logprobs is not None
-    entries: list[list] = [[] for _ in group.results]
-    have_lp = [True] * len(group.results)
-    try:
-        async for i, out in group:
-            if want_lp:
-                if out.new_logprobs is None:
-                    have_lp[i] = have_lp[i] and not out.new_token_ids
-                else:
-                    entries[i].extend(out.new_logprobs)
-    except Exception as e:
-        raise APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}", code="engine_error") from None
-    finally:
-        watcher.cancel()
-        group.abort()
+    entries, have_lp = await drain(watcher, group, want_lp)
     choices = []
     for i, res in enumerate(group.results):
         prefix = echo[i // n] if echo else ""

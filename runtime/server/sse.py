@@ -37,3 +37,26 @@ async def _wait_disconnect(request: Request, on_disconnect: Callable[[], None]) 
 def watch_disconnect(request: Request, on_disconnect: Callable[[], None]) -> asyncio.Task:
     """A task that calls `on_disconnect` when the client leaves; cancel it when done."""
     return asyncio.get_running_loop().create_task(_wait_disconnect(request, on_disconnect))
+
+
+async def drain(watcher, group, want_logprobs: bool) -> tuple[list[list], list[bool]]:
+    """Run a non-streaming request group to the end: per choice, the logprob entries its deltas
+    carried and whether they cover every token. Engine failures become a 500; the disconnect
+    watcher stops and the group is aborted (a no-op once finished) whatever happens."""
+    from .errors import APIError
+
+    entries: list[list] = [[] for _ in group.results]
+    complete = [True] * len(group.results)
+    try:
+        async for i, out in group:
+            if want_logprobs:
+                if out.new_logprobs is None:
+                    complete[i] = complete[i] and not out.new_token_ids
+                else:
+                    entries[i].extend(out.new_logprobs)
+    except Exception as e:
+        raise APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}", code="engine_error") from None
+    finally:
+        watcher.cancel()
+        group.abort()
+    return entries, complete
