@@ -20,3 +20,22 @@ def model_dir(tmp_path_factory):
         return made[key]
 
     return get
+
+
+# A live server per test module (module-scoped: each server test file gets its own engine,
+# so one file's load cannot leak into another's). Modules that need other settings define
+# their own `server` fixture, which overrides this one.
+@pytest.fixture(scope="module")
+def server(model_dir):
+    from server_harness import live_server
+
+    with live_server(model_dir("llama")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official openai client pointed at the module's server."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

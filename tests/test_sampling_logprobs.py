@@ -2,14 +2,12 @@
 
 import mlx.core as mx
 import numpy as np
-import pytest
 
 from graphc.runtime.sampling import (
     SamplingParams,
     SamplingTensors,
     prompt_logprobs,
     sample_step,
-    token_logprobs,
 )
 
 V = 300

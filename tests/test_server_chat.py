@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from server_harness import MODEL, live_server
+from server_harness import MODEL
 
 MESSAGES = [{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "Tell me one."}]
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with live_server(model_dir("llama")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")

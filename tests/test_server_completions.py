@@ -6,20 +6,9 @@ import openai
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from server_harness import MODEL, live_server
+from server_harness import MODEL
 
 PROMPT = "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with live_server(model_dir("llama")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")

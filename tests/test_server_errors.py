@@ -17,12 +17,6 @@ CHAT = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-    with live_server(model_dir("llama")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def small(model_dir):
     """Tight limits: context 64, prompts <= 40 tokens, 2 KB bodies, n <= 4, one row and no queue."""
     with live_server(model_dir("llama"), max_model_len=64, max_prompt_tokens=40, max_body_bytes=2048, max_n=4,

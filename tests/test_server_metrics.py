@@ -5,21 +5,8 @@ from __future__ import annotations
 import re
 
 import httpx
-import openai
-import pytest
 
-from server_harness import MODEL, live_server, wait_until
-
-
-@pytest.fixture(scope="module")
-def server(model_dir):
-    with live_server(model_dir("llama")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+from server_harness import MODEL, wait_until
 
 
 def test_health(server):
