@@ -153,8 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+
+    from graphc.compiler.errors import GraphError
+
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except (FileNotFoundError, GraphError, ValueError) as e:
+        # A user's mistake (a missing folder, a bad graph, a bad flag value): say what, no traceback.
+        if os.environ.get("GRAPHC_DEBUG"):
+            raise
+        print(f"graphc: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -166,3 +166,13 @@ def test_bind_rejects_model_with_layers_the_graph_has_no_policy_for(model_dir):
     msg = str(exc.value)
     assert "sliding_attention layers" in msg and "declares no policy" in msg
     assert "sliding.yaml" in msg
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "--model", "/no/such/folder", "hi"], "no model folder at '/no/such/folder'"),
+    (["inspect", "no-such-graph", "--no-trace"], "graph 'no-such-graph' not found"),
+])
+def test_cli_user_errors_are_one_line_without_traceback(argv, needle):
+    proc = subprocess.run([sys.executable, "-m", "graphc.compiler.cli", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
