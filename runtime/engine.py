@@ -34,6 +34,27 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
     return padded <= chunk or padded <= 1.5 * sum(lengths)
 
 
+def _guarded(req: Request):
+    """The request's Python logits processors as one callable that cannot fail the batch: an
+    exception marks this request failed (it ends with finish_reason "error") and leaves its
+    logits as they were; the other rows go on."""
+    procs = req.params.logits_processors
+    if not procs:
+        return None
+
+    def run(ids, logits):
+        try:
+            out = logits
+            for proc in procs:
+                out = proc(ids, out)
+            return out
+        except Exception as e:  # noqa: BLE001 - user code: any failure is this request's own
+            req.error = f"logits processor failed: {type(e).__name__}: {e}"
+            return logits
+
+    return (run,)
+
+
 class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
@@ -149,7 +170,7 @@ class Engine:
 
             # mlx-lm's convention: proc(token ids so far [n], logits [1, V]) -> [1, V].
             base = logits if edits is None else logits + edits
-            new = apply_logits_processors(base, [r.params.logits_processors or None for r in rows],
+            new = apply_logits_processors(base, [_guarded(r) for r in rows],
                                           [r.prompt_ids + r.output_ids for r in rows])
             delta = new - base
             delta = mx.where(mx.isnan(delta), 0.0, delta)  # -inf already in base (a grammar mask) stays
@@ -223,6 +244,9 @@ class Engine:
 
     def _append(self, req: Request, tok: int, logprobs: dict | None = None) -> bool:
         """Record one generated token; finish the request if it stops here. True when finished."""
+        if req.error is not None:  # its own code failed this step: drop the token, end it alone
+            self._finish(req, "error")
+            return True
         req.output_ids.append(tok)
         if logprobs is not None:
             req.logprobs.append(logprobs)
@@ -232,7 +256,14 @@ class Engine:
         # A stop token ends the text; it is in token_ids but not in the text (like OpenAI's API).
         hit_stop = not stop_token and req.detokenizer.add(tok)
         if req.grammar is not None and tok not in self.eos_token_ids:
-            req.grammar.consume(tok)
+            from .grammar import GrammarError
+
+            try:
+                req.grammar.consume(tok)
+            except GrammarError as e:  # e.g. the grammar left no token allowed: fail this request only
+                req.error = str(e)
+                self._finish(req, "error")
+                return True
             hit_stop = hit_stop or req.grammar.done
         if stop_token:
             self._finish(req, "stop")
@@ -315,4 +346,5 @@ class Engine:
             prompt_logprobs=req.prompt_logprobs,
             ttft_s=(req.first_token_time - req.arrival) if req.first_token_time else None,
             latency_s=(req.finish_time - req.arrival) if req.finish_time else None,
+            error=req.error,
         )

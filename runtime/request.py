@@ -40,6 +40,7 @@ class Request:
     emitted_tokens: int = 0  # output tokens already reported through step()
     detokenizer: object = None
     grammar: object = None  # GrammarState when the request has structured output
+    error: str | None = None  # why this request failed (finish_reason "error"); others go on
     logprobs: list = attrs.field(factory=list)  # one dict per output token when asked (see docs/sampling.md)
     pending_logprobs: dict | None = None  # the first token's, from the prefill step
     emitted_logprobs: int = 0
@@ -80,6 +81,7 @@ class GenerationResult:
     prompt_logprobs: list | None = None
     ttft_s: float | None = None
     latency_s: float | None = None
+    error: str | None = None  # set when finish_reason is "error"
 
     @property
     def usage(self) -> dict:

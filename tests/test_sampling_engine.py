@@ -148,3 +148,18 @@ def test_mlx_lm_logits_processors_work_as_is(engine):
     ref = [int(t) for t, _ in generate_step(mx.array(prompt), engine.model, max_tokens=16, logits_processors=list(procs),
                                             prompt_cache=make_prompt_cache(engine.model))]
     assert r.token_ids == ref
+
+
+def test_a_failing_logits_processor_ends_only_its_own_request(engine):
+    def boom(ids, logits):
+        if len(ids) > 5:
+            raise RuntimeError("no more")
+        return logits
+
+    bad = SamplingParams(max_tokens=10, logits_processors=(boom,), ignore_eos=True)
+    good = SamplingParams(max_tokens=10, ignore_eos=True)
+    res = engine.generate([[5, 6, 7], [8, 9]], [bad, good])
+    assert res[0].finish_reason == "error" and "no more" in res[0].error
+    assert len(res[0].token_ids) == 3  # tokens chosen before the failure stay
+    assert res[1].finish_reason == "length" and res[1].token_ids == reference_greedy(engine.model, [8, 9], 10)
+    assert not engine.has_unfinished() and engine.runner.rows == []
