@@ -219,7 +219,7 @@ class Engine:
             touched.append(req)
         for req in self.scheduler.over_budget():
             self._preempt(req)
-        if self.scheduler.running:
+        if self.scheduler.running and sched.decode:
             for req, tok, lp in self.runner.decode():
                 if req.finished:
                     continue

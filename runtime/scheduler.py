@@ -17,6 +17,7 @@ from .request import Request, Status
 @attrs.define
 class Schedule:
     prefill: list  # (request, n_tokens) chunks to run this step, in order
+    decode: bool = True  # False while a burst is still being admitted (see Scheduler.schedule)
 
 
 class Scheduler:
@@ -37,6 +38,7 @@ class Scheduler:
         # KV tokens the working caches of running and prefilling requests may hold together
         # (None: unbounded). Admission waits for room; the engine preempts when decode outgrows it.
         self.kv_budget = kv_budget
+        self._burst_left = 0  # prompt tokens the current burst may still admit before decoding
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.by_id: dict[str, Request] = {}
@@ -47,13 +49,19 @@ class Scheduler:
         self.waiting.append(req)
         self.by_id[req.id] = req
 
-    # With nothing decoding there is nothing to stall: admit up to this many prompt tokens in
-    # one step (each request still in chunks of at most prefill_chunk), so a burst of requests
-    # starts decoding together — equal-length rows need no padding mask.
-    IDLE_PREFILL_TOKENS = 8192
+    # A *burst* starts when requests arrive at an idle engine. Its prompts are admitted over a
+    # few steps of BURST_STEP_TOKENS each, and decoding waits until the burst is in (at most
+    # BURST_TOKENS of prompt): each step still hands out first tokens (time to first token stays
+    # low), and the rows then decode together from equal starting points — equal-length prompts
+    # need no padding mask, and no row is held back by prefill work mid-decode.
+    BURST_TOKENS = 8192
+    BURST_STEP_TOKENS = 2048
 
     def schedule(self) -> Schedule:
-        budget = self.prefill_chunk if self.running else max(self.prefill_chunk, self.IDLE_PREFILL_TOKENS)
+        if not self.running and self.waiting and self._burst_left <= 0:
+            self._burst_left = self.BURST_TOKENS
+        bursting = self._burst_left > 0
+        budget = max(self.prefill_chunk, self.BURST_STEP_TOKENS) if bursting else self.prefill_chunk
         chunks = []
         slots = self.max_batch - len(self.running)
         for req in self.waiting:
@@ -72,7 +80,13 @@ class Scheduler:
                 slots -= 1
             else:
                 break  # a request mid-prompt goes first next step too (FIFO, no starvation)
-        return Schedule(chunks)
+        if bursting:
+            self._burst_left -= sum(n for _, n in chunks)
+            admitted = sum(1 for r, n in chunks if r.prefilled + n == len(r.context_ids))
+            # The burst is in when nothing more could be admitted this step or none is left.
+            if not chunks or len(self.waiting) == admitted:
+                self._burst_left = 0
+        return Schedule(chunks, decode=self._burst_left <= 0)
 
     # -- KV budget ------------------------------------------------------------------
     HEADROOM = 16  # decode tokens a newly admitted request must have room for
