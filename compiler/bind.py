@@ -138,8 +138,7 @@ def bind(spec: GraphSpec, model, config: dict) -> Binding:
     return Binding(spec, adapter, dict(config), layers, policies)
 
 
-def default_graph_for(layers: list[LayerInfo]) -> str:
-    kinds = {l.kind for l in layers}
+def _graph_for_kinds(kinds: set[str]) -> str:
     if "linear_attention" in kinds:
         return "hybrid"
     if "sliding_attention" in kinds:
@@ -147,12 +146,12 @@ def default_graph_for(layers: list[LayerInfo]) -> str:
     return "dense"
 
 
+def default_graph_for(layers: list[LayerInfo]) -> str:
+    return _graph_for_kinds({l.kind for l in layers})
+
+
 def _suggest_graph(kinds: set[str]) -> str:
-    if "linear_attention" in kinds:
-        return "use graphs/hybrid.yaml"
-    if "sliding_attention" in kinds:
-        return "use graphs/sliding.yaml"
-    return "use graphs/dense.yaml"
+    return f"use graphs/{_graph_for_kinds(kinds)}.yaml"
 
 
 def _ranges(idxs: list[int]) -> str:

@@ -15,13 +15,13 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from .body import parse, read_json
-from .errors import APIError, bad_request
+from .errors import bad_request
 from .logprobs import chat_logprobs, logprob_source
 from .prompts import chat_prompt
 from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatChunkChoice,
                        ChatDelta, ChatResponseMessage, make_usage)
 from .sampling import build_params
-from .sse import DONE, drain, sse, watch_disconnect
+from .sse import DONE, drain, guarded, sse, watch_disconnect
 
 
 async def create_chat_completion(request: Request, state):
@@ -46,7 +46,7 @@ async def create_chat_completion(request: Request, state):
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(watcher, state, req, group, rid, ids, include_usage),
+        return StreamingResponse(guarded(_stream(state, req, group, rid, ids, include_usage), watcher, group),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await _collect(watcher, state, req, group, rid, ids)
 
@@ -69,7 +69,7 @@ async def _collect(watcher, state, req, group, rid, prompt_ids):
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
-async def _stream(watcher, state, req, group, rid, prompt_ids, include_usage):
+async def _stream(state, req, group, rid, prompt_ids, include_usage):
     created = int(time.time())
     usage_null = {"usage": None} if include_usage else {}
 
@@ -83,25 +83,17 @@ async def _stream(watcher, state, req, group, rid, prompt_ids, include_usage):
             d.pop("usage")
         return "data: " + json.dumps(d, separators=(",", ":"), ensure_ascii=False) + "\n\n"
 
-    try:
-        for i in range(len(group.results)):
-            yield chunk(i, ChatDelta(role="assistant", content=""))
-        async for i, out in group:
-            lp = None
-            if req.logprobs and out.new_token_ids and out.new_logprobs is not None:
-                lp = chat_logprobs(out.new_logprobs, out.new_token_ids, state.texts)
-            if out.new_text or lp is not None:
-                yield chunk(i, ChatDelta(content=out.new_text), lp)
-            if out.finished:
-                yield chunk(i, ChatDelta(), finish=out.finish_reason)
-        if include_usage:
-            yield sse(ChatCompletionChunk(id=rid, created=created, model=state.model_name, choices=[],
-                                          usage=_usage(group, prompt_ids)))
-        yield DONE
-    except Exception as e:  # headers are gone: report in-band, as OpenAI does
-        yield sse(APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}",
-                           code="engine_error").body())
-        yield DONE
-    finally:
-        watcher.cancel()
-        group.abort()
+    for i in range(len(group.results)):
+        yield chunk(i, ChatDelta(role="assistant", content=""))
+    async for i, out in group:
+        lp = None
+        if req.logprobs and out.new_token_ids and out.new_logprobs is not None:
+            lp = chat_logprobs(out.new_logprobs, out.new_token_ids, state.texts)
+        if out.new_text or lp is not None:
+            yield chunk(i, ChatDelta(content=out.new_text), lp)
+        if out.finished:
+            yield chunk(i, ChatDelta(), finish=out.finish_reason)
+    if include_usage:
+        yield sse(ChatCompletionChunk(id=rid, created=created, model=state.model_name, choices=[],
+                                      usage=_usage(group, prompt_ids)))
+    yield DONE

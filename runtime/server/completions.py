@@ -15,12 +15,12 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from .body import parse, read_json
-from .errors import APIError, bad_request
+from .errors import bad_request
 from .logprobs import completion_logprobs, logprob_source
 from .prompts import completion_prompts, prompt_text
 from .protocol import CompletionChoice, CompletionRequest, CompletionResponse, make_usage
 from .sampling import build_params
-from .sse import DONE, drain, sse, watch_disconnect
+from .sse import DONE, drain, guarded, sse, watch_disconnect
 
 
 async def create_completion(request: Request, state):
@@ -59,7 +59,7 @@ async def create_completion(request: Request, state):
     rid = f"cmpl-{uuid.uuid4().hex}"
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(watcher, state, req, group, rid, prompts, echo, include_usage),
+        return StreamingResponse(guarded(_stream(state, req, group, rid, prompts, echo, include_usage), watcher, group),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await _collect(watcher, state, req, group, rid, prompts, echo, score_only)
 
@@ -97,7 +97,7 @@ async def _collect(watcher, state, req, group, rid, prompts, echo, score_only):
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
-async def _stream(watcher, state, req, group, rid, prompts, echo, include_usage):
+async def _stream(state, req, group, rid, prompts, echo, include_usage):
     created = int(time.time())
     n = req.n
     want_lp = req.logprobs is not None
@@ -109,24 +109,16 @@ async def _stream(watcher, state, req, group, rid, prompts, echo, include_usage)
                                       choices=[CompletionChoice(index=i, text=text, logprobs=lp, finish_reason=finish)],
                                       **usage_null))
 
-    try:
-        if echo:
-            for i in range(len(group.results)):
-                yield chunk(i, echo[i // n])
-        async for i, out in group:
-            lp = None
-            if want_lp and out.new_token_ids and out.new_logprobs is not None:
-                lp, offsets[i] = completion_logprobs(out.new_logprobs, out.new_token_ids, state.texts, offsets[i])
-            if out.new_text or lp is not None or out.finished:
-                yield chunk(i, out.new_text, lp, out.finish_reason if out.finished else None)
-        if include_usage:
-            yield sse(CompletionResponse(id=rid, created=created, model=state.model_name, choices=[],
-                                         usage=_usage(group, prompts, n)))
-        yield DONE
-    except Exception as e:  # headers are gone: report in-band, as OpenAI does
-        yield sse(APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}",
-                           code="engine_error").body())
-        yield DONE
-    finally:
-        watcher.cancel()
-        group.abort()
+    if echo:
+        for i in range(len(group.results)):
+            yield chunk(i, echo[i // n])
+    async for i, out in group:
+        lp = None
+        if want_lp and out.new_token_ids and out.new_logprobs is not None:
+            lp, offsets[i] = completion_logprobs(out.new_logprobs, out.new_token_ids, state.texts, offsets[i])
+        if out.new_text or lp is not None or out.finished:
+            yield chunk(i, out.new_text, lp, out.finish_reason if out.finished else None)
+    if include_usage:
+        yield sse(CompletionResponse(id=rid, created=created, model=state.model_name, choices=[],
+                                     usage=_usage(group, prompts, n)))
+    yield DONE

@@ -60,3 +60,22 @@ async def drain(watcher, group, want_logprobs: bool) -> tuple[list[list], list[b
         watcher.cancel()
         group.abort()
     return entries, complete
+
+
+async def guarded(events, watcher, group):
+    """A streaming response's events, made safe: an engine failure after the headers are out is
+    reported in-band (an error event, then [DONE]), as OpenAI does; whatever happens — the end,
+    an error, the client gone — the disconnect watcher stops and the group is aborted."""
+    from .errors import APIError
+
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:
+        yield sse(APIError(500, f"the engine failed while generating: {type(e).__name__}: {e}",
+                           code="engine_error").body())
+        yield DONE
+    finally:
+        await events.aclose()
+        watcher.cancel()
+        group.abort()
