@@ -33,6 +33,20 @@ class ArchAdapter:
             return self.model.lm_head(h)
         return self.inner.embed_tokens.as_linear(h)
 
+    def head_weight(self) -> mx.array | None:
+        """The head as one dense [vocab, hidden] matrix when it is a plain `h @ W.T`, else None.
+
+        For runtimes that run the product with their own kernel; quantized, biased or
+        otherwise special heads return None and go through `head`.
+        """
+        import mlx.nn as nn
+
+        if "lm_head" in self.model:
+            lm = self.model.lm_head
+            return lm.weight if type(lm) is nn.Linear and "bias" not in lm else None
+        emb = self.inner.embed_tokens
+        return emb.weight if type(emb) is nn.Embedding else None
+
 
 class Gemma3Adapter(ArchAdapter):
     def embed(self, tokens):

@@ -26,6 +26,9 @@ class StepInputs:
     sampling: Any = None  # runtime.batch_sampling.SamplingState, or None: every row plain greedy
     key: mx.array | None = None  # RNG key for rows without a seed
     extra_edits: mx.array | None = None  # additive [B, V] rows computed on the host (grammar masks)
+    # x @ w.T for the head's dense weight, when a runtime brings its own (the compiled decode
+    # path's skinny-matmul kernel, runtime/compiled_decode.py); None: the model's head as is.
+    matmul: Callable | None = None
 
 
 @attrs.define
@@ -69,7 +72,10 @@ def _attention(ctx, node, h):
 def _logits(ctx, node, h):
     if node.param_dict.get("positions", "last") == "last":
         h = h[:, -1:, :]
-    logits = ctx.binding.adapter.head(ctx.binding.adapter.norm(h))
+    adapter, mm = ctx.binding.adapter, ctx.inputs.matmul
+    w = adapter.head_weight() if mm is not None else None
+    h = adapter.norm(h)
+    logits = adapter.head(h) if w is None else mm(h, w)
     if node.param_dict.get("dtype", "float32") == "float32":
         logits = logits.astype(mx.float32)
     return logits[:, -1, :] if logits.shape[1] == 1 else logits

@@ -10,7 +10,7 @@ What makes the step compile-friendly (the shapes stop changing every step):
 - KV stays in the `full` / `pool_backed` policies' `FullKV` buffers; a step attends
   over the whole capacity, each row limited to its valid columns (`left_pad[row]` up
   to the write column) — by a [B, 1, 1, C] mask for MLX's attention, or on CUDA by the
-  ragged decode-attention kernel (runtime/decode_attention.py), which takes the first
+  ragged decode-attention kernel (runtime/kernels/decode_attention.py), which takes the first
   and end columns instead of a mask and reads only valid columns;
 - the write column and RoPE positions are arrays (`mx.slice_update` at an array
   index; offset = idx - left_pad), not Python ints baked into the trace;
@@ -46,11 +46,12 @@ from .cache.full import MIN_CAPACITY, FullKV
 class _FixedKV:
     """What an mlx-lm layer sees inside the trace: array offsets, a write at an array column."""
 
-    def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel):
+    def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel, matmul):
         self.keys, self.values = keys, values
         self.idx, self.offset, self.mask = idx, offset, mask
         self.start, self.end = start, end  # first valid column per row, one past the last
         self.fused, self.kernel = fused, kernel
+        self.matmul = matmul  # x @ w.T for the fused block's projections (MLX's or the skinny kernel)
 
     def update_and_fetch(self, k, v):
         self.keys = mx.slice_update(self.keys, k, self.idx, axes=(2,))
@@ -71,7 +72,7 @@ class _FixedKV:
 
     def attend(self, q, k, v, scale):
         if self.kernel:
-            from .decode_attention import ragged_attention
+            from .kernels.decode_attention import ragged_attention
 
             return ragged_attention(q, k, v, self.start, self.end, scale)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=self.mask)
@@ -85,7 +86,8 @@ def _llama_block(layer, w, x, cache):
     """
     a = layer.self_attn
     B, L, _ = x.shape
-    qkv = layer.input_layernorm(x) @ w["qkv"].T
+    mm = cache.matmul
+    qkv = mm(layer.input_layernorm(x), w["qkv"])
     q, k, v = mx.split(qkv, w["split"], axis=-1)
     q = q.reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)
     k = k.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -94,9 +96,9 @@ def _llama_block(layer, w, x, cache):
     k = a.rope(k, offset=cache.offset)
     k, v = cache.update_and_fetch(k, v)
     o = cache.attend(q, k, v, a.scale)
-    h = x + a.o_proj(o.transpose(0, 2, 1, 3).reshape(B, L, -1))
-    g, u = mx.split(layer.post_attention_layernorm(h) @ w["gate_up"].T, 2, axis=-1)
-    return h + layer.mlp.down_proj(nn.silu(g) * u)
+    h = x + mm(o.transpose(0, 2, 1, 3).reshape(B, L, -1), a.o_proj.weight)
+    g, u = mx.split(mm(layer.post_attention_layernorm(h), w["gate_up"]), 2, axis=-1)
+    return h + mm(nn.silu(g) * u, layer.mlp.down_proj.weight)
 
 
 def fuse_llama_projections(layers) -> dict:
@@ -115,7 +117,7 @@ def fuse_llama_projections(layers) -> dict:
         a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         if type(layer) is not llama.TransformerBlock or type(a) is not llama.Attention or type(m) is not llama.MLP:
             continue
-        projs = [a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj]
+        projs = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
         if any(type(p) is not nn.Linear or "bias" in p for p in projs):
             continue  # quantized or biased projections: left as they are
         qkv = mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
@@ -128,6 +130,16 @@ def fuse_llama_projections(layers) -> dict:
         mx.eval(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight)
         out[id(layer)] = {"qkv": qkv, "gate_up": gu, "split": [nq, nq + nk]}
     return out
+
+
+def _mlx_matmul(x, w):
+    return x @ w.T
+
+
+def _skinny_matmul(x, w):
+    from .kernels.skinny_matmul import matmul
+
+    return matmul(x, w)
 
 
 CAPACITY_STEP = 256
@@ -151,13 +163,17 @@ def _bucket(n: int) -> int:
 class CompiledDecode:
     """Drop-in for the runner's decode `LoweredStep` (forward / head / node names)."""
 
-    def __init__(self, step: LoweredStep, *, fuse: bool | None = None, kernel: bool | None = None):
-        # Defaults: both on; GRAPHC_FUSE_PROJ=0 / GRAPHC_RAGGED_KERNEL=0 turn them off
+    def __init__(self, step: LoweredStep, *, fuse: bool | None = None, kernel: bool | None = None,
+                 skinny: bool | None = None):
+        # Defaults: fusion and the attention kernel on, the skinny matmul off;
+        # GRAPHC_FUSE_PROJ=0 / GRAPHC_RAGGED_KERNEL=0 / GRAPHC_SKINNY_GEMM=1 change them
         # (the bench's --compile-ablation measures each).
         if fuse is None:
             fuse = os.environ.get("GRAPHC_FUSE_PROJ", "1") != "0"
         if kernel is None and os.environ.get("GRAPHC_RAGGED_KERNEL", "1") == "0":
             kernel = False
+        if skinny is None:
+            skinny = os.environ.get("GRAPHC_SKINNY_GEMM", "0") == "1"
         self.step = step
         self.hidden_node = step.hidden_node
         self.logits_node = step.logits_node
@@ -165,10 +181,17 @@ class CompiledDecode:
         self.binding = step.binding
         self.fused = fuse_llama_projections(step.binding.adapter.layers) if fuse else {}
         # The ragged attention kernel: CUDA only, and only once it matched MLX here.
-        from . import decode_attention
+        from .kernels import decode_attention
 
         self.kernel_note = "off" if kernel is False else decode_attention.check()
         self.kernel = self.kernel_note is None
+        # The skinny matmul for the fused blocks' projections and the head: CUDA only, and
+        # only once it matched MLX's matmul here (runtime/kernels/skinny_matmul.py).
+        from .kernels import skinny_matmul
+
+        self.skinny_note = skinny_matmul.check() if skinny else "off"
+        self.skinny = self.skinny_note is None
+        self.matmul = _skinny_matmul if self.skinny else _mlx_matmul
         self._fn = mx.compile(self._traced)
         self.compiled_steps = 0
         self.fallback_steps = 0
@@ -179,9 +202,9 @@ class CompiledDecode:
         mask = ((cols[None] <= idx) & (cols[None] >= left_pad[:, None]))[:, None, None, :]
         offset = idx - left_pad
         end = (idx + 1).reshape(1)
-        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel)
+        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul)
                  for k, v in zip(keys, values)]
-        ctx = self.step.forward(StepInputs(tokens, shims))
+        ctx = self.step.forward(StepInputs(tokens, shims, matmul=self.matmul if self.skinny else None))
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
         return vals, [s.keys for s in shims], [s.values for s in shims]
 

@@ -60,7 +60,8 @@ class Engine:
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
                  compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
-                 seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True):
+                 seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
+                 skinny_gemm: bool | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -69,7 +70,9 @@ class Engine:
         if compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
             from .compiled_decode import CompiledDecode
 
-            self.compiled.decode = CompiledDecode(self.compiled.decode)
+            # skinny_gemm: the CUDA small-batch matmul kernel (runtime/kernels/skinny_matmul.py);
+            # None reads GRAPHC_SKINNY_GEMM (off unless "1").
+            self.compiled.decode = CompiledDecode(self.compiled.decode, skinny=skinny_gemm)
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(

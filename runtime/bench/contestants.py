@@ -180,6 +180,10 @@ def compiled_info(model, tokenizer, config) -> dict:
     d = eng.compiled.decode
     info = {"fused_layers": len(getattr(d, "fused", {}) or {}),
             "ragged_kernel": "on" if getattr(d, "kernel", False) else f"off ({getattr(d, 'kernel_note', '?')})"}
+    from graphc.runtime.kernels import skinny_matmul
+
+    note = skinny_matmul.check()  # the bench measures it wherever it works, not only when asked
+    info["skinny_gemm"] = "on" if note is None else f"off ({note})"
     del eng
     free()
     return info
@@ -350,6 +354,10 @@ def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> l
     mx.eval(Ws)
     rows = []
     variants = {"x@W.T": lambda x, w: x @ w.T, "W@x.T": lambda x, w: w @ x.T}
+    from graphc.runtime.kernels import skinny_matmul as sk
+
+    if sk.check() is None:  # graphc's kernel (GRAPHC_SKINNY_GEMM=1), where it built and matched
+        variants["skinny"] = sk.matmul
     for B in batches:
         x = mx.random.normal((B, K), dtype=dtype)
         mx.eval(x)

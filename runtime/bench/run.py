@@ -2,12 +2,14 @@
 
 Workloads (all on by default):
   decode    steady-state decode tok/s at each batch size: graphc, graphc+compile, BatchGenerator, plain loop
+            (and graphc+compile+skinny where the skinny matmul kernel builds and checks: CUDA)
   host      host ms to build one lazy decode step vs. the device ms it takes (unchained)
   exact     greedy tokens of graphc+compile against graphc (identical on CPU; rounding on GPU)
   prefix    32 requests sharing a 2k-token prefix: TTFT and throughput, prefix cache on/off, BatchGenerator
   sampling  temperature 0.8 / top_p 0.9 / top_k 50 against greedy, graphc and BatchGenerator
   chain     graphc chained against unchained decode
-  matmul    a bare `x @ W.T` at the model's shapes for B rows (GPU by default): MLX's own ceiling
+  matmul    a bare `x @ W.T` at the model's shapes for B rows (GPU by default): MLX's own ceiling,
+            and graphc's skinny matmul kernel where it works
 """
 
 from __future__ import annotations
@@ -152,7 +154,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
     if use_compile:
         compiled = C.compiled_info(model, tokenizer, config)
         notes.append(f"graphc+compile: {compiled['fused_layers']} llama blocks with fused q/k/v and gate/up; "
-                     f"ragged decode-attention kernel {compiled['ragged_kernel']}")
+                     f"ragged decode-attention kernel {compiled['ragged_kernel']}; "
+                     f"skinny matmul kernel (graphc+compile+skinny) {compiled['skinny_gemm']}")
     W, N, R = cfg.warmup, cfg.steps, cfg.repeats
     mm = dict(model=model, tokenizer=tokenizer, config=config)
     tasks: list[Task] = []
@@ -173,6 +176,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
             if use_compile:
                 add("decode", (B, "graphc_compiled"), f"decode B={B} graphc+compile",
                     lambda ps=ps: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R, compile=True))
+            if use_compile and compiled.get("skinny_gemm") == "on":
+                add("decode", (B, "compiled_skinny"), f"decode B={B} graphc+compile+skinny",
+                    lambda ps=ps: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R,
+                                                  compile=True, env={"GRAPHC_SKINNY_GEMM": "1"}))
             if use_compile and cfg.compile_ablation:
                 for name, ev in (("compiled_nofuse", {"GRAPHC_FUSE_PROJ": "0"}),
                                   ("compiled_nokernel", {"GRAPHC_RAGGED_KERNEL": "0"})):
@@ -372,10 +379,11 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
         return None if not v else median(v)
 
     for B in cfg.batches if "decode" in cfg.workloads else ():
-        names = ("graphc", "graphc_compiled", "compiled_nofuse", "compiled_nokernel", "batchgen", "plain")
+        names = ("graphc", "graphc_compiled", "compiled_skinny", "compiled_nofuse", "compiled_nokernel",
+                 "batchgen", "plain")
         vals = {n: tps(("decode", B, n), B) for n in names if raw.get(("decode", B, n))}
         steps = {n: ms(("decode", B, n)) for n in vals}
-        best = min(steps.get("graphc", math.inf), steps.get("graphc_compiled", math.inf))
+        best = min(steps.get(n, math.inf) for n in ("graphc", "graphc_compiled", "compiled_skinny"))
         rows.append({
             "workload": "decode", "case": f"B={B}", "batch": B, "unit": "tok/s", "values": vals,
             "ms_per_step": steps,
@@ -385,6 +393,9 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
                 "compiled/batchgen": _ratio(vals.get("graphc_compiled"), vals.get("batchgen")),
                 "compiled/plain": _ratio(vals.get("graphc_compiled"), vals.get("plain")),
                 "compiled/graphc": _ratio(vals.get("graphc_compiled"), vals.get("graphc")),
+                "skinny/batchgen": _ratio(vals.get("compiled_skinny"), vals.get("batchgen")),
+                "skinny/plain": _ratio(vals.get("compiled_skinny"), vals.get("plain")),
+                "skinny/compiled": _ratio(vals.get("compiled_skinny"), vals.get("graphc_compiled")),
                 "nofuse/graphc": _ratio(vals.get("compiled_nofuse"), vals.get("graphc")),
                 "nokernel/graphc": _ratio(vals.get("compiled_nokernel"), vals.get("graphc")),
             }),
@@ -480,7 +491,7 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
         (K, Nn), what = k[1], k[2]
         for r in raw[k]:
             rows.append({"workload": "matmul", "case": f"{what} {K}->{Nn} B={r['B']} {r['variant']}",
-                         "batch": r["B"], "unit": "GB/s (weights)", "values": {"mlx": r["GBps"], "us": r["us"]},
+                         "batch": r["B"], "unit": "GB/s (weights)", "values": {("graphc" if r["variant"] == "skinny" else "mlx"): r["GBps"], "us": r["us"]},
                          "ratios": {"of HBM peak": r["GBps"] * 1e9 / HBM_BYTES_PER_S}})
     return rows
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from . import source_tag
+
 _SOURCE = r"""
     constexpr int WARPS = 4;
     constexpr int PER = D / 32;
@@ -85,7 +87,7 @@ def _get():
     global _kernel
     if _kernel is None:
         _kernel = mx.fast.cuda_kernel(
-            name="graphc_ragged_decode_attention",
+            name=f"graphc_ragged_decode_attention_{source_tag(_SOURCE)}",
             input_names=["q", "k", "v", "start", "end", "scale"],
             output_names=["out"],
             source=_SOURCE,

@@ -1,0 +1,358 @@
+"""Skinny matmul: `x @ w.T` for 2..64 rows of x (decode batches), streaming w near HBM speed.
+
+Why: on MLX's CUDA backend a matmul with 2..64 rows costs a fixed 30-45 us per call and
+streams the weights at 0.25-2 TB/s (docs/performance.md, the matmul table), so batch 8-64
+decode of an 8B model spends ~11 ms a step in matmuls against a 3.35 ms roofline. Decode
+matmuls are weight-bound: every weight is read once and used for at most 64 rows.
+
+How: the product is computed transposed, y.T [N, M] = w [N, K] . x.T [K, M], on tensor
+cores (`mma.sync` m16n8k16, bf16/fp16 in, fp32 accumulate): w's rows are the mma's 16-row
+A tiles, x's rows its 8-column B tiles, so one warp owns 16*RT output columns for all M
+rows and every weight byte is loaded once, 16 bytes per thread per load, bypassing L1
+(x's rows, reused by every warp, stay in L1/L2). The order of k inside a 32-wide chunk
+does not change a dot product, so each thread loads 8 consecutive k of a w row and 8 of
+an x row (one 16-byte load each) and hands them to two mmas as the k positions the
+fragment layout asks for: w and x use the same permutation, so the sum is the same.
+Small grids split k over the warps of a block (WK) and add the parts in shared memory in
+a fixed order, so one launch does it all and the same inputs give the same bits.
+
+Launch configurations come from `heuristic()`, or from a table measured on the device by
+`python -m graphc.runtime.kernels.tune --table T.json` and named by GRAPHC_SKINNY_TABLE;
+the table also records shapes where MLX's matmul is faster, and those stay with MLX.
+
+It is used by the compiled decode path (runtime/compiled_decode.py) behind a flag
+(`Engine(compile=True, skinny_gemm=True)` / GRAPHC_SKINNY_GEMM=1), only on CUDA, and only
+after `check()` has compared it with MLX's matmul on random inputs in this process.
+Accumulation order differs from cuBLAS, so results match to bf16 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from . import source_tag
+
+MAX_ROWS = 64
+TABLE_ENV = "GRAPHC_SKINNY_TABLE"  # a JSON table written by `python -m graphc.runtime.kernels.tune`
+
+_HEADER = r"""
+__device__ __forceinline__ uint4 graphc_ld_stream(const void* p) {
+  uint4 r;  // weights: read once, keep them out of L1
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint4 graphc_ld_keep(const void* p) {
+  uint4 r;  // activations: every warp reads them, let L1 keep them
+  asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+template <bool BF16>
+__device__ __forceinline__ void graphc_mma(float* d, unsigned a0, unsigned a1, unsigned a2,
+                                           unsigned a3, unsigned b0, unsigned b1) {
+  if constexpr (BF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+// One 32-wide k chunk: thread (g = lane / 4, t = lane % 4) holds k [8t, 8t + 8) of w rows
+// g and g + 8 of each 16-row tile and of x row g of each 8-row tile. mma 1 takes k
+// 8t..8t+3 as the fragment's (2t, 2t+1, 2t+8, 2t+9), mma 2 takes 8t+4..8t+7.
+template <bool BF16, int RT, int MT>
+__device__ __forceinline__ void graphc_chunk(float (&acc)[RT][MT][4], const uint4 (&wv)[RT][2],
+                                             const char* const (&xp)[MT], int off) {
+  uint4 xv[MT];
+#pragma unroll
+  for (int j = 0; j < MT; ++j) xv[j] = graphc_ld_keep(xp[j] + off);
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int j = 0; j < MT; ++j) {
+      graphc_mma<BF16>(acc[r][j], wv[r][0].x, wv[r][1].x, wv[r][0].y, wv[r][1].y, xv[j].x, xv[j].y);
+      graphc_mma<BF16>(acc[r][j], wv[r][0].z, wv[r][1].z, wv[r][0].w, wv[r][1].w, xv[j].z, xv[j].w);
+    }
+  }
+}
+"""
+
+_SOURCE = r"""
+    // Block: WN x WK warps. Warp (wn, wk) owns output columns [row0, row0 + 16 RT) and the
+    // wk-th of WK contiguous k ranges; the WK partial sums meet in shared memory.
+    const int M = x_shape[0];
+    const int K = x_shape[1];
+    const int N = w_shape[0];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int wn = warp % WN;
+    const int wk = warp / WN;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int row0 = (blockIdx.x * WN + wn) * (16 * RT);
+    const int chunks = K >> 5;
+    const int per = (chunks + WK - 1) / WK;
+    const int cb = wk * per;
+    const int ce = min(chunks, cb + per);
+
+    float acc[RT][MT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < MT; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.f;
+
+    // Rows past N (w) or M (x) read a valid row instead; their outputs are never stored.
+    const char* wp[RT][2];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wp[r][h] = reinterpret_cast<const char*>(w + (size_t)min(row0 + r * 16 + h * 8 + g, N - 1) * K + t * 8);
+    const char* xp[MT];
+#pragma unroll
+    for (int j = 0; j < MT; ++j)
+      xp[j] = reinterpret_cast<const char*>(x + (size_t)min(j * 8 + g, M - 1) * K + t * 8);
+
+    int c = cb;
+    for (; c + UNROLL <= ce; c += UNROLL) {
+      uint4 wv[UNROLL][RT][2];  // all of this group's weight loads in flight at once
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) wv[u][r][h] = graphc_ld_stream(wp[r][h] + (size_t)(c + u) * 64);
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) graphc_chunk<BF16, RT, MT>(acc, wv[u], xp, (c + u) * 64);
+    }
+    for (; c < ce; ++c) {
+      uint4 wv[RT][2];
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wv[r][h] = graphc_ld_stream(wp[r][h] + (size_t)c * 64);
+      graphc_chunk<BF16, RT, MT>(acc, wv, xp, c * 64);
+    }
+
+    if constexpr (WK > 1) {
+      // Fixed order (wk = 1, 2, ... added into wk = 0's registers): the same inputs give
+      // the same bits on every run.
+      __shared__ float part[WN][RT][MT][4][32];
+      for (int s = 1; s < WK; ++s) {
+        if (wk == s) {
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) part[wn][r][j][i][lane] = acc[r][j][i];
+        }
+        __syncthreads();
+        if (wk == 0) {
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int j = 0; j < MT; ++j)
+#pragma unroll
+              for (int i = 0; i < 4; ++i) acc[r][j][i] += part[wn][r][j][i][lane];
+        }
+        __syncthreads();
+      }
+      if (wk != 0) return;
+    }
+
+    // acc[r][j]: w rows (output columns) row0 + 16r + g (+8 for [2], [3]),
+    // x rows (output rows) 8j + 2t (+1 for [1], [3]).
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+#pragma unroll
+      for (int j = 0; j < MT; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int n = row0 + r * 16 + g + (i >> 1) * 8;
+          const int m = j * 8 + 2 * t + (i & 1);
+          if (n < N && m < M) y[(size_t)m * N + n] = static_cast<T>(acc[r][j][i]);
+        }
+      }
+    }
+"""
+
+_kernel = None
+
+
+def available() -> bool:
+    return mx.default_device().type == mx.gpu and mx.cuda.is_available()
+
+
+def _get():
+    global _kernel
+    if _kernel is None:
+        _kernel = mx.fast.cuda_kernel(
+            name=f"graphc_skinny_matmul_{source_tag(_HEADER + _SOURCE)}",
+            input_names=["x", "w"],
+            output_names=["y"],
+            source=_SOURCE,
+            header=_HEADER,
+        )
+    return _kernel
+
+
+def row_tiles(M: int) -> int:
+    """8-row x tiles for M rows, rounded up to 1, 2, 4, 8 so few kernel variants get built."""
+    MT = 1
+    while MT * 8 < M:
+        MT *= 2
+    return MT
+
+
+def supports(x: mx.array, w: mx.array) -> bool:
+    """Shapes and dtypes the kernel takes; anything else goes to MLX's matmul.
+
+    One row is left to MLX: its matrix-vector kernel already streams near peak."""
+    M = x.size // x.shape[-1] if x.ndim else 0
+    return (x.dtype in (mx.bfloat16, mx.float16) and w.dtype == x.dtype and w.ndim == 2
+            and x.shape[-1] == w.shape[1] and w.shape[1] % 32 == 0 and 2 <= M <= MAX_ROWS)
+
+
+def heuristic(M: int, K: int, N: int, *, target_warps: int = 2048) -> tuple[int, int, int, int, int]:
+    """(MT, RT, UNROLL, WN, WK) when no tuned table entry exists.
+
+    MT: 8-row x tiles; RT: 16-column w tiles per warp (more reuse of each x load);
+    UNROLL: 32-wide k chunks whose weight loads are in flight together; WN x WK warps a
+    block, WK splitting k inside the block, enough for ~`target_warps` warps in all.
+    """
+    MT = row_tiles(M)
+    RT = 1 if MT <= 2 else 2
+    UNROLL = 8 if MT <= 2 else (4 if MT == 4 else 2)
+    row_warps = -(-N // (16 * RT))
+    WK = 1
+    while WK < 8 and row_warps * WK < target_warps and (K // 32) // (2 * WK) >= UNROLL:
+        WK *= 2
+    WN = max(1, 4 // WK)
+    return MT, RT, UNROLL, WN, WK
+
+
+def fits(MT: int, RT: int, WN: int, WK: int) -> bool:
+    """The k-split's shared buffer (WN x RT x MT x 128 floats) fits the 48 KiB static limit."""
+    return WK == 1 or WN * RT * MT * 128 * 4 <= 48 * 1024
+
+
+_table: dict | None = None
+
+
+def load_table(path: str | None = None) -> dict:
+    """{(MT, K, N): config or None} from a tune JSON (`GRAPHC_SKINNY_TABLE`); None: MLX is faster."""
+    global _table
+    import json
+    import os
+
+    path = path or os.environ.get(TABLE_ENV)
+    table: dict = {}
+    if path:
+        with open(path) as f:
+            for e in json.load(f)["table"]:
+                table[(e["MT"], e["K"], e["N"])] = tuple(e["config"]) if e["config"] else None
+    _table = table
+    return table
+
+
+def plan(M: int, K: int, N: int) -> tuple | None:
+    """The launch configuration for an M x K by K x N product, or None where MLX's is faster."""
+    table = _table if _table is not None else load_table()
+    key = (row_tiles(M), K, N)
+    if key in table:
+        return table[key]
+    return heuristic(M, K, N)
+
+
+def matmul(x: mx.array, w: mx.array) -> mx.array:
+    """x @ w.T: the kernel where it takes the shape and is planned faster, MLX's matmul elsewhere."""
+    if supports(x, w) and available():
+        M = x.size // x.shape[-1]
+        cfg = plan(M, x.shape[-1], w.shape[0])
+        if cfg is not None:
+            return skinny_matmul(x, w, config=cfg)
+    return x @ w.T
+
+
+def skinny_matmul(x: mx.array, w: mx.array, *, config: tuple | None = None) -> mx.array:
+    """x [..., K] @ w[N, K].T for at most MAX_ROWS rows of x; `supports(x, w)` must hold."""
+    lead, K = x.shape[:-1], x.shape[-1]
+    N = w.shape[0]
+    M = x.size // K
+    MT, RT, UNROLL, WN, WK = config or heuristic(M, K, N)
+    if MT * 8 < M or not fits(MT, RT, WN, WK):
+        raise ValueError(f"config {(MT, RT, UNROLL, WN, WK)} does not fit {M} rows / shared memory")
+    blocks = -(-N // (WN * 16 * RT))
+    (y,) = _get()(
+        inputs=[x.reshape(M, K), w],
+        template=[("T", x.dtype), ("BF16", x.dtype == mx.bfloat16), ("MT", MT), ("RT", RT),
+                  ("UNROLL", UNROLL), ("WN", WN), ("WK", WK)],
+        grid=(blocks * WN * WK * 32, 1, 1),
+        threadgroup=(WN * WK * 32, 1, 1),
+        output_shapes=[(M, N)],
+        output_dtypes=[x.dtype],
+    )
+    return y.reshape(*lead, N)
+
+
+def reference(x: mx.array, w: mx.array) -> mx.array:
+    return x @ w.T
+
+
+_checked: dict = {}
+
+
+def check(seed: int = 0) -> str | None:
+    """None when the kernel matches MLX's matmul on random inputs here; else why not (cached)."""
+    if seed not in _checked:
+        _checked[seed] = _check(seed)
+    return _checked[seed]
+
+
+CHECK_SHAPES = ((2, 256, 48), (3, 512, 200), (8, 4096, 1024), (13, 2048, 4096), (32, 1024, 1000),
+                (64, 4096, 6144), (64, 14336, 512))
+CHECK_CONFIGS = ((1, 1, 8, 4, 1), (1, 2, 4, 2, 2), (1, 1, 2, 1, 8), (4, 4, 2, 2, 4))  # beside heuristic()
+
+
+def _check_cases():
+    """(dtype, M, K, N, config): every check shape at its heuristic config, the sweep's
+    corners on one shape, fp16 once (each distinct config is one more kernel build)."""
+    for M, K, N in CHECK_SHAPES:
+        yield mx.bfloat16, M, K, N, None
+    for c in CHECK_CONFIGS:
+        yield mx.bfloat16, 13, 2048, 4096, (max(2, c[0]),) + c[1:]
+    yield mx.float16, 32, 1024, 1000, None
+
+
+def close(got: mx.array, x: mx.array, w: mx.array) -> str | None:
+    """None when `got` is x @ w.T to bf16 rounding; else by how much it is not."""
+    want = reference(x.astype(mx.float32), w.astype(mx.float32))
+    err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
+    scale = mx.max(mx.abs(want)).item()
+    return None if err <= 2e-2 * max(scale, 1.0) else f"differs from MLX's matmul by {err:.3g} (max |y| {scale:.3g})"
+
+
+def _check(seed: int) -> str | None:
+    if not available():
+        return "not a CUDA device"
+    try:
+        key = mx.random.key(seed)
+        for dtype, M, K, N, cfg in _check_cases():
+            k1, k2, key = mx.random.split(key, 3)
+            x = mx.random.normal((M, K), key=k1).astype(dtype)
+            w = (mx.random.normal((N, K), key=k2) * K ** -0.5).astype(dtype)
+            why = close(skinny_matmul(x, w, config=cfg), x, w)
+            if why:
+                return f"kernel {why} at M={M} K={K} N={N} {dtype} config {cfg or heuristic(M, K, N)}"
+    except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop decoding
+        return f"kernel failed: {type(e).__name__}: {e}"
+    return None
