@@ -133,3 +133,35 @@ def test_cuda_kernel_matches_mlx(M, K, N):
     assert sk.close(sk.skinny_matmul(x, w), x, w) is None
     for cfg in tune.sweep(sk.row_tiles(M), K):
         assert sk.close(sk.skinny_matmul(x, w, config=cfg), x, w) is None, cfg
+
+
+def test_in_process_check_caches_and_reports_failures(monkeypatch):
+    """The check every kernel module uses: off CUDA it says so without building anything; on
+    CUDA a kernel that raises is reported, not raised, and each seed is compared once."""
+    import graphc.runtime.kernels as kernels
+
+    seen = []
+
+    def compare(seed):
+        seen.append(seed)
+        if seed == 1:
+            raise RuntimeError("Failed to compile kernel")
+        return None
+
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    check = kernels.in_process_check(compare)
+    assert check() == "not a CUDA device" and seen == []
+    monkeypatch.setattr(kernels, "available", lambda: True)
+    check = kernels.in_process_check(compare)
+    assert check(0) is None and check(0) is None
+    assert check(1) == "kernel failed: RuntimeError: Failed to compile kernel"
+    assert seen == [0, 1]
+
+
+def test_kernel_names_follow_their_source():
+    """MLX caches built kernels on disk by name: a changed source must change the name."""
+    from graphc.runtime.kernels import Kernel
+
+    a = Kernel("k", ["x"], ["y"], "y[0] = x[0];")
+    b = Kernel("k", ["x"], ["y"], "y[0] = x[0] + 1;")
+    assert a.spec["name"] != b.spec["name"] and a.spec["name"].startswith("k_")

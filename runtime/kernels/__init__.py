@@ -7,6 +7,8 @@ path, runtime/compiled_decode.py, falls back to MLX on any mismatch or build fai
 
 import hashlib
 
+import mlx.core as mx
+
 
 def source_tag(source: str) -> str:
     """A short hash of a kernel's source, part of its name.
@@ -15,3 +17,43 @@ def source_tag(source: str) -> str:
     /tmp/mlx/<version>/ptx) under the kernel's name and template arguments only, so a
     changed source under an unchanged name would load the old build."""
     return hashlib.sha1(source.encode()).hexdigest()[:10]
+
+
+def available() -> bool:
+    """MLX's CUDA backend is the default device."""
+    return mx.default_device().type == mx.gpu and mx.cuda.is_available()
+
+
+class Kernel:
+    """An `mx.fast.cuda_kernel`, built on first call, its name tagged with its source's hash."""
+
+    def __init__(self, name: str, input_names: list, output_names: list, source: str, header: str = ""):
+        self.spec = dict(name=f"{name}_{source_tag(header + source)}", input_names=input_names,
+                         output_names=output_names, source=source, header=header)
+        self._built = None
+
+    def __call__(self, **kwargs):
+        if self._built is None:
+            self._built = mx.fast.cuda_kernel(**self.spec)
+        return self._built(**kwargs)
+
+
+def in_process_check(compare):
+    """`check(seed=0)` for a kernel module: None when `compare(seed)` (None, or why not) finds
+    the kernel equal to its reference on this device; the answer is computed once per seed.
+    A kernel that fails to build or run reports why instead of raising: decoding goes on
+    with MLX's own ops."""
+    answers: dict = {}
+
+    def check(seed: int = 0) -> str | None:
+        if seed not in answers:
+            if not available():
+                answers[seed] = "not a CUDA device"
+            else:
+                try:
+                    answers[seed] = compare(seed)
+                except Exception as e:  # noqa: BLE001 - see the docstring
+                    answers[seed] = f"kernel failed: {type(e).__name__}: {e}"
+        return answers[seed]
+
+    return check
