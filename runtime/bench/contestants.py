@@ -346,32 +346,19 @@ def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> l
     Two formulations of the same product: `x @ W.T` (what nn.Linear runs) and `W @ x.T`
     (the transposed problem; the library may pick another kernel for it).
     """
-    from statistics import median
+    from graphc.runtime.kernels import skinny_matmul as sk
+    from graphc.runtime.kernels.tune import rotating_weights, time_matmul
 
-    copies = max(2, int(2 * 2**30 // (K * N * 2)))  # rotate >= 2 GiB of weights: L2 holds none
-    copies = min(copies, 16)
-    Ws = [mx.random.normal((N, K), dtype=dtype) for _ in range(copies)]
-    mx.eval(Ws)
+    Ws = rotating_weights(K, N, dtype)
     rows = []
     variants = {"x@W.T": lambda x, w: x @ w.T, "W@x.T": lambda x, w: w @ x.T}
-    from graphc.runtime.kernels import skinny_matmul as sk
-
     if sk.check() is None:  # graphc's kernel (GRAPHC_SKINNY_GEMM=1), where it built and matched
         variants["skinny"] = sk.matmul
     for B in batches:
         x = mx.random.normal((B, K), dtype=dtype)
         mx.eval(x)
         for name, f in variants.items():
-            for w in Ws:
-                mx.eval(f(x, w))
-            times = []
-            for _ in range(reps):
-                outs = [f(x, w) for w in Ws]
-                mx.synchronize()
-                t0 = now()
-                mx.eval(outs)
-                times.append((now() - t0) / copies)
-            t = median(times)
+            t = time_matmul(f, x, Ws, reps)
             rows.append({"B": B, "K": K, "N": N, "variant": name, "us": t * 1e6, "GBps": K * N * 2 / t / 1e9})
     del Ws
     free()

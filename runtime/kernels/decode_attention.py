@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import Kernel, available, in_process_check
+from . import Kernel, in_process_check
 
 _SOURCE = r"""
     // One block per (row, query head); WARPS warps each take KPI consecutive keys per

@@ -33,7 +33,17 @@ SHAPES = {  # (K, N): what
 WARP_GRIDS = ((4, 1), (8, 1), (2, 2), (1, 4), (2, 4), (1, 8))  # (WN, WK)
 
 
-def _time(f, x, Ws, reps=10) -> float:
+def rotating_weights(K: int, N: int, dtype=mx.bfloat16) -> list:
+    """Copies of a random [N, K] weight, >= 2 GiB in all (at most 16): timing a matmul over
+    them in turn reads every weight from HBM, as decode does — L2 holds none of them."""
+    copies = max(2, min(16, int(2 * 2**30 // (K * N * 2))))
+    Ws = [mx.random.normal((N, K), dtype=dtype) for _ in range(copies)]
+    mx.eval(Ws)
+    return Ws
+
+
+def time_matmul(f, x, Ws, reps: int = 10) -> float:
+    """Median seconds of one `f(x, w)`, each timing running it once per weight of `Ws`."""
     for w in Ws:
         mx.eval(f(x, w))
     ts = []
@@ -70,23 +80,21 @@ def main(argv=None) -> int:
     out, table = [], []
     t_start = time.time()
     for (K, N), what in shapes.items():
-        copies = max(2, min(16, int(2 * 2**30 // (K * N * 2))))
-        Ws = [mx.random.normal((N, K), dtype=mx.bfloat16) for _ in range(copies)]
-        mx.eval(Ws)
+        Ws = rotating_weights(K, N)
         for M in rows:
             x = mx.random.normal((M, K), dtype=mx.bfloat16)
             mx.eval(x)
             xs = (x.astype(mx.float32) * K ** -0.5).astype(mx.bfloat16)  # the accuracy probe's input
-            t_mlx = _time(lambda x, w: x @ w.T, x, Ws)
+            t_mlx = time_matmul(lambda x, w: x @ w.T, x, Ws)
             h = sk.heuristic(M, K, N)
-            t_h = _time(lambda x, w: sk.skinny_matmul(x, w, config=h), x, Ws)
+            t_h = time_matmul(lambda x, w: sk.skinny_matmul(x, w, config=h), x, Ws)
             best, tried = (t_h, h), []
             for cfg in ([] if a.quick else sweep(sk.row_tiles(M), K)):
                 try:  # only configurations whose result matches MLX's may enter the table
                     why = sk.close(sk.skinny_matmul(xs, Ws[0], config=cfg), xs, Ws[0])
                     if why:
                         raise ValueError(why)
-                    t = _time(lambda x, w, cfg=cfg: sk.skinny_matmul(x, w, config=cfg), x, Ws, reps=5)
+                    t = time_matmul(lambda x, w, cfg=cfg: sk.skinny_matmul(x, w, config=cfg), x, Ws, reps=5)
                 except Exception as e:  # noqa: BLE001 - report and go on
                     print(f"  {cfg} failed: {e}", flush=True)
                     continue
