@@ -136,12 +136,6 @@ def _mlx_matmul(x, w):
     return x @ w.T
 
 
-def _skinny_matmul(x, w):
-    from .kernels.skinny_matmul import matmul
-
-    return matmul(x, w)
-
-
 CAPACITY_STEP = 256
 
 
@@ -191,7 +185,9 @@ class CompiledDecode:
 
         self.skinny_note = skinny_matmul.check() if skinny else "off"
         self.skinny = self.skinny_note is None
-        self.matmul = _skinny_matmul if self.skinny else _mlx_matmul
+        if self.skinny:
+            skinny_matmul.load_table()  # a bad GRAPHC_SKINNY_TABLE fails here, not in a decode step
+        self.matmul = skinny_matmul.matmul if self.skinny else _mlx_matmul
         self._fn = mx.compile(self._traced)
         self.compiled_steps = 0
         self.fallback_steps = 0

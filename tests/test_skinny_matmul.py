@@ -165,3 +165,14 @@ def test_kernel_names_follow_their_source():
     a = Kernel("k", ["x"], ["y"], "y[0] = x[0];")
     b = Kernel("k", ["x"], ["y"], "y[0] = x[0] + 1;")
     assert a.spec["name"] != b.spec["name"] and a.spec["name"].startswith("k_")
+
+
+@pytest.mark.parametrize("content", [None, "not json", '{"rows": []}', '{"table": [{"MT": 1, "K": 64, "N": 8, "config": [1, 2]}]}'])
+def test_a_bad_table_is_a_clear_error(tmp_path, monkeypatch, content):
+    path = tmp_path / "t.json"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setattr(sk, "_table", None)
+    with pytest.raises(ValueError, match="GRAPHC_SKINNY_TABLE=.*not a skinny-matmul table.*kernels.tune --table"):
+        sk.load_table(str(path))
+    monkeypatch.setattr(sk, "_table", None)

@@ -490,8 +490,9 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
     for k in (k for k in raw if k[0] == "matmul" and raw[k]):
         (K, Nn), what = k[1], k[2]
         for r in raw[k]:
+            who = "graphc" if r["variant"] == "skinny" else "mlx"  # graphc's kernel or MLX's matmul
             rows.append({"workload": "matmul", "case": f"{what} {K}->{Nn} B={r['B']} {r['variant']}",
-                         "batch": r["B"], "unit": "GB/s (weights)", "values": {("graphc" if r["variant"] == "skinny" else "mlx"): r["GBps"], "us": r["us"]},
+                         "batch": r["B"], "unit": "GB/s (weights)", "values": {who: r["GBps"], "us": r["us"]},
                          "ratios": {"of HBM peak": r["GBps"] * 1e9 / HBM_BYTES_PER_S}})
     return rows
 
