@@ -54,3 +54,14 @@ def parse(model: type[BaseModel], data: dict):
         return model.model_validate(data)
     except ValidationError as e:
         raise from_validation_errors(e.errors()) from None
+
+
+async def read_request(request: Request, state, model: type[BaseModel]):
+    """The common start of a generation endpoint: the size-limited JSON body validated as
+    `model`, the engine ready, and the request's `model` name and `n` accepted (each an
+    OpenAI-style error otherwise)."""
+    req = parse(model, await read_json(request, state.config.max_body_bytes))
+    state.require_ready()
+    state.check_model(req.model)
+    state.check_n(req.n)
+    return req

@@ -14,7 +14,7 @@ import uuid
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from .body import parse, read_json
+from .body import read_request
 from .errors import bad_request
 from .logprobs import chat_logprobs, logprob_source
 from .prompts import chat_prompt
@@ -25,11 +25,7 @@ from .sse import DONE, drain, guarded, sse, watch_disconnect
 
 
 async def create_chat_completion(request: Request, state):
-    data = await read_json(request, state.config.max_body_bytes)
-    req = parse(ChatCompletionRequest, data)
-    state.require_ready()
-    state.check_model(req.model)
-    state.check_n(req.n)
+    req = await read_request(request, state, ChatCompletionRequest)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     ids = chat_prompt(state, req)

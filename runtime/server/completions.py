@@ -14,7 +14,7 @@ import attrs
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from .body import parse, read_json
+from .body import read_request
 from .errors import bad_request
 from .logprobs import completion_logprobs, logprob_source
 from .prompts import completion_prompts, prompt_text
@@ -24,11 +24,7 @@ from .sse import DONE, drain, guarded, sse, watch_disconnect
 
 
 async def create_completion(request: Request, state):
-    data = await read_json(request, state.config.max_body_bytes)
-    req = parse(CompletionRequest, data)
-    state.require_ready()
-    state.check_model(req.model)
-    state.check_n(req.n)
+    req = await read_request(request, state, CompletionRequest)
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:
