@@ -18,6 +18,7 @@ from pathlib import Path
 
 from graphc.compiler.compile import CompiledGraph, compile_graph
 
+from .fault import StepGuard
 from .params import SamplingParams
 from .prefix_cache import for_binding
 from .prefix_io import PrefixIO
@@ -88,6 +89,7 @@ class Engine:
                                    defer=self.prefix.should_wait if self.prefix is not None else None,
                                    kv_budget=kv_budget_tokens)
         self.batch_prefill = batch_prefill  # whole short prompts share one prefill forward
+        self.faults = StepGuard(self)  # a failing step ends only the request(s) responsible
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
         self._grammar_lock = threading.Lock()
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
@@ -192,8 +194,14 @@ class Engine:
         return self.scheduler.has_work
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler iteration: some prefill chunks, then one decode step. Returns deltas."""
+        """Run one scheduler iteration: some prefill chunks, then one decode step. Returns deltas.
+        If the step raises, only the request(s) responsible end (finish_reason "error"); the
+        others are recomputed and go on (runtime/fault.py)."""
+        return self.faults.step()
+
+    def _step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        self.faults.begin(sched.prefill)
         touched: list[Request] = []
         for group in self._prefill_groups(sched.prefill):
             if len(group) > 1:  # whole prompts, one left-padded forward

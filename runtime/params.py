@@ -21,6 +21,14 @@ def _tuple(v):
     return (v,) if isinstance(v, (str, int)) or callable(v) else tuple(v)
 
 
+def _encodable(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @attrs.frozen
 class SamplingParams:
     """Per-request generation settings. Defaults give greedy decoding of up to 256 tokens.
@@ -76,19 +84,26 @@ class SamplingParams:
         def bad(field, msg):
             raise ValueError(f"{field} {msg}")
 
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 0:
-            bad("max_tokens", f"must be a non-negative integer, got {self.max_tokens!r}")
-        from .sampling.params import validate_params
+        from .sampling.params import MAX_INT32, validate_params
+
+        if (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
+                or not 0 <= self.max_tokens <= MAX_INT32):
+            bad("max_tokens", f"must be an integer in 0..{MAX_INT32}, got {self.max_tokens!r}")
 
         validate_params(self)  # temperature, top-k/p, min-p, seed, penalties, bias, logprobs, ...
         if not all(isinstance(s, str) for s in self.stop):
             bad("stop", f"must be strings, got {self.stop!r}")
+        for s in self.stop:  # a lone surrogate cannot be matched against decoded text, nor printed
+            if not _encodable(s):
+                bad("stop", "holds a lone UTF-16 surrogate (not valid Unicode text)")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
+            bad("stop_token_ids", f"must be token ids (integers), got {self.stop_token_ids!r}")
         if vocab_size is not None:
             ids = list((self.logit_bias or {}).keys()) + list(self.banned_token_ids) + list(self.logprob_token_ids)
             ids += list(self.stop_token_ids)
             for t in ids:
                 if not isinstance(t, int) or not 0 <= t < vocab_size:
-                    bad("token id", f"{t!r} is out of range for a vocabulary of {vocab_size}")
+                    bad("token id", f"{str(t)[:40]} is out of range for a vocabulary of {vocab_size}")
         return self
 
     @property

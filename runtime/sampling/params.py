@@ -12,6 +12,11 @@ from typing import Mapping, Protocol, Sequence
 
 
 MAX_LOGPROBS = 20
+# Counts reach the sampler as int32 arrays (min_tokens, top_k, token ids); a larger value would
+# overflow there, inside the engine step, and fail every request that shares it.
+MAX_INT32 = 2**31 - 1
+# Seeds are folded to 64 bits (noise.split_seed); a wider one is almost surely a client bug.
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 class SamplingParamsLike(Protocol):
@@ -52,16 +57,16 @@ def validate_params(p: SamplingParamsLike) -> None:
     t = _num("temperature", p.temperature)
     if t < 0:
         raise ValueError(f"temperature must be >= 0 (0 means greedy), got {p.temperature}")
-    if not _is_int(p.top_k) or p.top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {p.top_k!r}")
+    if not _is_int(p.top_k) or not 0 <= p.top_k <= MAX_INT32:
+        raise ValueError(f"top_k must be an integer in 0..{MAX_INT32} (0 disables it), got {p.top_k!r}")
     top_p = _num("top_p", p.top_p)
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {p.top_p}")
     min_p = _num("min_p", p.min_p)
     if not 0.0 <= min_p <= 1.0:
         raise ValueError(f"min_p must be in [0, 1], got {p.min_p}")
-    if p.seed is not None and not _is_int(p.seed):
-        raise ValueError(f"seed must be an integer or None, got {p.seed!r}")
+    if p.seed is not None and (not _is_int(p.seed) or not SEED_RANGE[0] <= p.seed <= SEED_RANGE[1]):
+        raise ValueError(f"seed must be None or an integer in [-2**63, 2**64), got {p.seed!r}")
     rep = _num("repetition_penalty", p.repetition_penalty)
     if rep <= 0:
         raise ValueError(f"repetition_penalty must be > 0 (1 disables it), got {p.repetition_penalty}")
@@ -73,17 +78,17 @@ def validate_params(p: SamplingParamsLike) -> None:
         raise ValueError(f"penalize_prompt must be a bool, got {p.penalize_prompt!r}")
     if p.logit_bias is not None:
         for k, v in p.logit_bias.items():
-            if not _is_int(k) or k < 0:
+            if not _is_int(k) or not 0 <= k <= MAX_INT32:
                 raise ValueError(f"logit_bias keys must be token ids >= 0, got {k!r}")
             v = _num(f"logit_bias[{k}]", v)
             if not -100.0 <= v <= 100.0:
                 raise ValueError(f"logit_bias[{k}] must be in [-100, 100], got {v}")
     for name in ("banned_token_ids", "logprob_token_ids"):
         for i in getattr(p, name):
-            if not _is_int(i) or i < 0:
+            if not _is_int(i) or not 0 <= i <= MAX_INT32:
                 raise ValueError(f"{name} must hold token ids >= 0, got {i!r}")
-    if not _is_int(p.min_tokens) or p.min_tokens < 0:
-        raise ValueError(f"min_tokens must be an integer >= 0, got {p.min_tokens!r}")
+    if not _is_int(p.min_tokens) or not 0 <= p.min_tokens <= MAX_INT32:
+        raise ValueError(f"min_tokens must be an integer in 0..{MAX_INT32}, got {p.min_tokens!r}")
     for name in ("logprobs", "prompt_logprobs"):
         v = getattr(p, name)
         if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):

@@ -1,0 +1,174 @@
+"""Fault isolation for the engine step: one bad request never fails the others.
+
+`Engine.step()` builds and runs one batch for many requests. If anything in it raises
+(a sampler tensor built from a request's parameters, a grammar mask, a logits processor,
+a prefix-cache write, the forward itself), the batch's working state can no longer be
+trusted: caches may have advanced for some layers and not others, a pool write may have
+been half done. So recovery does not patch the batch; it rebuilds it:
+
+1. **Reset.** Every request that took part in the failed step is put back in the
+   waiting queue the way a KV-budget preemption does it (its prompt plus the output
+   so far is recomputed later), its working KV dropped *without* storing it in the
+   prefix cache, its tree locks released; then the prefix cache is flushed of every
+   entry no live request holds, so nothing a failed write touched can be hit later.
+2. **Find the culprits by bisection.** The suspects run again, alone in the engine
+   (the other waiting requests are set aside), in groups: a group that completes one
+   prefill and one decode step is cleared (its KV goes to the prefix cache the normal
+   way and it goes back to the queue); a group that fails again is reset and split in
+   halves, down to single requests. A single request that fails is the culprit: it
+   ends with finish_reason "error" and `error` saying what raised.
+3. **Go on.** Cleared requests continue from where they were. Greedy and seeded rows
+   produce exactly the tokens they would have produced alone (the same invariant as
+   preemption by recompute); unseeded sampled rows draw new noise, as after any
+   preemption.
+
+A fault that no subset reproduces (transient, or only in one combination of rows)
+clears every group; if the next step fails again with no step in between having
+succeeded, the requests of that step are ended with "error" rather than retried
+forever. Cost: a fault costs a recompute of the suspects plus about 2·log2(n) small
+steps; a step without a fault pays nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+from .request import Request, RequestOutput, Status
+
+log = logging.getLogger("graphc.fault")
+
+# Steps a probe group may take to produce its first decode token (prefill chunks of a long
+# prompt + burst admission + one decode); a group that needs more is treated as cleared.
+PROBE_STEP_LIMIT = 4096
+
+
+class StepGuard:
+    """Wraps Engine._step: records who takes part in a step and recovers when it raises."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.in_step: list[Request] = []  # requests the current step touches (set by begin())
+        self.recoveries = 0  # faults recovered from (for /metrics)
+        self.culprits = 0  # requests ended with "error" by a recovery
+        self._failed_last = False  # the previous step failed and no step succeeded since
+        self._probing = False
+
+    def begin(self, prefill: list) -> None:
+        """Called by the step once it knows its work: the prefill chunks and the decode rows."""
+        seen = dict.fromkeys(r for r, _ in prefill)
+        seen.update(dict.fromkeys(self.engine.scheduler.running))
+        self.in_step = list(seen)
+
+    def step(self) -> list[RequestOutput]:
+        if self._probing:  # a probe's own step: its failure is handled by the bisection
+            return self.engine._step()
+        self.in_step = []
+        try:
+            outs = self.engine._step()
+        except Exception as exc:  # noqa: BLE001 - any failure inside the step is isolated below
+            return self._recover(exc)
+        self._failed_last = False
+        return outs
+
+    # -- recovery ---------------------------------------------------------------------
+    def _recover(self, exc: Exception) -> list[RequestOutput]:
+        eng = self.engine
+        suspects = [r for r in dict.fromkeys(self.in_step + list(eng.scheduler.running)) if not r.finished]
+        finished_in_step = [r for r in self.in_step if r.finished]
+        self.recoveries += 1
+        log.warning("engine step failed (%s: %s); isolating the request(s) responsible among %d",
+                    type(exc).__name__, exc, len(suspects), exc_info=log.isEnabledFor(logging.DEBUG))
+        self._reset(suspects)
+        if self._failed_last:  # nothing reproduced it alone last time and it failed again: stop retrying
+            for r in suspects:
+                self._fail(r, f"the engine step failed twice in a row: {type(exc).__name__}: {exc}")
+            self._failed_last = False
+        else:
+            self._failed_last = True
+            self._bisect(suspects, exc)
+        touched = dict.fromkeys(finished_in_step + suspects)
+        return [eng._delta(r) for r in touched if r.finished or len(r.output_ids) > r.emitted_tokens]
+
+    def _reset(self, reqs: list[Request]) -> None:
+        """Drop the working state of `reqs` (and the whole decode batch) without caching it."""
+        eng, sched, runner = self.engine, self.engine.scheduler, self.engine.runner
+        gone = {id(r) for r in reqs}
+        running_left = [r for r in sched.running if id(r) not in gone]
+        for r in running_left:  # rows sharing the batch lose their KV too: recompute them as well
+            reqs.append(r)
+        runner.rows, runner.caches, runner.pending = [], None, None
+        if hasattr(runner, "_prefilled_batch"):
+            runner._prefilled_batch = None
+        front = []
+        for r in reqs:
+            if r.finished:
+                continue
+            if eng.prefix is not None:
+                eng.prefix.release(r)
+            if r in sched.running:
+                sched.running.remove(r)
+            if r in sched.waiting:
+                sched.waiting.remove(r)
+            r.caches = None
+            r.status = Status.WAITING
+            r.n_resumed = len(r.output_ids)
+            r.prefilled = r.cached_tokens = 0
+            if not r.output_ids:
+                r.prompt_logprobs = None  # recomputed from the start
+            front.append(r)
+        sched.waiting.extendleft(reversed(front))
+        if eng.prefix is not None:
+            eng.prefix.flush()  # a write that failed half way may have left slots unwritten
+
+    def _bisect(self, suspects: list[Request], exc: Exception) -> None:
+        groups = collections.deque([suspects]) if len(suspects) > 1 else collections.deque([suspects])
+        while groups:
+            g = [r for r in groups.popleft() if not r.finished]
+            if not g:
+                continue
+            err = self._probe(g)
+            if err is None:
+                continue
+            if len(g) == 1:
+                self._fail(g[0], f"{type(err).__name__}: {err}")
+                continue
+            half = len(g) // 2
+            groups.extendleft([g[half:], g[:half]])  # depth first: the failing half is found soon
+
+    def _probe(self, group: list[Request]) -> Exception | None:
+        """Run `group` alone until each member has one more decode token (or finished).
+        Returns the exception if it failed (the group is reset), None if it went through
+        (its members are preempted back into the queue, their KV stored in the prefix cache)."""
+        eng, sched = self.engine, self.engine.scheduler
+        others = [r for r in sched.waiting if all(r is not g for g in group)]
+        sched.waiting = collections.deque(r for r in sched.waiting if any(r is g for g in group))
+        burst = sched._burst_left
+        sched._burst_left = 0
+        target = {id(r): len(r.output_ids) + 2 for r in group}  # the prefill token and one decode token
+        self._probing = True
+        err = None
+        try:
+            for _ in range(PROBE_STEP_LIMIT):
+                if all(r.finished or len(r.output_ids) >= target[id(r)] for r in group):
+                    break
+                eng._step()
+        except Exception as e:  # noqa: BLE001 - the fault reproduced in this group
+            err = e
+        finally:
+            self._probing = False
+        if err is not None:
+            self._reset(list(group))
+        else:
+            for r in list(sched.running):
+                eng._preempt(r)  # KV into the prefix cache; back to the queue to be rejoined
+            eng.stats["preemptions"] -= sum(1 for r in group if not r.finished)  # not budget preemptions
+        sched.waiting.extend(others)
+        sched._burst_left = burst
+        return err
+
+    def _fail(self, req: Request, why: str) -> None:
+        log.warning("request %s failed in the engine step and was ended alone: %s", req.id, why)
+        req.error = why
+        self.culprits += 1
+        self.engine._finish(req, "error")
