@@ -21,6 +21,7 @@ from graphc.runtime.engine import Engine
 
 from .chat import create_chat_completion
 from .completions import create_completion
+from . import guard
 from .config import ServerConfig
 from .errors import APIError, install_handlers
 from .metrics import HTTPCounter
@@ -45,6 +46,7 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
     app = FastAPI(title="graphc", summary="OpenAI-compatible server on MLX", lifespan=lifespan)
     app.state.graphc = state
     install_handlers(app)
+    guard.install(app, config)  # Host check (DNS rebinding), opt-in CORS
     app.add_middleware(HTTPCounter, metrics=state.metrics)
 
     def check_key(request: Request) -> None:

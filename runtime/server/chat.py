@@ -28,7 +28,7 @@ async def create_chat_completion(request: Request, state):
     req = await read_request(request, state, ChatCompletionRequest)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    ids = chat_prompt(state, req)
+    ids = await state.run_cpu(chat_prompt, state, req)
     # max_completion_tokens replaced max_tokens in OpenAI's API; take it first.
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import sys
@@ -30,6 +29,13 @@ def add_parser(subparsers) -> None:
     s.add_argument("--max-prompts", type=int, default=64, help="most prompts in one /v1/completions call")
     s.add_argument("--max-queued", type=int, default=256,
                    help="sequences that may wait beyond the decode batch before requests get 503")
+    s.add_argument("--allowed-hosts", type=_csv,
+                   help="comma-separated Host names to answer besides loopback ones ('*': any); by default a "
+                        "loopback-bound server refuses other Host headers (DNS rebinding) with 403")
+    s.add_argument("--cors-origins", type=_csv,
+                   help="comma-separated origins browsers may read responses from (default: CORS off)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests may finish after SIGTERM/SIGINT before they are aborted")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=cmd_serve)
 
@@ -41,16 +47,12 @@ def config_from_args(args) -> ServerConfig:
         kv_budget_tokens=args.kv_budget_tokens,
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
-        max_queued=args.max_queued)
+        max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,
+        shutdown_timeout=args.shutdown_timeout)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def cmd_serve(args) -> int:
@@ -58,15 +60,23 @@ def cmd_serve(args) -> int:
         import uvicorn
 
         from .app import create_app
+        from .guard import is_loopback
+        from .shutdown import GracefulServer
     except ImportError as e:
         print(f"graphc serve needs the server extra: pip install 'graphc[server]' ({e})", file=sys.stderr)
         return 2
     config = config_from_args(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if not _is_loopback(config.host) and not config.api_key:
+    if config.shutdown_timeout < 0:
+        print("--shutdown-timeout must be >= 0", file=sys.stderr)
+        return 2
+    if not is_loopback(config.host) and not config.api_key:
         logging.getLogger("graphc.server").warning(
             "binding %s without --api-key: anyone who can reach this address can use the model", config.host)
     app = create_app(config)
-    # A bounded graceful shutdown: open streams are aborted by the lifespan, not waited on forever.
-    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    # SIGTERM/SIGINT drain (runtime/server/shutdown.py): 503 for new requests, running ones get
+    # --shutdown-timeout to finish, the rest end with finish_reason "abort"; then exit 0.
+    server = GracefulServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5), app.state.graphc, config.shutdown_timeout)
+    server.run()
     return 0

@@ -37,7 +37,7 @@ async def create_completion(request: Request, state):
     score_only = req.echo and req.max_tokens == 0
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    prompts, texts = completion_prompts(state, req.prompt)
+    prompts, texts = await state.run_cpu(completion_prompts, state, req.prompt)
     items = []
     for ids in prompts:
         requested = 1 if score_only else req.max_tokens  # the engine always makes one token; dropped below

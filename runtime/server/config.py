@@ -14,6 +14,11 @@ class ServerConfig:
     host: str = "127.0.0.1"  # loopback unless told otherwise
     port: int = 8000
     api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <key>`
+    # Host names the server answers (None: loopback names when bound to loopback, any otherwise;
+    # "*" in the list: any). Guards a loopback server against DNS rebinding (server/guard.py).
+    allowed_hosts: list[str] | None = None
+    cors_origins: list[str] | None = None  # origins browsers may read responses from; None = CORS off
+    shutdown_timeout: float = 30.0  # seconds running requests may finish after SIGTERM before they are aborted
 
     # engine
     max_batch: int = 64  # decode batch rows

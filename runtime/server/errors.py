@@ -7,6 +7,7 @@ client always gets the same body shape and never a stack trace.
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -19,7 +20,8 @@ log = logging.getLogger("graphc.server")
 # OpenAI's `type` per status family.
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+          415: "invalid_request_error", 429: "rate_limit_error", 499: "invalid_request_error",
+          500: "server_error", 503: "server_error"}
 
 
 class APIError(Exception):
@@ -37,7 +39,19 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        headers = dict(self.headers or {})
+        if self.status >= 500:
+            # Tell the client this connection is done: after a server error it is not reused,
+            # and a pooled client that is not told so sees a reset on its next request.
+            headers["Connection"] = "close"
+        return _SafeJSON(self.body(), status_code=self.status, headers=headers)
+
+
+class _SafeJSON(JSONResponse):
+    """ASCII-escaped JSON: an error message can never fail to encode, whatever text it quotes."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -79,5 +93,11 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
+        from starlette.requests import ClientDisconnect
+
+        if isinstance(exc, ClientDisconnect):  # the client hung up mid-upload: not a server error
+            from .body import client_gone
+
+            return client_gone().response()
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()

@@ -1,6 +1,8 @@
 """Prompts as token ids: /v1/completions' four prompt shapes, and chat messages through the
-model's chat template (tokenizer.apply_chat_template). Runs on the event loop with the
-server's own tokenizer copy."""
+model's chat template (tokenizer.apply_chat_template). Runs on the server's tokenization
+thread (ServerState.run_cpu) with its own tokenizer copy, never on the event loop; text
+longer than any prompt that fits (ServerState.max_prompt_chars) is refused before it is
+tokenized."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def completion_prompts(state, prompt) -> tuple[list[list[int]], list[str]]:
     for i, p in enumerate(raw):
         where = "prompt" if len(raw) == 1 else f"prompt[{i}]"
         if isinstance(p, str):
+            check_text_length(state, len(p), where, "prompt")
             ids = list(state.tokenizer.encode(p))
             text = p
         else:
@@ -43,6 +46,14 @@ def completion_prompts(state, prompt) -> tuple[list[list[int]], list[str]]:
         ids_list.append(ids)
         texts.append(text)
     return ids_list, texts
+
+
+def check_text_length(state, n_chars: int, where: str, param: str) -> None:
+    limit = state.max_prompt_chars
+    if limit and n_chars > limit:
+        raise bad_request(f"{where} has {n_chars} characters: more than the {state.max_prompt_tokens} tokens this "
+                          f"server accepts in a prompt could hold (at most {limit} characters); shorten it",
+                          param, code="context_length_exceeded")
 
 
 def _is_id(t) -> bool:
@@ -60,7 +71,7 @@ def chat_prompt(state, req: ChatCompletionRequest) -> list[int]:
     if not getattr(tok, "chat_template", None):
         raise bad_request(f"the model '{state.model_name}' has no chat template; use /v1/completions",
                           "messages", code="no_chat_template")
-    messages = []
+    messages, total_chars = [], 0
     for i, m in enumerate(req.messages):
         content = m.content
         if isinstance(content, list):
@@ -71,6 +82,8 @@ def chat_prompt(state, req: ChatCompletionRequest) -> list[int]:
                                       f"{part.get('type')!r}", "messages")
                 texts.append(part["text"])
             content = "\n".join(texts)
+        total_chars += len(content or "")
+        check_text_length(state, total_chars, "messages", "messages")
         msg = dict(m.model_extra or {})
         msg.update(role="system" if m.role == "developer" else m.role, content=content or "")
         if m.name is not None:

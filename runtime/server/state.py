@@ -3,6 +3,8 @@ the limits, and the checks every request goes through (ready, model name, length
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import copy
 import logging
 import threading
@@ -39,7 +41,12 @@ class ServerState:
         self.created = int(time.time())
         self.max_model_len = 0
         self.max_prompt_tokens = 0
+        self.max_prompt_chars = 0  # longer prompt text cannot fit max_prompt_tokens: refused before tokenizing
         self.vocab_size = 0
+        self.draining = False  # set on SIGTERM/SIGINT: new requests get 503 while running ones finish
+        # Tokenization and chat templating run here, one at a time (the server's tokenizer copy is
+        # not shared across threads), so a huge prompt never blocks the event loop.
+        self._cpu = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="graphc-tokenize")
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -77,6 +84,7 @@ class ServerState:
         budget = getattr(engine.scheduler, "kv_budget", None)
         if budget is not None:  # the engine refuses prompts that cannot fit its KV budget with room to decode
             self.max_prompt_tokens = min(self.max_prompt_tokens, budget - getattr(engine.scheduler, "HEADROOM", 0))
+        self.max_prompt_chars = self.max_prompt_tokens * max_chars_per_token(self.tokenizer)
         self.aengine = AsyncEngine(engine)
         self.ready = True
         log.info("serving %s (context %d tokens)", self.model_name, self.max_model_len)
@@ -84,9 +92,21 @@ class ServerState:
     def stop(self) -> None:
         if self.aengine is not None:
             self.aengine.shutdown()
+        self._cpu.shutdown(wait=False, cancel_futures=True)
+
+    def begin_drain(self) -> None:
+        """Stop admitting: from now on requests get 503 with Retry-After (see cli.GracefulServer)."""
+        self.draining = True
+
+    async def run_cpu(self, fn, *args):
+        """fn(*args) on the tokenization thread (tokenizing, chat templates)."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, fn, *args)
 
     # -- checks ----------------------------------------------------------------------------
     def require_ready(self) -> None:
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another instance or after restart",
+                           code="shutting_down", headers={"Retry-After": "5"})
         if self.load_error is not None:
             raise APIError(503, f"the model failed to load: {self.load_error}", code="model_load_failed")
         if not self.ready:
@@ -137,9 +157,22 @@ class ServerState:
             self.metrics.rejected["overloaded"] += 1
             raise APIError(503, f"the server is overloaded ({self.aengine.num_inflight} sequences in flight, "
                                 f"limit {limit}); retry later", code="overloaded", headers={"Retry-After": "1"})
+        if self.draining:
+            self.require_ready()
         try:
             return await self.aengine.add_group(items)
         except EngineClosed:
             raise APIError(503, "the server is shutting down", code="engine_unavailable") from None
         except ValueError as e:  # the engine's own checks (prompt ids, grammar compile, ...)
             raise param_error(e, req) from None
+
+
+def max_chars_per_token(tokenizer) -> int:
+    """An upper bound on the characters one token stands for, from the vocabulary (byte-level
+    BPE spells a token with one character per byte, so its length bounds the text it covers),
+    doubled for normalizers that expand text; at least 16."""
+    try:
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=0)
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: a generous fixed bound
+        longest = 64
+    return max(16, 2 * longest)
