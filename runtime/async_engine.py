@@ -60,6 +60,7 @@ class EngineSnapshot:
     kv_bytes: int = 0
     kv_tokens: int = 0  # KV tokens the scheduler counts against its budget
     kv_budget: int | None = None  # the engine's kv_budget_tokens (None = unbounded)
+    kv_peak: int = 0  # the most KV tokens counted against the budget after any step so far
     cache: dict = attrs.field(factory=dict)  # Engine.cache_stats(): prefix-cache pool and tree
     finished: dict = attrs.field(factory=dict)  # finish_reason -> requests finished that way
     generation_tps: float = 0.0  # generated tokens per second over the last few seconds
@@ -399,11 +400,13 @@ class AsyncEngine:
             samples.popleft()
         t0, g0 = samples[0]
         tps = (gen - g0) / (now - t0) if now > t0 else 0.0
+        kv_tokens = _call_or(eng.scheduler, "kv_tokens", 0)
         self.snapshot = EngineSnapshot(
+            kv_peak=max(self.snapshot.kv_peak, kv_tokens),
             waiting=len(eng.scheduler.waiting), running=len(eng.scheduler.running),
             inflight=self._inflight, steps=eng.runner.steps, stats=stats,
             kv_bytes=eng.runner.kv_bytes, cache=self._cache(now),
-            kv_tokens=_call_or(eng.scheduler, "kv_tokens", 0), kv_budget=getattr(eng.scheduler, "kv_budget", None), finished=dict(self._finished),
+            kv_tokens=kv_tokens, kv_budget=getattr(eng.scheduler, "kv_budget", None), finished=dict(self._finished),
             generation_tps=tps, time=now)
 
 

@@ -94,7 +94,7 @@ class Engine:
         self._grammar_lock = threading.Lock()
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
-                      "preemptions": 0}
+                      "preemptions": 0, "step_faults": 0}
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -280,7 +280,7 @@ class Engine:
             self._finish(req, "stop")
         elif hit_stop:
             self._finish(req, "stop")
-        elif len(req.output_ids) >= p.max_tokens:
+        elif len(req.output_ids) >= p.max_tokens or self.scheduler.at_kv_limit(req):
             self._finish(req, "length")
         return req.finished
 
@@ -314,7 +314,10 @@ class Engine:
         hits and hit tokens, evictions, pool bytes; {"enabled": False} without a prefix cache."""
         if self.prefix is None:
             return {"enabled": False}
-        return {"enabled": True, **self.prefix.stats(), "pool_bytes": self.runner.prefix_io.nbytes}
+        bpt = sum(p.bytes_per_token() for p in self.compiled.binding.policies
+                  if getattr(p, "prefix_role", None) in ("pool", "window"))
+        return {"enabled": True, **self.prefix.stats(), "pool_bytes": self.runner.prefix_io.nbytes,
+                "pool_capacity_bytes": bpt * self.prefix.slots.capacity}
 
     def _delta(self, req: Request) -> RequestOutput:
         new_ids = req.output_ids[req.emitted_tokens:]

@@ -77,6 +77,7 @@ class StepGuard:
         suspects = [r for r in dict.fromkeys(self.in_step + list(eng.scheduler.running)) if not r.finished]
         finished_in_step = [r for r in self.in_step if r.finished]
         self.recoveries += 1
+        eng.stats["step_faults"] = eng.stats.get("step_faults", 0) + 1
         log.warning("engine step failed (%s: %s); isolating the request(s) responsible among %d",
                     type(exc).__name__, exc, len(suspects), exc_info=log.isEnabledFor(logging.DEBUG))
         self._reset(suspects)

@@ -423,6 +423,10 @@ class PrefixCache:
 
 
 DEFAULT_MEM_FRACTION = 0.25
+# On the CPU the device memory is the machine's RAM, shared with everything else, and the pool
+# grows with every new prompt until it is full: its default size is capped at this many bytes
+# (mem_fraction / max_total_tokens set it explicitly). GPUs keep the mem_fraction default.
+DEFAULT_CPU_POOL_BYTES = 1 << 30
 
 
 def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens: int | None = None,
@@ -447,7 +451,10 @@ def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens:
         frac = DEFAULT_MEM_FRACTION if mem_fraction is None else mem_fraction
         if not 0 < frac <= 1:
             raise ValueError(f"mem_fraction must be in (0, 1], got {frac}")
-        max_total_tokens = int(frac * device_memory()) // max(1, pool_bpt + win_bpt)
+        budget = int(frac * device_memory())
+        if mem_fraction is None and _on_cpu():
+            budget = min(budget, DEFAULT_CPU_POOL_BYTES)
+        max_total_tokens = budget // max(1, pool_bpt + win_bpt)
     if max_total_tokens < 1:
         raise ValueError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
     windows = {p.window for p, r in zip(pols, roles) if r == "window"}
@@ -461,3 +468,9 @@ def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens:
     return PrefixCache(capacity=max_total_tokens, window=window,
                        window_capacity=max_total_tokens if window else 0,
                        snapshots=snapshots, max_snapshots=max_snapshots, interval=interval)
+
+
+def _on_cpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device().type == mx.DeviceType.cpu

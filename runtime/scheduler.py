@@ -103,6 +103,11 @@ class Scheduler:
         need = len(req.context_ids) + self.HEADROOM
         return not self.running and not extra or self.kv_tokens() + extra + need <= self.kv_budget
 
+    def at_kv_limit(self, req: Request) -> bool:
+        """A request whose next token would not fit the budget even alone ends here ("length"):
+        preempting others cannot make room for it, and the budget is a hard cap."""
+        return self.kv_budget is not None and req.num_tokens + 2 > self.kv_budget
+
     def over_budget(self) -> list[Request]:
         """Running requests to preempt (newest first) so the next decode step fits the budget."""
         if self.kv_budget is None or len(self.running) <= 1:

@@ -56,6 +56,8 @@ class ServerMetrics:
             metric("graphc_kv_pool_usage_ratio", "gauge", "Fraction of the KV pool in use.",
                    [(m, used / total if total else 0.0)])
             metric("graphc_kv_pool_bytes", "gauge", "Bytes allocated for the KV pool.", [(m, c.get("pool_bytes", 0))])
+            metric("graphc_kv_pool_capacity_bytes", "gauge", "Bytes the KV pool may grow to (its hard cap).",
+                   [(m, c.get("pool_capacity_bytes", 0))])
             metric("graphc_prefix_cache_tree_tokens", "gauge", "Tokens held by the radix prefix tree.",
                    [(m, c.get("tree_tokens", 0))])
             metric("graphc_prefix_cache_held_requests", "gauge", "Requests holding locks on tree nodes.",
@@ -68,11 +70,16 @@ class ServerMetrics:
         if s.kv_budget is not None:
             metric("graphc_kv_budget_tokens", "gauge", "The scheduler's KV token budget.", [(m, s.kv_budget)])
             metric("graphc_kv_budget_used_tokens", "gauge", "KV tokens counted against the budget.", [(m, s.kv_tokens)])
+            metric("graphc_kv_budget_peak_tokens", "gauge", "Most KV tokens counted against the budget after any step.",
+                   [(m, s.kv_peak)])
         metric("graphc_preemptions_total", "counter", "Running requests preempted to fit the KV budget.",
                [(m, st.get("preemptions", 0))])
         metric("graphc_engine_steps_total", "counter", "Decode steps launched.", [(m, s.steps)])
         metric("graphc_requests_finished_total", "counter", "Finished engine requests by finish reason.",
                [({**m, "reason": r}, s.finished.get(r, 0)) for r in sorted({"stop", "length", "abort", *s.finished})])
+        metric("graphc_step_faults_total", "counter",
+               "Engine steps that raised and were recovered (only the request(s) responsible ended).",
+               [(m, st.get("step_faults", 0))])
         metric("graphc_requests_rejected_total", "counter", "Requests refused before they ran, by cause.",
                [({**m, "cause": c}, n) for c, n in sorted(self.rejected.items())] or [({**m, "cause": "overloaded"}, 0)])
         metric("graphc_http_requests_total", "counter", "HTTP responses by path and status.",

@@ -84,6 +84,9 @@ class ServerState:
         budget = getattr(engine.scheduler, "kv_budget", None)
         if budget is not None:  # the engine refuses prompts that cannot fit its KV budget with room to decode
             self.max_prompt_tokens = min(self.max_prompt_tokens, budget - getattr(engine.scheduler, "HEADROOM", 0))
+            # The budget is a hard cap: no one request can hold more (Scheduler.at_kv_limit), so
+            # prompt + max_tokens beyond it is refused up front rather than cut short.
+            self.max_model_len = min(self.max_model_len, budget - 1)
         self.max_prompt_chars = self.max_prompt_tokens * max_chars_per_token(self.tokenizer)
         self.aengine = AsyncEngine(engine)
         self.ready = True
