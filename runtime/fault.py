@@ -25,7 +25,8 @@ been half done. So recovery does not patch the batch; it rebuilds it:
 A fault that no subset reproduces (transient, or only in one combination of rows)
 clears every group; if the next step fails again with no step in between having
 succeeded, the requests of that step are ended with "error" rather than retried
-forever. Cost: a fault costs a recompute of the suspects plus about 2·log2(n) small
+forever. (After a recovery that found its culprit, a failure of the next step is a new
+fault — e.g. another poison request that just arrived — and is bisected in turn.) Cost: a fault costs a recompute of the suspects plus about 2·log2(n) small
 steps; a step without a fault pays nothing.
 """
 
@@ -51,8 +52,9 @@ class StepGuard:
         self.in_step: list[Request] = []  # requests the current step touches (set by begin())
         self.recoveries = 0  # faults recovered from (for /metrics)
         self.culprits = 0  # requests ended with "error" by a recovery
-        self._failed_last = False  # the previous step failed and no step succeeded since
+        self._failed_last = False  # the last fault had no culprit and no step succeeded since
         self._probing = False
+        self._outs: list[RequestOutput] = []  # deltas produced by probe steps, returned by _recover
 
     def begin(self, prefill: list) -> None:
         """Called by the step once it knows its work: the prefill chunks and the decode rows."""
@@ -86,10 +88,16 @@ class StepGuard:
                 self._fail(r, f"the engine step failed twice in a row: {type(exc).__name__}: {exc}")
             self._failed_last = False
         else:
-            self._failed_last = True
+            before = self.culprits
             self._bisect(suspects, exc)
+            # Unexplained (no probe failed): if the very next step fails too, stop retrying.
+            # A culprit found means this fault is dealt with; a later one is a new fault.
+            self._failed_last = self.culprits == before
+        # The probes' own deltas first (their text was taken from the detokenizers), then what
+        # is left: tokens appended before the failure, culprits' final deltas.
+        outs, self._outs = self._outs, []
         touched = dict.fromkeys(finished_in_step + suspects)
-        return [eng._delta(r) for r in touched if r.finished or len(r.output_ids) > r.emitted_tokens]
+        return outs + [eng._delta(r) for r in touched if r.finished or len(r.output_ids) > r.emitted_tokens]
 
     def _reset(self, reqs: list[Request]) -> None:
         """Drop the working state of `reqs` (and the whole decode batch) without caching it."""
@@ -153,7 +161,7 @@ class StepGuard:
             for _ in range(PROBE_STEP_LIMIT):
                 if all(r.finished or len(r.output_ids) >= target[id(r)] for r in group):
                     break
-                eng._step()
+                self._outs += eng._step()
         except Exception as e:  # noqa: BLE001 - the fault reproduced in this group
             err = e
         finally:

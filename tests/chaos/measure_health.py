@@ -27,7 +27,7 @@ from graphc.compiler.modelgen import make_model  # noqa: E402
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = make_model("llama", tmp)
-        with live_server(model) as srv:
+        with live_server(model, max_body_bytes=8 * 1024 * 1024) as srv:  # the 4 MB prompt is read, then refused
             limit = srv.state.max_prompt_chars
             bodies = [("4 MB", "word " * (4 * 1024 * 1024 // 5))] + [(f"{limit} chars", "a b " * (limit // 4))] * 3
             done = threading.Event()

@@ -195,3 +195,52 @@ def test_a_fault_no_single_request_reproduces_is_not_retried_forever(mdir, monke
     assert eng.faults.recoveries >= 1
     assert all(r.finish_reason in ("length", "error") for r in results)
     _check_no_leaks(eng)
+
+
+@pytest.mark.slow
+def test_poison_among_128_concurrent_http_streams(mdir, monkeypatch):
+    """The same through `graphc serve`'s app: 128 concurrent streams, 4 of them poison (the real
+    min_tokens >= 2**31 crash, with the API-edge check bypassed so it reaches the engine). The
+    poisons end with finish_reason "error"; every other stream's text equals its solo run."""
+    import concurrent.futures
+    import json
+
+    import httpx
+
+    from server_harness import live_server
+
+    _inject("params", monkeypatch, [None])
+    eng = Engine.load(mdir, max_batch=128, prefill_chunk=256)
+    n, poison_at = 128, {5, 40, 77, 120}
+    bodies = []
+    for i in range(n):
+        b = {"prompt": f"Request {i} says", "max_tokens": 12, "ignore_eos": True, "stream": True,
+             "temperature": 0.0 if i % 2 else 0.8, "seed": i}
+        if i in poison_at:
+            b.update(min_tokens=2**31, stop=[POISON])
+        bodies.append(b)
+
+    def stream(url, b):
+        text, finish = "", None
+        with httpx.stream("POST", url + "/v1/completions", json=b, timeout=300) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    ch = json.loads(line[6:])["choices"][0]
+                    text += ch["text"]
+                    finish = ch["finish_reason"] or finish
+        return text, finish
+
+    with live_server(engine=eng, max_batch=128) as srv:
+        with concurrent.futures.ThreadPoolExecutor(n) as pool:
+            got = list(pool.map(lambda b: stream(srv.url, b), bodies))
+        solo_eng = Engine.load(mdir, max_batch=1)
+        for i, (text, finish) in enumerate(got):
+            if i in poison_at:
+                assert finish == "error", (i, finish)
+                continue
+            b = bodies[i]
+            sp = SamplingParams(max_tokens=12, ignore_eos=True, temperature=b["temperature"], seed=b["seed"])
+            [ref] = solo_eng.generate([b["prompt"]], sp)
+            assert (text, finish) == (ref.text, "length"), i
+        assert srv.metric("graphc_step_faults_total", model="tiny") >= 1
