@@ -67,3 +67,31 @@ def test_default_prefix_pool_on_cpu_is_bounded(mdir):
     stats = eng.cache_stats()
     assert stats["pool_capacity_bytes"] <= DEFAULT_CPU_POOL_BYTES
     assert stats["pool_slots"] == eng.prefix.slots.capacity
+
+
+@pytest.mark.parametrize("clients", [16, pytest.param(64, marks=pytest.mark.slow)])
+def test_kv_gauge_never_exceeds_the_budget_under_http_load(mdir, clients):
+    """The issue's setup (--kv-budget-tokens 1500, long generations): /metrics' peak gauge stays
+    within the budget, requests that ask for more than the budget could ever hold get 400."""
+    import concurrent.futures
+
+    import httpx
+
+    from server_harness import live_server
+
+    with live_server(mdir, max_batch=32, kv_budget_tokens=1500) as srv:
+        def one(i):
+            body = {"prompt": "Tell me a story " * (1 + i % 20), "max_tokens": 200 + (i % 5) * 100,
+                    "ignore_eos": True, "stream": i % 2 == 0}
+            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=300)
+            return r.status_code
+
+        with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+            codes = list(pool.map(one, range(clients)))
+        assert codes == [200] * clients
+        peak = srv.metric("graphc_kv_budget_peak_tokens", model="tiny")
+        print(f"kv budget 1500, {clients} clients: peak {peak:.0f}, "
+              f"preemptions {srv.metric('graphc_preemptions_total', model='tiny'):.0f}")
+        assert 0 < peak <= 1500
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1500}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

@@ -76,7 +76,12 @@ def run_sigterm(model, n_streams: int, sig=signal.SIGTERM) -> dict:
         t_ns = threading.Thread(target=lambda: nonstream.update(r=httpx.post(
             url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3000, "ignore_eos": True}, timeout=120)))
         t_ns.start()
-        time.sleep(0.3)
+        deadline = time.time() + 60  # the non-stream is in the engine before the signal
+        while time.time() < deadline:
+            h = httpx.get(url + "/health", timeout=10).json()
+            if h["running"] + h["waiting"] >= n_streams + 1:
+                break
+            time.sleep(0.05)
         t0 = time.time()
         proc.send_signal(sig)
         time.sleep(0.2)
