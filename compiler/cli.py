@@ -19,6 +19,9 @@ def _model_dir(args) -> Path:
 def _load_model(path: Path):
     import mlx_lm
 
+    from graphc.compiler.gguf import resolve_model_path
+
+    path = resolve_model_path(path)
     if not (path / "config.json").exists():
         raise SystemExit(f"graphc: no model folder at '{path}' (expected config.json); "
                          "make one with `graphc make-model --arch llama --out DIR`")
@@ -100,6 +103,14 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_import_gguf(args) -> int:
+    from graphc.compiler.gguf import import_gguf
+
+    out = import_gguf(args.file, args.out, progress=lambda m: print(m, file=sys.stderr))
+    print(out)
+    return 0
+
+
 def cmd_make_model(args) -> int:
     from graphc.compiler.modelgen import run_cli
 
@@ -112,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate a continuation of PROMPT (streams to the terminal)")
     g.add_argument("prompt")
-    g.add_argument("--model", help="model folder (default: the built-in demo model)")
+    g.add_argument("--model", help="model folder or .gguf file (default: the built-in demo model)")
     g.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
@@ -125,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")
     i.add_argument("graph", help="graph file or built-in name (dense, sliding, hybrid)")
-    i.add_argument("--model", help="model folder (default: the built-in demo model)")
+    i.add_argument("--model", help="model folder or .gguf file (default: the built-in demo model)")
     i.add_argument("--kind", choices=["prefill", "decode"], default="decode")
     i.add_argument("--format", choices=["text", "json", "dot"], default="text")
     i.add_argument("--no-trace", action="store_true", help="skip tracing the lowered step for its op counts")
@@ -136,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("graph")
     v.add_argument("--model", help="also render with this model's config and bind to it")
     v.set_defaults(func=cmd_validate)
+
+    gg = sub.add_parser("import-gguf", help="convert a llama.cpp GGUF file into an mlx-lm model folder")
+    gg.add_argument("file", help="the .gguf file (llama, mistral, qwen2, qwen3; F32/F16/Q4_0/Q4_1/Q8_0)")
+    gg.add_argument("--out", required=True, help="new folder to write (config.json, weights, tokenizer)")
+    gg.set_defaults(func=cmd_import_gguf)
 
     m = sub.add_parser("make-model", help="write a tiny random-weight model folder of a real mlx-lm architecture")
     from graphc.compiler.modelgen import add_cli_arguments

@@ -99,14 +99,18 @@ class Engine:
     # -- construction -------------------------------------------------------------
     @classmethod
     def load(cls, model_dir: str | Path | None = None, graph=None, **kwargs) -> "Engine":
-        """Load a model folder (the built-in demo model when None) and compile `graph` for it."""
+        """Load a model folder or a .gguf file (the built-in demo model when None) and compile `graph` for it.
+
+        A .gguf file is converted once into a cached mlx-lm folder (graphc.compiler.gguf)."""
         import mlx_lm
+
+        from graphc.compiler.gguf import resolve_model_path
 
         if model_dir is None:
             from graphc.compiler.modelgen import demo_model_path
 
             model_dir = demo_model_path()
-        path = Path(model_dir)
+        path = resolve_model_path(model_dir)
         if not (path / "config.json").exists():
             raise FileNotFoundError(
                 f"no model folder at '{model_dir}' (expected a config.json there); "
@@ -114,7 +118,8 @@ class Engine:
             )
         config = json.loads((path / "config.json").read_text())
         model, tokenizer = mlx_lm.load(str(path))
-        return cls(model, tokenizer, config, graph, model_path=str(path), **kwargs)
+        # model_path is what the user named (a .gguf file stays a .gguf file in names and logs).
+        return cls(model, tokenizer, config, graph, model_path=str(model_dir), **kwargs)
 
     # -- low-level loop -------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:

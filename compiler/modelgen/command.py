@@ -28,6 +28,10 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
         help="window of sliding layers (llama, gpt_oss, gemma3_text)",
     )
     parser.add_argument(
+        "--chat-template", default="chatml", choices=("chatml", "tools"),
+        help="chatml (default) or tools: ChatML that renders tools and tool calls (Hermes/Qwen style)",
+    )
+    parser.add_argument(
         "--dtype", default="float32", choices=("float32", "float16", "bfloat16")
     )
 
@@ -49,6 +53,7 @@ def run_cli(args: argparse.Namespace) -> int:
             vocab_size=args.vocab_size,
             sliding_window=args.sliding_window,
             dtype=args.dtype,
+            chat_template=args.chat_template,
         )
     except ValueError as e:
         print(f"graphc make-model: error: {e}", file=sys.stderr)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .archs import ARCHS, Dims, build_config
-from .tokenizer import write_tokenizer
+from .tokenizer import CHAT_TEMPLATES, write_tokenizer
 from .weights import random_weights, save_weights
 
 
@@ -56,6 +56,7 @@ def make_model(
     vocab_size=None,
     sliding_window=None,
     dtype: str = "float32",
+    chat_template: str = "chatml",
     **overrides: Any,
 ) -> Path:
     """Write a random-weight ``arch`` model folder to ``out`` and return its path.
@@ -83,7 +84,9 @@ def make_model(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # Tokenizer first: an invalid vocab size fails before the weights are built.
-    write_tokenizer(out, cfg["vocab_size"])
+    if chat_template not in CHAT_TEMPLATES:
+        raise ValueError(f"unknown chat template {chat_template!r}; choose from {', '.join(CHAT_TEMPLATES)}")
+    write_tokenizer(out, cfg["vocab_size"], chat_template)
     save_weights(random_weights(cfg, seed, dtype), out)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     return out

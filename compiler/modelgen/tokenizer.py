@@ -34,6 +34,39 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
+# ChatML that knows tools, Hermes/Qwen style: the functions go into the system turn as JSON,
+# calls are <tool_call>{"name", "arguments"}</tool_call>, results come back as role "tool".
+# For tests of tool calling (`graphc make-model --chat-template tools`).
+TOOLS_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- 'Functions you may call, one JSON object per line:\n' }}"
+    "{%- for tool in tools %}{{- tool | tojson + '\n' }}{%- endfor %}"
+    "{{- 'To call one, answer <tool_call>\n{\"name\": NAME, \"arguments\": ARGS}\n</tool_call>'"
+    " + '<|im_end|>\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + message['content'] + '\n</tool_response><|im_end|>\n' }}"
+    "{%- elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+    "{{- '<|im_start|>assistant\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{{- '<tool_call>\n' + {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson"
+    " + '\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+CHAT_TEMPLATES = {"chatml": CHAT_TEMPLATE, "tools": TOOLS_CHAT_TEMPLATE}
+
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)
 
 
@@ -114,7 +147,7 @@ def tokenizer_json(vocab_size: int) -> str:
     return text
 
 
-def tokenizer_config() -> dict:
+def tokenizer_config(chat_template: str = "chatml") -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": ENDOFTEXT,
@@ -126,7 +159,7 @@ def tokenizer_config() -> dict:
         # Byte-level BPE is lossless; cleanup would break decode(encode(x)) == x.
         "clean_up_tokenization_spaces": False,
         "model_max_length": 4096,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": CHAT_TEMPLATES[chat_template],
         "added_tokens_decoder": {
             str(i): {
                 "content": t,
@@ -141,12 +174,12 @@ def tokenizer_config() -> dict:
     }
 
 
-def write_tokenizer(out: Path, vocab_size: int) -> None:
+def write_tokenizer(out: Path, vocab_size: int, chat_template: str = "chatml") -> None:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json."""
     out = Path(out)
     (out / "tokenizer.json").write_text(tokenizer_json(vocab_size), encoding="utf-8")
     (out / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config(), indent=2) + "\n", encoding="utf-8"
+        json.dumps(tokenizer_config(chat_template), indent=2) + "\n", encoding="utf-8"
     )
     special_map = {
         "bos_token": ENDOFTEXT,

@@ -110,7 +110,9 @@ def load_shape(name_or_dir: str, dtype: str = "bfloat16", seed: int = 0):
         cfg = dict(SHAPES[name_or_dir])
         model = random_model(cfg, getattr(mx, dtype), seed)
         return model, IdTokenizer(), cfg, name_or_dir
-    path = Path(name_or_dir)
+    from graphc.compiler.gguf import resolve_model_path
+
+    path = resolve_model_path(name_or_dir)
     if not (path / "config.json").exists():
         known = ", ".join(SHAPES)
         raise SystemExit(f"graphc bench: '{name_or_dir}' is neither a shape ({known}) nor a model folder")

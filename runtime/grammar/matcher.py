@@ -7,8 +7,11 @@ the masks, then builds the edit + sample part on top (see ModelRunner.decode).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
+from .schema import close_objects
 from .spec import Grammar
 
 
@@ -39,7 +42,9 @@ class GrammarCompiler:
         # max_tokens cuts the document short.
         compact = {"whitespace_flexible": False}
         if g.kind == "json_schema":
-            return M.grammar_from_json_schema(g.source, overrides=compact)
+            # Objects are closed unless the schema allows extra keys (see grammar/schema.py).
+            schema = close_objects(json.loads(g.source))
+            return M.grammar_from_json_schema(json.dumps(schema), overrides=compact)
         if g.kind == "json_object":
             return M.grammar_from_json_schema({"type": "object"}, overrides=compact)
         if g.kind == "regex":

@@ -3,6 +3,10 @@
 Streaming follows OpenAI's chunk order per choice: a role chunk, content chunks, then an
 empty delta carrying finish_reason; with stream_options.include_usage a last chunk with
 no choices carries the usage.
+
+With tools (tools.py), the reply is generated under a grammar that keeps every call well
+formed; calls come back as `tool_calls` (streamed as OpenAI's tool_call deltas: the id,
+type and name first, then the arguments) with finish_reason "tool_calls".
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import time
 import uuid
 
+import attrs
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -19,16 +24,22 @@ from .errors import bad_request
 from .logprobs import chat_logprobs, logprob_source
 from .prompts import chat_prompt
 from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatChunkChoice,
-                       ChatDelta, ChatResponseMessage, make_usage)
+                       ChatDelta, ChatResponseMessage, ToolCallDelta, ToolCallFunctionDelta, make_usage)
 from .sampling import build_params
 from .sse import DONE, drain, guarded, sse, watch_disconnect
+from .tool_output import ToolStream, split_calls
+from .tools import plan_tools
 
 
 async def create_chat_completion(request: Request, state):
     req = await read_request(request, state, ChatCompletionRequest)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    ids = await state.run_cpu(chat_prompt, state, req)
+    plan = plan_tools(req)
+    if plan is not None and plan.active and req.response_format is not None and req.response_format.type != "text":
+        raise bad_request("response_format cannot be combined with tools unless tool_choice is 'none'",
+                          "response_format")
+    ids = await state.run_cpu(chat_prompt, state, req, plan)
     # max_completion_tokens replaced max_tokens in OpenAI's API; take it first.
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -36,15 +47,19 @@ async def create_chat_completion(request: Request, state):
     items = [(ids, build_params(req, max_tokens=max_tokens, vocab_size=state.vocab_size,
                                 default_temperature=state.config.default_temperature, choice=j), None)
              for j in range(req.n)]
+    if plan is not None and plan.active:
+        grammar = plan.grammar()
+        items = [(i, attrs.evolve(p, grammar=grammar), x) for i, p, x in items]
+    tools = plan if plan is not None and plan.active else None
     group = await state.submit(items, req)
     # Watch from here, not from inside the stream: a client gone before streaming starts must abort too.
     watcher = watch_disconnect(request, group.abort)
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(guarded(_stream(state, req, group, rid, ids, include_usage), watcher, group),
+        return StreamingResponse(guarded(_stream(state, req, group, rid, ids, include_usage, tools), watcher, group),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _collect(watcher, state, req, group, rid, ids)
+    return await _collect(watcher, state, req, group, rid, ids, tools)
 
 
 def _usage(group, prompt_ids):
@@ -53,19 +68,27 @@ def _usage(group, prompt_ids):
     return make_usage(len(prompt_ids), completion, cached)
 
 
-async def _collect(watcher, state, req, group, rid, prompt_ids):
+def _finish(reason, called: bool):
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+async def _collect(watcher, state, req, group, rid, prompt_ids, tools=None):
     entries, have_lp = await drain(watcher, group, bool(req.logprobs))
     choices = []
     for i, res in enumerate(group.results):
         src = logprob_source(res, entries[i], have_lp[i]) if req.logprobs else None
         lp = chat_logprobs(src, res.token_ids, state.texts) if src is not None else None
-        choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=res.text if res else ""),
-                                  logprobs=lp, finish_reason=res.finish_reason if res else "abort"))
+        content, calls = res.text if res else "", []
+        if tools is not None and res is not None:
+            content, calls = split_calls(res.text, tools.fmt)
+        message = ChatResponseMessage(content=content, tool_calls=calls or None)
+        choices.append(ChatChoice(index=i, message=message, logprobs=lp,
+                                  finish_reason=_finish(res.finish_reason, bool(calls)) if res else "abort"))
     resp = ChatCompletionResponse(id=rid, model=state.model_name, choices=choices, usage=_usage(group, prompt_ids))
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
-async def _stream(state, req, group, rid, prompt_ids, include_usage):
+async def _stream(state, req, group, rid, prompt_ids, include_usage, tools=None):
     created = int(time.time())
     usage_null = {"usage": None} if include_usage else {}
 
@@ -81,15 +104,42 @@ async def _stream(state, req, group, rid, prompt_ids, include_usage):
 
     for i in range(len(group.results)):
         yield chunk(i, ChatDelta(role="assistant", content=""))
+    parsers = [ToolStream(tools.fmt) for _ in group.results] if tools is not None else None
     async for i, out in group:
         lp = None
         if req.logprobs and out.new_token_ids and out.new_logprobs is not None:
             lp = chat_logprobs(out.new_logprobs, out.new_token_ids, state.texts)
-        if out.new_text or lp is not None:
-            yield chunk(i, ChatDelta(content=out.new_text), lp)
+        if parsers is None:
+            if out.new_text or lp is not None:
+                yield chunk(i, ChatDelta(content=out.new_text), lp)
+            if out.finished:
+                yield chunk(i, ChatDelta(), finish=out.finish_reason)
+            continue
+        p = parsers[i]
+        events = p.feed(out.new_text or "")
         if out.finished:
-            yield chunk(i, ChatDelta(), finish=out.finish_reason)
+            rest = p.flush()
+            if rest:
+                events.append(("content", rest))
+        for kind, value in events:
+            if kind == "content":
+                yield chunk(i, ChatDelta(content=value), lp)
+            else:
+                yield chunk(i, ChatDelta(tool_calls=[_call_head(value)]), lp)
+                yield chunk(i, ChatDelta(tool_calls=[ToolCallDelta(
+                    index=value["index"], function=ToolCallFunctionDelta(arguments=value["function"]["arguments"]))]))
+            lp = None
+        if lp is not None:
+            yield chunk(i, ChatDelta(content=""), lp)
+        if out.finished:
+            yield chunk(i, ChatDelta(), finish=_finish(out.finish_reason, p.calls > 0))
     if include_usage:
         yield sse(ChatCompletionChunk(id=rid, created=created, model=state.model_name, choices=[],
                                       usage=_usage(group, prompt_ids)))
     yield DONE
+
+
+def _call_head(call: dict) -> ToolCallDelta:
+    """The first delta of a call: its index, id, type and name, with empty arguments (OpenAI's order)."""
+    return ToolCallDelta(index=call["index"], id=call["id"], type="function",
+                         function=ToolCallFunctionDelta(name=call["function"]["name"], arguments=""))

@@ -11,7 +11,7 @@ from .config import ServerConfig
 
 def add_parser(subparsers) -> None:
     s = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions)")
-    s.add_argument("--model", help="model folder (default: the built-in demo model)")
+    s.add_argument("--model", help="model folder or .gguf file (default: the built-in demo model)")
     s.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     s.add_argument("--port", type=int, default=8000)

@@ -76,9 +76,20 @@ class TokenText:
         self._byte_level = type(getattr(tokenizer, "detokenizer", None)).__name__ == "BPEStreamingDetokenizer"
         self.text = lru_cache(maxsize=65536)(self._text)
         self.bytes = lru_cache(maxsize=65536)(self._bytes)
+        self.key = lru_cache(maxsize=65536)(self._key)
 
     def _text(self, tid: int) -> str:
         return self._tok.decode([tid])
+
+    def _key(self, tid: int) -> str:
+        """The token as completions' `tokens` / `top_logprobs` keys show it: its text, or, when its
+        bytes are not valid UTF-8 on their own, OpenAI's `bytes:\\xNN...` spelling. Two partial
+        characters would otherwise both print as U+FFFD and collapse into one dict entry."""
+        raw = bytes(self.bytes(tid))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
     def _bytes(self, tid: int) -> list[int]:
         text = self.text(tid)
@@ -121,7 +132,7 @@ def completion_logprobs(entries, token_ids: list[int], texts: TokenText, offset:
     for entry, tid in zip(entries, token_ids):
         tid, lp, top = entry_parts(entry, tid)
         s = texts.text(tid)
-        out.tokens.append(s)
+        out.tokens.append(texts.key(tid))
         out.token_logprobs.append(None if math.isnan(lp) else _finite(lp))
         out.top_logprobs.append(_top_dict(top, texts) if top else None)
         out.text_offset.append(offset)
@@ -130,11 +141,12 @@ def completion_logprobs(entries, token_ids: list[int], texts: TokenText, offset:
 
 
 def _top_dict(top, texts) -> dict[str, float]:
-    """Completions key alternatives by text; tokens can share one (partial UTF-8 shows as U+FFFD).
-    The engine lists them best first, so the first of a text keeps its place."""
+    """Completions key alternatives by text (partial UTF-8 as `bytes:\\xNN`, see TokenText.key).
+    Distinct tokens can still spell the same text; the engine lists them best first, so the
+    first of a text keeps its place."""
     d: dict[str, float] = {}
     for t, v in top:
-        d.setdefault(texts.text(t), _finite(v))
+        d.setdefault(texts.key(t), _finite(v))
     return d
 
 

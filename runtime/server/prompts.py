@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from .errors import bad_request
 from .protocol import ChatCompletionRequest
+from .tool_prompt import render_messages
+from .tools import HERMES, ToolPlan
 
 
 def completion_prompts(state, prompt) -> tuple[list[list[int]], list[str]]:
@@ -64,9 +66,7 @@ def prompt_text(state, ids: list[int], text: str | None) -> str:
     return text if text is not None else state.tokenizer.decode(ids)
 
 
-def chat_prompt(state, req: ChatCompletionRequest) -> list[int]:
-    if req.tools or req.functions:
-        raise bad_request("tools and function calling are not supported by this server", "tools")
+def chat_prompt(state, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> list[int]:
     tok = state.tokenizer
     if not getattr(tok, "chat_template", None):
         raise bad_request(f"the model '{state.model_name}' has no chat template; use /v1/completions",
@@ -89,9 +89,11 @@ def chat_prompt(state, req: ChatCompletionRequest) -> list[int]:
         if m.name is not None:
             msg["name"] = m.name
         messages.append(msg)
+    messages, tools = render_messages(messages, plan, tok.chat_template, plan.fmt if plan else HERMES)
+    extra = {"tools": tools} if tools else {}
     try:
         ids = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                      continue_final_message=req.continue_final_message, tokenize=True)
+                                      continue_final_message=req.continue_final_message, tokenize=True, **extra)
     except Exception as e:  # template errors (raise_exception in jinja, bad role order) are the client's
         raise bad_request(f"the chat template rejected these messages: {e}", "messages") from None
     if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding

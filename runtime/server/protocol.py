@@ -88,6 +88,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True  # extension: template flag
     continue_final_message: bool = False  # extension: template flag
@@ -157,10 +158,34 @@ class ChatLogprobs(_Resp):
     refusal: list[ChatTokenLogprob] | None = None
 
 
+class ToolCallFunction(_Resp):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Resp):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ToolCallFunctionDelta(_Resp):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Resp):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ToolCallFunctionDelta | None = None
+
+
 class ChatResponseMessage(_Resp):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(_Resp):
@@ -183,6 +208,7 @@ class ChatCompletionResponse(_Resp):
 class ChatDelta(_Resp):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Resp):

@@ -1,0 +1,107 @@
+"""Writes a GGUF file from an mlx-lm model folder the way llama.cpp's converter lays it out.
+
+Test-only: the `gguf` package (llama.cpp's own Python writer and quantizers) writes the
+file, so the importer is checked against an independent implementation of the format.
+Llama q/k rows get llama.cpp's per-head permutation; the tokenizer goes in as GGUF's
+byte-level BPE metadata (tokens, merges, token types, special ids, chat template).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+HF_TO_GGUF = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+}
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation (HF split-halves -> interleaved RoPE rows)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_name(hf: str) -> str:
+    if hf.startswith("model.layers."):
+        _, _, i, rest = hf.split(".", 3)
+        module, kind = rest.rsplit(".", 1)
+        return f"blk.{i}.{HF_TO_GGUF[module]}.{kind}"
+    return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight"}[hf]
+
+
+def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | None = None,
+               tokenizer_model: str = "gpt2", pre: str = "default", extra_tensors=None) -> dict:
+    """Write `out` from `model_dir`; 2-D matmul weights (and the embedding) stored as `qtype`.
+
+    Returns the float32 weights by HF name (what the file was made from)."""
+    import gguf
+    import mlx.core as mx
+    from gguf import GGMLQuantizationType as T
+    from gguf import quants
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    arch = arch or cfg["model_type"]
+    weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(model_dir / "model.safetensors")).items()}
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_uint32(f"{arch}.block_count", cfg["num_hidden_layers"])
+    w.add_uint32(f"{arch}.embedding_length", cfg["hidden_size"])
+    w.add_uint32(f"{arch}.feed_forward_length", cfg["intermediate_size"])
+    w.add_uint32(f"{arch}.attention.head_count", cfg["num_attention_heads"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", cfg["num_key_value_heads"])
+    w.add_uint32(f"{arch}.context_length", cfg["max_position_embeddings"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
+    w.add_float32(f"{arch}.rope.freq_base", cfg["rope_theta"])
+    if arch == "qwen3":
+        w.add_uint32(f"{arch}.attention.key_length", cfg["head_dim"])
+    _add_tokenizer(w, model_dir, cfg, tokenizer_model, pre)
+    qt = getattr(T, qtype)
+    for name, arr in sorted(weights.items()):
+        data = arr
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            data = permute(arr, cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"])
+        if arr.ndim == 2 and qtype not in ("F32",):
+            if qtype == "F16":
+                w.add_tensor(gguf_name(name), data.astype(np.float16))
+            else:
+                w.add_tensor(gguf_name(name), quants.quantize(data, qt), raw_dtype=qt)
+        else:
+            w.add_tensor(gguf_name(name), data.astype(np.float32))
+    for name, (raw, t) in (extra_tensors or {}).items():
+        w.add_tensor(name, raw, raw_dtype=getattr(T, t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return weights
+
+
+def _add_tokenizer(w, model_dir: Path, cfg: dict, model: str, pre: str) -> None:
+    tj = json.loads((model_dir / "tokenizer.json").read_text())
+    tc = json.loads((model_dir / "tokenizer_config.json").read_text())
+    vocab = dict(tj["model"]["vocab"])
+    special = set()
+    for t in tj.get("added_tokens", []):
+        vocab[t["content"]] = t["id"]
+        if t.get("special"):
+            special.add(t["id"])
+    tokens = [None] * len(vocab)
+    for tok, i in vocab.items():
+        tokens[i] = tok
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w.add_string("tokenizer.ggml.model", model)
+    w.add_string("tokenizer.ggml.pre", pre)
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.merges", merges)
+    w.add_array("tokenizer.ggml.token_type", [3 if i in special else 1 for i in range(len(tokens))])
+    eos = cfg["eos_token_id"]
+    w.add_uint32("tokenizer.ggml.eos_token_id", eos[0] if isinstance(eos, list) else eos)
+    w.add_uint32("tokenizer.ggml.bos_token_id", cfg["bos_token_id"])
+    w.add_uint32("tokenizer.ggml.padding_token_id", cfg["pad_token_id"])
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_string("tokenizer.chat_template", tc["chat_template"])
