@@ -6,12 +6,14 @@ import os
 
 import attrs
 
-from .bind import Binding, bind, classify_model, default_graph_for
-from .errors import GraphError
+import logging
+
+from .bind import Binding, bind, default_graph_for
+from .errors import GraphError, UnsupportedModel
 from .ir import GraphSpec
 from .lower import LoweredStep, lower
 from .parse import parse_collect, resolve_graph_path
-from .plan import Plan
+from .plan import Plan, build_plan
 from .validate import validate
 
 
@@ -35,17 +37,65 @@ class CompiledGraph:
     prefill: LoweredStep
     decode: LoweredStep
 
+    vocab_size: int = 0  # the width of the model's logits (from the self-check's reference run)
+
     def plan(self, kind: str) -> Plan:
         return {"prefill": self.prefill, "decode": self.decode}[kind].plan
 
 
-def compile_graph(graph: str | os.PathLike | None, model, config: dict) -> CompiledGraph:
-    """Pick (when None), parse, validate, bind and lower a graph for a loaded model."""
+log = logging.getLogger("graphc.compile")
+
+LOWERINGS = ("auto", "fast", "generic")
+
+
+def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering: str = "auto") -> CompiledGraph:
+    """Pick (when None), parse, validate, bind and lower a graph for a loaded model.
+
+    Layer kinds come from the model's own caches (compiler/cachekinds.py). `lowering`:
+    "auto" tries the fast path where the model type has one and falls back to the
+    generic one (the model's own forward) if the self-check (compiler/selfcheck.py)
+    fails; "fast" insists on the fast path; "generic" skips it. A model no lowering
+    serves exactly is refused (UnsupportedModel) naming its type and the difference.
+    """
+    from .cachekinds import layers_from_caches, model_type_of, text_model
+    from .selfcheck import reference_run, run_check
+
+    if lowering not in LOWERINGS:
+        raise ValueError(f"unknown lowering '{lowering}' (known: {', '.join(LOWERINGS)})")
+    served = text_model(model)
+    mtype = model_type_of(served, config)
+    ref = reference_run(served, mtype)
+    layers = layers_from_caches(ref.caches, mtype, served)
     if graph is None:
-        graph = default_graph_for(classify_model(model, config))
+        graph = default_graph_for(layers)
     spec = load_spec(graph, config)
-    binding = bind(spec, model, config)
-    return CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
+    binding = bind(spec, model, config, layers, mtype)
+    if lowering == "fast" and binding.adapter is None:
+        raise ValueError(f"model type '{mtype}' has no fast path (compiler/archs.py ADAPTERS); "
+                         "use lowering='auto' or 'generic'")
+    tries = ["generic"] if lowering == "generic" or binding.adapter is None else (
+        ["fast"] if lowering == "fast" else ["fast", "generic"])
+    for name in tries:
+        binding.lowering = name
+        compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
+        result = run_check(compiled, ref, name)
+        binding.checks.append(result)
+        if result.ok:
+            binding.check = result
+            if binding.checks[:-1]:
+                log.warning("model type '%s': the fast path failed the self-check (%s); serving the generic "
+                            "lowering (the model's own forward)", mtype, binding.checks[0].describe())
+            log.info("model type '%s': %s lowering, self-check %s", mtype, name, result.describe())
+            # Rebuild the plans now that the check is known (inspect prints it).
+            compiled.prefill.plan = build_plan(binding, "prefill")
+            compiled.decode.plan = build_plan(binding, "decode")
+            compiled.vocab_size = ref.vocab
+            return compiled
+    tried = "; ".join(c.describe() for c in binding.checks)
+    raise UnsupportedModel(
+        f"model type '{mtype}': no lowering reproduces mlx-lm's own forward on graphc's caches "
+        f"({tried}; first difference: {binding.checks[-1].error}). Refusing to serve it rather than be wrong; "
+        "a cache policy or model fix is needed (see docs/models.md)")
 
 
-__all__ = ["CompiledGraph", "GraphError", "compile_graph", "load_spec"]
+__all__ = ["CompiledGraph", "GraphError", "UnsupportedModel", "compile_graph", "load_spec"]

@@ -1,8 +1,19 @@
 """Lowering: a Plan + its Binding become a callable that builds one lazy mx expression per batch.
 
-Each op has one rule in RULES (op name -> function). A rule receives the step
-context and its input values and returns its output value; nothing is evaluated
-here — the runtime decides when to `async_eval`.
+Each op has one rule (op name -> function). A rule receives the step context and its
+input values and returns its output value; nothing is evaluated here — the runtime
+decides when to `async_eval`.
+
+Two rule tables, chosen per binding (`binding.lowering`, picked by the load-time
+self-check in compiler/compile.py):
+
+- RULES, the fast path: embed, the layer loop and norm + head run separately through
+  an ArchAdapter (compiler/archs.py), the head only on the last position;
+- GENERIC_RULES: the `attention` op is the model's OWN `model(tokens, cache=caches)` —
+  its embedding scale, masks, layer loop, norms, logit scaling and soft-caps — on
+  graphc's batched caches (they speak mlx-lm's cache protocol). It returns logits for
+  every position, lazily: a non-final prefill chunk evaluates only the cache writes
+  (`LoweredStep.fill_targets`), so the head over the chunk is never computed.
 """
 
 from __future__ import annotations
@@ -112,6 +123,30 @@ def _logprobs(ctx, node, logits, tokens):
     return token_logprobs(logits, s.st, tokens)
 
 
+def _model_forward(ctx, node, tokens):
+    """The model's own forward on graphc's caches: lazy logits [B, L, V] for every position."""
+    return ctx.binding.model(tokens, cache=ctx.inputs.caches)
+
+
+def _generic_logits(ctx, node, all_logits):
+    logits = all_logits[:, -1, :] if node.param_dict.get("positions", "last") == "last" else all_logits
+    if node.param_dict.get("dtype", "float32") == "float32":
+        logits = logits.astype(mx.float32)
+    return logits
+
+
+def cache_arrays(obj) -> list:
+    """Every mx.array a (possibly nested) layer cache holds: what a non-final chunk must evaluate."""
+    if isinstance(obj, mx.array):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [a for x in obj for a in cache_arrays(x)]
+    if hasattr(obj, "__dict__"):
+        return [a for x in vars(obj).values() if isinstance(x, (mx.array, list, tuple)) or hasattr(x, "__dict__")
+                for a in cache_arrays(x)]
+    return []
+
+
 RULES: dict[str, Callable] = {
     "embed": _embed,
     "attention": _attention,
@@ -119,6 +154,12 @@ RULES: dict[str, Callable] = {
     "logit_edits": _logit_edits,
     "sample": _sample,
     "logprobs": _logprobs,
+}
+
+GENERIC_RULES: dict[str, Callable] = RULES | {
+    "embed": lambda ctx, node, tokens: tokens,  # the model's own forward embeds
+    "attention": _model_forward,
+    "logits": _generic_logits,
 }
 
 _HEAD_OPS = ("logits", "logit_edits", "sample", "logprobs")
@@ -130,6 +171,8 @@ class LoweredStep:
     def __init__(self, plan: Plan, binding: Binding):
         self.plan = plan
         self.binding = binding
+        self.generic = binding.lowering != "fast"
+        self.rules = GENERIC_RULES if self.generic else RULES
         spec = binding.spec
         self._nodes = [spec.node(s.node) for s in plan.steps]
         outputs = spec.output_dict
@@ -169,7 +212,22 @@ class LoweredStep:
             is_head = node.op in _HEAD_OPS and node.op != "logits"
             if is_head != head or (node.op == "logits" and not ctx.inputs.final):
                 continue  # non-final prefill chunks only fill the cache
-            ctx.values[node.id] = RULES[node.op](ctx, node, *[ctx.values[i] for i in node.inputs])
+            ctx.values[node.id] = self.rules[node.op](ctx, node, *[ctx.values[i] for i in node.inputs])
+
+    def fill_targets(self, ctx: StepContext) -> list:
+        """What to evaluate for a chunk that only fills the cache: the hidden states on the fast
+        path; the caches' arrays on the generic one (the model's logits stay unevaluated)."""
+        if self.generic:
+            return cache_arrays(ctx.inputs.caches)
+        return [ctx.values[self.hidden_node]]
+
+    def chunk_logits(self, ctx: StepContext) -> mx.array:
+        """Logits at every position of the chunk [B, n, V] (prompt logprobs)."""
+        h = ctx.values[self.hidden_node]
+        if self.generic:
+            return h
+        adapter = self.binding.adapter
+        return adapter.head(adapter.norm(h))
 
     def __call__(self, inputs: StepInputs) -> StepOutputs:
         return self.head(self.forward(inputs))

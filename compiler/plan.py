@@ -46,6 +46,9 @@ class Plan:
     chain_notes: tuple[str, ...]
     outputs: tuple  # (name, node id) pairs
     ops: tuple = ()  # (primitive, count) pairs from tracing the lowered step, filled by inspect
+    lowering: str = "generic"  # fast (split embed/layers/norm/head) | generic (the model's own forward)
+    self_check: tuple = ()  # one (lowering, ok, max_abs_diff, tolerance, error) per lowering tried at load
+    notes: tuple = ()  # what binding decided and why (fallbacks, prefix reuse off, multimodal wrapper)
 
     def to_dict(self) -> dict:
         d = attrs.asdict(self, recurse=True)
@@ -54,6 +57,9 @@ class Plan:
         d["chain_notes"] = list(self.chain_notes)
         d["outputs"] = dict(self.outputs)
         d["ops"] = dict(self.ops)
+        d["self_check"] = [dict(zip(("lowering", "ok", "max_abs_diff", "tolerance", "error"), c))
+                           for c in self.self_check]
+        d["notes"] = list(self.notes)
         return d
 
     @classmethod
@@ -64,6 +70,10 @@ class Plan:
             layers=tuple(LayerPlan(**l) for l in d["layers"]),
             chain_safe=d["chain_safe"], chain_notes=tuple(d["chain_notes"]),
             outputs=tuple(d["outputs"].items()), ops=tuple(d.get("ops", {}).items()),
+            lowering=d.get("lowering", "generic"),
+            self_check=tuple(tuple(c[k] for k in ("lowering", "ok", "max_abs_diff", "tolerance", "error"))
+                             for c in d.get("self_check", [])),
+            notes=tuple(d.get("notes", [])),
         )
 
     @property
@@ -85,7 +95,10 @@ def topo_nodes(spec):
 
 def _step_detail(node, binding: Binding, kind: str) -> tuple[str, str]:
     p = {k: v for k, v in node.param_dict.items()}
+    generic = binding.lowering != "fast"
     if node.op == "embed":
+        if generic:
+            return "token ids (the model's own forward embeds them)", "always"
         adapter = type(binding.adapter).__name__
         return f"token ids -> hidden [{binding.config.get('hidden_size')}] via {adapter}.embed", "always"
     if node.op == "attention":
@@ -93,8 +106,12 @@ def _step_detail(node, binding: Binding, kind: str) -> tuple[str, str]:
         for l, pol in zip(binding.layers, binding.policies):
             counts.setdefault((l.kind, pol.describe()), []).append(l.index)
         parts = [f"{len(ix)}x {k} -> {d}" for (k, d), ix in counts.items()]
-        return f"{len(binding.layers)} layers: " + "; ".join(parts), "always"
+        how = f"{binding.model_type}.__call__(tokens, cache=graphc caches) -> logits, " if generic else ""
+        return how + f"{len(binding.layers)} layers: " + "; ".join(parts), "always"
     when = "final chunk" if kind == "prefill" else "always"
+    if node.op == "logits" and generic:
+        return (f"last position of the model's own logits, vocab {_vocab(binding)}, float32 "
+                "(non-final chunks evaluate only the cache writes)"), when
     if node.op == "logits":
         pos = p.get("positions", "last")
         return f"norm + lm_head on {pos} position(s), vocab {binding.config.get('vocab_size')}, float32", when
@@ -111,6 +128,31 @@ def _step_detail(node, binding: Binding, kind: str) -> tuple[str, str]:
     if node.op == "logprobs":
         return f"chosen-token logprob, top-N (N <= {p.get('max_top_n', 20)}), requested ids", "rows that ask"
     return node.op, "always"
+
+
+def _vocab(binding: Binding):
+    check = binding.config.get("vocab_size") or binding.config.get("text_config", {}).get("vocab_size")
+    return check or "?"
+
+
+def binding_notes(binding: Binding) -> list[str]:
+    from graphc.runtime.prefix_cache import prefix_unsupported_reason
+
+    notes = []
+    if binding.wrapper_type:
+        notes.append(f"multimodal wrapper '{binding.wrapper_type}': serving its text model "
+                     f"'{binding.model_type}' (text-only)")
+    if binding.lowering == "fast":
+        notes.append(f"fast path: {type(binding.adapter).__name__} (embed / layers / norm / head split; "
+                     "head on the last position only)")
+    else:
+        why = ("the fast path failed the self-check" if len(binding.checks) > 1 else
+               "forced" if binding.adapter is not None else f"no fast path for '{binding.model_type}'")
+        notes.append(f"generic lowering: the model's own forward ({why})")
+    reason = prefix_unsupported_reason(binding.policies)
+    if reason:
+        notes.append(f"prefix reuse off: {reason}")
+    return notes
 
 
 def build_plan(binding: Binding, kind: str) -> Plan:
@@ -147,5 +189,7 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     return Plan(
         graph=spec.name, source=spec.source, kind=kind, model_type=binding.model_type,
         steps=tuple(steps), layers=layers, chain_safe=chain_safe, chain_notes=tuple(notes),
-        outputs=spec.outputs,
+        outputs=spec.outputs, lowering=binding.lowering,
+        self_check=tuple((c.lowering, c.ok, c.max_abs_diff, c.tolerance, c.error) for c in binding.checks),
+        notes=tuple(binding_notes(binding)),
     )

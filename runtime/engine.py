@@ -61,13 +61,21 @@ class Engine:
                  compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
-                 skinny_gemm: bool | None = None):
+                 skinny_gemm: bool | None = None, lowering: str = "auto"):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         self.model_path = model_path
-        self.compiled: CompiledGraph = compile_graph(graph, model, config)
-        if compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
+        # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
+        # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
+        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=lowering)
+        if compile and self.compiled.binding.lowering != "fast":
+            import logging
+
+            logging.getLogger("graphc.engine").warning(
+                "compile=True applies to the fast path only; model type '%s' runs the generic lowering "
+                "uncompiled", self.compiled.binding.model_type)
+        elif compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
             from .compiled_decode import CompiledDecode
 
             # skinny_gemm: the CUDA small-batch matmul kernel (runtime/kernels/skinny_matmul.py);
@@ -79,7 +87,7 @@ class Engine:
             self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
             interval=prefix_interval or prefill_chunk) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
-        self.vocab_size = int(config.get("vocab_size") or model.args.vocab_size)
+        self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)

@@ -80,7 +80,7 @@ class ModelRunner:
         if not final:
             if req.params.prompt_logprobs is not None and not req.n_resumed:
                 self._prompt_logprobs(req, ctx, step, start, end)
-            mx.eval(ctx.values[step.hidden_node])
+            mx.eval(step.fill_targets(ctx))
             return None
         if req.params.prompt_logprobs is not None and not req.n_resumed:
             self._prompt_logprobs(req, ctx, step, start, end)
@@ -104,9 +104,7 @@ class ModelRunner:
         """Logprob of each prompt token given the ones before it (chunk by chunk, from this chunk's hidden states)."""
         from .sampling import prompt_logprobs
 
-        h = ctx.values[step.hidden_node]
-        adapter = self.compiled.binding.adapter
-        logits = adapter.head(adapter.norm(h))[0].astype(mx.float32)  # [n, V]
+        logits = step.chunk_logits(ctx)[0].astype(mx.float32)  # [n, V]
         nxt = req.prompt_ids[start + 1:end + 1]
         logits = logits[: len(nxt)]
         if req.prompt_logprobs is None:
@@ -147,11 +145,11 @@ class ModelRunner:
     def can_batch_prefill(self) -> bool:
         """Several whole prompts in one left-padded forward: for graphs whose every layer keeps
         FullKV rows (full / pool_backed) and whose prefix cache needs no boundary captures."""
-        from .cache.full import FullKV
+        from graphc.compiler.selfcheck import batch_prefill_ok
 
         if self.prefix_io is not None and self.prefix_io.prefix.needs_boundaries:
             return False
-        return all(isinstance(p.new_cache(), FullKV) for p in self.policies)
+        return batch_prefill_ok(self.policies)
 
     def prefill_batch(self, reqs: list[Request]) -> list[tuple[int, dict | None]]:
         """Prefill the whole contexts of `reqs` (none with cached tokens) in one forward, rows

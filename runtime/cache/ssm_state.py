@@ -47,6 +47,16 @@ class StateCache(LayerCache):
         return None
 
     @property
+    def state(self):
+        return self.cache
+
+    def empty(self) -> bool:
+        return self.cache[0] is None
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    @property
     def offset(self):  # not read by state layers; uniform with the attention caches
         return self.tokens[0] if len(set(self.tokens)) == 1 else mx.array(self.tokens, dtype=mx.int32)
 
@@ -118,7 +128,7 @@ class SSMStatePolicy(CachePolicy):
         return self.layer.state_bytes
 
     def new_cache(self) -> StateCache:
-        return StateCache(2, 1)
+        return StateCache(self.layer.state_size, 1)
 
     # -- prefix cache hooks (called by runtime/prefix_io.py) ---------------------------
     @staticmethod
