@@ -98,4 +98,17 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
         "a cache policy or model fix is needed (see docs/models.md)")
 
 
-__all__ = ["CompiledGraph", "GraphError", "UnsupportedModel", "compile_graph", "load_spec"]
+def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) -> CompiledGraph:
+    """Another graph (embed, score, a user's) on the model `compiled` already serves.
+
+    It reuses the layer kinds and the lowering the main graph's load-time self-check chose
+    (the forward ops are the same; only the ops after them differ), so no second check runs."""
+    b0 = compiled.binding
+    spec = load_spec(graph, b0.config)
+    binding = bind(spec, model, b0.config, b0.layers, b0.model_type)
+    binding.lowering, binding.check, binding.checks = b0.lowering, b0.check, list(b0.checks)
+    return CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
+                         vocab_size=compiled.vocab_size)
+
+
+__all__ = ["CompiledGraph", "GraphError", "UnsupportedModel", "compile_graph", "compile_sibling", "load_spec"]
