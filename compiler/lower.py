@@ -21,7 +21,7 @@ import attrs
 import mlx.core as mx
 
 from .bind import Binding
-from .ops import LOGITS, OPS, BoundNode
+from .ops import LOGITS, OPS, BoundNode, last_position
 from .plan import Plan, build_plan
 
 
@@ -48,7 +48,7 @@ class StepOutputs:
     """Every graph output under its own name (`values`), plus the ones the runtime reads most."""
 
     hidden: mx.array | None = None  # the attention node's value
-    logits: mx.array | None = None  # the logits selection reads (LoweredStep.logits_node)
+    logits: mx.array | None = None  # [B, V]: the sampled position's logits (LoweredStep.logits_node)
     next_tokens: mx.array | None = None  # int32 [B]
     logprobs: Any = None  # a LogprobsOutput pack when some row asked
     values: dict = attrs.field(factory=dict)  # output name -> value (None when nothing asked for it)
@@ -136,9 +136,10 @@ class LoweredStep:
         if ctx.inputs.final:
             self._run(ctx, ("head",))
         v = ctx.values
+        logits = v.get(self.logits_node)
         values = {name: v.get(nid) for name, nid in self.outputs.items()}
         return StepOutputs(
-            hidden=v.get(self.hidden_node), logits=v.get(self.logits_node),
+            hidden=v.get(self.hidden_node), logits=last_position(logits) if logits is not None else None,
             next_tokens=values.get("next_tokens"), logprobs=values.get("logprobs"), values=values,
         )
 

@@ -29,7 +29,8 @@ def _describe_edits(node, binding, kind):
     edits = node.params["edits"]
     if not edits:
         return "no edits (the graph declares none)"
-    return "applies " + ", ".join(edits) + "; other edit kinds are rejected per request"
+    off = [e for e in EDIT_KINDS if e not in edits]
+    return "applies " + ", ".join(edits) + (f"; requests asking for {', '.join(off)} are rejected" if off else "")
 
 
 @register_op("logit_edits", inputs=(LOGITS,), output=LOGITS, phase="head", on_request=True,
