@@ -21,7 +21,7 @@ import attrs
 import mlx.core as mx
 
 from .bind import Binding
-from .ops import LOGITS, OPS, BoundNode, last_position
+from .ops import OPS, BoundNode, last_position
 from .plan import Plan, build_plan
 
 
@@ -48,7 +48,7 @@ class StepOutputs:
     """Every graph output under its own name (`values`), plus the ones the runtime reads most."""
 
     hidden: mx.array | None = None  # the attention node's value
-    logits: mx.array | None = None  # [B, V]: the sampled position's logits (LoweredStep.logits_node)
+    logits: mx.array | None = None  # [B, V]: the model's logits at the sampled position (model_logits_node)
     next_tokens: mx.array | None = None  # int32 [B]
     logprobs: Any = None  # a LogprobsOutput pack when some row asked
     values: dict = attrs.field(factory=dict)  # output name -> value (None when nothing asked for it)
@@ -109,13 +109,15 @@ class LoweredStep:
         kept = {n.id for n, *_ in self._nodes}
         self.outputs = {name: nid for name, nid in spec.outputs if nid in kept}
         self.hidden_node = next((n.id for n, *_ in self._nodes if n.op == "attention"), None)
+        # The model's own logits (what the load-time self-check compares): the `logits` op node,
+        # preferring the last-position one.
+        logits_ops = [(n.id, ph) for n, _, _, ph in self._nodes if n.op == "logits"]
+        self.model_logits_node = next((i for i, ph in logits_ops if ph == "final"),
+                                      logits_ops[0][0] if logits_ops else None)
         # The logits the host edits (grammar masks, processors) are computed against: what the
-        # logit_edits node reads, else the last-position logits node.
+        # logit_edits node reads (after any op a graph inserts, e.g. a soft-cap), else the above.
         edits = next((ins for n, _, ins, _ in self._nodes if n.op == "logit_edits"), None)
-        logits_ids = [n.id for n, op, _, _ in self._nodes if op.output == LOGITS and n.op != "logit_edits"]
-        self.logits_node = (edits[0] if edits else None) or next(
-            (n.id for n, _, _, ph in self._nodes if n.id in logits_ids and ph == "final"),
-            logits_ids[0] if logits_ids else None)
+        self.logits_node = edits[0] if edits else self.model_logits_node
 
     def forward(self, inputs: StepInputs) -> StepContext:
         """The step up to (and including) the logits: the part that does not need host edits."""
@@ -136,7 +138,7 @@ class LoweredStep:
         if ctx.inputs.final:
             self._run(ctx, ("head",))
         v = ctx.values
-        logits = v.get(self.logits_node)
+        logits = v.get(self.model_logits_node)
         values = {name: v.get(nid) for name, nid in self.outputs.items()}
         return StepOutputs(
             hidden=v.get(self.hidden_node), logits=last_position(logits) if logits is not None else None,
