@@ -96,8 +96,9 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     need = "a cache policy or model fix (see docs/models.md)"
     if last.error and "(batched" in last.error:
         need = ("batching support in the model's forward: it is exact for one request at a time but not on "
-                "left-padded batches (e.g. its attention reshapes scores so a [B, 1, N, T] mask no longer "
-                "lines up with the batch axis; mlx-lm's own BatchGenerator has the same limit)")
+                "left-padded batches whose rows sit at different positions (it reads the cache offset as one "
+                "integer, or reshapes attention scores so a [B, 1, N, T] mask no longer lines up with the "
+                "batch); mlx-lm's own BatchGenerator has the same limit")
     raise UnsupportedModel(
         f"model type '{mtype}': no lowering reproduces mlx-lm's own forward on graphc's caches "
         f"({tried}; first difference: {last.error}). Refusing to serve it rather than be wrong; "
