@@ -92,10 +92,17 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
             compiled.vocab_size = ref.vocab
             return compiled
     tried = "; ".join(c.describe() for c in binding.checks)
+    last = binding.checks[-1]
+    need = "a cache policy or model fix (see docs/models.md)"
+    if last.error and "(batched" in last.error:
+        need = ("batching support in the model's forward: it is exact for one request at a time but not on "
+                "left-padded batches whose rows sit at different positions (it reads the cache offset as one "
+                "integer, or reshapes attention scores so a [B, 1, N, T] mask no longer lines up with the "
+                "batch); mlx-lm's own BatchGenerator has the same limit")
     raise UnsupportedModel(
         f"model type '{mtype}': no lowering reproduces mlx-lm's own forward on graphc's caches "
-        f"({tried}; first difference: {binding.checks[-1].error}). Refusing to serve it rather than be wrong; "
-        "a cache policy or model fix is needed (see docs/models.md)")
+        f"({tried}; first difference: {last.error}). Refusing to serve it rather than be wrong; "
+        f"serving it would need {need}")
 
 
 def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) -> CompiledGraph:

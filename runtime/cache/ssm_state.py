@@ -21,12 +21,16 @@ snapshot, or falls back to a shorter one (or to a full recompute): never a wrong
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
 
 from .base import CachePolicy, LayerCache
 from .registry import register_policy
 
 
-class StateCache(LayerCache):
+class StateCache(LayerCache, ArraysCache):
+    # An ArraysCache too: model code checks `isinstance(cache, ArraysCache)` (mlx-lm's mamba
+    # writes its new state back only then). Every method the runtime or a model uses is
+    # defined here; ArraysCache is the type, not the behaviour.
     def __init__(self, size: int = 2, batch: int = 1):
         self.cache: list = [None] * size
         self.lengths = None  # never set: rows are never padded (see module docstring)
