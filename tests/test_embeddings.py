@@ -73,6 +73,18 @@ def test_strings_and_token_lists_agree(engine):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_generic_lowering_embeds_the_same(model_dir):
+    """On the generic lowering (the model's own forward) the attention node runs the inner model to
+    its final hidden states, since no logits node reads it."""
+    eng = Engine.load(model_dir("llama"), lowering="generic")
+    assert eng.compiled.binding.lowering == "generic"
+    prompts = random_prompts(len(INPUTS_LENGTHS), eng.vocab_size, INPUTS_LENGTHS, seed=3)
+    for ids, got in zip(prompts, eng.embed(prompts).embeddings):
+        np.testing.assert_allclose(np.array(got), reference(eng.model, ids), atol=2e-5, rtol=0)
+    plan = eng.oneshot("embed", "embeddings").compiled.plan("prefill")
+    assert "llama.model(tokens, cache=graphc caches) -> final hidden states" in plan.steps[1].detail
+
+
 def test_generation_graph_is_refused_for_embeddings(engine):
     with pytest.raises(ValueError, match="has no 'embeddings' output"):
         engine.embed("hi", graph="dense")

@@ -46,9 +46,9 @@ def test_policy_that_is_not_chain_safe_breaks_the_chain(model_dir, tmp_path):
     assert [r.token_ids for r in res] == [reference_greedy(chained.model, p, 8) for p in prompts]
 
 
-@pytest.fixture(scope="module")
-def engine(model_dir):
-    return Engine.load(model_dir("llama"))
+@pytest.fixture(scope="module", params=["fast", "generic"])
+def engine(model_dir, request):
+    return Engine.load(model_dir("llama"), lowering=request.param)
 
 
 def test_score_matches_the_models_logprobs(engine):
