@@ -1,9 +1,15 @@
-"""How to take a loaded mlx-lm model apart into the graph's ops: embed, layers, final norm, head.
+"""The fast path: a loaded mlx-lm model taken apart into the graph's ops: embed, layers, final norm, head.
 
-mlx-lm's `Model.__call__` fuses these; graphc calls them separately so that
-non-final prefill chunks skip the head and the logits node runs only on the rows
-and positions that need it. Each entry is checked against mlx-lm's own forward in
-tests/test_parity_*.py.
+mlx-lm's `Model.__call__` fuses these; the fast path calls them separately so that
+non-final prefill chunks skip the head, the logits node runs only on the last
+position, and the compiled decode (runtime/compiled_decode.py) can fuse llama blocks.
+Every other model type runs its own `__call__` (the generic lowering, compiler/lower.py).
+
+An adapter is only a candidate: it serves a model only after the load-time self-check
+(compiler/selfcheck.py) found its logits equal to the model's own forward; otherwise
+binding falls back to the generic lowering. Each entry also has parity tests
+(tests/test_parity_*.py). To add one: subclass ArchAdapter where the model differs
+(embedding scale, norm name, head), add the model type to ADAPTERS, add a parity test.
 """
 
 from __future__ import annotations
@@ -55,17 +61,20 @@ class Gemma3Adapter(ArchAdapter):
         return h * mx.array(self.model.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype)
 
 
+# Model types with a fast path (each proven by tests/test_parity_*.py and, at every load,
+# by the self-check). Anything else runs the model's own forward.
 ADAPTERS: dict[str, type[ArchAdapter]] = {
+    "llama": ArchAdapter,
+    "qwen3": ArchAdapter,
+    "gpt_oss": ArchAdapter,
+    "qwen3_next": ArchAdapter,
     "gemma3_text": Gemma3Adapter,
 }
 
 
-def adapter_for(model) -> ArchAdapter:
-    model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", "")
-    cls = ADAPTERS.get(model_type, ArchAdapter)
-    if not hasattr(model, "model") or not hasattr(model.model, "embed_tokens"):
-        raise NotImplementedError(
-            f"model type '{model_type}' does not have the model.embed_tokens / model.layers / model.norm "
-            "layout graphc knows; add an ArchAdapter for it in compiler/archs.py"
-        )
+def adapter_for(model, model_type: str) -> ArchAdapter | None:
+    """The fast-path adapter for this model type, or None (the generic lowering serves it)."""
+    cls = ADAPTERS.get(model_type)
+    if cls is None or not hasattr(model, "model") or not hasattr(model.model, "embed_tokens"):
+        return None
     return cls(model)

@@ -29,10 +29,14 @@ def _load_model(path: Path):
     return model, tokenizer, json.loads((path / "config.json").read_text())
 
 
+_LOWERING_HELP = ("auto: the fast path where the model type has one and it passes the load-time self-check, else "
+                  "the model's own forward; generic: always the model's own forward")
+
+
 def cmd_generate(args) -> int:
     from graphc.runtime import Engine, SamplingParams
 
-    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk)
+    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering)
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
@@ -58,7 +62,8 @@ def cmd_inspect(args) -> int:
 
     model, _, config = _load_model(_model_dir(args))
     try:
-        compiled = compile_graph(args.graph, model, config)
+        graph = None if args.graph == "auto" else args.graph
+        compiled = compile_graph(graph, model, config, lowering=args.lowering)
     except GraphError as e:
         print(e, file=sys.stderr)
         return 1
@@ -132,10 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int)
     g.add_argument("--prefill-chunk", type=int, default=512)
     g.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    g.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
     g.set_defaults(func=cmd_generate)
 
     i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")
-    i.add_argument("graph", help="graph file or built-in name (dense, sliding, hybrid)")
+    i.add_argument("graph", help="graph file or built-in name (dense, sliding, hybrid), or 'auto' (picked from the layer kinds)")
+    i.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
     i.add_argument("--model", help="model folder or .gguf file (default: the built-in demo model)")
     i.add_argument("--kind", choices=["prefill", "decode"], default="decode")
     i.add_argument("--format", choices=["text", "json", "dot"], default="text")

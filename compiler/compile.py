@@ -6,12 +6,14 @@ import os
 
 import attrs
 
-from .bind import Binding, bind, classify_model, default_graph_for
-from .errors import GraphError
+import logging
+
+from .bind import Binding, bind, default_graph_for
+from .errors import GraphError, UnsupportedModel
 from .ir import GraphSpec
 from .lower import LoweredStep, lower
 from .parse import parse_collect, resolve_graph_path
-from .plan import Plan
+from .plan import Plan, build_plan
 from .validate import validate
 
 
@@ -35,17 +37,85 @@ class CompiledGraph:
     prefill: LoweredStep
     decode: LoweredStep
 
+    vocab_size: int = 0  # the width of the model's logits (from the self-check's reference run)
+
     def plan(self, kind: str) -> Plan:
         return {"prefill": self.prefill, "decode": self.decode}[kind].plan
 
 
-def compile_graph(graph: str | os.PathLike | None, model, config: dict) -> CompiledGraph:
-    """Pick (when None), parse, validate, bind and lower a graph for a loaded model."""
+log = logging.getLogger("graphc.compile")
+
+LOWERINGS = ("auto", "fast", "generic")
+
+
+def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering: str = "auto") -> CompiledGraph:
+    """Pick (when None), parse, validate, bind and lower a graph for a loaded model.
+
+    Layer kinds come from the model's own caches (compiler/cachekinds.py). `lowering`:
+    "auto" tries the fast path where the model type has one and falls back to the
+    generic one (the model's own forward) if the self-check (compiler/selfcheck.py)
+    fails; "fast" insists on the fast path; "generic" skips it. A model no lowering
+    serves exactly is refused (UnsupportedModel) naming its type and the difference.
+    """
+    from .cachekinds import layers_from_caches, model_type_of, text_model
+    from .selfcheck import reference_run, run_check
+
+    if lowering not in LOWERINGS:
+        raise ValueError(f"unknown lowering '{lowering}' (known: {', '.join(LOWERINGS)})")
+    served = text_model(model)
+    mtype = model_type_of(served, config)
+    ref = reference_run(served, mtype)
+    layers = layers_from_caches(ref.caches, mtype, served)
     if graph is None:
-        graph = default_graph_for(classify_model(model, config))
+        graph = default_graph_for(layers)
     spec = load_spec(graph, config)
-    binding = bind(spec, model, config)
-    return CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
+    binding = bind(spec, model, config, layers, mtype)
+    if lowering == "fast" and binding.adapter is None:
+        raise ValueError(f"model type '{mtype}' has no fast path (compiler/archs.py ADAPTERS); "
+                         "use lowering='auto' or 'generic'")
+    tries = ["generic"] if lowering == "generic" or binding.adapter is None else (
+        ["fast"] if lowering == "fast" else ["fast", "generic"])
+    for name in tries:
+        binding.lowering = name
+        compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
+        result = run_check(compiled, ref, name)
+        binding.checks.append(result)
+        if result.ok:
+            binding.check = result
+            if binding.checks[:-1]:
+                log.warning("model type '%s': the fast path failed the self-check (%s); serving the generic "
+                            "lowering (the model's own forward)", mtype, binding.checks[0].describe())
+            log.info("model type '%s': %s lowering, self-check %s", mtype, name, result.describe())
+            # Rebuild the plans now that the check is known (inspect prints it).
+            compiled.prefill.plan = build_plan(binding, "prefill")
+            compiled.decode.plan = build_plan(binding, "decode")
+            compiled.vocab_size = ref.vocab
+            return compiled
+    tried = "; ".join(c.describe() for c in binding.checks)
+    last = binding.checks[-1]
+    need = "a cache policy or model fix (see docs/models.md)"
+    if last.error and "(batched" in last.error:
+        need = ("batching support in the model's forward: it is exact for one request at a time but not on "
+                "left-padded batches whose rows sit at different positions (it reads the cache offset as one "
+                "integer, or reshapes attention scores so a [B, 1, N, T] mask no longer lines up with the "
+                "batch); mlx-lm's own BatchGenerator has the same limit")
+    raise UnsupportedModel(
+        f"model type '{mtype}': no lowering reproduces mlx-lm's own forward on graphc's caches "
+        f"({tried}; first difference: {last.error}). Refusing to serve it rather than be wrong; "
+        f"serving it would need {need}")
 
 
-__all__ = ["CompiledGraph", "GraphError", "compile_graph", "load_spec"]
+def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) -> CompiledGraph:
+    """Another graph (embed, score, a user's) on the model `compiled` already serves.
+
+    It reuses the layer kinds and the lowering the main graph's load-time self-check chose
+    (the forward ops are the same; only the ops after them differ), so no second check runs."""
+    b0 = compiled.binding
+    spec = load_spec(graph, b0.config)
+    binding = bind(spec, model, b0.config, b0.layers, b0.model_type)
+    binding.lowering, binding.check, binding.checks = b0.lowering, b0.check, list(b0.checks)
+    return CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
+                         vocab_size=compiled.vocab_size)
+
+
+__all__ = ["CompiledGraph", "GraphError", "UnsupportedModel", "compile_graph", "compile_sibling", "load_spec"]

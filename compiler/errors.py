@@ -54,3 +54,10 @@ def did_you_mean(word: str, choices) -> str:
     if close:
         return f"did you mean '{close[0]}'? (known: {', '.join(choices)})"
     return f"known: {', '.join(choices)}"
+
+
+class UnsupportedModel(ValueError):
+    """A model graphc refuses to serve, raised at load/bind time (never on a request).
+
+    The message names the model type, where (the layer, the cache), the reason, and what
+    graphc would need to serve it."""

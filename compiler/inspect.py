@@ -48,7 +48,8 @@ def render_text(plan: Plan, memory: dict | None = None) -> str:
 
 def render_dot(plan: Plan, compiled: CompiledGraph) -> str:
     spec = compiled.spec
-    edges = [(src, n.id) for n in spec.nodes for src in n.inputs]
+    kept = {s.node for s in plan.steps}  # the batch kind's pruned nodes are not drawn
+    edges = [(src, n.id) for n in spec.nodes if n.id in kept for src in n.inputs]
     return _TEMPLATES.get_template("plan.dot.j2").render(plan=plan, inputs=spec.inputs, edges=edges)
 
 

@@ -1,8 +1,16 @@
 """Lowering: a Plan + its Binding become a callable that builds one lazy mx expression per batch.
 
-Each op has one rule in RULES (op name -> function). A rule receives the step
-context and its input values and returns its output value; nothing is evaluated
-here — the runtime decides when to `async_eval`.
+Every op is a registered unit (compiler/ops/): its lowering function receives the step
+context, its node (id, params with defaults, the ops that read it) and its input values,
+and returns its output value; nothing is evaluated here — the runtime decides when to
+`async_eval`. The forward ops dispatch on `binding.lowering` (fast: split embed / layers /
+norm / head; generic: the model's own forward, chosen by the load-time self-check in
+compiler/compile.py), so one graph runs on either.
+
+The step is split at the op phases (compiler/ops/registry.py): `forward` runs `forward`
+ops (and, on a final chunk, `final` ones: the logits); `head` runs the `head` ops once the
+host edits (grammar masks) are known. The plan already holds only the nodes its batch kind
+runs (build_plan prunes prefill-only nodes from the decode plan).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import attrs
 import mlx.core as mx
 
 from .bind import Binding
+from .ops import OPS, BoundNode, last_position
 from .plan import Plan, build_plan
 
 
@@ -29,14 +38,20 @@ class StepInputs:
     # x @ w.T for the head's dense weight, when a runtime brings its own (the compiled decode
     # path's skinny-matmul kernel, runtime/compiled_decode.py); None: the model's head as is.
     matmul: Callable | None = None
+    prompt_targets: Any = None  # ops.PromptTargets when the (one) row asks for prompt logprobs
+    pads: list | None = None  # left padding per row (pooling skips it); None: no padding
+    options: dict | None = None  # per-batch request options ops read, e.g. {"dimensions": 256}
 
 
 @attrs.define
 class StepOutputs:
-    hidden: mx.array
-    logits: mx.array | None = None
+    """Every graph output under its own name (`values`), plus the ones the runtime reads most."""
+
+    hidden: mx.array | None = None  # the attention node's value
+    logits: mx.array | None = None  # [B, V]: the model's logits at the sampled position (model_logits_node)
     next_tokens: mx.array | None = None  # int32 [B]
-    logprobs: Any = None  # a LogprobOutputs pack when some row asked
+    logprobs: Any = None  # a LogprobsOutput pack when some row asked
+    values: dict = attrs.field(factory=dict)  # output name -> value (None when nothing asked for it)
 
 
 @attrs.define
@@ -46,82 +61,40 @@ class StepContext:
     values: dict = attrs.field(factory=dict)
 
 
-def _embed(ctx, node, tokens):
-    return ctx.binding.adapter.embed(tokens)
+def _thaw(v):
+    if isinstance(v, tuple) and v and all(isinstance(x, tuple) and len(x) == 2 for x in v):
+        return {k: _thaw(x) for k, x in v}
+    if isinstance(v, tuple):
+        return [_thaw(x) for x in v]
+    return v
 
 
-def _attention(ctx, node, h):
-    """The decoder stack. Masks are built once per (layer kind, window) from the first such layer's cache."""
-    b, inputs = ctx.binding, ctx.inputs
-    n = h.shape[1]
-    masks = {}
-    for layer, info, cache in zip(b.adapter.layers, b.layers, inputs.caches):
-        key = (info.kind, info.window)
-        if key not in masks:
-            if info.kind == "linear_attention":
-                masks[key] = cache.make_mask(n)
-            else:
-                masks[key] = cache.make_mask(n, window_size=info.window)
-        # A layer cache may run its layer itself: the compiled decode path
-        # (runtime/compiled_decode.py) runs llama blocks with fused projections.
-        run = getattr(cache, "run_layer", None)
-        h = layer(h, masks[key], cache) if run is None else run(layer, h, masks[key])
-    return h
+def bound_nodes(spec, node_ids) -> list[tuple[BoundNode, Any, tuple, str]]:
+    """(node as its lowering sees it, OpDef, input ids, phase) for each id, in the given order."""
+    consumers: dict[str, list] = {}
+    for n in spec.nodes:
+        for i in n.inputs:
+            consumers.setdefault(i, []).append(n.op)
+    out = []
+    for nid in node_ids:
+        node = spec.node(nid)
+        op = OPS[node.op]
+        params = op.resolved({k: _thaw(v) for k, v in node.param_dict.items()})
+        out.append((BoundNode(node.id, node.op, params, tuple(consumers.get(node.id, ()))), op, node.inputs,
+                    op.phase_for(params)))
+    return out
 
 
-def _logits(ctx, node, h):
-    if node.param_dict.get("positions", "last") == "last":
-        h = h[:, -1:, :]
-    adapter, mm = ctx.binding.adapter, ctx.inputs.matmul
-    w = adapter.head_weight() if mm is not None else None
-    h = adapter.norm(h)
-    logits = adapter.head(h) if w is None else mm(h, w)
-    if node.param_dict.get("dtype", "float32") == "float32":
-        logits = logits.astype(mx.float32)
-    return logits[:, -1, :] if logits.shape[1] == 1 else logits
-
-
-def _logit_edits(ctx, node, logits):
-    """Penalties, then additive rows (bias, bans, min_tokens), then host rows (grammar masks)."""
-    s = ctx.inputs.sampling
-    if s is not None:
-        from graphc.runtime.sampling import edit_logits
-
-        return edit_logits(logits, s.st, counts=s.counts, n_generated=s.n_generated,
-                           additive_mask=ctx.inputs.extra_edits)
-    if ctx.inputs.extra_edits is not None:
-        return logits + ctx.inputs.extra_edits
-    return logits
-
-
-def _sample(ctx, node, logits):
-    s = ctx.inputs.sampling
-    if s is None or node.param_dict.get("method") == "greedy":
-        return mx.argmax(logits, axis=-1).astype(mx.int32)
-    from graphc.runtime.sampling import select_tokens
-
-    return select_tokens(logits, s.st, s.positions, ctx.inputs.key)
-
-
-def _logprobs(ctx, node, logits, tokens):
-    s = ctx.inputs.sampling
-    if s is None or not s.st.want_logprobs:
-        return None
-    from graphc.runtime.sampling import token_logprobs
-
-    return token_logprobs(logits, s.st, tokens)
-
-
-RULES: dict[str, Callable] = {
-    "embed": _embed,
-    "attention": _attention,
-    "logits": _logits,
-    "logit_edits": _logit_edits,
-    "sample": _sample,
-    "logprobs": _logprobs,
-}
-
-_HEAD_OPS = ("logits", "logit_edits", "sample", "logprobs")
+def cache_arrays(obj) -> list:
+    """Every mx.array a (possibly nested) layer cache holds: what a non-final chunk must evaluate."""
+    if isinstance(obj, mx.array):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [a for x in obj for a in cache_arrays(x)]
+    if hasattr(obj, "__dict__"):
+        return [a for x in vars(obj).values() if isinstance(x, (mx.array, list, tuple)) or hasattr(x, "__dict__")
+                for a in cache_arrays(x)]
+    return []
 
 
 class LoweredStep:
@@ -130,24 +103,32 @@ class LoweredStep:
     def __init__(self, plan: Plan, binding: Binding):
         self.plan = plan
         self.binding = binding
+        self.generic = binding.lowering != "fast"
         spec = binding.spec
-        self._nodes = [spec.node(s.node) for s in plan.steps]
-        outputs = spec.output_dict
-        self._next_tokens = outputs.get("next_tokens")
-        self._logprobs = outputs.get("logprobs")
-        self.hidden_node = next(n.id for n in self._nodes if n.op == "attention")
-        self.logits_node = next(n.id for n in self._nodes if n.op == "logits")
+        self._nodes = bound_nodes(spec, [s.node for s in plan.steps])
+        kept = {n.id for n, *_ in self._nodes}
+        self.outputs = {name: nid for name, nid in spec.outputs if nid in kept}
+        self.hidden_node = next((n.id for n, *_ in self._nodes if n.op == "attention"), None)
+        # The model's own logits (what the load-time self-check compares): the `logits` op node,
+        # preferring the last-position one.
+        logits_ops = [(n.id, ph) for n, _, _, ph in self._nodes if n.op == "logits"]
+        self.model_logits_node = next((i for i, ph in logits_ops if ph == "final"),
+                                      logits_ops[0][0] if logits_ops else None)
+        # The logits the host edits (grammar masks, processors) are computed against: what the
+        # logit_edits node reads (after any op a graph inserts, e.g. a soft-cap), else the above.
+        edits = next((ins for n, _, ins, _ in self._nodes if n.op == "logit_edits"), None)
+        self.logits_node = edits[0] if edits else self.model_logits_node
 
     def forward(self, inputs: StepInputs) -> StepContext:
         """The step up to (and including) the logits: the part that does not need host edits."""
         ctx = StepContext(self.binding, inputs)
         for name in self.binding.spec.inputs:
             ctx.values[name] = inputs.tokens
-        self._run(ctx, head=False)
+        self._run(ctx, ("forward", "final") if inputs.final else ("forward",))
         return ctx
 
     def head(self, ctx: StepContext, extra_edits: mx.array | None = None) -> StepOutputs:
-        """Edits, selection and logprobs on top of `forward`'s logits.
+        """The `head` ops (edits, selection, logprobs) on top of `forward`'s values.
 
         Split from forward so a host-computed edit row (a grammar mask) can be filled on the
         CPU while the device runs the forward, then applied without re-tracing the model.
@@ -155,21 +136,26 @@ class LoweredStep:
         if extra_edits is not None:
             ctx.inputs.extra_edits = extra_edits
         if ctx.inputs.final:
-            self._run(ctx, head=True)
+            self._run(ctx, ("head",))
         v = ctx.values
+        logits = v.get(self.model_logits_node)
+        values = {name: v.get(nid) for name, nid in self.outputs.items()}
         return StepOutputs(
-            hidden=v[self.hidden_node],
-            logits=v.get(self.logits_node),
-            next_tokens=v.get(self._next_tokens),
-            logprobs=v.get(self._logprobs) if self._logprobs else None,
+            hidden=v.get(self.hidden_node), logits=last_position(logits) if logits is not None else None,
+            next_tokens=values.get("next_tokens"), logprobs=values.get("logprobs"), values=values,
         )
 
-    def _run(self, ctx: StepContext, head: bool) -> None:
-        for node in self._nodes:
-            is_head = node.op in _HEAD_OPS and node.op != "logits"
-            if is_head != head or (node.op == "logits" and not ctx.inputs.final):
-                continue  # non-final prefill chunks only fill the cache
-            ctx.values[node.id] = RULES[node.op](ctx, node, *[ctx.values[i] for i in node.inputs])
+    def _run(self, ctx: StepContext, phases: tuple) -> None:
+        for node, op, inputs, phase in self._nodes:
+            if phase in phases:
+                ctx.values[node.id] = op.lower(ctx, node, *[ctx.values[i] for i in inputs])
+
+    def fill_targets(self, ctx: StepContext) -> list:
+        """What to evaluate for a chunk that only fills the cache: the hidden states on the fast
+        path; the caches' arrays on the generic one (the model's logits stay unevaluated)."""
+        if self.generic:
+            return cache_arrays(ctx.inputs.caches)
+        return [ctx.values[self.hidden_node]]
 
     def __call__(self, inputs: StepInputs) -> StepOutputs:
         return self.head(self.forward(inputs))

@@ -9,9 +9,7 @@ from __future__ import annotations
 import attrs
 
 from .bind import Binding
-from .ops import OPS
-
-BATCH_KINDS = ("prefill", "decode")
+from .ops import BATCH_KINDS, EDIT_KINDS, OPS
 
 
 @attrs.frozen
@@ -46,6 +44,15 @@ class Plan:
     chain_notes: tuple[str, ...]
     outputs: tuple  # (name, node id) pairs
     ops: tuple = ()  # (primitive, count) pairs from tracing the lowered step, filled by inspect
+    lowering: str = "generic"  # fast (split embed/layers/norm/head) | generic (the model's own forward)
+    self_check: tuple = ()  # one (lowering, ok, max_abs_diff, tolerance, error) per lowering tried at load
+    notes: tuple = ()  # what binding decided and why (fallbacks, prefix reuse off, multimodal wrapper)
+    # What the runtime reads from the plan (runtime/plan_contract.py): None = the graph has no such node.
+    edits: tuple | None = None  # edit kinds the logit_edits node applies
+    logprobs_top_n: int | None = None  # the logprobs node's max_top_n
+    prompt_logprobs_top_n: int | None = None  # the prompt_logprobs node's max_top_n
+    sample_method: str | None = None  # the sample node's method
+    passes: tuple = ()  # (pass, what it did) in the order applied: inspect prints them
 
     def to_dict(self) -> dict:
         d = attrs.asdict(self, recurse=True)
@@ -54,6 +61,11 @@ class Plan:
         d["chain_notes"] = list(self.chain_notes)
         d["outputs"] = dict(self.outputs)
         d["ops"] = dict(self.ops)
+        d["self_check"] = [dict(zip(("lowering", "ok", "max_abs_diff", "tolerance", "error"), c))
+                           for c in self.self_check]
+        d["notes"] = list(self.notes)
+        d["edits"] = list(self.edits) if self.edits is not None else None
+        d["passes"] = [{"pass": a, "detail": b} for a, b in self.passes]
         return d
 
     @classmethod
@@ -64,6 +76,14 @@ class Plan:
             layers=tuple(LayerPlan(**l) for l in d["layers"]),
             chain_safe=d["chain_safe"], chain_notes=tuple(d["chain_notes"]),
             outputs=tuple(d["outputs"].items()), ops=tuple(d.get("ops", {}).items()),
+            lowering=d.get("lowering", "generic"),
+            self_check=tuple(tuple(c[k] for k in ("lowering", "ok", "max_abs_diff", "tolerance", "error"))
+                             for c in d.get("self_check", [])),
+            notes=tuple(d.get("notes", [])),
+            edits=tuple(d["edits"]) if d.get("edits") is not None else None,
+            logprobs_top_n=d.get("logprobs_top_n"), prompt_logprobs_top_n=d.get("prompt_logprobs_top_n"),
+            sample_method=d.get("sample_method"),
+            passes=tuple((p["pass"], p["detail"]) for p in d.get("passes", [])),
         )
 
     @property
@@ -83,44 +103,74 @@ def topo_nodes(spec):
     return [spec.node(i) for i in ids if i in order]
 
 
-def _step_detail(node, binding: Binding, kind: str) -> tuple[str, str]:
-    p = {k: v for k, v in node.param_dict.items()}
-    if node.op == "embed":
-        adapter = type(binding.adapter).__name__
-        return f"token ids -> hidden [{binding.config.get('hidden_size')}] via {adapter}.embed", "always"
-    if node.op == "attention":
-        counts = {}
-        for l, pol in zip(binding.layers, binding.policies):
-            counts.setdefault((l.kind, pol.describe()), []).append(l.index)
-        parts = [f"{len(ix)}x {k} -> {d}" for (k, d), ix in counts.items()]
-        return f"{len(binding.layers)} layers: " + "; ".join(parts), "always"
-    when = "final chunk" if kind == "prefill" else "always"
-    if node.op == "logits":
-        pos = p.get("positions", "last")
-        return f"norm + lm_head on {pos} position(s), vocab {binding.config.get('vocab_size')}, float32", when
-    if node.op == "logit_edits":
-        edits = p.get("edits", list(OPS["logit_edits"].params["edits"].default))
-        return "additive edit rows: " + ", ".join(edits), "rows that ask"
-    if node.op == "sample":
-        from graphc.runtime.sampling import CANDIDATE_MAX
+def _when(op, params, kind: str) -> str:
+    phase = op.phase_for(params)
+    if op.on_request:
+        return "rows that ask"
+    if phase != "forward" and kind == "prefill":
+        return "final chunk"
+    return "always"
 
-        if p.get("method") == "greedy":
-            return "argmax for every row", when
-        return (f"per-row greedy / temperature / top-k / top-p / min-p, Gumbel-max; "
-                f"[B, K] candidate set for rows with top_k <= {CANDIDATE_MAX}"), when
-    if node.op == "logprobs":
-        return f"chosen-token logprob, top-N (N <= {p.get('max_top_n', 20)}), requested ids", "rows that ask"
-    return node.op, "always"
+
+def prune_for_kind(spec, kind: str) -> tuple[list, list[str]]:
+    """Nodes the `kind` batch runs, in dependency order, and the ones it drops: nodes whose op
+    does not run in this kind (prompt_logprobs in decode), then every node whose value then
+    reaches no remaining graph output (dead-node elimination)."""
+    order = topo_nodes(spec)
+    runs = {n.id for n in order if n.op in OPS and kind in OPS[n.op].kinds}
+    targets = [nid for _, nid in spec.outputs if nid in runs]
+    live, stack = set(), list(targets)
+    while stack:
+        nid = stack.pop()
+        if nid in live or nid not in runs:
+            continue
+        live.add(nid)
+        stack.extend(i for i in spec.node(nid).inputs if i not in spec.inputs)
+    return [n for n in order if n.id in live], [n.id for n in order if n.id not in live]
+
+
+def _vocab(binding: Binding):
+    check = binding.config.get("vocab_size") or binding.config.get("text_config", {}).get("vocab_size")
+    return check or "?"
+
+
+def binding_notes(binding: Binding) -> list[str]:
+    from graphc.runtime.prefix_cache import prefix_unsupported_reason
+
+    notes = []
+    if binding.wrapper_type:
+        notes.append(f"multimodal wrapper '{binding.wrapper_type}': serving its text model "
+                     f"'{binding.model_type}' (text-only)")
+    if binding.lowering == "fast":
+        notes.append(f"fast path: {type(binding.adapter).__name__} (embed / layers / norm / head split; "
+                     "head on the last position only)")
+    else:
+        why = ("the fast path failed the self-check" if len(binding.checks) > 1 else
+               "forced" if binding.adapter is not None else f"no fast path for '{binding.model_type}'")
+        notes.append(f"generic lowering: the model's own forward ({why})")
+    reason = prefix_unsupported_reason(binding.policies)
+    if reason:
+        notes.append(f"prefix reuse off: {reason}")
+    return notes
 
 
 def build_plan(binding: Binding, kind: str) -> Plan:
+    from .lower import bound_nodes
+
     if kind not in BATCH_KINDS:
         raise ValueError(f"unknown batch kind '{kind}' (known: {', '.join(BATCH_KINDS)})")
     spec = binding.spec
+    nodes, dropped = prune_for_kind(spec, kind)
+    bound = bound_nodes(spec, [n.id for n in nodes])
     steps = []
-    for i, node in enumerate(topo_nodes(spec)):
-        detail, when = _step_detail(node, binding, kind)
-        steps.append(PlanStep(i, node.id, node.op, detail, when))
+    for i, (node, op, _, _) in enumerate(bound):
+        detail = op.describe(node, binding, kind) if op.describe else (op.doc or op.name)
+        if op.module and not op.module.startswith("graphc."):
+            detail += f"  (op from {op.module})"
+        steps.append(PlanStep(i, node.id, node.op, detail, _when(op, node.params, kind)))
+    by_op = {}
+    for node, *_ in bound:
+        by_op.setdefault(node.op, node.params)
     layers = tuple(
         LayerPlan(l.index, l.kind, pol.name, pol.describe(), l.window, l.sinks, pol.bytes_per_token())
         for l, pol in zip(binding.layers, binding.policies)
@@ -132,20 +182,44 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     for pol in binding.policies:
         if not pol.chain_safe:
             chain_safe = False
-            notes.append(f"policy '{pol.name}' needs host work between steps")
+            notes.append(f"policy '{pol.name}' needs host work between steps: the runner never chains this graph")
             break
-    edits = spec.nodes_of("logit_edits")
+    edits = tuple(by_op["logit_edits"]["edits"]) if "logit_edits" in by_op else None
     if edits:
-        enabled = edits[0].param_dict.get("edits", OPS["logit_edits"].params["edits"].default)
-        if "grammar" in enabled:
+        if "grammar" in edits:
             notes.append("rows with a grammar break the chain: their mask for step N+1 needs step N's token on the host")
-        if "processors" in enabled:
+        if "processors" in edits:
             notes.append("rows with custom logits processors break the chain: Python runs on their logits")
     if kind == "decode" and chain_safe:
         notes.insert(0, "chain-safe: step N+1 is built on step N's lazy tokens; penalty counts and "
                         "min_tokens counters update inside the step")
+    passes = [("bind", f"{len(binding.layers)} layers -> "
+                       + ", ".join(sorted({f"{l.kind}: {p.name}" for l, p in zip(binding.layers, binding.policies)}))),
+              ("lowering", binding.lowering + (" (load-time self-check ok)" if binding.check is not None and
+                                               getattr(binding.check, "ok", False) else ""))]
+    if dropped:
+        passes.append((f"prune for {kind}", "dropped " + ", ".join(dropped)
+                       + " (their ops do not run in this batch kind, or their value reaches no output)"))
+    phases = {}
+    for node, _, _, ph in bound:
+        phases.setdefault(ph, []).append(node.id)
+    passes.append(("phase split", " | ".join(f"{ph}: {', '.join(ids)}" for ph, ids in phases.items())))
+    if kind == "prefill" and ("final" in phases or "head" in phases):
+        passes.append(("head placement", "final/head ops run on a prompt's final chunk only; "
+                                         "earlier chunks only fill the caches"))
+    if edits is not None:
+        off = [e for e in EDIT_KINDS if e not in edits]
+        passes.append(("edits", "applies " + (", ".join(edits) or "none")
+                       + (f"; rejects requests asking for {', '.join(off)}" if off else "")))
     return Plan(
         graph=spec.name, source=spec.source, kind=kind, model_type=binding.model_type,
         steps=tuple(steps), layers=layers, chain_safe=chain_safe, chain_notes=tuple(notes),
-        outputs=spec.outputs,
+        outputs=tuple((k, v) for k, v in spec.outputs if v not in dropped), lowering=binding.lowering,
+        self_check=tuple((c.lowering, c.ok, c.max_abs_diff, c.tolerance, c.error) for c in binding.checks),
+        notes=tuple(binding_notes(binding)),
+        edits=edits,
+        logprobs_top_n=by_op["logprobs"]["max_top_n"] if "logprobs" in by_op else None,
+        prompt_logprobs_top_n=by_op["prompt_logprobs"]["max_top_n"] if "prompt_logprobs" in by_op else None,
+        sample_method=by_op["sample"]["method"] if "sample" in by_op else None,
+        passes=tuple(passes),
     )

@@ -11,10 +11,9 @@ import networkx as nx
 
 from .errors import Diagnostic, SourceLoc, did_you_mean
 from .ir import GraphSpec
-from .ops import OPS, REQUIRED_OPS
+from .ops import OPS, PRIMARY_OUTPUTS, REQUIRED_OPS, RUNTIME_OUTPUTS
 
-LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
-REQUIRED_OUTPUTS = ("next_tokens",)
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "cache_list")
 
 
 def to_digraph(spec: GraphSpec) -> nx.DiGraph:
@@ -62,8 +61,10 @@ def check_ops_and_params(spec: GraphSpec) -> list[Diagnostic]:
                 continue
             if isinstance(value, tuple) and p.type in ((list, tuple), list, tuple):
                 value = list(value)
+            if isinstance(value, int) and not isinstance(value, bool) and p.type is float:
+                value = float(value)
             if not isinstance(value, p.type) or isinstance(value, bool) and p.type is int:
-                tname = p.type.__name__ if isinstance(p.type, type) else "list"
+                tname = p.type_name if p.type != (list, tuple) else "list"
                 out.append(Diagnostic(node.loc, f"param '{key}' must be a {tname}, got {value!r}", node=node.id))
                 continue
             if p.choices and value not in p.choices:
@@ -72,13 +73,6 @@ def check_ops_and_params(spec: GraphSpec) -> list[Diagnostic]:
             problem = p.check(value) if p.check else None
             if problem:
                 out.append(Diagnostic(node.loc, f"param '{key}' {problem}", node=node.id))
-            if key == "edits":
-                from .ops import EDIT_KINDS
-
-                for e in value:
-                    if e not in EDIT_KINDS:
-                        out.append(Diagnostic(node.loc, f"unknown edit '{e}'", node=node.id,
-                                              hint=did_you_mean(str(e), EDIT_KINDS)))
     return out
 
 
@@ -126,11 +120,19 @@ def check_required(spec: GraphSpec) -> list[Diagnostic]:
         if req not in ops and not difflib.get_close_matches(req, unknown, n=1):
             out.append(Diagnostic(spec.loc, f"missing a required '{req}' node",
                                   hint=f"every step graph needs: {', '.join(REQUIRED_OPS)}"))
-    for op in ("embed", "attention", "logits", "sample", "logprobs", "logit_edits"):
+    # The forward runs once per step: a second embed / attention node would write the caches twice.
+    for op in REQUIRED_OPS:
         nodes = spec.nodes_of(op)
         if len(nodes) > 1:
             out.append(Diagnostic(nodes[1].loc, f"more than one '{op}' node", node=nodes[1].id,
-                                  hint="a step graph has at most one node of each op"))
+                                  hint=f"a step graph runs the model once: keep one '{op}' node"))
+    # Graph-level rules an op declares about its neighbours (e.g. prompt_logprobs needs
+    # every position's logits).
+    for node in spec.nodes:
+        op = OPS.get(node.op)
+        if op is not None and op.check is not None:
+            for problem in op.check(node, spec):
+                out.append(Diagnostic(node.loc, problem, node=node.id))
     return out
 
 
@@ -138,20 +140,24 @@ def check_outputs(spec: GraphSpec, g: nx.DiGraph) -> list[Diagnostic]:
     out = []
     lines = dict(spec.output_lines)
     outputs = spec.output_dict
-    for name in REQUIRED_OUTPUTS:
-        if name not in outputs:
-            out.append(Diagnostic(spec.loc, f"missing output '{name}'",
-                                  hint="add `outputs: {next_tokens: <your sample node>}`"))
+    if not any(name in outputs for name in PRIMARY_OUTPUTS):
+        out.append(Diagnostic(spec.loc, "missing output: a step graph needs one of "
+                              + ", ".join(f"'{n}'" for n in PRIMARY_OUTPUTS),
+                              hint="generation graphs: `outputs: {next_tokens: <your sample node>}`; "
+                                   "see graphs/embed.yaml and graphs/score.yaml for the others"))
     for name, node_id in outputs.items():
         loc = SourceLoc(spec.source, lines.get(name, 0))
         if node_id not in g:
             out.append(Diagnostic(loc, f"output '{name}' names unknown node '{node_id}'",
                                   hint=did_you_mean(node_id, [n.id for n in spec.nodes])))
             continue
-        want = {"next_tokens": "sample", "logprobs": "logprobs"}.get(name)
-        got = g.nodes[node_id]["op"]
-        if want and got != want:
-            out.append(Diagnostic(loc, f"output '{name}' must come from a '{want}' node, not '{got}'", node=node_id))
+        want = RUNTIME_OUTPUTS.get(name)
+        op = OPS.get(g.nodes[node_id]["op"])
+        got = op.output if op is not None else ("tokens" if node_id in spec.inputs else None)
+        if want and got and got != want:
+            out.append(Diagnostic(loc, f"output '{name}' must carry {want}, but node '{node_id}' "
+                                  f"({g.nodes[node_id]['op']}) produces {got}", node=node_id,
+                                  hint=f"name a node whose op produces {want}"))
     # Nodes whose value reaches no output are dead: almost always a wiring mistake.
     targets = {v for v in outputs.values() if v in g}
     live = set(targets)

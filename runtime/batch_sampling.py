@@ -42,18 +42,29 @@ class SamplingState:
 class SamplerCache:
     """Builds SamplingTensors for a row list, reusing the last one while the rows are the same."""
 
-    def __init__(self, vocab_size: int, eos_token_ids=()):
+    def __init__(self, vocab_size: int, eos_token_ids=(), edits: tuple | None = "all"):
+        from .plan_contract import EDIT_KINDS
+
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
+        # The edit kinds the graph's logit_edits node declares (Plan.edits): tensors carry only
+        # those. None (no logit_edits node) carries none; "all" (the default) every kind.
+        self.edits = EDIT_KINDS if edits == "all" else tuple(edits or ())
+        self._restrict = not set(EDIT_KINDS) <= set(self.edits)
         self._rows: list = []  # the rows _st was built for (held, so identity comparison is sound)
         self._st: SamplingTensors | None = None
 
     def tensors(self, rows) -> SamplingTensors | None:
         """None when every row is plain greedy (argmax needs no sampler)."""
-        if not any(needs_sampler(r.params) for r in rows):
+        params = [r.params for r in rows]
+        if self._restrict:
+            from .plan_contract import restrict
+
+            params = [restrict(p, self.edits) for p in params]
+        if not any(needs_sampler(p) for p in params):
             return None
         if len(rows) != len(self._rows) or any(a is not b for a, b in zip(rows, self._rows)):
-            self._st = SamplingTensors.build([r.params for r in rows], self.vocab_size,
+            self._st = SamplingTensors.build(params, self.vocab_size,
                                              eos_token_ids=self.eos_token_ids, validate=False)
             self._rows = list(rows)
         return self._st

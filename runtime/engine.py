@@ -62,13 +62,27 @@ class Engine:
                  compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
-                 skinny_gemm: bool | None = None):
+                 skinny_gemm: bool | None = None, lowering: str = "auto"):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         self.model_path = model_path
-        self.compiled: CompiledGraph = compile_graph(graph, model, config)
-        if compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
+        # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
+        # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
+        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=lowering)
+        if "next_tokens" not in self.compiled.prefill.outputs:
+            name = self.compiled.spec.name
+            raise ValueError(f"graph '{name}' has no next_tokens output, so it cannot generate; load the model with "
+                             f"a generation graph and pass '{name}' to Engine.embed(..., graph=) / "
+                             "Engine.score(..., graph=)")
+        self._oneshot: dict = {}  # (graph, output) -> OneShotRunner: embed / score graphs, compiled on first use
+        if compile and self.compiled.binding.lowering != "fast":
+            import logging
+
+            logging.getLogger("graphc.engine").warning(
+                "compile=True applies to the fast path only; model type '%s' runs the generic lowering "
+                "uncompiled", self.compiled.binding.model_type)
+        elif compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
             from .compiled_decode import CompiledDecode
 
             # skinny_gemm: the CUDA small-batch matmul kernel (runtime/kernels/skinny_matmul.py);
@@ -80,7 +94,7 @@ class Engine:
             self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
             interval=prefix_interval or prefill_chunk) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
-        self.vocab_size = int(config.get("vocab_size") or model.args.vocab_size)
+        self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
@@ -138,6 +152,7 @@ class Engine:
                     request_id: str | None = None) -> str:
         """Queue a request; returns its id. Raises ValueError for a bad prompt or params."""
         params = (params or SamplingParams()).validate(self.vocab_size)
+        self.check_params(params)
         ids = self.encode(prompt)
         budget = self.scheduler.kv_budget
         if budget is not None and len(ids) + self.scheduler.HEADROOM > budget:
@@ -153,6 +168,16 @@ class Engine:
         self.scheduler.add(req)
         self.stats["prompt_tokens"] += len(ids)
         return req.id
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise ValueError when the graph cannot serve `params` as asked: an edit kind its
+        logit_edits node does not declare, more top logprobs than its max_top_n, logprobs or
+        prompt logprobs it does not compute (read from the lowered plan)."""
+        from .plan_contract import request_problem
+
+        problem = request_problem(self.compiled.plan("prefill"), params)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def grammar_compiler(self):
@@ -356,6 +381,54 @@ class Engine:
         while self.has_unfinished():
             self.step()
         return [self._result(reqs[i]) for i in ids]
+
+    # -- one-forward graphs: embeddings and scoring ----------------------------------------
+    def oneshot(self, graph, output: str):
+        """The runner of a graph that runs once per input (graphs/embed.yaml, graphs/score.yaml, or a
+        user's), compiled on first use against this engine's model and lowering."""
+        key = (str(graph), output)
+        if key not in self._oneshot:
+            from graphc.compiler.compile import compile_sibling
+
+            from .oneshot import OneShotRunner
+
+            self._oneshot[key] = OneShotRunner(compile_sibling(self.compiled, graph, self.model), output)
+        return self._oneshot[key]
+
+    def embed(self, inputs, *, dimensions: int | None = None, graph="embed"):
+        """Embeddings of each input (a string or token ids; or a list of them) through `graph`'s
+        `embeddings` output. `dimensions` truncates before normalizing (OpenAI's Matryoshka
+        semantics). Returns an EmbeddingResult (vectors in input order, prompt token count)."""
+        from .oneshot import embed
+
+        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        if not inputs:
+            raise ValueError("input is empty: give at least one string or token list")
+        runner = self.oneshot(graph, "embeddings")
+        if dimensions is not None:
+            width = int(runner.compiled.binding.config.get("hidden_size") or 0)
+            if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1 or (
+                    width and dimensions > width):
+                raise ValueError(f"dimensions must be an integer in 1..{width or 'hidden_size'}, got {dimensions!r}")
+            if not any(n.op == "normalize" for n in runner.compiled.spec.nodes):
+                raise ValueError(f"graph '{runner.compiled.spec.name}' has no normalize node, which `dimensions` needs")
+        return embed(runner, [self.encode(x) for x in inputs], dimensions)
+
+    def score(self, prompt, continuation, *, graph="score"):
+        """Logprob of each `continuation` token given `prompt` and the continuation before it, in one
+        forward without sampling (evaluation harnesses' loglikelihood). Returns a ScoreResult;
+        `score_many` scores several (prompt, continuation) pairs batched."""
+        return self.score_many([(prompt, continuation)], graph=graph)[0]
+
+    def score_many(self, pairs, *, graph="score"):
+        from .oneshot import score
+
+        enc = []
+        for prompt, cont in pairs:
+            c = self.encode(cont)
+            enc.append((self.encode(prompt), c))
+        return score(self.oneshot(graph, "scores"), enc)
 
     def _result(self, req: Request) -> GenerationResult:
         return GenerationResult(

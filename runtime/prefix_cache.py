@@ -429,6 +429,21 @@ DEFAULT_MEM_FRACTION = 0.25
 DEFAULT_CPU_POOL_BYTES = 1 << 30
 
 
+def prefix_unsupported_reason(policies) -> str | None:
+    """Why these layer policies cannot share prefixes (None when they can)."""
+    roles = [getattr(p, "prefix_role", None) for p in policies]
+    if None in roles:
+        i = roles.index(None)
+        return (f"layer {i}'s policy '{policies[i].name}' cannot capture or restore a prefix "
+                "(a policy with a prefix_role would be needed)")
+    if "pool" not in roles:
+        return "no pool-backed layer to index prefixes by"
+    windows = {p.window for p, r in zip(policies, roles) if r == "window"}
+    if len(windows) > 1:
+        return f"sliding layers of different windows {sorted(windows)}: one window pool serves one window size"
+    return None
+
+
 def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens: int | None = None,
                 interval: int = 512) -> PrefixCache | None:
     """The prefix cache a bound graph supports, or None.
@@ -442,9 +457,9 @@ def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens:
     from .cache.pool import device_memory
 
     pols = binding.policies
-    roles = [getattr(p, "prefix_role", None) for p in pols]
-    if None in roles or "pool" not in roles:
+    if prefix_unsupported_reason(pols):
         return None
+    roles = [getattr(p, "prefix_role", None) for p in pols]
     pool_bpt = sum(p.bytes_per_token() for p, r in zip(pols, roles) if r == "pool")
     win_bpt = sum(p.bytes_per_token() for p, r in zip(pols, roles) if r == "window")
     if max_total_tokens is None:
@@ -458,8 +473,6 @@ def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens:
     if max_total_tokens < 1:
         raise ValueError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
     windows = {p.window for p, r in zip(pols, roles) if r == "window"}
-    if len(windows) > 1:
-        return None  # one window pool serves one window size (no supported model mixes them)
     state_bytes = sum(p.bytes_per_request(0) for p, r in zip(pols, roles) if r == "snapshot")
     snapshots = "snapshot" in roles
     # Snapshots may take about a quarter of the pool's bytes (and at least a few).

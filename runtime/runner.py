@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from graphc.compiler.compile import CompiledGraph
 from graphc.compiler.lower import StepInputs
+from graphc.compiler.ops import HOST_EDITS, PromptTargets
 
 from .batch_sampling import SamplerCache, SamplingState
 from .request import Request
@@ -35,7 +36,12 @@ class ModelRunner:
     def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
                  vocab_size: int | None = None, eos_token_ids=(), seed: int | None = None):
         self.compiled = compiled
-        self.sampler = SamplerCache(vocab_size or int(compiled.binding.config["vocab_size"]), eos_token_ids)
+        # What runs is read from the lowered plans: which edits the sampler tensors carry,
+        # whether host edits are computed, whether decode steps may chain.
+        plan = compiled.decode.plan
+        self.sampler = SamplerCache(vocab_size or int(compiled.binding.config["vocab_size"]), eos_token_ids,
+                                    edits=plan.edits)
+        self.host_edit_kinds = tuple(e for e in (plan.edits or ()) if e in HOST_EDITS)
         # Rows without a seed draw noise from this key, split at every graph build.
         self._key = mx.random.key(seed if seed is not None else int.from_bytes(__import__("os").urandom(4), "little"))
         # The prefix cache's array side (runtime/prefix_io.py), or None: restores admitted
@@ -45,7 +51,8 @@ class ModelRunner:
         # logits processors, for rows that are not chain-safe. Set by the engine.
         self.host_edits = host_edits
         self.policies = compiled.binding.policies
-        self.chain = chain
+        # A graph whose plan is not chain-safe (a policy with chain_safe=False) never chains.
+        self.chain = chain and plan.chain_safe
         self.rows: list[Request] = []
         self.caches: list | None = None
         self.pending: Launch | None = None
@@ -73,17 +80,20 @@ class ModelRunner:
             start = self.prefix_io.prefill_pieces(req, start, end)
         tokens = mx.array(ctx_ids[start:end], dtype=mx.int32)[None]
         step = self.compiled.prefill
-        ctx = step.forward(StepInputs(tokens, req.caches, final=final))
+        targets = None
+        if req.params.prompt_logprobs is not None and not req.n_resumed:
+            # The graph's prompt_logprobs node scores each position against the next prompt token
+            # (the chunk's last position against the next chunk's first).
+            targets = PromptTargets(req.prompt_ids[start + 1:end + 1], req.params.prompt_logprobs)
+        ctx = step.forward(StepInputs(tokens, req.caches, final=final, prompt_targets=targets))
         req.prefilled = end
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)
+        if targets is not None:
+            self._prompt_logprobs(req, ctx, step, start, targets)
         if not final:
-            if req.params.prompt_logprobs is not None and not req.n_resumed:
-                self._prompt_logprobs(req, ctx, step, start, end)
-            mx.eval(ctx.values[step.hidden_node])
+            mx.eval(step.fill_targets(ctx))
             return None
-        if req.params.prompt_logprobs is not None and not req.n_resumed:
-            self._prompt_logprobs(req, ctx, step, start, end)
         st = self.sampler.tensors([req])
         if st is not None:
             ctx.inputs.sampling = self.sampler.host_state(st, [req])
@@ -100,29 +110,19 @@ class ModelRunner:
         key, self._key = mx.random.split(self._key)
         return key
 
-    def _prompt_logprobs(self, req: Request, ctx, step, start: int, end: int) -> None:
-        """Logprob of each prompt token given the ones before it (chunk by chunk, from this chunk's hidden states)."""
-        from .sampling import prompt_logprobs
-
-        h = ctx.values[step.hidden_node]
-        adapter = self.compiled.binding.adapter
-        logits = adapter.head(adapter.norm(h))[0].astype(mx.float32)  # [n, V]
-        nxt = req.prompt_ids[start + 1:end + 1]
-        logits = logits[: len(nxt)]
+    def _prompt_logprobs(self, req: Request, ctx, step, start: int, targets: PromptTargets) -> None:
+        """Collect the graph's prompt_logprobs output for this chunk into the request."""
         if req.prompt_logprobs is None:
             req.prompt_logprobs = [None] * (start + 1)  # the first token has no logprob
-        if not nxt:
+        if not targets.ids:
             return
-        lp, ids, top = prompt_logprobs(logits, mx.array(nxt, dtype=mx.int32), top=req.params.prompt_logprobs)
-        mx.eval(lp, *(x for x in (ids, top) if x is not None))
-        lp, ids, top = lp.tolist(), ids.tolist() if ids is not None else None, top.tolist() if top is not None else None
-        for i, t in enumerate(nxt):
-            req.prompt_logprobs.append({"token": t, "logprob": lp[i],
-                                        "top": list(zip(ids[i], top[i])) if ids is not None else []})
+        out = ctx.values[step.outputs["prompt_logprobs"]]
+        mx.eval(*out.arrays())
+        req.prompt_logprobs.extend(out.to_lists(targets.ids))
 
     def _edits(self, rows, ctx, step):
         """Host edit rows for `rows`, filled while the device runs the forward already queued."""
-        if self.host_edits is None or all(r.params.chain_safe for r in rows):
+        if self.host_edits is None or not self.host_edit_kinds or all(r.params.chain_safe for r in rows):
             return None
         logits = ctx.values[step.logits_node]
         mx.async_eval(logits)
@@ -147,11 +147,11 @@ class ModelRunner:
     def can_batch_prefill(self) -> bool:
         """Several whole prompts in one left-padded forward: for graphs whose every layer keeps
         FullKV rows (full / pool_backed) and whose prefix cache needs no boundary captures."""
-        from .cache.full import FullKV
+        from graphc.compiler.selfcheck import batch_prefill_ok
 
         if self.prefix_io is not None and self.prefix_io.prefix.needs_boundaries:
             return False
-        return all(isinstance(p.new_cache(), FullKV) for p in self.policies)
+        return batch_prefill_ok(self.policies)
 
     def prefill_batch(self, reqs: list[Request]) -> list[tuple[int, dict | None]]:
         """Prefill the whole contexts of `reqs` (none with cached tokens) in one forward, rows

@@ -91,11 +91,17 @@ def test_cycle_is_reported():
 
 
 def test_missing_required_node_and_output():
-    text = GOOD.replace("  - {id: sample, op: sample, inputs: [logits]}\n", "").replace("next_tokens: sample", "x: logits")
+    text = GOOD.replace("  - {id: decoder, op: attention, inputs: [embed]}\n", "").replace(
+        "inputs: [decoder]", "inputs: [embed]").replace("next_tokens: sample", "x: logits")
     errors, _ = diagnose(text)
     msgs = [str(e) for e in errors]
-    assert any("missing a required 'sample' node" in m for m in msgs)
-    assert any("missing output 'next_tokens'" in m for m in msgs)
+    assert any("missing a required 'attention' node" in m for m in msgs)
+    assert any("missing output: a step graph needs one of 'next_tokens', 'embeddings', 'scores'" in m for m in msgs)
+
+
+def test_output_must_carry_its_value_type():
+    err = one_error(GOOD.replace("next_tokens: sample", "next_tokens: logits"))
+    assert "output 'next_tokens' must carry tokens, but node 'logits' (logits) produces logits" in err.message
 
 
 def test_template_syntax_error_has_template_line():

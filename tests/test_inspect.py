@@ -49,9 +49,12 @@ def test_dot_is_a_digraph_with_every_edge(compiled):
     c, _ = compiled
     dot = inspect_plan(c, "decode", "dot", trace=False)
     assert dot.startswith('digraph "dense_decode"')
+    kept = {s.node for s in c.plan("decode").steps}
     for node in c.spec.nodes:
         for src in node.inputs:
-            assert f'"{src}" -> "{node.id}"' in dot
+            # The decode plan prunes the prompt-logprobs nodes: they are not drawn.
+            assert (f'"{src}" -> "{node.id}"' in dot) == (node.id in kept)
+    assert "prompt_logits" not in kept
 
 
 def test_cli_inspect_json(compiled):

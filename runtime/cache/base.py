@@ -66,6 +66,10 @@ class CachePolicy:
     PARAMS: ClassVar[dict[str, PolicyParam]] = {}
     LAYER_KINDS: ClassVar[tuple[str, ...]] = ("full_attention",)
     chain_safe: ClassVar[bool] = True
+    # A policy that changes the numbers on purpose (quantized KV) says how far, as a fraction
+    # of the logits' scale; the load-time self-check (compiler/selfcheck.py) allows that much
+    # on top of rounding. Exact policies leave it 0.
+    lossy_tolerance: ClassVar[float] = 0.0
 
     def __init__(self, layer, **params):
         problems = self.check_params(params)

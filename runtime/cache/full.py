@@ -73,18 +73,45 @@ class FullKV(LayerCache):
             setattr(self, name, grown)
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
-        if window_size is not None:
-            raise ValueError("the 'full' policy cannot apply a sliding window; use 'windowed'")
-        if not any(self.left_pad):
+        """mlx-lm's KVCache / BatchKVCache mask semantics, over this cache's columns: None for one
+        unpadded token, "causal" for the fused path, else a boolean array — [N, idx+N], or
+        [B, 1, N, idx+N] when rows are padded; a window (models that slide over a full cache,
+        e.g. gemma2) always gives an array, as mlx-lm's does."""
+        padded = any(self.left_pad)
+        if not padded and window_size is None:
             if N == 1:
                 return None
             return _causal(N, self.idx) if return_array else "causal"
-        # [B, 1, N, idx+N]: causal, and never a row's own left padding.
-        cols = mx.arange(self.idx + N)
-        rows = mx.arange(self.idx, self.idx + N)[:, None]
-        causal = rows >= cols[None]
+        mask = _causal(N, self.idx)
+        if window_size is not None:
+            cols = mx.arange(self.idx + N)[None]
+            rows = mx.arange(self.idx, self.idx + N)[:, None]
+            mask = mask & (rows < cols + window_size)
+        if not padded:
+            return mask
+        # Never a row's own left padding.
         pad = mx.array(self.left_pad, dtype=mx.int32)[:, None, None, None]
-        return causal[None, None] & (cols >= pad)
+        return mask[None, None] & (mx.arange(self.idx + N) >= pad)
+
+    # -- the rest of mlx-lm's cache protocol, for model code that reads it ---------------------
+    @property
+    def state(self):
+        if self.keys is None:
+            return None, None
+        return self.keys[..., : self.idx, :], self.values[..., : self.idx, :]
+
+    def keys_and_values(self):  # afm7's KV-reuse layers read the last cache's keys this way
+        return self.state
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    @property
+    def left_padding(self) -> mx.array:
+        return mx.array(self.left_pad, dtype=mx.int32)
 
     # -- batching ---------------------------------------------------------------
     def filter(self, rows: list[int]) -> None:

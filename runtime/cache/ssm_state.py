@@ -21,12 +21,16 @@ snapshot, or falls back to a shorter one (or to a full recompute): never a wrong
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
 
 from .base import CachePolicy, LayerCache
 from .registry import register_policy
 
 
-class StateCache(LayerCache):
+class StateCache(LayerCache, ArraysCache):
+    # An ArraysCache too: model code checks `isinstance(cache, ArraysCache)` (mlx-lm's mamba
+    # writes its new state back only then). Every method the runtime or a model uses is
+    # defined here; ArraysCache is the type, not the behaviour.
     def __init__(self, size: int = 2, batch: int = 1):
         self.cache: list = [None] * size
         self.lengths = None  # never set: rows are never padded (see module docstring)
@@ -45,6 +49,16 @@ class StateCache(LayerCache):
 
     def make_mask(self, N: int, window_size=None, return_array: bool = False):
         return None
+
+    @property
+    def state(self):
+        return self.cache
+
+    def empty(self) -> bool:
+        return self.cache[0] is None
+
+    def is_trimmable(self) -> bool:
+        return False
 
     @property
     def offset(self):  # not read by state layers; uniform with the attention caches
@@ -118,7 +132,7 @@ class SSMStatePolicy(CachePolicy):
         return self.layer.state_bytes
 
     def new_cache(self) -> StateCache:
-        return StateCache(2, 1)
+        return StateCache(self.layer.state_size, 1)
 
     # -- prefix cache hooks (called by runtime/prefix_io.py) ---------------------------
     @staticmethod

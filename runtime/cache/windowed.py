@@ -135,6 +135,17 @@ class WindowedKV(LayerCache):
             mask = mask[None, None] & (k[None, None] >= lo_a)
         return mask
 
+    # -- the rest of mlx-lm's cache protocol, for model code that reads it ---------------------
+    def empty(self) -> bool:
+        return self.keys is None
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    @property
+    def max_size(self) -> int:  # RotatingKVCache's name for the window
+        return self.window
+
     # -- batching ---------------------------------------------------------------
     def filter(self, rows: list[int]) -> None:
         self.pos0 = [self.pos0[r] for r in rows]

@@ -23,6 +23,7 @@ from .chat import create_chat_completion
 from .completions import create_completion
 from . import guard
 from .config import ServerConfig
+from .embeddings import create_embeddings
 from .errors import APIError, install_handlers
 from .metrics import HTTPCounter
 from .protocol import ModelCard, ModelList
@@ -67,6 +68,10 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
         return await create_chat_completion(request, state)
+
+    @v1.post("/embeddings")
+    async def embeddings(request: Request):
+        return await create_embeddings(request, state)
 
     def _card() -> ModelCard:
         return ModelCard(id=state.model_name, created=state.created, max_model_len=state.max_model_len)

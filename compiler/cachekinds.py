@@ -1,0 +1,95 @@
+"""Each layer's cache kind, taken from the model itself: `mlx_lm.models.cache.make_prompt_cache`.
+
+mlx-lm already says what cache every layer needs: `model.make_cache()` where the model
+defines it (KVCache, RotatingKVCache(max_size, keep), ArraysCache(size), CacheList(...),
+ChunkedKVCache(chunk), ...), else one KVCache per layer. Binding maps each class to a graphc
+layer kind (and the graph's policy for that kind) instead of guessing from attribute names:
+
+    KVCache                        -> full_attention     (full / pool_backed)
+    RotatingKVCache(w, keep=0)     -> sliding_attention  (windowed, window w)
+    ArraysCache(n)                 -> linear_attention   (ssm_state, n state slots)
+    CacheList(a, b, ...)           -> cache_list         (cache_list: one policy per part)
+
+Anything else is refused here with the model type, the layer, the reason and what graphc
+would need — never served with a cache that behaves differently from mlx-lm's.
+
+Shapes (KV heads, head dim, dtype, state bytes) are read off mlx-lm's own caches after a
+few tokens of the model's own forward (compiler/selfcheck.py runs it), not off the config.
+"""
+
+from __future__ import annotations
+
+from .errors import UnsupportedModel
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def dtype_name(dt) -> str:
+    return str(dt).replace("mlx.core.", "")
+
+
+def text_model(model):
+    """The model graphc serves: a multimodal wrapper's `language_model` (text-only), else the model."""
+    lm = getattr(model, "language_model", None)
+    if lm is not None and callable(lm) and hasattr(lm, "layers"):
+        return lm
+    return model
+
+
+def model_type_of(model, config: dict | None = None) -> str:
+    t = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", None)
+    return str(t or (config or {}).get("model_type") or type(model).__module__.rsplit(".", 1)[-1])
+
+
+def _refuse(model_type: str, where: str, reason: str, need: str):
+    raise UnsupportedModel(f"model type '{model_type}': {where}: {reason}. To serve it graphc would need {need}.")
+
+
+def layer_info(i: int, cache, model_type: str, part: str = ""):
+    """The LayerInfo for mlx-lm cache object `cache` (already filled by a few tokens, so its shapes are known)."""
+    from mlx_lm.models import cache as C
+
+    from .bind import LayerInfo
+
+    name = type(cache).__name__
+    where = f"layer {i}{part} (cache {name})"
+    if type(cache) is C.KVCache:
+        return LayerInfo(i, "full_attention", cache_type=name, **_kv_shape(cache))
+    if type(cache) is C.RotatingKVCache:
+        if cache.keep:
+            _refuse(model_type, where, f"the model keeps the first {cache.keep} tokens of a rotating window "
+                    "(attention-sink style), which graphc's windowed policy does not",
+                    "a windowed policy that pins the first `keep` positions")
+        return LayerInfo(i, "sliding_attention", window=int(cache.max_size), cache_type=name, **_kv_shape(cache))
+    if type(cache) is C.ArraysCache:
+        state = sum(c.nbytes for c in cache.cache if c is not None)
+        return LayerInfo(i, "linear_attention", state_size=len(cache.cache), state_bytes=int(state),
+                         cache_type=name)
+    if type(cache) is C.CacheList:
+        parts = tuple(layer_info(i, c, model_type, f"{part}.{j}") for j, c in enumerate(cache.caches))
+        return LayerInfo(i, "cache_list", parts=parts, cache_type=name)
+    if type(cache) is C.ChunkedKVCache:
+        _refuse(model_type, where, f"chunked attention (chunk {cache.chunk_size}) whose mask the model builds "
+                "from one integer offset shared by the whole batch",
+                "a batched chunked-KV cache and a model forward that takes per-row offsets")
+    _refuse(model_type, where, f"graphc has no batched equivalent of mlx-lm's {name}",
+            f"a cache policy that speaks {name}'s protocol (see docs/models.md)")
+
+
+def _kv_shape(cache) -> dict:
+    k = cache.keys
+    if k is None:  # a layer the forward never wrote (shared KV): no bytes of its own
+        return {}
+    return {"kv_heads": int(k.shape[1]), "head_dim": int(k.shape[3]), "dtype": dtype_name(k.dtype),
+            "v_head_dim": int(cache.values.shape[3])}
+
+
+def layers_from_caches(caches: list, model_type: str, model=None) -> list:
+    import attrs
+
+    infos = [layer_info(i, c, model_type) for i, c in enumerate(caches)]
+    mods = list(getattr(model, "layers", None) or []) if model is not None else []
+    if len(mods) == len(infos):  # attention sinks: informational (inspect shows them)
+        infos = [attrs.evolve(info, sinks=True) if "sinks" in (getattr(m, "self_attn", None) or {}) else info
+                 for info, m in zip(infos, mods)]
+    return infos

@@ -1,0 +1,128 @@
+"""The forward ops: embed, attention, logits — each wrapping whichever forward binding chose.
+
+Binding picks one lowering per model (compiler/compile.py, proven by the load-time
+self-check): "fast", where embed / the layer loop / norm + head run separately through an
+ArchAdapter (compiler/archs.py) and the head runs on the last position only; or "generic",
+where the `attention` op is the model's OWN `model(tokens, cache=caches)` on graphc's
+batched caches and returns logits for every position (lazily: a non-final chunk evaluates
+only the cache writes, `LoweredStep.fill_targets`). Each op below has one registration and
+dispatches on `binding.lowering`, so a graph reads the same whichever forward serves it.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .registry import HIDDEN, LOGITS, TOKENS, Param, register_op
+
+
+def _generic(ctx) -> bool:
+    return ctx.binding.lowering != "fast"
+
+
+def _describe_embed(node, binding, kind):
+    if binding.lowering != "fast":
+        return "token ids (the model's own forward embeds them)"
+    return (f"token ids -> hidden [{binding.config.get('hidden_size')}] via "
+            f"{type(binding.adapter).__name__}.embed")
+
+
+@register_op("embed", inputs=(TOKENS,), output=HIDDEN, describe=_describe_embed,
+             doc="token ids -> hidden states (the model's own embedding, with its scaling)")
+def embed(ctx, node, tokens):
+    if _generic(ctx):
+        return tokens  # the model's own forward embeds (attention below)
+    return ctx.binding.adapter.embed(tokens)
+
+
+def _describe_attention(node, binding, kind):
+    counts = {}
+    for l, pol in zip(binding.layers, binding.policies):
+        counts.setdefault((l.kind, pol.describe()), []).append(l.index)
+    parts = "; ".join(f"{len(ix)}x {k} -> {d}" for (k, d), ix in counts.items())
+    how = ""
+    if binding.lowering != "fast":
+        out = "logits" if "logits" in node.consumers else "final hidden states"
+        call = "__call__" if out == "logits" else "model"
+        how = f"{binding.model_type}.{call}(tokens, cache=graphc caches) -> {out}, "
+    return how + f"{len(binding.layers)} layers: {parts}"
+
+
+@register_op("attention", inputs=(HIDDEN,), output=HIDDEN, describe=_describe_attention,
+             doc="the decoder stack; each layer reads and writes the cache policy declared for its layer type")
+def attention(ctx, node, h):
+    """The decoder stack. Fast path: the layer loop here, masks built once per (layer kind, window)
+    from the first such layer's cache. Generic: the model's own forward — to logits when a
+    `logits` node reads this one, else to its final (normed) hidden states (embedding graphs)."""
+    b, inputs = ctx.binding, ctx.inputs
+    if _generic(ctx):
+        if "logits" in node.consumers or not node.consumers:
+            return b.model(h, cache=inputs.caches)
+        inner = getattr(b.model, "model", None)
+        if inner is None:
+            raise NotImplementedError(
+                f"model type '{b.model_type}' has no inner `.model` returning hidden states, which a graph "
+                "without a logits node needs on the generic lowering")
+        return inner(h, cache=inputs.caches)
+    n = h.shape[1]
+    masks = {}
+    for layer, info, cache in zip(b.adapter.layers, b.layers, inputs.caches):
+        key = (info.kind, info.window)
+        if key not in masks:
+            if info.kind == "linear_attention":
+                masks[key] = cache.make_mask(n)
+            else:
+                masks[key] = cache.make_mask(n, window_size=info.window)
+        # A layer cache may run its layer itself: the compiled decode path
+        # (runtime/compiled_decode.py) runs llama blocks with fused projections.
+        run = getattr(cache, "run_layer", None)
+        h = layer(h, masks[key], cache) if run is None else run(layer, h, masks[key])
+    return h
+
+
+def final_hidden(ctx, h):
+    """The model's final hidden states (after its final norm) from an attention node's output:
+    the fast path's layer loop stops before the norm; the generic path's inner model includes it."""
+    return ctx.binding.adapter.norm(h) if not _generic(ctx) else h
+
+
+def _logits_phase(params):
+    # Every position is needed on every chunk (prompt logprobs, scoring); the last one only on
+    # the chunk that samples.
+    return "forward" if params.get("positions") == "all" else "final"
+
+
+def _describe_logits(node, binding, kind):
+    pos, dtype = node.params["positions"], node.params["dtype"]
+    vocab = binding.config.get("vocab_size") or binding.config.get("text_config", {}).get("vocab_size") or "?"
+    if binding.lowering != "fast":
+        which = "every position" if pos == "all" else "the last position"
+        return (f"{which} of the model's own logits, vocab {vocab}, {dtype}"
+                + (" (non-final chunks evaluate only the cache writes)" if pos == "last" else ""))
+    return f"norm + lm_head on {pos} position(s), vocab {vocab}, {dtype}"
+
+
+@register_op("logits", inputs=(HIDDEN,), output=LOGITS, phase=_logits_phase, describe=_describe_logits,
+             params={
+                 "positions": Param(str, "last", choices=("last", "all"),
+                                    doc="`last`: [B, V] for the sampled position; `all`: [B, L, V] for every position"),
+                 "dtype": Param(str, "float32", choices=("float32", "model"),
+                                doc="float32, or the model's own logits dtype"),
+             },
+             doc="final norm + LM head")
+def logits(ctx, node, h):
+    last = node.params["positions"] == "last"
+    if _generic(ctx):
+        out = h[:, -1, :] if last else h
+    else:
+        if last:
+            h = h[:, -1:, :]
+        adapter, mm = ctx.binding.adapter, ctx.inputs.matmul
+        w = adapter.head_weight() if mm is not None else None
+        h = adapter.norm(h)
+        out = adapter.head(h) if w is None else mm(h, w)
+        if last:
+            out = out[:, -1, :]
+    if node.params["dtype"] == "float32":
+        out = out.astype(mx.float32)
+    return out

@@ -1,0 +1,150 @@
+"""The load-time self-check: a lowering serves a model only after it matched the model's own forward here.
+
+Reference: mlx-lm's own `model(tokens, cache=make_prompt_cache(model))`, one prompt at a
+time. Checked: the lowered prefill and decode steps with graphc's caches, as the runner
+drives them — prompts prefilled alone in chunks (the first one split, so a non-final
+chunk fills the cache without the head), then joined into one left-padded batch of rows
+of different lengths and decoded two steps; and, where the policies allow batched
+prefill, the same prompts prefilled together left-padded. Every last-position logit row
+must equal the reference within a dtype-aware tolerance.
+
+It runs a dozen tokens: well under a second on a tiny model on the CPU. A failure of
+the fast path falls back to the generic one; a failure of the generic path refuses the
+model (compiler/compile.py). Decode steps run here, so a model whose forward cannot run
+on batched caches fails at load, never on its first request.
+"""
+
+from __future__ import annotations
+
+import attrs
+import mlx.core as mx
+
+# Two prompts of different lengths (ids small enough for any vocabulary), the first longer
+# than CHUNK so its prefill has a non-final chunk; then two decode tokens for both rows.
+PROMPTS = ((11, 23, 5, 17, 29, 3, 8), (19, 7, 26, 2))
+DECODE = (9, 13)
+CHUNK = 4
+
+# Allowed max |graphc - reference| over the logits, relative to max(1, max |reference|):
+# float32 should agree to rounding; half types round each layer's output.
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 4e-2}
+
+
+@attrs.define
+class Reference:
+    """What mlx-lm's own forward gives on the check's tokens."""
+
+    logits: list  # per prompt: [prefill last row, after DECODE[0], after DECODE[1]] as float32 [V]
+    caches: list  # mlx-lm's caches after the first prompt's run: they show each layer's kind and shapes
+    dtype: str  # the model's logits dtype
+    vocab: int
+
+    @property
+    def scale(self) -> float:
+        return max(1.0, max(float(mx.abs(x).max()) for row in self.logits for x in row))
+
+    @property
+    def tolerance(self) -> float:
+        return TOLERANCE.get(self.dtype, 4e-2) * self.scale
+
+
+@attrs.frozen
+class CheckResult:
+    lowering: str  # "fast" | "generic"
+    ok: bool
+    max_abs_diff: float | None  # None when the lowering raised
+    tolerance: float
+    error: str | None = None  # the exception a lowering raised, or the first mismatch
+
+    def describe(self) -> str:
+        if self.error and self.max_abs_diff is None:
+            return f"{self.lowering}: raised {self.error}"
+        verdict = "ok" if self.ok else "MISMATCH"
+        return f"{self.lowering}: max |diff| {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}) {verdict}"
+
+
+def reference_run(model, model_type: str) -> Reference:
+    """The check's tokens through mlx-lm's own forward and caches. Refuses a model that cannot run them."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .errors import UnsupportedModel
+
+    out, first_caches, dtype = [], None, None
+    try:
+        for p in PROMPTS:
+            cache = make_prompt_cache(model)
+            y = model(mx.array(p)[None], cache=cache)
+            dtype = str(y.dtype).replace("mlx.core.", "")
+            rows = [y[0, -1]]
+            for t in DECODE:
+                rows.append(model(mx.array([[t]]), cache=cache)[0, -1])
+            rows = [r.astype(mx.float32) for r in rows]
+            mx.eval(rows)
+            out.append(rows)
+            first_caches = first_caches or cache
+    except Exception as e:  # noqa: BLE001 - any failure of the model's own code is a refusal reason
+        raise UnsupportedModel(
+            f"model type '{model_type}': mlx-lm's own forward with its own caches failed on a "
+            f"{len(PROMPTS[0])}-token prompt: {type(e).__name__}: {e}. graphc serves only what mlx-lm runs."
+        ) from e
+    return Reference(out, first_caches, dtype, int(out[0][0].shape[-1]))
+
+
+def run_check(compiled, ref: Reference, lowering: str) -> CheckResult:
+    """Drive the compiled steps over the check's tokens; compare with `ref`."""
+    from .lower import StepInputs
+
+    pols = compiled.binding.policies
+    tol = ref.tolerance + max(p.lossy_tolerance for p in pols) * ref.scale
+    diffs: list[float] = []
+    worst: list[str] = []
+
+    def compare(got, want, what):
+        d = float(mx.abs(got.astype(mx.float32) - want).max())
+        if not d <= tol:  # NaN fails too
+            worst.append(f"{what}: max |diff| {d:.3g}")
+        diffs.append(d)
+
+    stage = "prefill"
+    try:
+        batch = None
+        for i, p in enumerate(PROMPTS):
+            stage = f"prompt {i} prefill"
+            caches = [pol.new_cache() for pol in pols]
+            for a in range(0, len(p), CHUNK):
+                end = min(len(p), a + CHUNK)
+                step = compiled.prefill
+                ctx = step.forward(StepInputs(mx.array(p[a:end], dtype=mx.int32)[None], caches, final=end == len(p)))
+                if end < len(p):
+                    mx.eval(step.fill_targets(ctx))
+                    continue
+                compare(step.head(ctx).logits[0], ref.logits[i][0], f"prompt {i} prefill")
+            if batch is None:
+                batch = caches
+            else:
+                for mine, theirs in zip(batch, caches):
+                    mine.extend(theirs)
+        for s, t in enumerate(DECODE):
+            stage = f"decode step {s + 1} (batched, rows of different lengths)"
+            out = compiled.decode(StepInputs(mx.array([[t]] * len(PROMPTS), dtype=mx.int32), batch))
+            for i in range(len(PROMPTS)):
+                compare(out.logits[i], ref.logits[i][s + 1], f"prompt {i} decode step {s + 1} (batched)")
+        if batch_prefill_ok(pols):
+            stage = "prefill (batched, left-padded)"
+            L = max(map(len, PROMPTS))
+            pads = [L - len(p) for p in PROMPTS]
+            caches = [type(pol.new_cache())(len(PROMPTS), pads) for pol in pols]
+            toks = mx.array([[0] * n + list(p) for n, p in zip(pads, PROMPTS)], dtype=mx.int32)
+            out = compiled.prefill(StepInputs(toks, caches, final=True))
+            for i in range(len(PROMPTS)):
+                compare(out.logits[i], ref.logits[i][0], f"prompt {i} prefill (batched, left-padded)")
+    except Exception as e:  # noqa: BLE001 - a lowering that raises is a failed check, reported at load
+        return CheckResult(lowering, False, None, tol, f"{type(e).__name__}: {e} (at {stage})")
+    return CheckResult(lowering, not worst, max(diffs), tol, worst[0] if worst else None)
+
+
+def batch_prefill_ok(policies) -> bool:
+    """Whether several prompts may share one left-padded prefill: every layer keeps plain FullKV rows."""
+    from graphc.runtime.cache.full import FullKV
+
+    return all(isinstance(p.new_cache(), FullKV) for p in policies)

@@ -1,0 +1,130 @@
+"""The load-time self-check picks the lowering, falls back from a wrong fast path, and refuses
+what no lowering serves exactly; unsupported caches are refused with the model type, layer and reason."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import mlx_lm
+import pytest
+
+from graphc.compiler import archs
+from graphc.compiler.compile import compile_graph
+from graphc.compiler.errors import UnsupportedModel
+from graphc.compiler.inspect import inspect_plan
+from graphc.runtime import Engine, SamplingParams
+from helpers import random_prompts, reference_greedy
+
+
+class _ScaledEmbed(archs.ArchAdapter):
+    """A fast path with a bug of the kind issue #11 found (an embedding scale it gets wrong)."""
+
+    def embed(self, tokens):
+        return super().embed(tokens) * 1.5
+
+
+@pytest.fixture(scope="module")
+def llama(model_dir):
+    d = model_dir("llama")
+    model, _ = mlx_lm.load(str(d))
+    return d, model, json.loads((d / "config.json").read_text())
+
+
+def test_fast_path_serves_its_architectures(llama):
+    _, model, config = llama
+    b = compile_graph(None, model, config).binding
+    assert b.lowering == "fast" and [c.lowering for c in b.checks] == ["fast"] and b.check.ok
+
+
+def test_a_wrong_fast_path_falls_back_to_the_generic_lowering_and_says_so(llama, monkeypatch, caplog):
+    d, _, _ = llama
+    monkeypatch.setitem(archs.ADAPTERS, "llama", _ScaledEmbed)
+    with caplog.at_level(logging.WARNING, logger="graphc.compile"):
+        eng = Engine.load(d, prefill_chunk=8)
+    b = eng.compiled.binding
+    assert b.lowering == "generic"
+    assert [(c.lowering, c.ok) for c in b.checks] == [("fast", False), ("generic", True)]
+    assert "fast path failed the self-check" in caplog.text
+    text = inspect_plan(eng.compiled, "decode", trace=False)
+    assert "lowering: generic" in text and "self-check fast:" in text and "MISMATCH" in text
+    assert "generic lowering: the model's own forward (the fast path failed the self-check)" in text
+    plan = json.loads(inspect_plan(eng.compiled, "decode", fmt="json", trace=False))
+    assert plan["lowering"] == "generic"
+    assert [c["ok"] for c in plan["self_check"]] == [False, True]
+    assert plan["self_check"][0]["max_abs_diff"] > plan["self_check"][0]["tolerance"]
+    # And what it serves is right.
+    prompts = random_prompts(2, eng.vocab_size, [9, 3], seed=1)
+    for p, r in zip(prompts, eng.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))):
+        assert r.token_ids == reference_greedy(eng.model, p, 6)
+
+
+def test_forcing_the_wrong_fast_path_refuses_the_model(llama, monkeypatch):
+    _, model, config = llama
+    monkeypatch.setitem(archs.ADAPTERS, "llama", _ScaledEmbed)
+    with pytest.raises(UnsupportedModel, match=r"model type 'llama': no lowering reproduces .*fast: max \|diff\|"):
+        compile_graph(None, model, config, lowering="fast")
+
+
+def test_generic_and_fast_give_the_same_tokens(llama):
+    d = llama[0]
+    prompts = random_prompts(3, 1024, [12, 5, 30], seed=2)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    fast = Engine.load(d, prefill_chunk=8).generate(prompts, params)
+    gen_engine = Engine.load(d, prefill_chunk=8, lowering="generic")
+    assert gen_engine.compiled.binding.lowering == "generic"
+    assert [r.token_ids for r in gen_engine.generate(prompts, params)] == [r.token_ids for r in fast]
+
+
+def test_no_fast_path_for_a_type_without_one_is_a_clear_error(model_dir):
+    from generic_models import make_tiny
+
+    d = make_tiny("phi", model_dir("llama").parent / "phi-fast")
+    with pytest.raises(ValueError, match="model type 'phi' has no fast path"):
+        Engine.load(d, lowering="fast")
+
+
+def test_a_cache_graphc_cannot_batch_is_refused_naming_type_layer_and_reason(llama, monkeypatch):
+    from mlx_lm.models.cache import ConcatenateKVCache
+
+    _, model, config = llama
+    monkeypatch.setattr(type(model), "make_cache", lambda self: [ConcatenateKVCache() for _ in self.layers],
+                        raising=False)
+    with pytest.raises(UnsupportedModel) as e:
+        compile_graph(None, model, config)
+    msg = str(e.value)
+    assert "model type 'llama'" in msg and "layer 0 (cache ConcatenateKVCache)" in msg
+    assert "no batched equivalent" in msg and "would need" in msg
+
+
+def test_a_rotating_cache_that_keeps_tokens_is_refused(llama, monkeypatch):
+    from mlx_lm.models.cache import RotatingKVCache
+
+    _, model, config = llama
+    monkeypatch.setattr(type(model), "make_cache",
+                        lambda self: [RotatingKVCache(max_size=64, keep=4) for _ in self.layers], raising=False)
+    with pytest.raises(UnsupportedModel, match=r"layer 0 .*keeps the first 4 tokens"):
+        compile_graph(None, model, config)
+
+
+def test_a_cache_that_breaks_the_model_is_refused_at_load_not_on_a_request(llama, monkeypatch):
+    """Both lowerings run on graphc's caches: a cache bug fails both checks and the model is refused."""
+    from graphc.runtime.cache.full import FullKV
+
+    _, model, config = llama
+    monkeypatch.setattr(FullKV, "make_mask", lambda self, N, window_size=None, return_array=False: None)
+    with pytest.raises(UnsupportedModel) as e:
+        compile_graph(None, model, config)
+    msg = str(e.value)
+    assert "model type 'llama'" in msg and "fast: max |diff|" in msg and "generic: max |diff|" in msg
+    assert "prompt 0 prefill" in msg
+
+
+def test_gqa_gemma2_is_refused_as_not_batchable(model_dir):
+    """gemma2 with grouped KV heads reshapes attention scores to 5-D, so a batched [B, 1, N, T]
+    mask no longer lines up with the batch: exact one row at a time, wrong batched — refused."""
+    from generic_models import make_tiny
+
+    d = make_tiny("gemma2_gqa", model_dir("llama").parent / "gemma2-gqa")
+    with pytest.raises(UnsupportedModel, match=r"model type 'gemma2'.*decode step 1 \(batched\).*left-padded"):
+        Engine.load(d)
