@@ -29,7 +29,10 @@ def _load_model(path: Path):
 def cmd_generate(args) -> int:
     from graphc.runtime import Engine, SamplingParams
 
-    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk)
+    from graphc.runtime.distributed import launched
+
+    # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
+    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, distributed=launched())
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],

@@ -96,8 +96,13 @@ class Engine:
 
     # -- construction -------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: str | Path | None = None, graph=None, **kwargs) -> "Engine":
-        """Load a model folder (the built-in demo model when None) and compile `graph` for it."""
+    def load(cls, model_dir: str | Path | None = None, graph=None, *, distributed: bool = False,
+             **kwargs) -> "Engine":
+        """Load a model folder (the built-in demo model when None) and compile `graph` for it.
+
+        distributed=True (under `mlx.launch`): shard the model over the world group, tensor
+        parallel; rank 0 gets the engine, the other ranks follow it and exit with it
+        (runtime/distributed/, docs/distributed.md)."""
         import mlx_lm
 
         if model_dir is None:
@@ -110,6 +115,10 @@ class Engine:
                 f"no model folder at '{model_dir}' (expected a config.json there); "
                 "graphc never downloads weights — build a test model with `graphc make-model`"
             )
+        if distributed:
+            from .distributed import load_sharded
+
+            return load_sharded(path, graph, **kwargs)
         config = json.loads((path / "config.json").read_text())
         model, tokenizer = mlx_lm.load(str(path))
         return cls(model, tokenizer, config, graph, model_path=str(path), **kwargs)

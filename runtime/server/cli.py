@@ -63,10 +63,21 @@ def cmd_serve(args) -> int:
         return 2
     config = config_from_args(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from graphc.runtime.distributed import launched
+
+    engine = None
+    if launched():  # under mlx.launch: rank 0 serves, the others follow it (docs/distributed.md)
+        from .state import load_engine
+
+        config.distributed = True
+        # Loaded before the server starts, on every rank alike: a rank that cannot load (or shard)
+        # the model ends the launch instead of leaving rank 0 serving 503s. Ranks other than 0
+        # follow rank 0's steps inside load_engine and exit there.
+        engine = load_engine(config)
     if not _is_loopback(config.host) and not config.api_key:
         logging.getLogger("graphc.server").warning(
             "binding %s without --api-key: anyone who can reach this address can use the model", config.host)
-    app = create_app(config)
+    app = create_app(config, engine=engine)
     # A bounded graceful shutdown: open streams are aborted by the lifespan, not waited on forever.
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
