@@ -36,7 +36,11 @@ _LOWERING_HELP = ("auto: the fast path where the model type has one and it passe
 def cmd_generate(args) -> int:
     from graphc.runtime import Engine, SamplingParams
 
-    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering)
+    from graphc.runtime.distributed import launched
+
+    # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
+    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering,
+                         distributed=launched())
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],

@@ -112,10 +112,14 @@ class Engine:
 
     # -- construction -------------------------------------------------------------
     @classmethod
-    def load(cls, model_dir: str | Path | None = None, graph=None, **kwargs) -> "Engine":
+    def load(cls, model_dir: str | Path | None = None, graph=None, *, distributed: bool = False,
+             **kwargs) -> "Engine":
         """Load a model folder or a .gguf file (the built-in demo model when None) and compile `graph` for it.
 
-        A .gguf file is converted once into a cached mlx-lm folder (graphc.compiler.gguf)."""
+        A .gguf file is converted once into a cached mlx-lm folder (graphc.compiler.gguf).
+        distributed=True (under `mlx.launch`): shard the model over the world group, tensor
+        parallel; rank 0 gets the engine, the other ranks follow it and exit with it
+        (runtime/distributed/, docs/distributed.md)."""
         import mlx_lm
 
         from graphc.compiler.gguf import resolve_model_path
@@ -130,6 +134,10 @@ class Engine:
                 f"no model folder at '{model_dir}' (expected a config.json there); "
                 "graphc never downloads weights — build a test model with `graphc make-model`"
             )
+        if distributed:
+            from .distributed import load_sharded
+
+            return load_sharded(path, graph, **kwargs)
         config = json.loads((path / "config.json").read_text())
         model, tokenizer = mlx_lm.load(str(path))
         # model_path is what the user named (a .gguf file stays a .gguf file in names and logs).

@@ -70,10 +70,21 @@ def cmd_serve(args) -> int:
     if config.shutdown_timeout < 0:
         print("--shutdown-timeout must be >= 0", file=sys.stderr)
         return 2
+    from graphc.runtime.distributed import launched
+
+    engine = None
+    if launched():  # under mlx.launch: rank 0 serves, the others follow it (docs/distributed.md)
+        from .state import load_engine
+
+        config.distributed = True
+        # Loaded before the server starts, on every rank alike: a rank that cannot load (or shard)
+        # the model ends the launch instead of leaving rank 0 serving 503s. Ranks other than 0
+        # follow rank 0's steps inside load_engine and exit there.
+        engine = load_engine(config)
     if not is_loopback(config.host) and not config.api_key:
         logging.getLogger("graphc.server").warning(
             "binding %s without --api-key: anyone who can reach this address can use the model", config.host)
-    app = create_app(config)
+    app = create_app(config, engine=engine)
     # SIGTERM/SIGINT drain (runtime/server/shutdown.py): 503 for new requests, running ones get
     # --shutdown-timeout to finish, the rest end with finish_reason "abort"; then exit 0.
     server = GracefulServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,

@@ -24,6 +24,7 @@ class ServerConfig:
     max_batch: int = 64  # decode batch rows
     prefill_chunk: int = 512
     kv_budget_tokens: int | None = None  # KV tokens the scheduler may hold; None = unbounded
+    distributed: bool = False  # tensor parallel over mlx.launch's world group (docs/distributed.md)
 
     # limits
     max_model_len: int | None = None  # context; default: config.json's max_position_embeddings

@@ -24,6 +24,13 @@ from .sampling import param_error
 log = logging.getLogger("graphc.server")
 
 
+def load_engine(c: ServerConfig, **kwargs) -> Engine:
+    """The engine `c` asks for (every rank of a distributed server loads it the same way)."""
+    extra = {"kv_budget_tokens": c.kv_budget_tokens} if c.kv_budget_tokens is not None else {}
+    return Engine.load(c.model, c.graph, max_batch=c.max_batch, prefill_chunk=c.prefill_chunk,
+                       distributed=c.distributed, **extra, **kwargs)
+
+
 class ServerState:
     def __init__(self, config: ServerConfig, engine: Engine | None = None,
                  loader: Callable[[], Engine] | None = None):
@@ -61,9 +68,7 @@ class ServerState:
             if self._loader is not None:
                 engine = self._loader()
             else:
-                c = self.config
-                extra = {"kv_budget_tokens": c.kv_budget_tokens} if c.kv_budget_tokens is not None else {}
-                engine = Engine.load(c.model, c.graph, max_batch=c.max_batch, prefill_chunk=c.prefill_chunk, **extra)
+                engine = load_engine(self.config)
             self._attach(engine)
         except BaseException as e:  # reported through /health and 503s, not a dead server
             log.exception("loading the model failed")

@@ -1,0 +1,196 @@
+"""Rank 0's engine: the Engine the server and scheduler talk to, plus the step plans it sends.
+
+It is a plain Engine that records what changes the other ranks cannot see (requests added,
+aborted) and, at the top of every `step()`, broadcasts them as one plan (plan.py), so every
+rank then runs the same step on its shard. While idle it sends a heartbeat plan every
+`heartbeat_s`, so the followers can tell an idle rank 0 from a hung one, and rank 0 learns
+of a dead follower within a second even when no request is running.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+import weakref
+
+from ..engine import Engine
+from .group import GroupFailed, broadcast_bytes, broadcast_ints, is_group_error
+from .plan import HEADER_WORDS, IDLE, NO_STEP_YET, SHUTDOWN, STEP, Plan, encode_params, error_digest, step_digest
+from .watchdog import EXIT_GROUP_FAILED, Watchdog
+
+log = logging.getLogger("graphc.distributed")
+
+# Seconds a failed rank 0 keeps running after failing its requests, so the server can send
+# the clients their errors before the process exits.
+FAIL_GRACE_S = 2.0
+
+
+class _SpecKeepingCompiler:
+    """The engine's grammar compiler, remembering each compiled grammar's spec on its state:
+    the followers compile the same spec themselves (a matcher cannot be sent)."""
+
+    def __init__(self, base):
+        self._base = base
+
+    def compile(self, grammar):
+        from ..grammar import Grammar
+
+        state = self._base.compile(grammar)
+        state.spec = Grammar.coerce(grammar)
+        return state
+
+    def __getattr__(self, name):
+        return getattr(self._base, name)
+
+
+class LeaderEngine(Engine):
+    """Built by `Engine.load(..., distributed=True)` on rank 0; use it like any Engine."""
+
+    def _start_group(self, group, watchdog: Watchdog, *, timeout: float, heartbeat_s: float = 1.0) -> None:
+        self.group = group
+        self.world_size = group.size()
+        self._watchdog = watchdog
+        self._timeout = timeout
+        self._heartbeat_s = heartbeat_s
+        self._lock = threading.Lock()  # one plan (and its step) at a time, from any thread
+        self._events: list = []
+        self._seq = 0
+        self._last_digest = NO_STEP_YET
+        self._last_sent = time.monotonic()
+        self._closed = False
+        self.failed: str | None = None
+        ref = weakref.ref(self)
+        atexit.register(lambda: (e := ref()) is not None and e.close())
+        threading.Thread(target=_heartbeat, args=(ref, heartbeat_s), name="graphc-heartbeat", daemon=True).start()
+
+    # -- what the followers must replay ----------------------------------------------------
+    def add_request(self, prompt, params=None, request_id=None) -> str:
+        self._check_open()
+        if params is not None:
+            encode_params(params)  # refuse what cannot cross processes before anything changes
+        rid = super().add_request(prompt, params, request_id)
+        req = self.scheduler.by_id[rid]
+        self._events.append(["add", rid, list(req.prompt_ids), encode_params(req.params)])
+        return rid
+
+    def abort(self, request_id: str) -> bool:
+        done = super().abort(request_id)
+        if done:
+            self._events.append(["abort", request_id])
+        return done
+
+    @property
+    def grammar_compiler(self):
+        return _SpecKeepingCompiler(Engine.grammar_compiler.fget(self))
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self):
+        self._check_open()
+        with self._lock:
+            events, self._events = self._events, []
+            self._send(Plan(STEP, self._seq, self._last_digest, events))
+            try:
+                with self._watchdog.armed(f"rank 0: step {self._seq - 1}", self._timeout):
+                    outs = super().step()
+            except Exception as e:
+                self._last_digest = error_digest(e)
+                if is_group_error(e):
+                    self._fail(f"step {self._seq - 1} failed in a collective: {e}")
+                raise
+            self._last_digest = step_digest(outs)
+            return outs
+
+    def _send(self, plan: Plan) -> None:
+        body = plan.body()
+        what = f"rank 0: sending {('step', 'idle', 'shutdown')[plan.kind - 1]} plan {plan.seq}"
+        try:
+            with self._watchdog.armed(what, self._timeout):
+                broadcast_ints(self.group, plan.header(len(body)), HEADER_WORDS)
+                if body:
+                    broadcast_bytes(self.group, body, len(body))
+        except RuntimeError as e:
+            self._fail(f"sending plan {plan.seq} to the other ranks failed: {e}")
+        self._seq += 1
+        self._last_sent = time.monotonic()
+
+    def _heartbeat(self) -> None:
+        """An idle plan, when no step ran for a while and nothing is in flight on the device."""
+        if self._closed or self.failed or self.runner.pending is not None:
+            return
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if time.monotonic() - self._last_sent >= self._heartbeat_s and self.runner.pending is None:
+                self._send(Plan(IDLE, self._seq, self._last_digest))
+        finally:
+            self._lock.release()
+
+    # -- ending ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Tell the followers to exit (code 0). Called at exit; later steps raise GroupFailed."""
+        if self._closed:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self.failed is None:
+                try:
+                    self._send(Plan(SHUTDOWN, self._seq, self._last_digest))
+                except GroupFailed:
+                    pass
+
+    def _check_open(self) -> None:
+        if self.failed is not None:
+            raise GroupFailed(self.failed)
+        if self._closed:
+            raise GroupFailed("the distributed engine was closed (its followers have exited)")
+
+    def _fail(self, why: str) -> None:
+        """The group is broken: say so, fail this step (the server fails its requests), exit soon."""
+        if self.failed is None:
+            self.failed = (f"the distributed group of {self.world_size} ranks failed: {why} — a rank died, "
+                           "hung or lost its connection; rank 0 exits")
+            log.error("%s", self.failed)
+            import sys
+
+            sys.stderr.write(f"graphc rank 0: {self.failed} (exit {EXIT_GROUP_FAILED})\n")
+            sys.stderr.flush()
+            t = threading.Timer(FAIL_GRACE_S, _exit_failed)
+            t.daemon = True
+            t.start()
+        raise GroupFailed(self.failed)
+
+
+def _exit_failed() -> None:
+    import os
+
+    os._exit(EXIT_GROUP_FAILED)
+
+
+def _heartbeat(ref, period: float) -> None:
+    try:
+        _beat(ref, period)
+    finally:
+        import mlx.core as mx
+
+        clear = getattr(mx, "clear_streams", None)  # this thread's MLX streams (see AsyncEngine._run)
+        if clear is not None:
+            clear()
+
+
+def _beat(ref, period: float) -> None:
+    while True:
+        time.sleep(period / 2)
+        engine = ref()
+        if engine is None or engine._closed or engine.failed:
+            return
+        try:
+            engine._heartbeat()
+        except GroupFailed:
+            return  # _fail() reported it and will end the process
+        except Exception:  # pragma: no cover - a bug here must not leave the group silent
+            log.exception("heartbeat failed")
+        del engine

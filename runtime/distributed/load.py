@@ -1,0 +1,119 @@
+"""`Engine.load(..., distributed=True)`: load a model folder sharded over the world group.
+
+Every rank loads the same folder lazily, lets the model shard itself (`model.shard(group)`,
+mlx-lm's tensor parallelism: attention heads, KV heads and MLP/expert columns split across
+ranks, one all_sum after attention and one after the MLP), then builds the same Engine over its
+shard. Rank 0 gets a LeaderEngine back; every other rank follows rank 0's steps here and
+exits the process when rank 0 shuts down (so a script's code after `Engine.load` runs on
+rank 0 only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import mlx.core as mx
+
+from ..engine import Engine
+from .follower import follow
+from .group import GroupFailed, broadcast_ints, crc, gather_ints, world
+from .leader import LeaderEngine
+from .watchdog import Watchdog, default_timeout
+
+log = logging.getLogger("graphc.distributed")
+
+
+def load_sharded(path: Path, graph=None, *, timeout: float | None = None, heartbeat_s: float = 1.0,
+                 **kwargs) -> Engine:
+    import mlx_lm
+
+    group = world()
+    if group.size() == 1:
+        log.warning("distributed=True but this process was not launched as part of a group "
+                    "(world size 1): serving on this process alone")
+        model, tokenizer = mlx_lm.load(str(path))
+        return Engine(model, tokenizer, json.loads((path / "config.json").read_text()), graph,
+                      model_path=str(path), **kwargs)
+    rank, n = group.rank(), group.size()
+    timeout = default_timeout() if timeout is None else float(timeout)
+    if kwargs.get("compile"):
+        raise ValueError("compile=True (the mx.compile decode path) is not supported with distributed=True yet: "
+                         "its fused llama projections bypass the sharded layers; leave compile off")
+    config = json.loads((path / "config.json").read_text())
+    model, tokenizer = mlx_lm.load(str(path), lazy=True)
+    check_shardable(model, config, n)
+    model.shard(group)
+    mx.eval(model.parameters())
+
+    watchdog = Watchdog(rank)
+    # Loading a large model from disk can take minutes on the slowest rank: a longer deadline.
+    with watchdog.armed(f"rank {rank}: waiting for every rank to load the model", max(600.0, timeout)):
+        _check_same_setup(group, config, graph, kwargs)
+        # Rows without a seed draw from the runner's key: the same key on every rank.
+        seed = kwargs.pop("seed", None)
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+        seed = broadcast_ints(group, [seed], 1)[0]
+        cls = LeaderEngine if rank == 0 else Engine
+        engine = cls(model, tokenizer, config, graph, model_path=str(path), seed=seed, **kwargs)
+        engine = _same_prefix_capacity(group, engine, cls, (model, tokenizer, config, graph, str(path), seed), kwargs)
+    log.info("rank %d of %d: %s sharded %d ways", rank, n, config.get("model_type"), n)
+    if rank == 0:
+        engine._start_group(group, watchdog, timeout=timeout, heartbeat_s=heartbeat_s)
+        return engine
+    raise SystemExit(follow(engine, group, watchdog, timeout=timeout))
+
+
+def shardable_model_types() -> list[str]:
+    """mlx-lm architectures whose Model has a tensor-parallel `shard()` (read off the sources)."""
+    import mlx_lm.models
+
+    d = Path(mlx_lm.models.__file__).parent
+    return sorted(p.stem for p in d.glob("*.py") if "def shard(" in p.read_text(errors="ignore"))
+
+
+def check_shardable(model, config: dict, n: int) -> None:
+    """Refuse, with the reason, what tensor parallelism over `n` ranks cannot split."""
+    import mlx_lm
+
+    mt = config.get("model_type", type(model).__module__)
+    if not hasattr(model, "shard"):
+        raise ValueError(
+            f"model type '{mt}' cannot be served on {n} ranks: mlx-lm {mlx_lm.__version__} has no tensor-parallel "
+            f"shard() for it (architectures that have one: {', '.join(shardable_model_types())}); "
+            "serve it on one process (without mlx.launch)")
+    text = config.get("text_config", config)
+    for name, what in (("num_attention_heads", "attention heads"), ("num_key_value_heads", "KV heads"),
+                       ("intermediate_size", "MLP columns"), ("moe_intermediate_size", "expert MLP columns")):
+        v = text.get(name)
+        if isinstance(v, int) and v % n:
+            raise ValueError(f"model type '{mt}': {name} = {v} does not divide over {n} ranks (tensor parallelism "
+                             f"splits the {what} evenly); launch with a rank count that divides {v}")
+
+
+def _check_same_setup(group, config: dict, graph, kwargs: dict) -> None:
+    """Every rank must run the same model with the same engine settings, or their schedules differ."""
+    import mlx_lm
+
+    setup = json.dumps({"config": config, "graph": str(graph), "engine": {k: repr(v) for k, v in sorted(kwargs.items())},
+                        "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__}, sort_keys=True, default=str)
+    digests = [row[0] for row in gather_ints(group, [crc(setup.encode())])]
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise GroupFailed(f"ranks {odd} run a different model config, graph, engine settings or mlx/mlx-lm version "
+                          "than rank 0; launch every rank with the same command and the same model folder")
+
+
+def _same_prefix_capacity(group, engine, cls, args, kwargs):
+    """The prefix pool's size comes from each host's memory: take the smallest, so every rank
+    evicts the same entries at the same step."""
+    cap = engine.prefix.slots.capacity if engine.prefix is not None else 0
+    caps = [row[0] for row in gather_ints(group, [cap])]
+    if len(set(caps)) == 1:
+        return engine
+    model, tokenizer, config, graph, path, seed = args
+    return cls(model, tokenizer, config, graph, model_path=path, seed=seed,
+               **{**kwargs, "max_total_tokens": min(caps)})

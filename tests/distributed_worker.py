@@ -1,0 +1,40 @@
+"""One rank of a distributed test run (tests/test_distributed.py spawns it, one process per rank).
+
+    python distributed_worker.py OUT.json SPEC.json
+
+SPEC: {"models": [dirs], "engine": {Engine.load kwargs}, "prompts": [[ids]], "params": [{SamplingParams}]}.
+Every rank loads each model with distributed=True; rank 0 generates and writes
+{model dir: [token ids per prompt]} to OUT.json; the other ranks follow rank 0 through each model
+(Engine.load returns on rank 0 only; on the others it raises SystemExit when rank 0 closes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from graphc.runtime import Engine, SamplingParams
+
+
+def main(out_path: str, spec_path: str) -> int:
+    spec = json.loads(open(spec_path).read())
+    params = [SamplingParams(**p) for p in spec["params"]]
+    results = {}
+    for m in spec["models"]:
+        try:
+            engine = Engine.load(m, distributed=True, **spec["engine"])
+        except SystemExit as e:
+            if e.code:
+                raise
+            continue  # a follower that followed rank 0 through this model
+        res = engine.generate(spec["prompts"], params)
+        results[m] = [r.token_ids for r in res]
+        engine.close()  # the followers leave this model and load the next one
+    if results:
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
