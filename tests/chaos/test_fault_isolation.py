@@ -76,7 +76,10 @@ def _inject(stage, monkeypatch, engine_ref):
     if stage == "edit_rows":
         import graphc.runtime.sampling as S
 
-        wrap(S, "edit_logits")
+        # The head op calls apply_edits (compiler/ops/head.py); edit_logits is the fused form.
+        for name in ("edit_logits", "apply_edits"):
+            if hasattr(S, name):
+                wrap(S, name)
         return lambda p: SamplingParams(max_tokens=8, temperature=0.5, logit_bias={5: 1.0}, stop=(POISON,))
     if stage == "sampling":
         import graphc.runtime.sampling as S
