@@ -96,6 +96,11 @@ def _inject(stage, monkeypatch, engine_ref):
 
         wrap(PrefixIO, "_write")
         return lambda p: SamplingParams(max_tokens=8, stop=(POISON,))
+    if stage == "detokenize":  # host work after the token: stop strings / incremental text
+        from graphc.runtime.text import TextState
+
+        wrap(TextState, "add")
+        return lambda p: SamplingParams(max_tokens=8, stop=(POISON,))
     if stage == "forward":
         import graphc.runtime.runner as R
 
@@ -134,7 +139,7 @@ def poison_mix(n, n_poison, make_poison, vocab, seed=0):
     return prompts, params, poison_at
 
 
-STAGES = ["params", "edit_rows", "sampling", "processors", "grammar", "cache_write", "forward"]
+STAGES = ["params", "edit_rows", "sampling", "processors", "grammar", "cache_write", "detokenize", "forward"]
 
 
 @pytest.mark.parametrize("stage", STAGES)
