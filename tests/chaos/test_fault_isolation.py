@@ -164,6 +164,24 @@ def test_a_fault_at_each_stage_fails_only_the_poison(stage, mdir, solo, monkeypa
     _check_no_leaks(eng)
 
 
+@pytest.mark.parametrize("stage", ["params", "cache_write"])
+def test_fault_isolation_with_compiled_decode_and_no_chain(stage, mdir, solo, monkeypatch):
+    """The same recovery on the engine's other decode paths: mx.compile'd decode, chain off."""
+    for kw in (dict(compile=True), dict(chain=False)):
+        ref = [None]
+        make_poison = _inject(stage, monkeypatch, ref)
+        eng = ref[0] = Engine.load(mdir, max_batch=16, prefill_chunk=64, **kw)
+        prompts, params, poison_at = poison_mix(10, 2, make_poison, eng.vocab_size, seed=7)
+        results = run_mixed(eng, prompts, params)
+        for i, res in enumerate(results):
+            if i in poison_at:
+                assert res.finish_reason == "error", (kw, i)
+            else:
+                assert res.token_ids == solo(prompts[i], params[i]), (kw, i)
+        _check_no_leaks(eng)
+        monkeypatch.undo()
+
+
 @pytest.mark.slow
 def test_poison_among_128_concurrent_requests(mdir, solo, monkeypatch):
     """The issue's "done when": poisons among 128 concurrent requests fail alone."""
