@@ -80,6 +80,8 @@ def test_the_issue_reproducers(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = post(b'{"prompt":"hi","model":"\\ud800"}')
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    r = post(b'{"prompt":"hi","stop":["' + b"x" * 5000 + b'"]}')  # matched after every token: bounded
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
     r = post(b'{"prompt":"hi","stop":["\\udfff"]}')
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
     assert_idle(server)
