@@ -53,7 +53,6 @@ class StepGuard:
         self.recoveries = 0  # faults recovered from (for /metrics)
         self.culprits = 0  # requests ended with "error" by a recovery
         self._failed_last = False  # the last fault had no culprit and no step succeeded since
-        self._probing = False
         self._outs: list[RequestOutput] = []  # deltas produced by probe steps, returned by _recover
 
     def begin(self, prefill: list) -> None:
@@ -63,8 +62,6 @@ class StepGuard:
         self.in_step = list(seen)
 
     def step(self) -> list[RequestOutput]:
-        if self._probing:  # a probe's own step: its failure is handled by the bisection
-            return self.engine._step()
         self.in_step = []
         try:
             outs = self.engine._step()
@@ -89,7 +86,7 @@ class StepGuard:
             self._failed_last = False
         else:
             before = self.culprits
-            self._bisect(suspects, exc)
+            self._bisect(suspects)
             # Unexplained (no probe failed): if the very next step fails too, stop retrying.
             # A culprit found means this fault is dealt with; a later one is a new fault.
             self._failed_last = self.culprits == before
@@ -130,8 +127,10 @@ class StepGuard:
         if eng.prefix is not None:
             eng.prefix.flush()  # a write that failed half way may have left slots unwritten
 
-    def _bisect(self, suspects: list[Request], exc: Exception) -> None:
-        groups = collections.deque([suspects]) if len(suspects) > 1 else collections.deque([suspects])
+    def _bisect(self, suspects: list[Request]) -> None:
+        # The whole set just failed: start from its halves (a single suspect is probed alone).
+        half = len(suspects) // 2
+        groups = collections.deque([suspects[:half], suspects[half:]] if half else [suspects])
         while groups:
             g = [r for r in groups.popleft() if not r.finished]
             if not g:
@@ -150,12 +149,12 @@ class StepGuard:
         Returns the exception if it failed (the group is reset), None if it went through
         (its members are preempted back into the queue, their KV stored in the prefix cache)."""
         eng, sched = self.engine, self.engine.scheduler
-        others = [r for r in sched.waiting if all(r is not g for g in group)]
-        sched.waiting = collections.deque(r for r in sched.waiting if any(r is g for g in group))
+        mine = {id(r) for r in group}
+        others = [r for r in sched.waiting if id(r) not in mine]
+        sched.waiting = collections.deque(r for r in sched.waiting if id(r) in mine)
         burst = sched._burst_left
         sched._burst_left = 0
         target = {id(r): len(r.output_ids) + 2 for r in group}  # the prefill token and one decode token
-        self._probing = True
         err = None
         try:
             for _ in range(PROBE_STEP_LIMIT):
@@ -164,14 +163,13 @@ class StepGuard:
                 self._outs += eng._step()
         except Exception as e:  # noqa: BLE001 - the fault reproduced in this group
             err = e
-        finally:
-            self._probing = False
         if err is not None:
             self._reset(list(group))
         else:
-            for r in list(sched.running):
+            cleared = list(sched.running)
+            for r in cleared:
                 eng._preempt(r)  # KV into the prefix cache; back to the queue to be rejoined
-            eng.stats["preemptions"] -= sum(1 for r in group if not r.finished)  # not budget preemptions
+            eng.stats["preemptions"] -= len(cleared)  # not budget preemptions
         sched.waiting.extend(others)
         sched._burst_left = burst
         return err

@@ -4,8 +4,9 @@
     app = create_app(ServerConfig(model="/tmp/tiny-llama"))   # then: uvicorn.run(app)
 
 The model loads on a background thread when the app starts, so /health answers (503)
-at once; the engine then runs on its own thread (AsyncEngine) and the event loop only
-parses, tokenizes, and forwards deltas.
+at once; the engine then runs on its own thread (AsyncEngine), prompts are tokenized on a
+worker thread, and the event loop only parses, validates and forwards deltas. Middleware:
+HTTP counting, the Host check and opt-in CORS (guard.py); shutdown.py drains on SIGTERM.
 """
 
 from __future__ import annotations

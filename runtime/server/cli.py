@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from .config import ServerConfig
@@ -51,11 +52,19 @@ def config_from_args(args) -> ServerConfig:
         shutdown_timeout=args.shutdown_timeout)
 
 
+def _exit_early(sig, frame) -> None:
+    raise SystemExit(0)
+
+
 def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
 def cmd_serve(args) -> int:
+    # A signal before the server is up (while mlx / the model load) is a clean exit too;
+    # GracefulServer takes the signals over once it runs.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_early)
     try:
         import uvicorn
 

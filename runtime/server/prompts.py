@@ -71,6 +71,9 @@ def chat_prompt(state, req: ChatCompletionRequest, plan: ToolPlan | None = None)
     if not getattr(tok, "chat_template", None):
         raise bad_request(f"the model '{state.model_name}' has no chat template; use /v1/completions",
                           "messages", code="no_chat_template")
+    if len(req.messages) > state.max_prompt_tokens:  # every message is at least one token of the prompt
+        raise bad_request(f"{len(req.messages)} messages cannot fit a prompt of at most {state.max_prompt_tokens} "
+                          "tokens", "messages", code="context_length_exceeded")
     messages, total_chars = [], 0
     for i, m in enumerate(req.messages):
         content = m.content

@@ -18,11 +18,20 @@ _PARAM_NAMES = {"logprobs": "logprobs", "grammar": "response_format", "token id"
 MAX_LOGIT_BIAS = 100.0
 MAX_SCALE = 1e4  # temperature, repetition_penalty
 MIN_TOP_P = 1e-6
+# Stop strings are matched against the text on the engine thread after every token, in the
+# step every request shares: bound their number and length so no request slows the others.
+MAX_STOPS = 32
+MAX_STOP_CHARS = 4096
+# Entries of logit_bias / stop_token_ids become per-row edit tensors rebuilt on the engine
+# thread whenever the batch changes (OpenAI itself caps logit_bias at 300).
+MAX_TOKEN_LIST = 1024
 
 
 def logit_bias_ids(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
     if not bias:
         return None
+    if len(bias) > MAX_TOKEN_LIST:
+        raise bad_request(f"logit_bias may have at most {MAX_TOKEN_LIST} entries, got {len(bias)}", "logit_bias")
     out = {}
     for k, v in bias.items():
         try:
@@ -83,6 +92,13 @@ def build_params(req, *, max_tokens: int, vocab_size: int, default_temperature: 
         v = getattr(req, name)
         if v is not None and v > MAX_SCALE:
             raise bad_request(f"{name} must be at most {MAX_SCALE:g}, got {v}", name, code="invalid_value")
+    stops = req.stop_list
+    if len(stops) > MAX_STOPS or sum(map(len, stops)) > MAX_STOP_CHARS:
+        raise bad_request(f"stop: at most {MAX_STOPS} strings of {MAX_STOP_CHARS} characters in all, got "
+                          f"{len(stops)} of {sum(map(len, stops))}", "stop", code="invalid_value")
+    if len(req.stop_token_ids or ()) > MAX_TOKEN_LIST:
+        raise bad_request(f"stop_token_ids may have at most {MAX_TOKEN_LIST} entries, got {len(req.stop_token_ids)}",
+                          "stop_token_ids", code="invalid_value")
     top_p = 1.0 if req.top_p is None else req.top_p
     if 0 < top_p < MIN_TOP_P:
         top_p = MIN_TOP_P  # below this float32 rounds to 0; any such top_p keeps only the top token anyway

@@ -126,7 +126,8 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"the model '{model}' does not exist; this server serves '{self.model_name}'",
+            shown = model if len(model) <= 100 else model[:100] + "…"  # never echo a whole hostile value
+            raise APIError(404, f"the model '{shown}' does not exist; this server serves '{self.model_name}'",
                            param="model", code="model_not_found")
 
     def check_n(self, n: int) -> None:

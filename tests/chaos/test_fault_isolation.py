@@ -99,6 +99,11 @@ def _inject(stage, monkeypatch, engine_ref):
 
         wrap(PrefixIO, "_write")
         return lambda p: SamplingParams(max_tokens=8, stop=(POISON,))
+    if stage == "detokenize":  # host work after the token: stop strings / incremental text
+        from graphc.runtime.text import TextState
+
+        wrap(TextState, "add")
+        return lambda p: SamplingParams(max_tokens=8, stop=(POISON,))
     if stage == "forward":
         import graphc.runtime.runner as R
 
@@ -137,7 +142,7 @@ def poison_mix(n, n_poison, make_poison, vocab, seed=0):
     return prompts, params, poison_at
 
 
-STAGES = ["params", "edit_rows", "sampling", "processors", "grammar", "cache_write", "forward"]
+STAGES = ["params", "edit_rows", "sampling", "processors", "grammar", "cache_write", "detokenize", "forward"]
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -160,6 +165,24 @@ def test_a_fault_at_each_stage_fails_only_the_poison(stage, mdir, solo, monkeypa
     [after] = eng.generate([prompts[0]], params[0])
     assert after.token_ids == solo(prompts[0], params[0])
     _check_no_leaks(eng)
+
+
+@pytest.mark.parametrize("stage", ["params", "cache_write"])
+def test_fault_isolation_with_compiled_decode_and_no_chain(stage, mdir, solo, monkeypatch):
+    """The same recovery on the engine's other decode paths: mx.compile'd decode, chain off."""
+    for kw in (dict(compile=True), dict(chain=False)):
+        ref = [None]
+        make_poison = _inject(stage, monkeypatch, ref)
+        eng = ref[0] = Engine.load(mdir, max_batch=16, prefill_chunk=64, **kw)
+        prompts, params, poison_at = poison_mix(10, 2, make_poison, eng.vocab_size, seed=7)
+        results = run_mixed(eng, prompts, params)
+        for i, res in enumerate(results):
+            if i in poison_at:
+                assert res.finish_reason == "error", (kw, i)
+            else:
+                assert res.token_ids == solo(prompts[i], params[i]), (kw, i)
+        _check_no_leaks(eng)
+        monkeypatch.undo()
 
 
 @pytest.mark.slow

@@ -80,8 +80,17 @@ def test_the_issue_reproducers(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = post(b'{"prompt":"hi","model":"\\ud800"}')
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    r = post(b'{"prompt":"hi","stop":["' + b"x" * 5000 + b'"]}')  # matched after every token: bounded
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
     r = post(b'{"prompt":"hi","stop":["\\udfff"]}')
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+    # per-token / per-batch host work on the engine thread is bounded per request
+    r = httpx.post(server.url + "/v1/completions", timeout=30,
+                   json={"prompt": "hi", "logit_bias": {str(i): 1 for i in range(1025)}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias"
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"messages": [{"role": "user", "content": ""}] * (server.state.max_prompt_tokens + 1)})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert_idle(server)
 
 
