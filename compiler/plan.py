@@ -207,6 +207,12 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     if kind == "prefill" and ("final" in phases or "head" in phases):
         passes.append(("head placement", "final/head ops run on a prompt's final chunk only; "
                                          "earlier chunks only fill the caches"))
+    if kind == "decode":
+        from .decode_options import compile_pass, resolve
+
+        line = compile_pass(resolve(spec.decode_options), binding.lowering)
+        if line:
+            passes.append(line)
     if edits is not None:
         off = [e for e in EDIT_KINDS if e not in edits]
         passes.append(("edits", "applies " + (", ".join(edits) or "none")

@@ -58,10 +58,10 @@ def _guarded(req: Request):
 class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
-                 compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
+                 compile: bool | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
-                 skinny_gemm: bool | None = None, lowering: str = "auto"):
+                 skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -75,18 +75,26 @@ class Engine:
                              f"a generation graph and pass '{name}' to Engine.embed(..., graph=) / "
                              "Engine.score(..., graph=)")
         self._oneshot: dict = {}  # (graph, output) -> OneShotRunner: embed / score graphs, compiled on first use
-        if compile and self.compiled.binding.lowering != "fast":
+        # How decode is compiled: the graph's `decode:` section, overridden by compile= /
+        # skinny_gemm= / decode_options= when given (compiler/decode_options.py). The decode
+        # plan's `compile` pass says what was applied.
+        from graphc.compiler.decode_options import resolve
+
+        self.decode_options = resolve(self.compiled.spec.decode_options,
+                                      {**(decode_options or {}), "compile": compile, "skinny_matmul": skinny_gemm})
+        if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
             import logging
 
             logging.getLogger("graphc.engine").warning(
-                "compile=True applies to the fast path only; model type '%s' runs the generic lowering "
+                "compile applies to the fast path only; model type '%s' runs the generic lowering "
                 "uncompiled", self.compiled.binding.model_type)
-        elif compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
+        elif self.decode_options["compile"]:  # mx.compile the decode forward on fixed-shape KV
             from .compiled_decode import CompiledDecode
 
-            # skinny_gemm: the CUDA small-batch matmul kernel (runtime/kernels/skinny_matmul.py);
-            # None reads GRAPHC_SKINNY_GEMM (off unless "1").
-            self.compiled.decode = CompiledDecode(self.compiled.decode, skinny=skinny_gemm)
+            o = self.decode_options
+            self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
+                                                  kernel=o["attention_kernel"], skinny=o["skinny_matmul"])
+        self._show_compile_pass()
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(
@@ -107,6 +115,22 @@ class Engine:
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0}
+
+    def _show_compile_pass(self) -> None:
+        """Put what this engine applied to decode into the decode plan's passes (inspect shows them)."""
+        import attrs
+
+        from graphc.compiler.decode_options import compile_pass
+
+        d = self.compiled.decode
+        applied = None
+        if getattr(d, "fused", None) is not None:
+            applied = {"fused_layers": len(d.fused),
+                       "attention_kernel": "on" if d.kernel else f"off ({d.kernel_note})",
+                       "skinny_matmul": "on" if d.skinny else f"off ({d.skinny_note})"}
+        line = compile_pass(self.decode_options, self.compiled.binding.lowering, applied)
+        passes = tuple(p for p in d.plan.passes if p[0] != "compile") + ((line,) if line else ())
+        d.plan = attrs.evolve(d.plan, passes=passes)
 
     # -- construction -------------------------------------------------------------
     @classmethod
