@@ -40,6 +40,9 @@ class StepInputs:
     # x @ w.T for the head's dense weight, when a runtime brings its own (the compiled decode
     # path's skinny-matmul kernel, runtime/compiled_decode.py); None: the model's head as is.
     matmul: Callable | None = None
+    # The chunk's logits at every position are wanted (prompt logprobs): the generic lowering
+    # then runs the final chunk as one forward instead of splitting off its last token.
+    all_positions: bool = False
 
 
 @attrs.define
@@ -124,8 +127,19 @@ def _logprobs(ctx, node, logits, tokens):
 
 
 def _model_forward(ctx, node, tokens):
-    """The model's own forward on graphc's caches: lazy logits [B, L, V] for every position."""
-    return ctx.binding.model(tokens, cache=ctx.inputs.caches)
+    """The model's own forward on graphc's caches: lazy logits [B, L, V] for every position.
+
+    A final chunk of L > 1 tokens runs as two forwards, L-1 tokens then the last one, so the
+    head (vocab x hidden per position: for a 128k vocabulary as much work as several layers)
+    runs on one position instead of L; the first forward's logits are never evaluated. Any
+    split of a prompt is exact (chunked prefill), and the self-check runs this path.
+    """
+    model, inputs = ctx.binding.model, ctx.inputs
+    n = tokens.shape[1]
+    if inputs.final and n > 1 and not inputs.all_positions:
+        model(tokens[:, :-1], cache=inputs.caches)
+        return model(tokens[:, -1:], cache=inputs.caches)
+    return model(tokens, cache=inputs.caches)
 
 
 def _generic_logits(ctx, node, all_logits):

@@ -73,7 +73,8 @@ class ModelRunner:
             start = self.prefix_io.prefill_pieces(req, start, end)
         tokens = mx.array(ctx_ids[start:end], dtype=mx.int32)[None]
         step = self.compiled.prefill
-        ctx = step.forward(StepInputs(tokens, req.caches, final=final))
+        want_all = req.params.prompt_logprobs is not None and not req.n_resumed  # logits at every position
+        ctx = step.forward(StepInputs(tokens, req.caches, final=final, all_positions=want_all))
         req.prefilled = end
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)
