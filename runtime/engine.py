@@ -81,6 +81,8 @@ class Engine:
             # skinny_gemm: the CUDA small-batch matmul kernel (runtime/kernels/skinny_matmul.py);
             # None reads GRAPHC_SKINNY_GEMM (off unless "1").
             self.compiled.decode = CompiledDecode(self.compiled.decode, skinny=skinny_gemm)
+        if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
+            max_batch, batch_prefill = 1, False
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(
