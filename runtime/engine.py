@@ -95,6 +95,8 @@ class Engine:
             self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
                                                   kernel=o["attention_kernel"], skinny=o["skinny_matmul"])
         self._show_compile_pass()
+        if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
+            max_batch, batch_prefill = 1, False
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(
