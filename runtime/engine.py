@@ -387,10 +387,10 @@ class Engine:
         else:
             params = [params or SamplingParams()] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
-        reqs = {i: self.scheduler.by_id[i] for i in ids}
+        reqs = {i: self.request(i) for i in ids}
         while self.has_unfinished():
             self.step()
-        return [self._result(reqs[i]) for i in ids]
+        return [self.result(reqs[i]) for i in ids]
 
     # -- one-forward graphs: embeddings and scoring ----------------------------------------
     def oneshot(self, graph, output: str):
@@ -440,7 +440,20 @@ class Engine:
             enc.append((self.encode(prompt), c))
         return score(self.oneshot(graph, "scores"), enc)
 
-    def _result(self, req: Request) -> GenerationResult:
+    # -- read-only views for callers that drive the engine (AsyncEngine, servers) ------------
+    def request(self, request_id: str) -> Request | None:
+        """The live request with this id (waiting, prefilling or running), or None."""
+        return self.scheduler.by_id.get(request_id)
+
+    def load_info(self) -> dict:
+        """Queue and memory counters: waiting, running, decode steps run, KV bytes and tokens
+        held by running requests, the KV budget (None: unbounded)."""
+        sched = self.scheduler
+        return {"waiting": len(sched.waiting), "running": len(sched.running), "steps": self.runner.steps,
+                "kv_bytes": self.runner.kv_bytes, "kv_tokens": sched.kv_tokens(), "kv_budget": sched.kv_budget}
+
+    def result(self, req: Request) -> GenerationResult:
+        """The GenerationResult of a request (finished or not: what it produced so far)."""
         return GenerationResult(
             request_id=req.id, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
             text=req.detokenizer.text, finish_reason=req.finish_reason or "abort",

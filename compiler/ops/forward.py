@@ -117,7 +117,8 @@ def _describe_logits(node, binding, kind):
         which = "every position" if pos == "all" else "the last position"
         return (f"{which} of the model's own logits, vocab {vocab}, {dtype}"
                 + (" (non-final chunks evaluate only the cache writes)" if pos == "last" else ""))
-    return f"norm + lm_head on {pos} position(s), vocab {vocab}, {dtype}"
+    lazy = " (lazy: computed only when a reader evaluates it)" if pos == "all" else ""
+    return f"norm + lm_head on {pos} position(s), vocab {vocab}, {dtype}{lazy}"
 
 
 @register_op("logits", inputs=(HIDDEN,), output=LOGITS, phase=_logits_phase, describe=_describe_logits,
