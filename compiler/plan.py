@@ -130,11 +130,6 @@ def prune_for_kind(spec, kind: str) -> tuple[list, list[str]]:
     return [n for n in order if n.id in live], [n.id for n in order if n.id not in live]
 
 
-def _vocab(binding: Binding):
-    check = binding.config.get("vocab_size") or binding.config.get("text_config", {}).get("vocab_size")
-    return check or "?"
-
-
 def binding_notes(binding: Binding) -> list[str]:
     from graphc.runtime.prefix_cache import prefix_unsupported_reason
 
