@@ -61,6 +61,7 @@ class Binding:
     lowering: str = "generic"
     check: object = None  # CheckResult of the lowering in use
     checks: list = attrs.field(factory=list)  # every lowering tried, in order
+    batched: bool = True  # False: exact only one request at a time; the engine runs max_batch=1
     wrapper_type: str | None = None  # the multimodal wrapper's type when the text model inside is served
 
 

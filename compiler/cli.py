@@ -64,10 +64,18 @@ def cmd_inspect(args) -> int:
     from graphc.compiler.errors import GraphError
     from graphc.compiler.inspect import inspect_plan
 
-    model, _, config = _load_model(_model_dir(args))
+    model, tokenizer, config = _load_model(_model_dir(args))
     try:
         graph = None if args.graph == "auto" else args.graph
-        compiled = compile_graph(graph, model, config, lowering=args.lowering)
+        if args.compile:
+            # What an Engine with compile on runs: its decode step is the compiled one, and its
+            # plan's `compile` pass says what was applied (fusion, kernels).
+            from graphc.runtime import Engine
+
+            compiled = Engine(model, tokenizer, config, graph, compile=True, prefix_cache=False,
+                              lowering=args.lowering).compiled
+        else:
+            compiled = compile_graph(graph, model, config, lowering=args.lowering)
     except GraphError as e:
         print(e, file=sys.stderr)
         return 1
@@ -151,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--kind", choices=["prefill", "decode"], default="decode")
     i.add_argument("--format", choices=["text", "json", "dot"], default="text")
     i.add_argument("--no-trace", action="store_true", help="skip tracing the lowered step for its op counts")
+    i.add_argument("--compile", action="store_true",
+                   help="as an Engine with compile on runs it (same as the graph declaring `decode: {compile: true}`)")
     i.add_argument("-o", "--output", help="write to this file instead of stdout")
     i.set_defaults(func=cmd_inspect)
 

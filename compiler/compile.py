@@ -58,7 +58,7 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     serves exactly is refused (UnsupportedModel) naming its type and the difference.
     """
     from .cachekinds import layers_from_caches, model_type_of, text_model
-    from .selfcheck import reference_run, run_check
+    from .selfcheck import reference_run
 
     if lowering not in LOWERINGS:
         raise ValueError(f"unknown lowering '{lowering}' (known: {', '.join(LOWERINGS)})")
@@ -76,33 +76,47 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     tries = ["generic"] if lowering == "generic" or binding.adapter is None else (
         ["fast"] if lowering == "fast" else ["fast", "generic"])
     for name in tries:
-        binding.lowering = name
-        compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
-        result = run_check(compiled, ref, name)
-        binding.checks.append(result)
-        if result.ok:
-            binding.check = result
+        compiled = _checked(spec, binding, ref, name, batched=True)
+        if compiled is not None:
             if binding.checks[:-1]:
                 log.warning("model type '%s': the fast path failed the self-check (%s); serving the generic "
                             "lowering (the model's own forward)", mtype, binding.checks[0].describe())
-            log.info("model type '%s': %s lowering, self-check %s", mtype, name, result.describe())
-            # Rebuild the plans now that the check is known (inspect prints it).
-            compiled.prefill.plan = build_plan(binding, "prefill")
-            compiled.decode.plan = build_plan(binding, "decode")
-            compiled.vocab_size = ref.vocab
+            return compiled
+    last = binding.checks[-1]
+    if last.batched_only:
+        # Exact one request at a time, wrong (or failing) when rows share a forward: serve it
+        # unbatched rather than refuse it — slower, never wrong.
+        compiled = _checked(spec, binding, ref, last.lowering, batched=False)
+        if compiled is not None:
+            log.warning("model type '%s': its forward is exact one request at a time but not on batches of "
+                        "rows at different positions (%s); serving one request at a time", mtype, last.error)
             return compiled
     tried = "; ".join(c.describe() for c in binding.checks)
-    last = binding.checks[-1]
     need = "a cache policy or model fix (see docs/models.md)"
-    if last.error and "(batched" in last.error:
-        need = ("batching support in the model's forward: it is exact for one request at a time but not on "
-                "left-padded batches whose rows sit at different positions (it reads the cache offset as one "
-                "integer, or reshapes attention scores so a [B, 1, N, T] mask no longer lines up with the "
-                "batch); mlx-lm's own BatchGenerator has the same limit")
     raise UnsupportedModel(
         f"model type '{mtype}': no lowering reproduces mlx-lm's own forward on graphc's caches "
         f"({tried}; first difference: {last.error}). Refusing to serve it rather than be wrong; "
         f"serving it would need {need}")
+
+
+def _checked(spec, binding: Binding, ref, lowering: str, batched: bool) -> CompiledGraph | None:
+    """The graph lowered with `lowering`, if it passes the self-check (the result is recorded either way)."""
+    from .selfcheck import run_check
+
+    binding.lowering = lowering
+    compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
+    result = run_check(compiled, ref, lowering, batched=batched)
+    binding.checks.append(result)
+    if not result.ok:
+        return None
+    binding.check = result
+    binding.batched = batched
+    log.info("model type '%s': %s lowering, self-check %s", binding.model_type, lowering, result.describe())
+    # Rebuild the plans now that the check is known (inspect prints it).
+    compiled.prefill.plan = build_plan(binding, "prefill")
+    compiled.decode.plan = build_plan(binding, "decode")
+    compiled.vocab_size = ref.vocab
+    return compiled
 
 
 def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) -> CompiledGraph:

@@ -65,6 +65,7 @@ class GraphSpec:
     outputs: tuple = ()  # frozen (output name, node id) pairs
     output_lines: tuple = ()  # (output name, line) pairs, for diagnostics
     plugins: tuple = ()  # (module name or file path, line) pairs, imported before validation
+    decode: tuple = ()  # frozen `decode:` options (compiler/decode_options.py)
     loc: SourceLoc = SourceLoc("<memory>")
 
     def node(self, node_id: str) -> NodeSpec:
@@ -81,6 +82,10 @@ class GraphSpec:
             if c.layer_type == layer_type:
                 return c
         return None
+
+    @property
+    def decode_options(self) -> dict:
+        return dict(self.decode)
 
     @property
     def output_dict(self) -> dict[str, str]:

@@ -41,6 +41,9 @@ class StepInputs:
     prompt_targets: Any = None  # ops.PromptTargets when the (one) row asks for prompt logprobs
     pads: list | None = None  # left padding per row (pooling skips it); None: no padding
     options: dict | None = None  # per-batch request options ops read, e.g. {"dimensions": 256}
+    # The chunk's logits at every position are wanted (prompt logprobs): the generic lowering
+    # then runs the final chunk as one forward instead of splitting off its last token.
+    all_positions: bool = False
 
 
 @attrs.define
@@ -71,17 +74,23 @@ def _thaw(v):
 
 def bound_nodes(spec, node_ids) -> list[tuple[BoundNode, Any, tuple, str]]:
     """(node as its lowering sees it, OpDef, input ids, phase) for each id, in the given order."""
-    consumers: dict[str, list] = {}
+    readers: dict[str, list] = {}
     for n in spec.nodes:
         for i in n.inputs:
-            consumers.setdefault(i, []).append(n.op)
+            readers.setdefault(i, []).append(n)
+
+    def always_all(n) -> bool:  # an every-position logits node some always-computed op reads
+        return (n.op == "logits" and dict(n.params).get("positions") == "all"
+                and any(r.op in OPS and not OPS[r.op].on_request for r in readers.get(n.id, [])))
+
     out = []
     for nid in node_ids:
         node = spec.node(nid)
         op = OPS[node.op]
         params = op.resolved({k: _thaw(v) for k, v in node.param_dict.items()})
-        out.append((BoundNode(node.id, node.op, params, tuple(consumers.get(node.id, ()))), op, node.inputs,
-                    op.phase_for(params)))
+        mine = readers.get(node.id, [])
+        bound = BoundNode(node.id, node.op, params, tuple(r.op for r in mine), any(always_all(r) for r in mine))
+        out.append((bound, op, node.inputs, op.phase_for(params)))
     return out
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from .decode_options import problems as decode_problems
 from .errors import Diagnostic, GraphError, SourceLoc
 from .ir import CachePolicySpec, GraphSpec, NodeSpec, freeze
 
@@ -114,7 +115,7 @@ def parse_collect(text: str, file: str, config: dict | None = None) -> tuple[Gra
     return _build(doc, file, diags)
 
 
-_TOP_KEYS = {"name", "description", "plugins", "inputs", "cache", "nodes", "outputs"}
+_TOP_KEYS = {"name", "description", "plugins", "inputs", "cache", "nodes", "outputs", "decode"}
 _NODE_KEYS = {"id", "op", "inputs", "params"}
 
 
@@ -199,6 +200,13 @@ def _build(doc: _LineDict, file: str, diags: list[Diagnostic]) -> tuple[GraphSpe
             params = {}
         nodes.append(NodeSpec(node_id, str(raw.get("op", "")), tuple(str(x) for x in ins), freeze(params), loc(line)))
 
+    decode = doc.get("decode") or {}
+    for problem in decode_problems(decode):
+        diags.append(Diagnostic(loc(doc.key_lines.get("decode", 0)), problem,
+                                hint="e.g. `decode: {compile: true}` (docs/graph-format.md)"))
+    if not isinstance(decode, dict):
+        decode = {}
+
     outputs = doc.get("outputs") or {}
     if not isinstance(outputs, dict):
         diags.append(Diagnostic(loc(doc.key_lines.get("outputs", 0)), "`outputs` must map output names to node ids",
@@ -215,6 +223,7 @@ def _build(doc: _LineDict, file: str, diags: list[Diagnostic]) -> tuple[GraphSpe
         outputs=tuple((str(k), str(v)) for k, v in outputs.items()),
         output_lines=tuple((str(k), out_lines.get(k, 0)) for k in outputs),
         plugins=tuple(plugins),
+        decode=freeze(dict(decode)),
         loc=SourceLoc(file, 1),
     )
     return spec, diags

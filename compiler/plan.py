@@ -32,6 +32,9 @@ class LayerPlan:
     bytes_per_token: int
 
 
+_CHECK_FIELDS = ("lowering", "ok", "max_abs_diff", "tolerance", "error", "batched")
+
+
 @attrs.frozen
 class Plan:
     graph: str
@@ -45,7 +48,7 @@ class Plan:
     outputs: tuple  # (name, node id) pairs
     ops: tuple = ()  # (primitive, count) pairs from tracing the lowered step, filled by inspect
     lowering: str = "generic"  # fast (split embed/layers/norm/head) | generic (the model's own forward)
-    self_check: tuple = ()  # one (lowering, ok, max_abs_diff, tolerance, error) per lowering tried at load
+    self_check: tuple = ()  # one (lowering, ok, max_abs_diff, tolerance, error, batched) per check at load
     notes: tuple = ()  # what binding decided and why (fallbacks, prefix reuse off, multimodal wrapper)
     # What the runtime reads from the plan (runtime/plan_contract.py): None = the graph has no such node.
     edits: tuple | None = None  # edit kinds the logit_edits node applies
@@ -61,8 +64,7 @@ class Plan:
         d["chain_notes"] = list(self.chain_notes)
         d["outputs"] = dict(self.outputs)
         d["ops"] = dict(self.ops)
-        d["self_check"] = [dict(zip(("lowering", "ok", "max_abs_diff", "tolerance", "error"), c))
-                           for c in self.self_check]
+        d["self_check"] = [dict(zip(_CHECK_FIELDS, c)) for c in self.self_check]
         d["notes"] = list(self.notes)
         d["edits"] = list(self.edits) if self.edits is not None else None
         d["passes"] = [{"pass": a, "detail": b} for a, b in self.passes]
@@ -77,8 +79,7 @@ class Plan:
             chain_safe=d["chain_safe"], chain_notes=tuple(d["chain_notes"]),
             outputs=tuple(d["outputs"].items()), ops=tuple(d.get("ops", {}).items()),
             lowering=d.get("lowering", "generic"),
-            self_check=tuple(tuple(c[k] for k in ("lowering", "ok", "max_abs_diff", "tolerance", "error"))
-                             for c in d.get("self_check", [])),
+            self_check=tuple(tuple(c.get(k, True) for k in _CHECK_FIELDS) for c in d.get("self_check", [])),
             notes=tuple(d.get("notes", [])),
             edits=tuple(d["edits"]) if d.get("edits") is not None else None,
             logprobs_top_n=d.get("logprobs_top_n"), prompt_logprobs_top_n=d.get("prompt_logprobs_top_n"),
@@ -129,11 +130,6 @@ def prune_for_kind(spec, kind: str) -> tuple[list, list[str]]:
     return [n for n in order if n.id in live], [n.id for n in order if n.id not in live]
 
 
-def _vocab(binding: Binding):
-    check = binding.config.get("vocab_size") or binding.config.get("text_config", {}).get("vocab_size")
-    return check or "?"
-
-
 def binding_notes(binding: Binding) -> list[str]:
     from graphc.runtime.prefix_cache import prefix_unsupported_reason
 
@@ -148,6 +144,9 @@ def binding_notes(binding: Binding) -> list[str]:
         why = ("the fast path failed the self-check" if len(binding.checks) > 1 else
                "forced" if binding.adapter is not None else f"no fast path for '{binding.model_type}'")
         notes.append(f"generic lowering: the model's own forward ({why})")
+    if not binding.batched:
+        notes.append("one request at a time (max_batch 1): the model's forward is exact on one row but not on "
+                     "left-padded batches of rows at different positions")
     reason = prefix_unsupported_reason(binding.policies)
     if reason:
         notes.append(f"prefix reuse off: {reason}")
@@ -207,6 +206,12 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     if kind == "prefill" and ("final" in phases or "head" in phases):
         passes.append(("head placement", "final/head ops run on a prompt's final chunk only; "
                                          "earlier chunks only fill the caches"))
+    if kind == "decode":
+        from .decode_options import compile_pass, resolve
+
+        line = compile_pass(resolve(spec.decode_options), binding.lowering)
+        if line:
+            passes.append(line)
     if edits is not None:
         off = [e for e in EDIT_KINDS if e not in edits]
         passes.append(("edits", "applies " + (", ".join(edits) or "none")
@@ -215,7 +220,8 @@ def build_plan(binding: Binding, kind: str) -> Plan:
         graph=spec.name, source=spec.source, kind=kind, model_type=binding.model_type,
         steps=tuple(steps), layers=layers, chain_safe=chain_safe, chain_notes=tuple(notes),
         outputs=tuple((k, v) for k, v in spec.outputs if v not in dropped), lowering=binding.lowering,
-        self_check=tuple((c.lowering, c.ok, c.max_abs_diff, c.tolerance, c.error) for c in binding.checks),
+        self_check=tuple((c.lowering, c.ok, c.max_abs_diff, c.tolerance, c.error, c.batched)
+                         for c in binding.checks),
         notes=tuple(binding_notes(binding)),
         edits=edits,
         logprobs_top_n=by_op["logprobs"]["max_top_n"] if "logprobs" in by_op else None,

@@ -55,12 +55,18 @@ class CheckResult:
     max_abs_diff: float | None  # None when the lowering raised
     tolerance: float
     error: str | None = None  # the exception a lowering raised, or the first mismatch
+    batched: bool = True  # False: checked one request at a time (rows never share a forward)
+    batched_only: bool = False  # failed, but only where rows shared a forward
+
+    @property
+    def name(self) -> str:
+        return self.lowering if self.batched else f"{self.lowering} (one request at a time)"
 
     def describe(self) -> str:
         if self.error and self.max_abs_diff is None:
-            return f"{self.lowering}: raised {self.error}"
+            return f"{self.name}: raised {self.error}"
         verdict = "ok" if self.ok else "MISMATCH"
-        return f"{self.lowering}: max |diff| {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}) {verdict}"
+        return f"{self.name}: max |diff| {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}) {verdict}"
 
 
 def reference_run(model, model_type: str) -> Reference:
@@ -90,8 +96,10 @@ def reference_run(model, model_type: str) -> Reference:
     return Reference(out, first_caches, dtype, int(out[0][0].shape[-1]))
 
 
-def run_check(compiled, ref: Reference, lowering: str) -> CheckResult:
-    """Drive the compiled steps over the check's tokens; compare with `ref`."""
+def run_check(compiled, ref: Reference, lowering: str, batched: bool = True) -> CheckResult:
+    """Drive the compiled steps over the check's tokens; compare with `ref`.
+
+    batched=False checks the model served one request at a time: each prompt decoded alone."""
     from .lower import StepInputs
 
     pols = compiled.binding.policies
@@ -99,10 +107,14 @@ def run_check(compiled, ref: Reference, lowering: str) -> CheckResult:
     diffs: list[float] = []
     worst: list[str] = []
 
+    single_bad: list[str] = []  # mismatches where no rows shared a forward
+
     def compare(got, want, what):
         d = float(mx.abs(got.astype(mx.float32) - want).max())
         if not d <= tol:  # NaN fails too
             worst.append(f"{what}: max |diff| {d:.3g}")
+            if "(batched" not in what:
+                single_bad.append(what)
         diffs.append(d)
 
     stage = "prefill"
@@ -119,17 +131,23 @@ def run_check(compiled, ref: Reference, lowering: str) -> CheckResult:
                     mx.eval(step.fill_targets(ctx))
                     continue
                 compare(step.head(ctx).logits[0], ref.logits[i][0], f"prompt {i} prefill")
-            if batch is None:
+            if not batched:
+                for s, t in enumerate(DECODE):
+                    stage = f"prompt {i} decode step {s + 1}"
+                    out = compiled.decode(StepInputs(mx.array([[t]], dtype=mx.int32), caches))
+                    compare(out.logits[0], ref.logits[i][s + 1], stage)
+            elif batch is None:
                 batch = caches
             else:
+                stage = "joining rows into one decode batch (batched)"
                 for mine, theirs in zip(batch, caches):
                     mine.extend(theirs)
-        for s, t in enumerate(DECODE):
+        for s, t in enumerate(DECODE if batched else ()):
             stage = f"decode step {s + 1} (batched, rows of different lengths)"
             out = compiled.decode(StepInputs(mx.array([[t]] * len(PROMPTS), dtype=mx.int32), batch))
             for i in range(len(PROMPTS)):
                 compare(out.logits[i], ref.logits[i][s + 1], f"prompt {i} decode step {s + 1} (batched)")
-        if batch_prefill_ok(pols):
+        if batched and batch_prefill_ok(pols):
             stage = "prefill (batched, left-padded)"
             L = max(map(len, PROMPTS))
             pads = [L - len(p) for p in PROMPTS]
@@ -139,8 +157,10 @@ def run_check(compiled, ref: Reference, lowering: str) -> CheckResult:
             for i in range(len(PROMPTS)):
                 compare(out.logits[i], ref.logits[i][0], f"prompt {i} prefill (batched, left-padded)")
     except Exception as e:  # noqa: BLE001 - a lowering that raises is a failed check, reported at load
-        return CheckResult(lowering, False, None, tol, f"{type(e).__name__}: {e} (at {stage})")
-    return CheckResult(lowering, not worst, max(diffs), tol, worst[0] if worst else None)
+        return CheckResult(lowering, False, None, tol, f"{type(e).__name__}: {e} (at {stage})", batched,
+                           batched_only=batched and not single_bad and "(batched" in stage)
+    return CheckResult(lowering, not worst, max(diffs), tol, worst[0] if worst else None, batched,
+                       batched_only=bool(worst) and not single_bad)
 
 
 def batch_prefill_ok(policies) -> bool:

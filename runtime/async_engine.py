@@ -293,7 +293,7 @@ class AsyncEngine:
                 self._done_one()
                 fut.set_exception(e)
                 return
-            req = self.engine.scheduler.by_id[rid]
+            req = self.engine.request(rid)
             self._live[rid] = _Live(req, sink)
             fut.set_result((rid, list(req.prompt_ids)))
         elif kind == "abort":
@@ -317,7 +317,7 @@ class AsyncEngine:
             if out.finished:
                 del self._live[out.request_id]
                 self._finished[out.finish_reason] += 1
-                result = self.engine._result(live.req)
+                result = self.engine.result(live.req)
                 self._done_one()
             self._deliver(live, out, result, None)
 
@@ -326,7 +326,7 @@ class AsyncEngine:
         self._done_one()
         self._finished["abort"] += 1
         out = RequestOutput(rid, [], live.req.detokenizer.flush() if live.req.detokenizer else "", True, "abort")
-        self._deliver(live, out, self.engine._result(live.req), None)
+        self._deliver(live, out, self.engine.result(live.req), None)
 
     def _deliver(self, live: _Live, out, result, error) -> None:
         self._outbox.append((live, out, result, error))
@@ -400,19 +400,12 @@ class AsyncEngine:
             samples.popleft()
         t0, g0 = samples[0]
         tps = (gen - g0) / (now - t0) if now > t0 else 0.0
-        kv_tokens = _call_or(eng.scheduler, "kv_tokens", 0)
+        info = eng.load_info()
         self.snapshot = EngineSnapshot(
-            kv_peak=max(self.snapshot.kv_peak, kv_tokens),
-            waiting=len(eng.scheduler.waiting), running=len(eng.scheduler.running),
-            inflight=self._inflight, steps=eng.runner.steps, stats=stats,
-            kv_bytes=eng.runner.kv_bytes, cache=self._cache(now),
-            kv_tokens=kv_tokens, kv_budget=getattr(eng.scheduler, "kv_budget", None), finished=dict(self._finished),
-            generation_tps=tps, time=now)
-
-
-def _call_or(obj, name: str, default):
-    fn = getattr(obj, name, None)
-    return fn() if callable(fn) else default
+            kv_peak=max(self.snapshot.kv_peak, info["kv_tokens"]),
+            waiting=info["waiting"], running=info["running"], inflight=self._inflight, steps=info["steps"],
+            stats=stats, kv_bytes=info["kv_bytes"], cache=self._cache(now), kv_tokens=info["kv_tokens"],
+            kv_budget=info["kv_budget"], finished=dict(self._finished), generation_tps=tps, time=now)
 
 
 class StreamGroup:

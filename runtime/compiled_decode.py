@@ -33,8 +33,6 @@ whose caches are not plain `FullKV` (other policies, subclasses) run uncompiled.
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -157,17 +155,10 @@ def _bucket(n: int) -> int:
 class CompiledDecode:
     """Drop-in for the runner's decode `LoweredStep` (forward / head / node names)."""
 
-    def __init__(self, step: LoweredStep, *, fuse: bool | None = None, kernel: bool | None = None,
-                 skinny: bool | None = None):
-        # Defaults: fusion and the attention kernel on, the skinny matmul off;
-        # GRAPHC_FUSE_PROJ=0 / GRAPHC_RAGGED_KERNEL=0 / GRAPHC_SKINNY_GEMM=1 change them
-        # (the bench's --compile-ablation measures each).
-        if fuse is None:
-            fuse = os.environ.get("GRAPHC_FUSE_PROJ", "1") != "0"
-        if kernel is None and os.environ.get("GRAPHC_RAGGED_KERNEL", "1") == "0":
-            kernel = False
-        if skinny is None:
-            skinny = os.environ.get("GRAPHC_SKINNY_GEMM", "0") == "1"
+    def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False):
+        # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
+        # fuse_projections, attention_kernel, skinny_matmul (the bench's --compile-ablation
+        # switches each off through Engine(decode_options=...)).
         self.step = step
         self.hidden_node = step.hidden_node
         self.logits_node = step.logits_node

@@ -59,10 +59,10 @@ def _guarded(req: Request):
 class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
-                 compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
+                 compile: bool | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
-                 skinny_gemm: bool | None = None, lowering: str = "auto"):
+                 skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -76,18 +76,28 @@ class Engine:
                              f"a generation graph and pass '{name}' to Engine.embed(..., graph=) / "
                              "Engine.score(..., graph=)")
         self._oneshot: dict = {}  # (graph, output) -> OneShotRunner: embed / score graphs, compiled on first use
-        if compile and self.compiled.binding.lowering != "fast":
+        # How decode is compiled: the graph's `decode:` section, overridden by compile= /
+        # skinny_gemm= / decode_options= when given (compiler/decode_options.py). The decode
+        # plan's `compile` pass says what was applied.
+        from graphc.compiler.decode_options import resolve
+
+        self.decode_options = resolve(self.compiled.spec.decode_options,
+                                      {**(decode_options or {}), "compile": compile, "skinny_matmul": skinny_gemm})
+        if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
             import logging
 
             logging.getLogger("graphc.engine").warning(
-                "compile=True applies to the fast path only; model type '%s' runs the generic lowering "
+                "compile applies to the fast path only; model type '%s' runs the generic lowering "
                 "uncompiled", self.compiled.binding.model_type)
-        elif compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
+        elif self.decode_options["compile"]:  # mx.compile the decode forward on fixed-shape KV
             from .compiled_decode import CompiledDecode
 
-            # skinny_gemm: the CUDA small-batch matmul kernel (runtime/kernels/skinny_matmul.py);
-            # None reads GRAPHC_SKINNY_GEMM (off unless "1").
-            self.compiled.decode = CompiledDecode(self.compiled.decode, skinny=skinny_gemm)
+            o = self.decode_options
+            self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
+                                                  kernel=o["attention_kernel"], skinny=o["skinny_matmul"])
+        self._show_compile_pass()
+        if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
+            max_batch, batch_prefill = 1, False
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(
@@ -109,6 +119,22 @@ class Engine:
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
+
+    def _show_compile_pass(self) -> None:
+        """Put what this engine applied to decode into the decode plan's passes (inspect shows them)."""
+        import attrs
+
+        from graphc.compiler.decode_options import compile_pass
+
+        d = self.compiled.decode
+        applied = None
+        if getattr(d, "fused", None) is not None:
+            applied = {"fused_layers": len(d.fused),
+                       "attention_kernel": "on" if d.kernel else f"off ({d.kernel_note})",
+                       "skinny_matmul": "on" if d.skinny else f"off ({d.skinny_note})"}
+        line = compile_pass(self.decode_options, self.compiled.binding.lowering, applied)
+        passes = tuple(p for p in d.plan.passes if p[0] != "compile") + ((line,) if line else ())
+        d.plan = attrs.evolve(d.plan, passes=passes)
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -385,10 +411,10 @@ class Engine:
         else:
             params = [params or SamplingParams()] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
-        reqs = {i: self.scheduler.by_id[i] for i in ids}
+        reqs = {i: self.request(i) for i in ids}
         while self.has_unfinished():
             self.step()
-        return [self._result(reqs[i]) for i in ids]
+        return [self.result(reqs[i]) for i in ids]
 
     # -- one-forward graphs: embeddings and scoring ----------------------------------------
     def oneshot(self, graph, output: str):
@@ -438,7 +464,20 @@ class Engine:
             enc.append((self.encode(prompt), c))
         return score(self.oneshot(graph, "scores"), enc)
 
-    def _result(self, req: Request) -> GenerationResult:
+    # -- read-only views for callers that drive the engine (AsyncEngine, servers) ------------
+    def request(self, request_id: str) -> Request | None:
+        """The live request with this id (waiting, prefilling or running), or None."""
+        return self.scheduler.by_id.get(request_id)
+
+    def load_info(self) -> dict:
+        """Queue and memory counters: waiting, running, decode steps run, KV bytes and tokens
+        held by running requests, the KV budget (None: unbounded)."""
+        sched = self.scheduler
+        return {"waiting": len(sched.waiting), "running": len(sched.running), "steps": self.runner.steps,
+                "kv_bytes": self.runner.kv_bytes, "kv_tokens": sched.kv_tokens(), "kv_budget": sched.kv_budget}
+
+    def result(self, req: Request) -> GenerationResult:
+        """The GenerationResult of a request (finished or not: what it produced so far)."""
         return GenerationResult(
             request_id=req.id, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
             text=req.detokenizer.text, finish_reason=req.finish_reason or "abort",

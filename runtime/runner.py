@@ -85,7 +85,8 @@ class ModelRunner:
             # The graph's prompt_logprobs node scores each position against the next prompt token
             # (the chunk's last position against the next chunk's first).
             targets = PromptTargets(req.prompt_ids[start + 1:end + 1], req.params.prompt_logprobs)
-        ctx = step.forward(StepInputs(tokens, req.caches, final=final, prompt_targets=targets))
+        ctx = step.forward(StepInputs(tokens, req.caches, final=final, prompt_targets=targets,
+                                      all_positions=targets is not None))
         req.prefilled = end
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)

@@ -71,3 +71,25 @@ def assert_decode_logits_match(engine, prompts: list[list[int]], atol: float, ch
     for i, p in enumerate(prompts):
         ref = reference_logits(engine.model, p + [nxt[i]])[-1]
         np.testing.assert_allclose(np.array(out.logits[i]), np.array(ref), atol=atol, rtol=0)
+
+
+def assert_generic_lowering_matches(path, prefill_chunk: int = 8, max_tokens: int = 12) -> None:
+    """The generic lowering (the model's own forward on graphc's caches, forced) equals mlx-lm:
+    a batch of mixed lengths (some past the prefill chunk), then prompts sharing a prefix one
+    after another, so the later ones hit the prefix cache."""
+    from graphc.runtime import Engine, SamplingParams
+
+    eng = Engine.load(path, prefill_chunk=prefill_chunk, max_total_tokens=4096, lowering="generic")
+    assert eng.compiled.binding.lowering == "generic" and eng.compiled.binding.check.ok
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    prompts = random_prompts(5, eng.vocab_size, [5, 3 * prefill_chunk + 3, 11, 1, 2 * prefill_chunk], seed=17)
+    for p, r in zip(prompts, eng.generate(prompts, params)):
+        assert r.token_ids == reference_greedy(eng.model, p, max_tokens)
+    shared = random_prompts(1, eng.vocab_size, [4 * prefill_chunk], seed=18)[0]
+    hits = []
+    for tail in ([9, 8, 7], [5], [6, 6]):
+        [r] = eng.generate([shared + tail], params)
+        assert r.token_ids == reference_greedy(eng.model, shared + tail, max_tokens)
+        hits.append(r.cached_tokens)
+    if eng.prefix is not None:
+        assert all(h >= 2 * prefill_chunk for h in hits[1:]), hits

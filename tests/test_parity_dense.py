@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from helpers import assert_decode_logits_match, random_prompts, reference_greedy
+from helpers import assert_decode_logits_match, assert_generic_lowering_matches, random_prompts, reference_greedy
 
 # float32 tiny models: graphc runs the same mlx-lm modules, so differences come only from
 # batching (left padding, masked columns) and chunking changing reduction order.
@@ -55,3 +55,9 @@ def test_chained_and_unchained_give_identical_tokens(model_dir):
     unchained = Engine.load(d, prefill_chunk=8, chain=False).generate(prompts, params)
     assert [r.token_ids for r in chained] == [r.token_ids for r in unchained]
     assert [len(r.token_ids) for r in chained] == [30, 5, 17, 1, 25]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generic_lowering_matches_mlx_lm(model_dir, arch):
+    """The same model through its own forward (lowering="generic") instead of the fast path."""
+    assert_generic_lowering_matches(model_dir(arch))

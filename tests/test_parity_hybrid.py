@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from helpers import assert_decode_logits_match, random_prompts, reference_greedy
+from helpers import assert_decode_logits_match, assert_generic_lowering_matches, random_prompts, reference_greedy
 
 LOGIT_ATOL = 2e-4
 
@@ -91,3 +91,8 @@ def test_snapshot_limit_evicts_lru_and_hits_fall_back(hybrid_dir):
         assert eng.prefix.n_snapshots <= limit
         eng.prefix.check()
     assert eng.cache_stats()["snapshot_evictions"] > 0
+
+
+def test_generic_lowering_matches_mlx_lm(hybrid_dir):
+    """The same model through its own forward (lowering="generic") instead of the fast path."""
+    assert_generic_lowering_matches(hybrid_dir)

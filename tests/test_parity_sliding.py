@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from helpers import assert_decode_logits_match, random_prompts, reference_greedy
+from helpers import assert_decode_logits_match, assert_generic_lowering_matches, random_prompts, reference_greedy
 
 LOGIT_ATOL = 2e-4
 WINDOW = 8
@@ -134,3 +134,9 @@ def test_prompt_logprobs_unchanged_by_the_prefix_cache(sliding_dir):
     assert len(got.prompt_logprobs) == len(p)
     for a, b in zip(got.prompt_logprobs[1:], plain.prompt_logprobs[1:]):
         assert a["token"] == b["token"] and abs(a["logprob"] - b["logprob"]) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generic_lowering_matches_mlx_lm(model_dir, arch):
+    """The same model through its own forward (lowering="generic") instead of the fast path."""
+    assert_generic_lowering_matches(model_dir(arch, sliding_window=WINDOW))

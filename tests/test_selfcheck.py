@@ -120,11 +120,20 @@ def test_a_cache_that_breaks_the_model_is_refused_at_load_not_on_a_request(llama
     assert "prompt 0 prefill" in msg
 
 
-def test_gqa_gemma2_is_refused_as_not_batchable(model_dir):
+def test_a_model_exact_only_unbatched_is_served_one_request_at_a_time(model_dir):
     """gemma2 with grouped KV heads reshapes attention scores to 5-D, so a batched [B, 1, N, T]
-    mask no longer lines up with the batch: exact one row at a time, wrong batched — refused."""
+    mask no longer lines up with the batch (mlx-lm's BatchGenerator has the same limit): exact
+    one row at a time, wrong batched. graphc serves it with max_batch 1 and says so."""
     from generic_models import make_tiny
 
     d = make_tiny("gemma2_gqa", model_dir("llama").parent / "gemma2-gqa")
-    with pytest.raises(UnsupportedModel, match=r"model type 'gemma2'.*decode step 1 \(batched\).*left-padded"):
-        Engine.load(d)
+    eng = Engine.load(d, prefill_chunk=8)
+    b = eng.compiled.binding
+    assert not b.batched and eng.scheduler.max_batch == 1 and not eng.batch_prefill
+    assert [(c.batched, c.ok) for c in b.checks] == [(True, False), (False, True)]
+    assert b.checks[0].batched_only and "(batched" in b.checks[0].error
+    text = inspect_plan(eng.compiled, "decode", trace=False)
+    assert "self-check generic (one request at a time):" in text and "one request at a time (max_batch 1)" in text
+    prompts = random_prompts(3, eng.vocab_size, [5, 17, 2], seed=4)
+    for p, r in zip(prompts, eng.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))):
+        assert r.token_ids == reference_greedy(eng.model, p, 8)

@@ -57,7 +57,7 @@ def attention(ctx, node, h):
     b, inputs = ctx.binding, ctx.inputs
     if _generic(ctx):
         if "logits" in node.consumers or not node.consumers:
-            return b.model(h, cache=inputs.caches)
+            return _model_forward(ctx, node, h)
         inner = getattr(b.model, "model", None)
         if inner is None:
             raise NotImplementedError(
@@ -80,6 +80,24 @@ def attention(ctx, node, h):
     return h
 
 
+def _model_forward(ctx, node, tokens):
+    """The model's own forward on graphc's caches: lazy logits [B, L, V] for every position.
+
+    A final chunk of L > 1 tokens runs as two forwards, L-1 tokens then the last one, so the
+    head (vocab x hidden per position: for a 128k vocabulary as much work as several layers)
+    runs on one position instead of L; the first forward's logits are never evaluated. Any
+    split of a prompt is exact (chunked prefill), and the self-check runs this path. Not when
+    every position's logits are wanted: a row asks for prompt logprobs (`all_positions`), or
+    the graph reads every position for more than on-request outputs (scoring).
+    """
+    model, inputs = ctx.binding.model, ctx.inputs
+    n = tokens.shape[1]
+    if inputs.final and n > 1 and not inputs.all_positions and not node.all_positions:
+        model(tokens[:, :-1], cache=inputs.caches)
+        return model(tokens[:, -1:], cache=inputs.caches)
+    return model(tokens, cache=inputs.caches)
+
+
 def final_hidden(ctx, h):
     """The model's final hidden states (after its final norm) from an attention node's output:
     the fast path's layer loop stops before the norm; the generic path's inner model includes it."""
@@ -99,7 +117,8 @@ def _describe_logits(node, binding, kind):
         which = "every position" if pos == "all" else "the last position"
         return (f"{which} of the model's own logits, vocab {vocab}, {dtype}"
                 + (" (non-final chunks evaluate only the cache writes)" if pos == "last" else ""))
-    return f"norm + lm_head on {pos} position(s), vocab {vocab}, {dtype}"
+    lazy = " (lazy: computed only when a reader evaluates it)" if pos == "all" else ""
+    return f"norm + lm_head on {pos} position(s), vocab {vocab}, {dtype}{lazy}"
 
 
 @register_op("logits", inputs=(HIDDEN,), output=LOGITS, phase=_logits_phase, describe=_describe_logits,

@@ -62,6 +62,9 @@ class BoundNode:
     op: str
     params: dict
     consumers: tuple = ()  # ops of the nodes that read this one
+    # A `logits` node with `positions: all` reads this one for an output computed on every batch
+    # (not only for rows that ask): the forward must keep every position (graphs/score.yaml).
+    all_positions: bool = False
 
 
 @attrs.frozen

@@ -45,26 +45,9 @@ def engine_options() -> set[str]:
     return set(inspect.signature(Engine.__init__).parameters)
 
 
-def make_engine(model, tokenizer, config, *, graph=None, env=None, **kw):
-    """An Engine with only the options it has (NotImplementedError naming a missing one).
-
-    `env`: environment variables set while it is built (compiled-decode ablations).
-    """
-    import os
-
+def make_engine(model, tokenizer, config, *, graph=None, **kw):
+    """An Engine with only the options it has (NotImplementedError naming a missing one)."""
     from graphc.runtime import Engine
-
-    if env:
-        old = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            return make_engine(model, tokenizer, config, graph=graph, **kw)
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
     opts = engine_options()
     missing = [k for k, v in kw.items() if k not in opts and v not in (None, False)]
@@ -352,7 +335,7 @@ def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> l
     Ws = rotating_weights(K, N, dtype)
     rows = []
     variants = {"x@W.T": lambda x, w: x @ w.T, "W@x.T": lambda x, w: w @ x.T}
-    if sk.check() is None:  # graphc's kernel (GRAPHC_SKINNY_GEMM=1), where it built and matched
+    if sk.check() is None:  # graphc's kernel (Engine(skinny_gemm=True)), where it built and matched
         variants["skinny"] = sk.matmul
     for B in batches:
         x = mx.random.normal((B, K), dtype=dtype)

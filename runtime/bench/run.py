@@ -179,13 +179,13 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
             if use_compile and compiled.get("skinny_gemm") == "on":
                 add("decode", (B, "compiled_skinny"), f"decode B={B} graphc+compile+skinny",
                     lambda ps=ps: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R,
-                                                  compile=True, env={"GRAPHC_SKINNY_GEMM": "1"}))
+                                                  compile=True, skinny_gemm=True))
             if use_compile and cfg.compile_ablation:
-                for name, ev in (("compiled_nofuse", {"GRAPHC_FUSE_PROJ": "0"}),
-                                  ("compiled_nokernel", {"GRAPHC_RAGGED_KERNEL": "0"})):
+                for name, ev in (("compiled_nofuse", {"fuse_projections": False}),
+                                  ("compiled_nokernel", {"attention_kernel": False})):
                     add("decode", (B, name), f"decode B={B} graphc+compile ({name})",
                         lambda ps=ps, ev=ev: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R,
-                                                               compile=True, env=ev))
+                                                               compile=True, decode_options=ev))
     if "host" in wl:
         for B in cfg.host_batches:
             ps = _prompts(B, cfg.prompt_len, vocab, rng)

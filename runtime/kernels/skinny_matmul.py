@@ -21,7 +21,7 @@ Launch configurations come from `heuristic()`, or from a table measured on the d
 the table also records shapes where MLX's matmul is faster, and those stay with MLX.
 
 It is used by the compiled decode path (runtime/compiled_decode.py) behind a flag
-(`Engine(compile=True, skinny_gemm=True)` / GRAPHC_SKINNY_GEMM=1), only on CUDA, and only
+(`Engine(compile=True, skinny_gemm=True)` / a graph's `decode: {skinny_matmul: true}`), only on CUDA, and only
 after `check()` has compared it with MLX's matmul on random inputs in this process.
 Accumulation order differs from cuBLAS, so results match to bf16 rounding, not bit for bit.
 Measured on an H200 it beats MLX on the narrow projections (attention q/k/v and o) by up to

@@ -1,0 +1,73 @@
+"""The graph's `decode:` section: how decode steps are compiled, declared rather than switched by env vars.
+
+    decode:
+      compile: true            # mx.compile the decode forward on fixed-shape KV (default false)
+      fuse_projections: true   # llama blocks: q/k/v and gate/up as one matmul each (default true)
+      attention_kernel: true   # CUDA: the ragged decode-attention kernel, once it matched MLX (default true)
+      skinny_matmul: false     # CUDA: the 2..64-row matmul kernel, once it matched MLX (default false)
+
+`Engine(compile=..., skinny_gemm=..., decode_options=...)` may override any of them; the
+decode plan's passes (`graphc inspect`) show what was applied and, when it was not, why.
+"""
+
+from __future__ import annotations
+
+DECODE_OPTIONS = {
+    "compile": (False, "mx.compile the decode forward on fixed-shape KV"),
+    "fuse_projections": (True, "llama blocks: q/k/v and gate/up as one matmul each"),
+    "attention_kernel": (True, "CUDA: the ragged decode-attention kernel"),
+    "skinny_matmul": (False, "CUDA: the 2..64-row matmul kernel"),
+}
+
+
+def defaults() -> dict:
+    return {k: d for k, (d, _) in DECODE_OPTIONS.items()}
+
+
+def resolve(declared: dict, overrides: dict | None = None) -> dict:
+    """Defaults <- the graph's `decode:` <- explicit overrides (None values leave the graph's)."""
+    out = defaults()
+    out.update(declared)
+    out.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    unknown = [k for k in out if k not in DECODE_OPTIONS]
+    if unknown:
+        raise ValueError(f"unknown decode option(s) {', '.join(unknown)} (known: {', '.join(DECODE_OPTIONS)})")
+    return out
+
+
+def problems(raw) -> list[str]:
+    """What is wrong with a graph's `decode:` mapping (for the validator)."""
+    if not isinstance(raw, dict):
+        return ["`decode` must be a mapping, e.g. `decode: {compile: true}`"]
+    out = []
+    for k, v in raw.items():
+        if k not in DECODE_OPTIONS:
+            out.append(f"unknown decode option '{k}' (known: {', '.join(DECODE_OPTIONS)})")
+        elif not isinstance(v, bool):
+            out.append(f"decode option '{k}' must be true or false, got {v!r}")
+    return out
+
+
+def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> tuple[str, str] | None:
+    """The decode plan's `compile` pass line, or None when compile is off.
+
+    `applied`: what the runtime actually switched on ({"fused_layers": n, "attention_kernel": note,
+    "skinny_matmul": note}), when known."""
+    if not options.get("compile"):
+        return None
+    if lowering != "fast":
+        return ("compile", "declared but not applied: the generic lowering runs the model's own forward "
+                           "uncompiled (compile needs the fast path)")
+    parts = ["mx.compile of embed/attention/logits on fixed-shape KV (capacity buckets); batches whose caches "
+             "are not all plain FullKV run uncompiled; the head ops run as lowered"]
+    if options.get("fuse_projections"):
+        n = (applied or {}).get("fused_layers")
+        parts.append("fused q/k/v + gate/up" + (f" in {n} llama blocks" if n is not None else " (llama blocks)"))
+    for key, label in (("attention_kernel", "ragged attention kernel"), ("skinny_matmul", "skinny matmul")):
+        if not options.get(key):
+            parts.append(f"{label}: off")
+        elif applied and applied.get(key) is not None:
+            parts.append(f"{label}: {applied[key]}")
+        else:
+            parts.append(f"{label}: on where it builds and matches MLX (CUDA)")
+    return ("compile", "; ".join(parts))

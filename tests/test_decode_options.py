@@ -1,0 +1,53 @@
+"""Compiled decode as a declared option of the graph (`decode: {compile: true}`), shown by inspect."""
+
+from __future__ import annotations
+
+import pytest
+
+from graphc.compiler.compile import load_spec
+from graphc.compiler.errors import GraphError
+from graphc.compiler.inspect import inspect_plan
+from graphc.compiler.parse import GRAPHS_DIR
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.compiled_decode import CompiledDecode
+from helpers import random_prompts, reference_greedy
+
+
+def declared(tmp_path, options: str) -> str:
+    text = (GRAPHS_DIR / "dense.yaml").read_text().replace("inputs: [tokens]", f"decode: {options}\ninputs: [tokens]", 1)
+    p = tmp_path / "g.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_graph_declares_compile_and_inspect_shows_it(model_dir, tmp_path):
+    d = model_dir("llama")
+    eng = Engine.load(d, graph=declared(tmp_path, "{compile: true, fuse_projections: false}"))
+    assert isinstance(eng.compiled.decode, CompiledDecode) and eng.compiled.decode.fused == {}
+    passes = dict(eng.compiled.plan("decode").passes)
+    assert "mx.compile" in passes["compile"] and "fused" not in passes["compile"]
+    assert "compile          mx.compile" in inspect_plan(eng.compiled, "decode", trace=False)
+    prompts = random_prompts(3, eng.vocab_size, [4, 9, 6], seed=1)
+    res = eng.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    assert [r.token_ids for r in res] == [reference_greedy(eng.model, p, 10) for p in prompts]
+    assert eng.compiled.decode.compiled_steps > 0
+    # An explicit Engine argument overrides the graph: no compile, no compile pass.
+    off = Engine.load(d, graph=declared(tmp_path, "{compile: true}"), compile=False)
+    assert not isinstance(off.compiled.decode, CompiledDecode)
+    assert "compile" not in dict(off.compiled.plan("decode").passes)
+
+
+def test_default_graph_with_compile_on_shows_the_pass(model_dir):
+    eng = Engine.load(model_dir("llama"), compile=True)
+    assert "fused q/k/v + gate/up in" in dict(eng.compiled.plan("decode").passes)["compile"]
+    assert "compile" not in dict(eng.compiled.plan("prefill").passes)
+
+
+@pytest.mark.parametrize("options, message", [
+    ("{compile: yes please}", "decode option 'compile' must be true or false"),
+    ("{compiled: true}", "unknown decode option 'compiled'"),
+    ("[compile]", "`decode` must be a mapping"),
+])
+def test_bad_decode_options_are_graph_errors(tmp_path, options, message):
+    with pytest.raises(GraphError, match=message):
+        load_spec(declared(tmp_path, options))
