@@ -133,17 +133,19 @@ def compare(tag: str, prompt, got_ids, got_lps, ref_ids, ref_lps, tol: float) ->
     return worst
 
 
-def run_model(model_type: str, folder) -> Outcome:
-    """Load ``folder`` (a tiny ``model_type`` model) in graphc and mlx-lm; compare; classify."""
+def run_model(model_type: str, folder, reference_folder=None) -> Outcome:
+    """Load ``folder`` (a tiny ``model_type`` model) in graphc and mlx-lm; compare; classify.
+    ``reference_folder`` (default: the same folder) is what mlx-lm loads -- the harness's own
+    test points it at other weights to show that a wrong model is caught."""
     if model_type in EXCLUDED:
         return Outcome(model_type, "excluded", EXCLUDED[model_type])
     t0 = time.perf_counter()
-    out = _run(model_type, folder)
+    out = _run(model_type, folder, reference_folder or folder)
     out.seconds = time.perf_counter() - t0
     return out
 
 
-def _run(model_type: str, folder) -> Outcome:
+def _run(model_type: str, folder, reference_folder) -> Outcome:
     import mlx_lm
 
     from graphc.runtime import Engine, SamplingParams
@@ -155,7 +157,7 @@ def _run(model_type: str, folder) -> Outcome:
     except Exception as e:  # noqa: BLE001 - a crash inside load is not a clear refusal
         return Outcome(model_type, "FAIL", f"Engine.load crashed (not a refusal): {type(e).__name__}: {e}")
     out = Outcome(model_type, "exact", lowering=lowering_of(engine))
-    ref_model, _ = mlx_lm.load(str(folder))
+    ref_model, _ = mlx_lm.load(str(reference_folder))
     dtype = str(next(iter(dict(_leaves(ref_model)).values())).dtype).replace("mlx.core.", "")
     tol = TOLERANCE.get(dtype, 2e-3)
     vocab = engine.vocab_size

@@ -1943,9 +1943,10 @@ EXCLUDED: dict[str, str] = {
 }
 
 # The representative subset in the default (fast) test run: one per family of cache layout and
-# outer forward -- dense GQA, MoE, sliding + sinks, sliding pattern, gated-delta hybrid, SSM,
-# MLA, a multimodal wrapper, and output / embedding multipliers.
+# outer forward -- dense GQA (llama, qwen3 with q/k norms), MoE (mixtral), sliding + sinks + MoE
+# (gpt_oss), a sliding pattern (gemma3_text, olmo3), gated-delta hybrid (qwen3_next), MLA
+# (deepseek_v2), partial rotary + biases (stablelm), fused qkv (phi3).
 FAST: tuple[str, ...] = (
-    "llama", "qwen3", "mixtral", "gpt_oss", "gemma3_text", "qwen3_next", "mamba", "deepseek_v3",
-    "gemma3", "granite",
+    "llama", "qwen3", "mixtral", "gpt_oss", "gemma3_text", "olmo3", "qwen3_next", "deepseek_v2",
+    "stablelm", "phi3",
 )
