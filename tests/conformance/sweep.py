@@ -92,9 +92,13 @@ def reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], lis
 
 
 def lowering_of(engine) -> str | None:
-    """Which lowering served the model, where the engine exposes it (binding.lowering)."""
+    """Which lowering served the model, where the engine exposes it (binding.lowering), and
+    "unbatched" when the binding says it is exact only one request at a time (binding.batched)."""
     binding = getattr(getattr(engine, "compiled", None), "binding", None)
-    return getattr(binding, "lowering", None)
+    lowering = getattr(binding, "lowering", None)
+    if lowering and getattr(binding, "batched", True) is False:
+        lowering += ", unbatched"
+    return lowering
 
 
 def _graphc_logprobs(res, vocab: int) -> list[np.ndarray] | None:
