@@ -86,8 +86,6 @@ def status_text(outcomes: list[Outcome], label: str) -> str:
 def table_text(outcomes: list[Outcome]) -> str:
     import mlx_lm
 
-    from expectations import REFUSED
-
     c = counts(outcomes)
     served = [o for o in outcomes if o.status != "excluded"]
     exact = c.get("exact", 0)
@@ -122,10 +120,11 @@ def table_text(outcomes: list[Outcome]) -> str:
     lines += [head, "|---|---|" + ("---|" if show_path else "") + "---|---|"]
     for o in sorted(outcomes, key=lambda o: o.model_type.lower()):
         reason = ""
-        if o.status == "refused":
-            reason = REFUSED.get(o.model_type) or o.first_line
-        elif o.status in ("excluded", "FAIL"):
-            reason = o.first_line
+        if o.status in ("refused", "excluded", "FAIL"):
+            # The engine's own message (its first line), so the table cannot drift from it.
+            reason = o.first_line.removeprefix("UnsupportedModel: ")
+            if len(reason) > 300:
+                reason = reason[:297] + "..."
         reason = reason.replace("|", "\\|")
         hits = "" if o.cached_tokens is None else ("yes" if o.cached_tokens else "no")
         row = (f"| {o.model_type} | {o.status} |" + (f" {o.lowering or ''} |" if show_path else "")
