@@ -48,7 +48,8 @@ class Outcome:
     detail: str = ""  # refusal message, failure reason, or exclusion reason
     lowering: str | None = None  # fast | generic, when the engine says which it used
     max_logprob_diff: float | None = None
-    cached_tokens: int | None = None  # prompt tokens served from the prefix cache in round 2
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache in round 2 (0: none
+    # reused -- a FAIL when the engine has a prefix cache; models without one run with engine.prefix None)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -193,6 +194,9 @@ def _run(model_type: str, folder, reference_folder) -> Outcome:
             worst = max(worst, compare(stage, p, res.token_ids, _graphc_logprobs(res, vocab), rt, rl, tol))
         out.max_logprob_diff = worst
         out.cached_tokens = sum(r.cached_tokens for r in r2)
+        if getattr(engine, "prefix", None) is not None and not out.cached_tokens:
+            raise Mismatch(f"{stage}: the engine has a prefix cache but no prompt reused a cached token "
+                           "(an exact repeat and a continued conversation were among them)")
     except Mismatch as e:
         out.status, out.detail = "FAIL", str(e)
     except Exception as e:  # noqa: BLE001 - any exception after a successful load is a failure
