@@ -48,7 +48,8 @@ class Outcome:
     detail: str = ""  # refusal message, failure reason, or exclusion reason
     lowering: str | None = None  # fast | generic, when the engine says which it used
     max_logprob_diff: float | None = None
-    cached_tokens: int | None = None  # prompt tokens served from the prefix cache in round 2
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache in round 2 (0: none
+    # reused -- a FAIL when the engine has a prefix cache; models without one run with engine.prefix None)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -92,9 +93,13 @@ def reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], lis
 
 
 def lowering_of(engine) -> str | None:
-    """Which lowering served the model, where the engine exposes it (binding.lowering)."""
+    """Which lowering served the model, where the engine exposes it (binding.lowering), and
+    "unbatched" when the binding says it is exact only one request at a time (binding.batched)."""
     binding = getattr(getattr(engine, "compiled", None), "binding", None)
-    return getattr(binding, "lowering", None)
+    lowering = getattr(binding, "lowering", None)
+    if lowering and getattr(binding, "batched", True) is False:
+        lowering += ", unbatched"
+    return lowering
 
 
 def _graphc_logprobs(res, vocab: int) -> list[np.ndarray] | None:
@@ -133,17 +138,19 @@ def compare(tag: str, prompt, got_ids, got_lps, ref_ids, ref_lps, tol: float) ->
     return worst
 
 
-def run_model(model_type: str, folder) -> Outcome:
-    """Load ``folder`` (a tiny ``model_type`` model) in graphc and mlx-lm; compare; classify."""
+def run_model(model_type: str, folder, reference_folder=None) -> Outcome:
+    """Load ``folder`` (a tiny ``model_type`` model) in graphc and mlx-lm; compare; classify.
+    ``reference_folder`` (default: the same folder) is what mlx-lm loads -- the harness's own
+    test points it at other weights to show that a wrong model is caught."""
     if model_type in EXCLUDED:
         return Outcome(model_type, "excluded", EXCLUDED[model_type])
     t0 = time.perf_counter()
-    out = _run(model_type, folder)
+    out = _run(model_type, folder, reference_folder or folder)
     out.seconds = time.perf_counter() - t0
     return out
 
 
-def _run(model_type: str, folder) -> Outcome:
+def _run(model_type: str, folder, reference_folder) -> Outcome:
     import mlx_lm
 
     from graphc.runtime import Engine, SamplingParams
@@ -155,7 +162,7 @@ def _run(model_type: str, folder) -> Outcome:
     except Exception as e:  # noqa: BLE001 - a crash inside load is not a clear refusal
         return Outcome(model_type, "FAIL", f"Engine.load crashed (not a refusal): {type(e).__name__}: {e}")
     out = Outcome(model_type, "exact", lowering=lowering_of(engine))
-    ref_model, _ = mlx_lm.load(str(folder))
+    ref_model, _ = mlx_lm.load(str(reference_folder))
     dtype = str(next(iter(dict(_leaves(ref_model)).values())).dtype).replace("mlx.core.", "")
     tol = TOLERANCE.get(dtype, 2e-3)
     vocab = engine.vocab_size
@@ -187,6 +194,9 @@ def _run(model_type: str, folder) -> Outcome:
             worst = max(worst, compare(stage, p, res.token_ids, _graphc_logprobs(res, vocab), rt, rl, tol))
         out.max_logprob_diff = worst
         out.cached_tokens = sum(r.cached_tokens for r in r2)
+        if getattr(engine, "prefix", None) is not None and not out.cached_tokens:
+            raise Mismatch(f"{stage}: the engine has a prefix cache but no prompt reused a cached token "
+                           "(an exact repeat and a continued conversation were among them)")
     except Mismatch as e:
         out.status, out.detail = "FAIL", str(e)
     except Exception as e:  # noqa: BLE001 - any exception after a successful load is a failure
