@@ -29,9 +29,12 @@ WORKER = HERE / "distributed_worker.py"
 LAUNCH = [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
 GRAPHC = shutil.which("graphc") or str(Path(sys.executable).parent / "graphc")
 
-PROMPTS = [list(range(5, 22)), [40, 41, 42], [100, 200, 300, 400, 500], [7, 8, 9, 10, 11, 12]]
+# Rows: greedy over several prefill chunks, greedy, seeded sampling, a regex grammar (host
+# masks, the chain broken), and unseeded sampling (the runner key rank 0 shares) last.
+PROMPTS = [list(range(5, 22)), [40, 41, 42], [100, 200, 300, 400, 500], [50, 51], [7, 8, 9, 10, 11, 12]]
 PARAMS = [{"max_tokens": 12}, {"max_tokens": 7}, {"max_tokens": 10, "temperature": 0.8, "seed": 3},
-          {"max_tokens": 9, "temperature": 1.0}]  # the last: unseeded (the shared runner key)
+          {"max_tokens": 8, "grammar": {"type": "regex", "pattern": "[a-z ]+"}},
+          {"max_tokens": 9, "temperature": 1.0, "ignore_eos": True}]
 
 
 def _free_ports(n: int) -> list[int]:
@@ -88,9 +91,11 @@ def test_two_ranks_match_one_process(model_dir, tmp_path):
     got = json.loads(out.read_text())
     for m in models:
         ref = Engine.load(m, prefill_chunk=8).generate(PROMPTS, [SamplingParams(**p) for p in PARAMS])
-        for i in range(3):  # greedy and seeded rows: the same tokens as one process
+        for i in range(4):  # greedy, seeded and grammar rows: the same tokens as one process
             assert got[m][i] == ref[i].token_ids, (Path(m).name, i)
-        assert len(got[m][3]) == PARAMS[3]["max_tokens"] or got[m][3]  # unseeded: ran on both ranks in step
+        # The unseeded row draws from another key than the single process did; that both ranks
+        # drew the same tokens is what their per-step digests checked (a mismatch exits 1).
+        assert len(got[m][4]) == PARAMS[4]["max_tokens"]
 
 
 # -- serving, and a follower that dies ---------------------------------------------------------
