@@ -17,7 +17,15 @@ from .watchdog import EXIT_GROUP_FAILED, Watchdog
 
 def follow(engine, group, watchdog: Watchdog, *, timeout: float) -> int:
     """Run rank 0's steps until it shuts the group down; the process exit code."""
+    import signal
+    import threading
+
     rank = group.rank()
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C in a terminal reaches every rank of the launch: rank 0 decides (a clean shutdown
+        # sends the plan that ends this loop with 0); a follower interrupted mid-collective would
+        # only leave rank 0 waiting on it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _loop(engine, group, watchdog, timeout)
     except GroupFailed as e:

@@ -132,7 +132,12 @@ class LeaderEngine(Engine):
         """Tell the followers to exit (code 0). Called at exit; later steps raise GroupFailed."""
         if self._closed:
             return
-        with self._lock:
+        # A step stuck in a collective holds the lock; the watchdog ends the process then.
+        if not self._lock.acquire(timeout=5.0):
+            log.warning("closing while a step is still running: the followers are not told")
+            self._closed = True
+            return
+        try:
             if self._closed:
                 return
             self._closed = True
@@ -141,6 +146,8 @@ class LeaderEngine(Engine):
                     self._send(Plan(SHUTDOWN, self._seq, self._last_digest))
                 except GroupFailed:
                     pass
+        finally:
+            self._lock.release()
 
     def _check_open(self) -> None:
         if self.failed is not None:

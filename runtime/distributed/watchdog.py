@@ -17,7 +17,11 @@ import threading
 import time
 
 EXIT_GROUP_FAILED = 1
-DEFAULT_TIMEOUT_S = 120.0  # the longest a step (or a wait for rank 0's next plan) may take
+# The longest a step, or a wait for the next plan, may take. A wait for a plan includes the step
+# still running on the device (chained decode), so this bounds the slowest step too. It is also
+# how long a dead rank can go unnoticed when the backend hangs instead of failing (the ring
+# backend does when a peer dies in the middle of a collective).
+DEFAULT_TIMEOUT_S = 60.0
 TIMEOUT_ENV = "GRAPHC_DIST_TIMEOUT"
 
 
@@ -45,6 +49,12 @@ def die(rank: int, message: str) -> None:
 
 class Watchdog:
     def __init__(self, rank: int, *, poll_s: float = 0.2):
+        import faulthandler
+        import signal
+
+        # `kill -USR1 <pid>` prints every thread's Python stack: where a stuck rank waits.
+        if hasattr(signal, "SIGUSR1"):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
         self.rank = rank
         self._poll_s = poll_s
         self._lock = threading.Lock()
