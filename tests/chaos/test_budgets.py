@@ -28,7 +28,7 @@ def _drive(eng, prompts, params):
         if eng.prefix is not None:
             assert eng.prefix.slots.used <= eng.prefix.slots.capacity
         assert steps < 20000
-    return [eng._result(r) for r in reqs], peak
+    return [eng.result(r) for r in reqs], peak
 
 
 @pytest.mark.parametrize("n,budget", [(12, 300), pytest.param(48, 600, marks=pytest.mark.slow)])

@@ -129,7 +129,7 @@ def run_mixed(eng, prompts, params):
         eng.step()
         steps += 1
         assert steps < 5000
-    return [eng._result(r) for r in reqs]
+    return [eng.result(r) for r in reqs]
 
 
 def poison_mix(n, n_poison, make_poison, vocab, seed=0):
