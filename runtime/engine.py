@@ -12,7 +12,6 @@ runs it on its own thread (see docs/embedding.md).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from graphc.compiler.compile import CompiledGraph, compile_graph
 
 from .params import SamplingParams
 from .prefix_cache import for_binding
+from .host_edits import HostEdits
 from .prefix_io import PrefixIO
 from .request import GenerationResult, Request, RequestOutput, Status
 from .runner import ModelRunner
@@ -32,27 +32,6 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
     bigger than one prefill chunk, or the padding stays under a third of the work."""
     padded = max(lengths) * len(lengths)
     return padded <= chunk or padded <= 1.5 * sum(lengths)
-
-
-def _guarded(req: Request):
-    """The request's Python logits processors as one callable that cannot fail the batch: an
-    exception marks this request failed (it ends with finish_reason "error") and leaves its
-    logits as they were; the other rows go on."""
-    procs = req.params.logits_processors
-    if not procs:
-        return None
-
-    def run(ids, logits):
-        try:
-            out = logits
-            for proc in procs:
-                out = proc(ids, out)
-            return out
-        except Exception as e:  # noqa: BLE001 - user code: any failure is this request's own
-            req.error = f"logits processor failed: {type(e).__name__}: {e}"
-            return logits
-
-    return (run,)
 
 
 class Engine:
@@ -105,15 +84,15 @@ class Engine:
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
-        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits, prefix_io=io,
+        # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.
+        self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
+        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
                                    admit=self._admit if self.prefix is not None else None,
                                    defer=self.prefix.should_wait if self.prefix is not None else None,
                                    kv_budget=kv_budget_tokens)
         self.batch_prefill = batch_prefill  # whole short prompts share one prefill forward
-        self._grammar = None  # GrammarCompiler, built on the first request that needs one
-        self._grammar_lock = threading.Lock()
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0}
@@ -201,35 +180,7 @@ class Engine:
     @property
     def grammar_compiler(self):
         """Built on first use; thread-safe (AsyncEngine compiles grammars on worker threads)."""
-        with self._grammar_lock:
-            if self._grammar is None:
-                from .grammar import GrammarCompiler
-
-                self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-            return self._grammar
-
-    def _host_edits(self, rows: list[Request], logits):
-        """Additive [B, V] edits for rows that need the host: grammar masks and Python logits processors."""
-        import mlx.core as mx
-
-        from .grammar.matcher import bitmask_to_additive
-
-        edits = None
-        if any(r.grammar is not None for r in rows):
-            # Runs on the CPU while the device computes `logits` (queued by the runner).
-            words = self.grammar_compiler.fill_masks([r.grammar for r in rows])
-            edits = bitmask_to_additive(words, self.vocab_size)
-        if any(r.params.logits_processors for r in rows):
-            from .sampling import apply_logits_processors
-
-            # mlx-lm's convention: proc(token ids so far [n], logits [1, V]) -> [1, V].
-            base = logits if edits is None else logits + edits
-            new = apply_logits_processors(base, [_guarded(r) for r in rows],
-                                          [r.prompt_ids + r.output_ids for r in rows])
-            delta = new - base
-            delta = mx.where(mx.isnan(delta), 0.0, delta)  # -inf already in base (a grammar mask) stays
-            edits = delta if edits is None else edits + delta
-        return edits
+        return self.host_edits.grammar_compiler
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; it reports finish_reason 'abort'. False if it is unknown or done."""

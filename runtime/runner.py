@@ -48,7 +48,7 @@ class ModelRunner:
         # hits, captures state at prefix boundaries, writes KV into the pools.
         self.prefix_io = prefix_io
         # host_edits(rows, logits) -> additive [B, V] row or None: grammar masks and Python
-        # logits processors, for rows that are not chain-safe. Set by the engine.
+        # logits processors, for rows that are not chain-safe (runtime/host_edits.py: HostEdits).
         self.host_edits = host_edits
         self.policies = compiled.binding.policies
         # A graph whose plan is not chain-safe (a policy with chain_safe=False) never chains.
