@@ -137,3 +137,13 @@ def test_a_model_exact_only_unbatched_is_served_one_request_at_a_time(model_dir)
     prompts = random_prompts(3, eng.vocab_size, [5, 17, 2], seed=4)
     for p, r in zip(prompts, eng.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))):
         assert r.token_ids == reference_greedy(eng.model, p, 8)
+
+
+def test_inspect_cli_picks_the_graph_and_forces_a_lowering(llama, capsys):
+    from graphc.compiler.cli import main as cli
+
+    d = llama[0]
+    assert cli(["inspect", "auto", "--model", str(d), "--lowering", "generic", "--no-trace"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("graph dense") and "lowering: generic" in out
+    assert "self-check generic: max |diff|" in out and "generic lowering: the model's own forward (forced)" in out
