@@ -135,6 +135,10 @@ def _model_forward(ctx, node, tokens):
     split of a prompt is exact (chunked prefill), and the self-check runs this path.
     """
     model, inputs = ctx.binding.model, ctx.inputs
+    if ctx.binding.mask_rank != 4:  # per-row masks shaped for this model's scores (see full.py)
+        for c in inputs.caches:
+            for part in getattr(c, "caches", None) or [c]:
+                part.mask_rank = ctx.binding.mask_rank
     n = tokens.shape[1]
     if inputs.final and n > 1 and not inputs.all_positions:
         model(tokens[:, :-1], cache=inputs.caches)
