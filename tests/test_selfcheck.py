@@ -163,3 +163,15 @@ def test_inspect_cli_picks_the_graph_and_forces_a_lowering(llama, capsys):
     out = capsys.readouterr().out
     assert out.startswith("graph dense") and "lowering: generic" in out
     assert "self-check generic: max |diff|" in out and "generic lowering: the model's own forward (forced)" in out
+
+
+def test_a_folder_mlx_lm_cannot_load_is_a_clear_error(llama, tmp_path):
+    import shutil
+
+    d = tmp_path / "bad"
+    shutil.copytree(llama[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "no_such_model_type"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModel, match=r"model type 'no_such_model_type': mlx_lm.load could not load"):
+        Engine.load(d)
