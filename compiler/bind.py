@@ -62,6 +62,7 @@ class Binding:
     check: object = None  # CheckResult of the lowering in use
     checks: list = attrs.field(factory=list)  # every lowering tried, in order
     batched: bool = True  # False: exact only one request at a time; the engine runs max_batch=1
+    mask_rank: int = 4  # 5: per-row masks as [B, 1, 1, N, T] (attention scores split by KV group)
     wrapper_type: str | None = None  # the multimodal wrapper's type when the text model inside is served
 
 

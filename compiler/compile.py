@@ -83,9 +83,19 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
                             "lowering (the model's own forward)", mtype, binding.checks[0].describe())
             return compiled
     last = binding.checks[-1]
+    if last.batched_only and last.lowering == "generic":
+        # Exact one request at a time, wrong when rows share a forward. Models that split
+        # attention scores by KV group ([B, kv, repeats, N, T]: gemma2) need per-row masks of
+        # rank 5; try that, batched.
+        binding.mask_rank = 5
+        compiled = _checked(spec, binding, ref, "generic", batched=True)
+        if compiled is not None:
+            log.info("model type '%s': batched with per-row masks of rank 5", mtype)
+            return compiled
+        binding.mask_rank = 4
     if last.batched_only:
-        # Exact one request at a time, wrong (or failing) when rows share a forward: serve it
-        # unbatched rather than refuse it — slower, never wrong.
+        # Still exact only one request at a time: serve it unbatched rather than refuse it —
+        # slower, never wrong.
         compiled = _checked(spec, binding, ref, last.lowering, batched=False)
         if compiled is not None:
             log.warning("model type '%s': its forward is exact one request at a time but not on batches of "

@@ -130,7 +130,15 @@ class Engine:
                 "graphc never downloads weights — build a test model with `graphc make-model`"
             )
         config = json.loads((path / "config.json").read_text())
-        model, tokenizer = mlx_lm.load(str(path))
+        try:
+            model, tokenizer = mlx_lm.load(str(path))
+        except Exception as e:  # noqa: BLE001 - whatever mlx-lm (or transformers under it) raises
+            from graphc.compiler.errors import UnsupportedModel
+
+            raise UnsupportedModel(
+                f"model type '{config.get('model_type', '?')}': mlx_lm.load could not load '{path}': "
+                f"{type(e).__name__}: {e}. graphc loads models through mlx-lm; fix the folder (config.json, "
+                "tokenizer files) so that mlx_lm.load reads it") from e
         return cls(model, tokenizer, config, graph, model_path=str(path), **kwargs)
 
     # -- low-level loop -------------------------------------------------------------

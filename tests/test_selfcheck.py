@@ -120,20 +120,58 @@ def test_a_cache_that_breaks_the_model_is_refused_at_load_not_on_a_request(llama
     assert "prompt 0 prefill" in msg
 
 
-def test_a_model_exact_only_unbatched_is_served_one_request_at_a_time(model_dir):
-    """gemma2 with grouped KV heads reshapes attention scores to 5-D, so a batched [B, 1, N, T]
-    mask no longer lines up with the batch (mlx-lm's BatchGenerator has the same limit): exact
-    one row at a time, wrong batched. graphc serves it with max_batch 1 and says so."""
+def test_grouped_head_scores_get_rank_5_row_masks(model_dir):
+    """gemma2 with grouped KV heads reshapes attention scores to [B, kv, repeats, N, T], so a
+    per-row [B, 1, N, T] mask lines up with the wrong axes (mlx-lm's BatchGenerator has the same
+    limit). The batched check fails, the retry with rank-5 row masks passes: served batched."""
     from generic_models import make_tiny
 
     d = make_tiny("gemma2_gqa", model_dir("llama").parent / "gemma2-gqa")
     eng = Engine.load(d, prefill_chunk=8)
     b = eng.compiled.binding
-    assert not b.batched and eng.scheduler.max_batch == 1 and not eng.batch_prefill
-    assert [(c.batched, c.ok) for c in b.checks] == [(True, False), (False, True)]
+    assert b.batched and b.mask_rank == 5 and eng.scheduler.max_batch > 1
+    assert [(c.mask_rank, c.ok) for c in b.checks] == [(4, False), (5, True)]
     assert b.checks[0].batched_only and "(batched" in b.checks[0].error
+    prompts = random_prompts(4, eng.vocab_size, [5, 17, 2, 30], seed=4)
+    for p, r in zip(prompts, eng.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))):
+        assert r.token_ids == reference_greedy(eng.model, p, 8)
+
+
+def test_a_model_exact_only_unbatched_is_served_one_request_at_a_time(model_dir):
+    """gpt_bigcode adds learned positions indexed by `cache.offset` as one integer: rows at
+    different positions cannot share a forward. graphc serves it with max_batch 1 and says so."""
+    from generic_models import make_tiny
+
+    d = make_tiny("gpt_bigcode", model_dir("llama").parent / "gpt-bigcode")
+    eng = Engine.load(d, prefill_chunk=8)
+    b = eng.compiled.binding
+    assert not b.batched and eng.scheduler.max_batch == 1 and not eng.batch_prefill
+    assert [(c.batched, c.ok) for c in b.checks] == [(True, False), (True, False), (False, True)]
+    assert "at decode step 1 (batched" in b.checks[0].error
     text = inspect_plan(eng.compiled, "decode", trace=False)
     assert "self-check generic (one request at a time):" in text and "one request at a time (max_batch 1)" in text
     prompts = random_prompts(3, eng.vocab_size, [5, 17, 2], seed=4)
     for p, r in zip(prompts, eng.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))):
         assert r.token_ids == reference_greedy(eng.model, p, 8)
+
+
+def test_inspect_cli_picks_the_graph_and_forces_a_lowering(llama, capsys):
+    from graphc.compiler.cli import main as cli
+
+    d = llama[0]
+    assert cli(["inspect", "auto", "--model", str(d), "--lowering", "generic", "--no-trace"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("graph dense") and "lowering: generic" in out
+    assert "self-check generic: max |diff|" in out and "generic lowering: the model's own forward (forced)" in out
+
+
+def test_a_folder_mlx_lm_cannot_load_is_a_clear_error(llama, tmp_path):
+    import shutil
+
+    d = tmp_path / "bad"
+    shutil.copytree(llama[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "no_such_model_type"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModel, match=r"model type 'no_such_model_type': mlx_lm.load could not load"):
+        Engine.load(d)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .base import CachePolicy, LayerCache
+from .full import _batch_rank
 from .registry import register_policy
 
 MIN_CAPACITY = 64
@@ -132,7 +133,7 @@ class WindowedKV(LayerCache):
         mask = (q >= k) & (q < k + w)
         if padded:
             lo_a = mx.array(lo, dtype=mx.int32)[:, None, None, None]
-            mask = mask[None, None] & (k[None, None] >= lo_a)
+            mask = _batch_rank(mask[None, None] & (k[None, None] >= lo_a), self)
         return mask
 
     # -- the rest of mlx-lm's cache protocol, for model code that reads it ---------------------
