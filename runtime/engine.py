@@ -27,13 +27,6 @@ from .scheduler import Scheduler
 from .text import TextState, token_bytes_table
 
 
-def _padded_ok(lengths: list[int], chunk: int) -> bool:
-    """A batched prefill pads every prompt to the longest: allow it while the padded batch is no
-    bigger than one prefill chunk, or the padding stays under a third of the work."""
-    padded = max(lengths) * len(lengths)
-    return padded <= chunk or padded <= 1.5 * sum(lengths)
-
-
 class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
@@ -91,11 +84,22 @@ class Engine:
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
                                    admit=self._admit if self.prefix is not None else None,
                                    defer=self.prefix.should_wait if self.prefix is not None else None,
-                                   kv_budget=kv_budget_tokens)
-        self.batch_prefill = batch_prefill  # whole short prompts share one prefill forward
+                                   kv_budget=kv_budget_tokens,
+                                   batch_prefill=batch_prefill and self.runner.can_batch_prefill)
+        self._batch_prefill = batch_prefill
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0}
+
+    @property
+    def batch_prefill(self) -> bool:
+        """Whole short prompts share one left-padded prefill forward (when the graph's caches allow)."""
+        return self._batch_prefill
+
+    @batch_prefill.setter
+    def batch_prefill(self, on: bool) -> None:
+        self._batch_prefill = on
+        self.scheduler.batch_prefill = on and self.runner.can_batch_prefill
 
     def _show_compile_pass(self) -> None:
         """Put what this engine applied to decode into the decode plan's passes (inspect shows them)."""
@@ -205,7 +209,7 @@ class Engine:
         """Run one scheduler iteration: some prefill chunks, then one decode step. Returns deltas."""
         sched = self.scheduler.schedule()
         touched: list[Request] = []
-        for group in self._prefill_groups(sched.prefill):
+        for group in sched.groups:
             if len(group) > 1:  # whole prompts, one left-padded forward
                 firsts = self.runner.prefill_batch([r for r, _ in group])
                 keep = []
@@ -239,21 +243,6 @@ class Engine:
                 self._append(req, tok, lp)
                 touched.append(req)
         return [self._delta(r) for r in dict.fromkeys(touched)]
-
-    def _prefill_groups(self, chunks: list) -> list[list]:
-        """Consecutive chunks that are whole prompts with nothing cached go through one batched
-        forward (when the graph's caches allow it); every other chunk runs alone."""
-        batchable = self.batch_prefill and self.runner.can_batch_prefill
-        groups: list[list] = []
-        for req, n in chunks:
-            whole = (batchable and req.prefilled == 0 and n == len(req.context_ids)
-                     and req.params.prompt_logprobs is None)
-            g = groups[-1] if groups else None
-            if whole and g and g[-1][2] and _padded_ok([m for _, m, _ in g] + [n], self.scheduler.prefill_chunk):
-                g.append((req, n, True))
-            else:
-                groups.append([(req, n, whole)])
-        return [[(r, n) for r, n, _ in g] for g in groups]
 
     def _append(self, req: Request, tok: int, logprobs: dict | None = None) -> bool:
         """Record one generated token; finish the request if it stops here. True when finished."""
