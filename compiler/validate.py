@@ -13,7 +13,7 @@ from .errors import Diagnostic, SourceLoc, did_you_mean
 from .ir import GraphSpec
 from .ops import OPS, REQUIRED_OPS
 
-LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "cache_list")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "cache_list", "native")
 REQUIRED_OUTPUTS = ("next_tokens",)
 
 
