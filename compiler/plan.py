@@ -147,7 +147,12 @@ def binding_notes(binding: Binding) -> list[str]:
         notes.append(f"generic lowering: the model's own forward ({why})")
     if binding.mask_rank == 5:
         notes.append("per-row masks of rank 5 ([B, 1, 1, N, T]): the model splits attention scores by KV group")
-    if not binding.batched:
+    from .cachekinds import native_reasons
+
+    natives = native_reasons(binding.layers)
+    if natives:
+        notes.append(f"one request at a time (max_batch 1) on mlx-lm's own cache: {natives[0]}")
+    elif not binding.batched:
         notes.append("one request at a time (max_batch 1): the model's forward is exact on one row but not on "
                      "left-padded batches of rows at different positions")
     reason = prefix_unsupported_reason(binding.policies)

@@ -84,37 +84,58 @@ def test_no_fast_path_for_a_type_without_one_is_a_clear_error(model_dir):
         Engine.load(d, lowering="fast")
 
 
-def test_a_cache_graphc_cannot_batch_is_refused_naming_type_layer_and_reason(llama, monkeypatch):
+def test_a_cache_graphc_cannot_batch_is_served_on_mlx_lms_own_cache_one_request_at_a_time(llama, monkeypatch):
+    from mlx_lm.models.cache import RotatingKVCache
+
+    d, model, config = llama
+    monkeypatch.setattr(type(model), "make_cache",
+                        lambda self: [RotatingKVCache(max_size=64, keep=4) for _ in self.layers], raising=False)
+    compiled = compile_graph(None, model, config)
+    b = compiled.binding
+    assert {(l.kind, p.name) for l, p in zip(b.layers, b.policies)} == {("native", "native")}
+    assert not b.batched and [(c.batched, c.ok) for c in b.checks] == [(False, True)]
+    text = inspect_plan(compiled, "decode", trace=False)
+    assert "one request at a time (max_batch 1) on mlx-lm's own cache: model type 'llama': layer 0" in text
+    assert "keeps the first 4 tokens" in text and "prefix reuse off" in text
+
+
+def test_an_own_cache_the_model_does_not_match_is_refused_naming_type_layer_and_reason(llama, monkeypatch):
+    """A cache class graphc cannot batch, which is also wrong when a prompt comes in chunks (the
+    way graphc prefills): the unbatched check fails too and the model is refused."""
     from mlx_lm.models.cache import ConcatenateKVCache
 
+    class Broken(ConcatenateKVCache):
+        calls = 0
+
+        def update_and_fetch(self, k, v):
+            self.calls += 1
+            k, v = super().update_and_fetch(k, v)
+            return (k, v) if self.calls == 1 else (k * 0.5, v)
+
     _, model, config = llama
-    monkeypatch.setattr(type(model), "make_cache", lambda self: [ConcatenateKVCache() for _ in self.layers],
-                        raising=False)
+    monkeypatch.setattr(type(model), "make_cache", lambda self: [Broken() for _ in self.layers], raising=False)
     with pytest.raises(UnsupportedModel) as e:
         compile_graph(None, model, config)
     msg = str(e.value)
-    assert "model type 'llama'" in msg and "layer 0 (cache ConcatenateKVCache)" in msg
-    assert "no batched equivalent" in msg and "would need" in msg
+    assert "model type 'llama'" in msg and "layer 0 (cache Broken)" in msg
+    assert "no batched equivalent" in msg and "would need" in msg and "does not match either" in msg
 
 
-def test_a_rotating_cache_that_keeps_tokens_is_refused(llama, monkeypatch):
-    from mlx_lm.models.cache import RotatingKVCache
-
-    _, model, config = llama
-    monkeypatch.setattr(type(model), "make_cache",
-                        lambda self: [RotatingKVCache(max_size=64, keep=4) for _ in self.layers], raising=False)
-    with pytest.raises(UnsupportedModel, match=r"layer 0 .*keeps the first 4 tokens"):
-        compile_graph(None, model, config)
-
-
-def test_a_cache_that_breaks_the_model_is_refused_at_load_not_on_a_request(llama, monkeypatch):
-    """Both lowerings run on graphc's caches: a cache bug fails both checks and the model is refused."""
+def test_when_graphcs_caches_break_the_model_it_runs_on_its_own_caches_or_is_refused(llama, monkeypatch):
+    """Both lowerings run on graphc's caches: a cache bug fails both checks. With the graph
+    picked automatically the model then runs one request at a time on mlx-lm's own caches
+    (checked too); with a graph the user chose, it is refused at load — never wrong later."""
     from graphc.runtime.cache.full import FullKV
 
     _, model, config = llama
     monkeypatch.setattr(FullKV, "make_mask", lambda self, N, window_size=None, return_array=False: None)
+    compiled = compile_graph(None, model, config)
+    b = compiled.binding
+    assert not b.batched and {l.kind for l in b.layers} == {"native"}
+    assert [(c.lowering, c.batched, c.ok) for c in b.checks] == [("generic", False, True)]
+    assert "graphc's caches do not reproduce it (fast: max |diff|" in inspect_plan(compiled, "decode", trace=False)
     with pytest.raises(UnsupportedModel) as e:
-        compile_graph(None, model, config)
+        compile_graph("dense", model, config)
     msg = str(e.value)
     assert "model type 'llama'" in msg and "fast: max |diff|" in msg and "generic: max |diff|" in msg
     assert "prompt 0 prefill" in msg

@@ -99,6 +99,13 @@ class WindowedKV(LayerCache):
         self.idx = end
         self._offset = None
         s = self._key_range(n, end - n)
+        self._fetched = (s, end)
+        return self.keys[..., s:end, :], self.values[..., s:end, :]
+
+    def keys_and_values(self):
+        """What the last update_and_fetch returned: KV-sharing layers (gemma3n) attend over the
+        same keys as the layer that wrote them, with the same mask."""
+        s, end = getattr(self, "_fetched", (0, self.idx))
         return self.keys[..., s:end, :], self.values[..., s:end, :]
 
     def _realloc(self, keys, values, cap: int, shift: int) -> None:
