@@ -72,6 +72,10 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     if graph is None:
         graph = default_graph_for(layers)
     spec = load_spec(graph, config)
+    if "next_tokens" not in spec.output_dict:
+        # An embedding / scoring graph: the self-check compares next-token logits, so it runs on
+        # the model's generation graph, and this graph reuses what that check chose.
+        return compile_sibling(compile_graph(None, model, config, lowering), graph, model)
     binding = bind(spec, model, config, layers, mtype)
     if lowering == "fast" and binding.adapter is None:
         raise ValueError(f"model type '{mtype}' has no fast path (compiler/archs.py ADAPTERS); "
@@ -174,6 +178,9 @@ def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) ->
     spec = load_spec(graph, b0.config)
     binding = bind(spec, model, b0.config, b0.layers, b0.model_type)
     binding.lowering, binding.check, binding.checks = b0.lowering, b0.check, list(b0.checks)
+    for name in ("batched", "mask_rank"):  # what the check found about batching this model
+        if hasattr(b0, name):
+            setattr(binding, name, getattr(b0, name))
     return CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
                          vocab_size=compiled.vocab_size)
 

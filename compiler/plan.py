@@ -184,7 +184,10 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     )
     notes = []
     chain_safe = kind == "decode"
-    if kind != "decode":
+    if not any(name == "next_tokens" and nid not in dropped for name, nid in spec.outputs):
+        chain_safe = False
+        notes.append("no next_tokens output: this graph does not decode, so there is no chain")
+    elif kind != "decode":
         notes.append("prefill batches are not chained: the next step needs the host to pick what runs")
     for pol in binding.policies:
         if not pol.chain_safe:
@@ -210,7 +213,8 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     phases = {}
     for node, _, _, ph in bound:
         phases.setdefault(ph, []).append(node.id)
-    passes.append(("phase split", " | ".join(f"{ph}: {', '.join(ids)}" for ph, ids in phases.items())))
+    passes.append(("phase split", " | ".join(f"{ph}: {', '.join(ids)}" for ph, ids in phases.items())
+                   or f"nothing runs in a {kind} batch (this graph's outputs come from other batch kinds)"))
     if kind == "prefill" and ("final" in phases or "head" in phases):
         passes.append(("head placement", "final/head ops run on a prompt's final chunk only; "
                                          "earlier chunks only fill the caches"))
