@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from .sampling.params import validate_params
+
 
 def _bias_converter(v):
     if v is None:
@@ -78,8 +80,6 @@ class SamplingParams:
 
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 0:
             bad("max_tokens", f"must be a non-negative integer, got {self.max_tokens!r}")
-        from .sampling.params import validate_params
-
         validate_params(self)  # temperature, top-k/p, min-p, seed, penalties, bias, logprobs, ...
         if not all(isinstance(s, str) for s in self.stop):
             bad("stop", f"must be strings, got {self.stop!r}")
