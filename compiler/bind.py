@@ -29,12 +29,14 @@ class LayerInfo:
     cache_type: str = "KVCache"  # the mlx-lm cache class this layer's policy stands in for
     v_head_dim: int | None = None  # when values are narrower/wider than keys (MLA)
     parts: tuple = ()  # cache_list: one LayerInfo per cache in the list
+    native: object = attrs.field(default=None, eq=False, repr=False)  # native: an empty mlx-lm cache to copy
+    native_reason: str = ""  # native: why graphc cannot batch it (the refusal message if unbatched fails too)
 
     @property
     def kv_bytes_per_token(self) -> int:
         if self.kind == "cache_list":
             return sum(p.kv_bytes_per_token for p in self.parts)
-        if self.kind == "linear_attention":
+        if self.kind in ("linear_attention", "native"):
             return 0
         vd = self.head_dim if self.v_head_dim is None else self.v_head_dim
         return self.kv_heads * (self.head_dim + vd) * _DTYPE_BYTES.get(self.dtype, 4)
@@ -62,6 +64,7 @@ class Binding:
     check: object = None  # CheckResult of the lowering in use
     checks: list = attrs.field(factory=list)  # every lowering tried, in order
     batched: bool = True  # False: exact only one request at a time; the engine runs max_batch=1
+    mask_rank: int = 4  # 5: per-row masks as [B, 1, 1, N, T] (attention scores split by KV group)
     wrapper_type: str | None = None  # the multimodal wrapper's type when the text model inside is served
 
 
@@ -72,7 +75,9 @@ def classify_model(model, config: dict) -> list[LayerInfo]:
 
     served = text_model(model)
     mtype = model_type_of(served, config)
-    return layers_from_caches(reference_run(served, mtype).caches, mtype, served)
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return layers_from_caches(reference_run(served, mtype).caches, mtype, served, make_prompt_cache(served))
 
 
 def bind(spec: GraphSpec, model, config: dict, layers: list[LayerInfo] | None = None,
@@ -119,7 +124,7 @@ def bind(spec: GraphSpec, model, config: dict, layers: list[LayerInfo] | None = 
 
 
 def _graph_for_kinds(kinds: set[str]) -> str:
-    if kinds & {"linear_attention", "cache_list"}:
+    if kinds & {"linear_attention", "cache_list", "native"}:
         return "hybrid"
     if "sliding_attention" in kinds:
         return "sliding"

@@ -10,16 +10,21 @@ layer kind (and the graph's policy for that kind) instead of guessing from attri
     ArraysCache(n)                 -> linear_attention   (ssm_state, n state slots)
     CacheList(a, b, ...)           -> cache_list         (cache_list: one policy per part)
 
-Anything else is refused here with the model type, the layer, the reason and what graphc
-would need — never served with a cache that behaves differently from mlx-lm's.
+    anything else                  -> native             (mlx-lm's own cache object, one request
+                                                          at a time; the reason it cannot batch
+                                                          is kept for the refusal message)
+
+A `native` layer keeps mlx-lm's own cache class (ChunkedKVCache, QuantizedKVCache,
+RotatingKVCache with `keep`, a model's private cache class, ...): exact by construction,
+but it cannot join rows into a batch or share prefixes, so such a model is served one
+request at a time — and refused, with the model type, the layer, the reason and what
+graphc would need, if even that fails the self-check.
 
 Shapes (KV heads, head dim, dtype, state bytes) are read off mlx-lm's own caches after a
 few tokens of the model's own forward (compiler/selfcheck.py runs it), not off the config.
 """
 
 from __future__ import annotations
-
-from .errors import UnsupportedModel
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -41,12 +46,24 @@ def model_type_of(model, config: dict | None = None) -> str:
     return str(t or (config or {}).get("model_type") or type(model).__module__.rsplit(".", 1)[-1])
 
 
-def _refuse(model_type: str, where: str, reason: str, need: str):
-    raise UnsupportedModel(f"model type '{model_type}': {where}: {reason}. To serve it graphc would need {need}.")
+def _native(i: int, fresh, model_type: str, where: str, reason: str, need: str):
+    """A layer kept on mlx-lm's own cache class (served unbatched); `fresh` is an empty one to copy."""
+    from .bind import LayerInfo
+
+    why = f"model type '{model_type}': {where}: {reason}. To batch it graphc would need {need}."
+    return LayerInfo(i, "native", cache_type=type(fresh).__name__, native=fresh, native_reason=why)
 
 
-def layer_info(i: int, cache, model_type: str, part: str = ""):
-    """The LayerInfo for mlx-lm cache object `cache` (already filled by a few tokens, so its shapes are known)."""
+def native_reasons(layers) -> list[str]:
+    out = []
+    for l in layers:
+        out += [l.native_reason] if l.kind == "native" else native_reasons(l.parts)
+    return out
+
+
+def layer_info(i: int, cache, model_type: str, part: str = "", fresh=None):
+    """The LayerInfo for mlx-lm cache object `cache` (already filled by a few tokens, so its shapes
+    are known); `fresh` is the same layer's cache from a new make_prompt_cache (empty)."""
     from mlx_lm.models import cache as C
 
     from .bind import LayerInfo
@@ -57,7 +74,7 @@ def layer_info(i: int, cache, model_type: str, part: str = ""):
         return LayerInfo(i, "full_attention", cache_type=name, **_kv_shape(cache))
     if type(cache) is C.RotatingKVCache:
         if cache.keep:
-            _refuse(model_type, where, f"the model keeps the first {cache.keep} tokens of a rotating window "
+            return _native(i, fresh, model_type, where, f"the model keeps the first {cache.keep} tokens of a rotating window "
                     "(attention-sink style), which graphc's windowed policy does not",
                     "a windowed policy that pins the first `keep` positions")
         return LayerInfo(i, "sliding_attention", window=int(cache.max_size), cache_type=name, **_kv_shape(cache))
@@ -66,14 +83,15 @@ def layer_info(i: int, cache, model_type: str, part: str = ""):
         return LayerInfo(i, "linear_attention", state_size=len(cache.cache), state_bytes=int(state),
                          cache_type=name)
     if type(cache) is C.CacheList:
-        parts = tuple(layer_info(i, c, model_type, f"{part}.{j}") for j, c in enumerate(cache.caches))
+        parts = tuple(layer_info(i, c, model_type, f"{part}.{j}", fresh.caches[j])
+                      for j, c in enumerate(cache.caches))
         return LayerInfo(i, "cache_list", parts=parts, cache_type=name)
     if type(cache) is C.ChunkedKVCache:
-        _refuse(model_type, where, f"chunked attention (chunk {cache.chunk_size}) whose mask the model builds "
+        return _native(i, fresh, model_type, where, f"chunked attention (chunk {cache.chunk_size}) whose mask the model builds "
                 "from one integer offset shared by the whole batch",
                 "a batched chunked-KV cache and a model forward that takes per-row offsets")
-    _refuse(model_type, where, f"graphc has no batched equivalent of mlx-lm's {name}",
-            f"a cache policy that speaks {name}'s protocol (see docs/models.md)")
+    return _native(i, fresh, model_type, where, f"graphc has no batched equivalent of mlx-lm's {name}",
+                   f"a cache policy that speaks {name}'s protocol (see docs/models.md)")
 
 
 def _kv_shape(cache) -> dict:
@@ -84,10 +102,11 @@ def _kv_shape(cache) -> dict:
             "v_head_dim": int(cache.values.shape[3])}
 
 
-def layers_from_caches(caches: list, model_type: str, model=None) -> list:
+def layers_from_caches(caches: list, model_type: str, model=None, fresh: list | None = None) -> list:
     import attrs
 
-    infos = [layer_info(i, c, model_type) for i, c in enumerate(caches)]
+    fresh = fresh if fresh is not None else [None] * len(caches)
+    infos = [layer_info(i, c, model_type, fresh=f) for i, (c, f) in enumerate(zip(caches, fresh))]
     mods = list(getattr(model, "layers", None) or []) if model is not None else []
     if len(mods) == len(infos):  # attention sinks: informational (inspect shows them)
         infos = [attrs.evolve(info, sinks=True) if "sinks" in (getattr(m, "self_attn", None) or {}) else info

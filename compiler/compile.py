@@ -57,7 +57,9 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     fails; "fast" insists on the fast path; "generic" skips it. A model no lowering
     serves exactly is refused (UnsupportedModel) naming its type and the difference.
     """
-    from .cachekinds import layers_from_caches, model_type_of, text_model
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .cachekinds import layers_from_caches, model_type_of, native_reasons, text_model
     from .selfcheck import reference_run
 
     if lowering not in LOWERINGS:
@@ -65,16 +67,31 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     served = text_model(model)
     mtype = model_type_of(served, config)
     ref = reference_run(served, mtype)
-    layers = layers_from_caches(ref.caches, mtype, served)
+    layers = layers_from_caches(ref.caches, mtype, served, make_prompt_cache(served))
+    auto_graph = graph is None
     if graph is None:
         graph = default_graph_for(layers)
     spec = load_spec(graph, config)
+    if "next_tokens" not in spec.output_dict:
+        # An embedding / scoring graph: the self-check compares next-token logits, so it runs on
+        # the model's generation graph, and this graph reuses what that check chose.
+        return compile_sibling(compile_graph(None, model, config, lowering), graph, model)
     binding = bind(spec, model, config, layers, mtype)
     if lowering == "fast" and binding.adapter is None:
         raise ValueError(f"model type '{mtype}' has no fast path (compiler/archs.py ADAPTERS); "
                          "use lowering='auto' or 'generic'")
     tries = ["generic"] if lowering == "generic" or binding.adapter is None else (
         ["fast"] if lowering == "fast" else ["fast", "generic"])
+    natives = native_reasons(layers)
+    if natives:
+        # Some layer keeps mlx-lm's own cache (no batching): one request at a time, or refused.
+        name = tries[-1]
+        compiled = _checked(spec, binding, ref, name, batched=False)
+        if compiled is not None:
+            log.warning("%s; serving one request at a time on mlx-lm's own cache", natives[0])
+            return compiled
+        raise UnsupportedModel(f"{natives[0]} Served one request at a time on mlx-lm's own cache it does not match "
+                               f"either ({binding.checks[-1].describe()}: {binding.checks[-1].error}).")
     for name in tries:
         compiled = _checked(spec, binding, ref, name, batched=True)
         if compiled is not None:
@@ -83,20 +100,53 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
                             "lowering (the model's own forward)", mtype, binding.checks[0].describe())
             return compiled
     last = binding.checks[-1]
+    if last.batched_only and last.lowering == "generic":
+        # Exact one request at a time, wrong when rows share a forward. Models that split
+        # attention scores by KV group ([B, kv, repeats, N, T]: gemma2) need per-row masks of
+        # rank 5; try that, batched.
+        binding.mask_rank = 5
+        compiled = _checked(spec, binding, ref, "generic", batched=True)
+        if compiled is not None:
+            log.info("model type '%s': batched with per-row masks of rank 5", mtype)
+            return compiled
+        binding.mask_rank = 4
     if last.batched_only:
-        # Exact one request at a time, wrong (or failing) when rows share a forward: serve it
-        # unbatched rather than refuse it — slower, never wrong.
+        # Still exact only one request at a time: serve it unbatched rather than refuse it —
+        # slower, never wrong.
         compiled = _checked(spec, binding, ref, last.lowering, batched=False)
         if compiled is not None:
             log.warning("model type '%s': its forward is exact one request at a time but not on batches of "
                         "rows at different positions (%s); serving one request at a time", mtype, last.error)
             return compiled
     tried = "; ".join(c.describe() for c in binding.checks)
+    if auto_graph and lowering != "fast" and not natives:
+        # Last resort: every layer on mlx-lm's own cache, one request at a time — the model's
+        # own forward on its own caches, only chunked; exact unless chunking changes it.
+        compiled = _on_own_caches(model, config, mtype, ref, f"graphc's caches do not reproduce it ({tried})")
+        if compiled is not None:
+            return compiled
     need = "a cache policy or model fix (see docs/models.md)"
     raise UnsupportedModel(
         f"model type '{mtype}': no lowering reproduces mlx-lm's own forward on graphc's caches "
         f"({tried}; first difference: {last.error}). Refusing to serve it rather than be wrong; "
         f"serving it would need {need}")
+
+
+def _on_own_caches(model, config: dict, mtype: str, ref, why: str) -> CompiledGraph | None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .bind import LayerInfo
+    from .cachekinds import text_model
+
+    reason = f"model type '{mtype}': {why}. To batch it graphc would need a fix in its caches or the model"
+    layers = [LayerInfo(i, "native", cache_type=type(c).__name__, native=c, native_reason=reason)
+              for i, c in enumerate(make_prompt_cache(text_model(model)))]
+    spec = load_spec("hybrid", config)
+    binding = bind(spec, model, config, layers, mtype)
+    compiled = _checked(spec, binding, ref, "generic", batched=False)
+    if compiled is not None:
+        log.warning("%s; serving one request at a time on mlx-lm's own caches", reason)
+    return compiled
 
 
 def _checked(spec, binding: Binding, ref, lowering: str, batched: bool) -> CompiledGraph | None:
@@ -128,6 +178,9 @@ def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) ->
     spec = load_spec(graph, b0.config)
     binding = bind(spec, model, b0.config, b0.layers, b0.model_type)
     binding.lowering, binding.check, binding.checks = b0.lowering, b0.check, list(b0.checks)
+    for name in ("batched", "mask_rank"):  # what the check found about batching this model
+        if hasattr(b0, name):
+            setattr(binding, name, getattr(b0, name))
     return CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
                          vocab_size=compiled.vocab_size)
 

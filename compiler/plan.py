@@ -32,7 +32,7 @@ class LayerPlan:
     bytes_per_token: int
 
 
-_CHECK_FIELDS = ("lowering", "ok", "max_abs_diff", "tolerance", "error", "batched")
+_CHECK_FIELDS = ("lowering", "ok", "max_abs_diff", "tolerance", "error", "batched", "mask_rank")
 
 
 @attrs.frozen
@@ -48,7 +48,7 @@ class Plan:
     outputs: tuple  # (name, node id) pairs
     ops: tuple = ()  # (primitive, count) pairs from tracing the lowered step, filled by inspect
     lowering: str = "generic"  # fast (split embed/layers/norm/head) | generic (the model's own forward)
-    self_check: tuple = ()  # one (lowering, ok, max_abs_diff, tolerance, error, batched) per check at load
+    self_check: tuple = ()  # one (lowering, ok, max_abs_diff, tolerance, error, batched, mask_rank) per check
     notes: tuple = ()  # what binding decided and why (fallbacks, prefix reuse off, multimodal wrapper)
     # What the runtime reads from the plan (runtime/plan_contract.py): None = the graph has no such node.
     edits: tuple | None = None  # edit kinds the logit_edits node applies
@@ -79,7 +79,8 @@ class Plan:
             chain_safe=d["chain_safe"], chain_notes=tuple(d["chain_notes"]),
             outputs=tuple(d["outputs"].items()), ops=tuple(d.get("ops", {}).items()),
             lowering=d.get("lowering", "generic"),
-            self_check=tuple(tuple(c.get(k, True) for k in _CHECK_FIELDS) for c in d.get("self_check", [])),
+            self_check=tuple(tuple(c.get(k, {"batched": True, "mask_rank": 4}.get(k)) for k in _CHECK_FIELDS)
+                             for c in d.get("self_check", [])),
             notes=tuple(d.get("notes", [])),
             edits=tuple(d["edits"]) if d.get("edits") is not None else None,
             logprobs_top_n=d.get("logprobs_top_n"), prompt_logprobs_top_n=d.get("prompt_logprobs_top_n"),
@@ -144,7 +145,14 @@ def binding_notes(binding: Binding) -> list[str]:
         why = ("the fast path failed the self-check" if len(binding.checks) > 1 else
                "forced" if binding.adapter is not None else f"no fast path for '{binding.model_type}'")
         notes.append(f"generic lowering: the model's own forward ({why})")
-    if not binding.batched:
+    if binding.mask_rank == 5:
+        notes.append("per-row masks of rank 5 ([B, 1, 1, N, T]): the model splits attention scores by KV group")
+    from .cachekinds import native_reasons
+
+    natives = native_reasons(binding.layers)
+    if natives:
+        notes.append(f"one request at a time (max_batch 1) on mlx-lm's own cache: {natives[0]}")
+    elif not binding.batched:
         notes.append("one request at a time (max_batch 1): the model's forward is exact on one row but not on "
                      "left-padded batches of rows at different positions")
     reason = prefix_unsupported_reason(binding.policies)
@@ -176,7 +184,10 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     )
     notes = []
     chain_safe = kind == "decode"
-    if kind != "decode":
+    if not any(name == "next_tokens" and nid not in dropped for name, nid in spec.outputs):
+        chain_safe = False
+        notes.append("no next_tokens output: this graph does not decode, so there is no chain")
+    elif kind != "decode":
         notes.append("prefill batches are not chained: the next step needs the host to pick what runs")
     for pol in binding.policies:
         if not pol.chain_safe:
@@ -202,7 +213,8 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     phases = {}
     for node, _, _, ph in bound:
         phases.setdefault(ph, []).append(node.id)
-    passes.append(("phase split", " | ".join(f"{ph}: {', '.join(ids)}" for ph, ids in phases.items())))
+    passes.append(("phase split", " | ".join(f"{ph}: {', '.join(ids)}" for ph, ids in phases.items())
+                   or f"nothing runs in a {kind} batch (this graph's outputs come from other batch kinds)"))
     if kind == "prefill" and ("final" in phases or "head" in phases):
         passes.append(("head placement", "final/head ops run on a prompt's final chunk only; "
                                          "earlier chunks only fill the caches"))
@@ -220,7 +232,7 @@ def build_plan(binding: Binding, kind: str) -> Plan:
         graph=spec.name, source=spec.source, kind=kind, model_type=binding.model_type,
         steps=tuple(steps), layers=layers, chain_safe=chain_safe, chain_notes=tuple(notes),
         outputs=tuple((k, v) for k, v in spec.outputs if v not in dropped), lowering=binding.lowering,
-        self_check=tuple((c.lowering, c.ok, c.max_abs_diff, c.tolerance, c.error, c.batched)
+        self_check=tuple((c.lowering, c.ok, c.max_abs_diff, c.tolerance, c.error, c.batched, c.mask_rank)
                          for c in binding.checks),
         notes=tuple(binding_notes(binding)),
         edits=edits,

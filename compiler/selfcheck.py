@@ -57,10 +57,13 @@ class CheckResult:
     error: str | None = None  # the exception a lowering raised, or the first mismatch
     batched: bool = True  # False: checked one request at a time (rows never share a forward)
     batched_only: bool = False  # failed, but only where rows shared a forward
+    mask_rank: int = 4
 
     @property
     def name(self) -> str:
-        return self.lowering if self.batched else f"{self.lowering} (one request at a time)"
+        if not self.batched:
+            return f"{self.lowering} (one request at a time)"
+        return self.lowering if self.mask_rank == 4 else f"{self.lowering} (rank-5 row masks)"
 
     def describe(self) -> str:
         if self.error and self.max_abs_diff is None:
@@ -158,9 +161,10 @@ def run_check(compiled, ref: Reference, lowering: str, batched: bool = True) -> 
                 compare(out.logits[i], ref.logits[i][0], f"prompt {i} prefill (batched, left-padded)")
     except Exception as e:  # noqa: BLE001 - a lowering that raises is a failed check, reported at load
         return CheckResult(lowering, False, None, tol, f"{type(e).__name__}: {e} (at {stage})", batched,
-                           batched_only=batched and not single_bad and "(batched" in stage)
+                           batched_only=batched and not single_bad and "(batched" in stage,
+                           mask_rank=compiled.binding.mask_rank)
     return CheckResult(lowering, not worst, max(diffs), tol, worst[0] if worst else None, batched,
-                       batched_only=bool(worst) and not single_bad)
+                       batched_only=bool(worst) and not single_bad, mask_rank=compiled.binding.mask_rank)
 
 
 def batch_prefill_ok(policies) -> bool:

@@ -13,7 +13,7 @@ from .errors import Diagnostic, SourceLoc, did_you_mean
 from .ir import GraphSpec
 from .ops import OPS, PRIMARY_OUTPUTS, REQUIRED_OPS, RUNTIME_OUTPUTS
 
-LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "cache_list")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "cache_list", "native")
 
 
 def to_digraph(spec: GraphSpec) -> nx.DiGraph:

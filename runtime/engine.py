@@ -12,7 +12,6 @@ runs it on its own thread (see docs/embedding.md).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -21,39 +20,12 @@ from graphc.compiler.compile import CompiledGraph, compile_graph
 from .fault import StepGuard
 from .params import SamplingParams
 from .prefix_cache import for_binding
+from .host_edits import HostEdits
 from .prefix_io import PrefixIO
 from .request import GenerationResult, Request, RequestOutput, Status
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .text import TextState, token_bytes_table
-
-
-def _padded_ok(lengths: list[int], chunk: int) -> bool:
-    """A batched prefill pads every prompt to the longest: allow it while the padded batch is no
-    bigger than one prefill chunk, or the padding stays under a third of the work."""
-    padded = max(lengths) * len(lengths)
-    return padded <= chunk or padded <= 1.5 * sum(lengths)
-
-
-def _guarded(req: Request):
-    """The request's Python logits processors as one callable that cannot fail the batch: an
-    exception marks this request failed (it ends with finish_reason "error") and leaves its
-    logits as they were; the other rows go on."""
-    procs = req.params.logits_processors
-    if not procs:
-        return None
-
-    def run(ids, logits):
-        try:
-            out = logits
-            for proc in procs:
-                out = proc(ids, out)
-            return out
-        except Exception as e:  # noqa: BLE001 - user code: any failure is this request's own
-            req.error = f"logits processor failed: {type(e).__name__}: {e}"
-            return logits
-
-    return (run,)
 
 
 class Engine:
@@ -106,19 +78,30 @@ class Engine:
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
-        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self._host_edits, prefix_io=io,
+        # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.
+        self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
+        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
                                    admit=self._admit if self.prefix is not None else None,
                                    defer=self.prefix.should_wait if self.prefix is not None else None,
-                                   kv_budget=kv_budget_tokens)
-        self.batch_prefill = batch_prefill  # whole short prompts share one prefill forward
+                                   kv_budget=kv_budget_tokens,
+                                   batch_prefill=batch_prefill and self.runner.can_batch_prefill)
+        self._batch_prefill = batch_prefill
         self.faults = StepGuard(self)  # a failing step ends only the request(s) responsible
-        self._grammar = None  # GrammarCompiler, built on the first request that needs one
-        self._grammar_lock = threading.Lock()
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
+
+    @property
+    def batch_prefill(self) -> bool:
+        """Whole short prompts share one left-padded prefill forward (when the graph's caches allow)."""
+        return self._batch_prefill
+
+    @batch_prefill.setter
+    def batch_prefill(self, on: bool) -> None:
+        self._batch_prefill = on
+        self.scheduler.batch_prefill = on and self.runner.can_batch_prefill
 
     def _show_compile_pass(self) -> None:
         """Put what this engine applied to decode into the decode plan's passes (inspect shows them)."""
@@ -165,7 +148,15 @@ class Engine:
 
             return load_sharded(path, graph, **kwargs)
         config = json.loads((path / "config.json").read_text())
-        model, tokenizer = mlx_lm.load(str(path))
+        try:
+            model, tokenizer = mlx_lm.load(str(path))
+        except Exception as e:  # noqa: BLE001 - whatever mlx-lm (or transformers under it) raises
+            from graphc.compiler.errors import UnsupportedModel
+
+            raise UnsupportedModel(
+                f"model type '{config.get('model_type', '?')}': mlx_lm.load could not load '{path}': "
+                f"{type(e).__name__}: {e}. graphc loads models through mlx-lm; fix the folder (config.json, "
+                "tokenizer files) so that mlx_lm.load reads it") from e
         # model_path is what the user named (a .gguf file stays a .gguf file in names and logs).
         return cls(model, tokenizer, config, graph, model_path=str(model_dir), **kwargs)
 
@@ -216,35 +207,7 @@ class Engine:
     @property
     def grammar_compiler(self):
         """Built on first use; thread-safe (AsyncEngine compiles grammars on worker threads)."""
-        with self._grammar_lock:
-            if self._grammar is None:
-                from .grammar import GrammarCompiler
-
-                self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
-            return self._grammar
-
-    def _host_edits(self, rows: list[Request], logits):
-        """Additive [B, V] edits for rows that need the host: grammar masks and Python logits processors."""
-        import mlx.core as mx
-
-        from .grammar.matcher import bitmask_to_additive
-
-        edits = None
-        if any(r.grammar is not None for r in rows):
-            # Runs on the CPU while the device computes `logits` (queued by the runner).
-            words = self.grammar_compiler.fill_masks([r.grammar for r in rows])
-            edits = bitmask_to_additive(words, self.vocab_size)
-        if any(r.params.logits_processors for r in rows):
-            from .sampling import apply_logits_processors
-
-            # mlx-lm's convention: proc(token ids so far [n], logits [1, V]) -> [1, V].
-            base = logits if edits is None else logits + edits
-            new = apply_logits_processors(base, [_guarded(r) for r in rows],
-                                          [r.prompt_ids + r.output_ids for r in rows])
-            delta = new - base
-            delta = mx.where(mx.isnan(delta), 0.0, delta)  # -inf already in base (a grammar mask) stays
-            edits = delta if edits is None else edits + delta
-        return edits
+        return self.host_edits.grammar_compiler
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now; it reports finish_reason 'abort'. False if it is unknown or done."""
@@ -267,7 +230,7 @@ class Engine:
         sched = self.scheduler.schedule()
         self.faults.begin(sched.prefill)
         touched: list[Request] = []
-        for group in self._prefill_groups(sched.prefill):
+        for group in sched.groups:
             if len(group) > 1:  # whole prompts, one left-padded forward
                 firsts = self.runner.prefill_batch([r for r, _ in group])
                 keep = []
@@ -301,21 +264,6 @@ class Engine:
                 self._append(req, tok, lp)
                 touched.append(req)
         return [self._delta(r) for r in dict.fromkeys(touched)]
-
-    def _prefill_groups(self, chunks: list) -> list[list]:
-        """Consecutive chunks that are whole prompts with nothing cached go through one batched
-        forward (when the graph's caches allow it); every other chunk runs alone."""
-        batchable = self.batch_prefill and self.runner.can_batch_prefill
-        groups: list[list] = []
-        for req, n in chunks:
-            whole = (batchable and req.prefilled == 0 and n == len(req.context_ids)
-                     and req.params.prompt_logprobs is None)
-            g = groups[-1] if groups else None
-            if whole and g and g[-1][2] and _padded_ok([m for _, m, _ in g] + [n], self.scheduler.prefill_chunk):
-                g.append((req, n, True))
-            else:
-                groups.append([(req, n, whole)])
-        return [[(r, n) for r, n, _ in g] for g in groups]
 
     def _append(self, req: Request, tok: int, logprobs: dict | None = None) -> bool:
         """Record one generated token; finish the request if it stops here. True when finished."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from .sampling.params import MAX_INT32, validate_params
+
 
 def _bias_converter(v):
     if v is None:
@@ -83,8 +85,6 @@ class SamplingParams:
 
         def bad(field, msg):
             raise ValueError(f"{field} {msg}")
-
-        from .sampling.params import MAX_INT32, validate_params
 
         if (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
                 or not 0 <= self.max_tokens <= MAX_INT32):

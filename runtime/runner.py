@@ -48,7 +48,7 @@ class ModelRunner:
         # hits, captures state at prefix boundaries, writes KV into the pools.
         self.prefix_io = prefix_io
         # host_edits(rows, logits) -> additive [B, V] row or None: grammar masks and Python
-        # logits processors, for rows that are not chain-safe. Set by the engine.
+        # logits processors, for rows that are not chain-safe (runtime/host_edits.py: HostEdits).
         self.host_edits = host_edits
         self.policies = compiled.binding.policies
         # A graph whose plan is not chain-safe (a policy with chain_safe=False) never chains.
@@ -91,7 +91,7 @@ class ModelRunner:
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)
         if targets is not None:
-            self._prompt_logprobs(req, ctx, step, start, targets)
+            self._collect_prompt_logprobs(req, ctx, step, start, targets)
         if not final:
             mx.eval(step.fill_targets(ctx))
             return None
@@ -111,7 +111,7 @@ class ModelRunner:
         key, self._key = mx.random.split(self._key)
         return key
 
-    def _prompt_logprobs(self, req: Request, ctx, step, start: int, targets: PromptTargets) -> None:
+    def _collect_prompt_logprobs(self, req: Request, ctx, step, start: int, targets: PromptTargets) -> None:
         """Collect the graph's prompt_logprobs output for this chunk into the request."""
         if req.prompt_logprobs is None:
             req.prompt_logprobs = [None] * (start + 1)  # the first token has no logprob

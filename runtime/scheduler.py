@@ -18,11 +18,21 @@ from .request import Request, Status
 class Schedule:
     prefill: list  # (request, n_tokens) chunks to run this step, in order
     decode: bool = True  # False while a burst is still being admitted (see Scheduler.schedule)
+    # `prefill` as forwards: a group of several chunks is whole prompts with nothing cached, run
+    # as one left-padded forward; every other chunk is a group of its own.
+    groups: list = attrs.field(factory=list)
+
+
+def _padded_ok(lengths: list[int], chunk: int) -> bool:
+    """A batched prefill pads every prompt to the longest: allow it while the padded batch is no
+    bigger than one prefill chunk, or the padding stays under a third of the work."""
+    padded = max(lengths) * len(lengths)
+    return padded <= chunk or padded <= 1.5 * sum(lengths)
 
 
 class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, admit=None, defer=None,
-                 kv_budget: int | None = None):
+                 kv_budget: int | None = None, batch_prefill: bool = False):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if max_batch < 1:
@@ -38,6 +48,9 @@ class Scheduler:
         # KV tokens the working caches of running and prefilling requests may hold together
         # (None: unbounded). Admission waits for room; the engine preempts when decode outgrows it.
         self.kv_budget = kv_budget
+        # Whole short prompts may share one left-padded prefill forward (the engine says so when
+        # the graph's caches allow it and batching is on).
+        self.batch_prefill = batch_prefill
         self._burst_left = 0  # prompt tokens the current burst may still admit before decoding
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -86,7 +99,21 @@ class Scheduler:
             # The burst is in when nothing more could be admitted this step or none is left.
             if not chunks or len(self.waiting) == admitted:
                 self._burst_left = 0
-        return Schedule(chunks, decode=self._burst_left <= 0)
+        return Schedule(chunks, decode=self._burst_left <= 0, groups=self.group_prefill(chunks))
+
+    def group_prefill(self, chunks: list) -> list[list]:
+        """Consecutive chunks that are whole prompts with nothing cached (and no prompt logprobs)
+        go through one batched forward; every other chunk runs alone."""
+        groups: list[list] = []
+        for req, n in chunks:
+            whole = (self.batch_prefill and req.prefilled == 0 and n == len(req.context_ids)
+                     and req.params.prompt_logprobs is None)
+            g = groups[-1] if groups else None
+            if whole and g and g[-1][2] and _padded_ok([m for _, m, _ in g] + [n], self.prefill_chunk):
+                g.append((req, n, True))
+            else:
+                groups.append([(req, n, whole)])
+        return [[(r, n) for r, n, _ in g] for g in groups]
 
     # -- KV budget ------------------------------------------------------------------
     HEADROOM = 16  # decode tokens a newly admitted request must have room for

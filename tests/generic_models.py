@@ -5,8 +5,10 @@ forward on graphc's caches), each chosen for what a hand-split forward would get
 - cohere: logits multiplied by `logit_scale` (0.0625 here, as in the real models);
 - phi: the final norm is `final_layernorm`, with partial rotary embeddings;
 - gemma2: masks as arrays, a sliding window over a full KVCache, attention and final
-  logit soft-caps (as many KV heads as query heads: with grouped heads gemma2's attention
-  cannot take a batched mask — "gemma2_gqa", which graphc refuses);
+  logit soft-caps; "gemma2_gqa" has grouped KV heads, whose attention scores are
+  [B, kv, repeats, N, T] and need per-row masks of rank 5;
+- gpt_bigcode: learned positions indexed by `cache.offset` as one integer, so rows at
+  different positions cannot share a forward: served one request at a time;
 - gemma3: a multimodal wrapper whose `language_model` graphc serves (text-only);
 - baichuan_m1: a CacheList per layer (a state cache + a KV cache), sliding layers.
 
@@ -34,6 +36,8 @@ CONFIGS = {
     "gemma2_gqa": dict(_BASE, model_type="gemma2", head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
                        attn_logit_softcapping=50.0, final_logit_softcapping=5.0, query_pre_attn_scalar=16,
                        sliding_window=WINDOW),
+    "gpt_bigcode": dict(model_type="gpt_bigcode", n_embd=64, hidden_size=64, n_layer=2, n_inner=128, n_head=4,
+                        n_positions=1000, layer_norm_epsilon=1e-5, vocab_size=1024, num_key_value_heads=1),
     "gemma3": dict(model_type="gemma3", vocab_size=1024, hidden_size=64,
                    text_config=dict(model_type="gemma3_text", hidden_size=64, num_hidden_layers=4,
                                     intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,

@@ -123,3 +123,20 @@ def test_embeddings_errors_are_openai_400s(client, server):
     r = httpx.post(server.url + "/v1/embeddings", json={"input": "hi", "encoding_format": "base64"}, timeout=30)
     vec = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), dtype="<f4")
     assert abs(np.linalg.norm(vec) - 1) < 1e-5
+
+
+def test_compile_and_inspect_an_embedding_graph(model_dir):
+    """compile_graph on a graph without next_tokens self-checks the model's generation graph and
+    reuses its lowering; inspect shows the pooling steps (and that nothing chains)."""
+    import json
+
+    from graphc.compiler.compile import compile_graph
+    from graphc.compiler.inspect import inspect_plan
+
+    d = model_dir("llama")
+    model, _ = mlx_lm.load(str(d))
+    c = compile_graph("embed", model, json.loads((d / "config.json").read_text()))
+    assert c.binding.check is not None and c.binding.check.ok
+    text = inspect_plan(c, "prefill")
+    assert "pool       pool         final norm, then mean" in text and "outputs:         embeddings <- normalize" in text
+    assert "no next_tokens output" in inspect_plan(c, "decode", trace=False)

@@ -177,3 +177,19 @@ def test_sample_method_greedy_forces_argmax(llama, tmp_path):
     argmax = auto.generate([PROMPT], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
     assert greedy.generate([PROMPT], hot)[0].token_ids == argmax
     assert auto.generate([PROMPT], hot)[0].token_ids != argmax
+
+
+def test_server_answers_a_graph_limit_with_an_openai_400(llama, tmp_path):
+    """Through the server the plan's limits are 400s naming the problem (the official client raises)."""
+    import openai
+    from server_harness import live_server
+
+    eng = Engine.load(llama, graph=graph(tmp_path, logprobs="{max_top_n: 2}", edits=["penalties"]))
+    with live_server(engine=eng) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        ok = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=2)
+        assert len(ok.choices[0].logprobs.top_logprobs[0]) == 2
+        with pytest.raises(openai.BadRequestError, match="logprobs.max_top_n: 2"):
+            client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logprobs=3)
+        with pytest.raises(openai.BadRequestError, match="logit_bias is not supported by graph 'g'"):
+            client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, logit_bias={"5": 3})

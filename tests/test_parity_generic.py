@@ -106,3 +106,31 @@ def test_prompt_logprobs_on_the_generic_path(tiny_dir):
     want = [float(lp[i, p[i + 1]]) for i in range(len(p) - 1)]
     got = [e["logprob"] for e in r.prompt_logprobs[1:]]
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_a_non_final_chunk_evaluates_the_cache_writes_not_the_head(model_dir):
+    """MLX is lazy: what the runner evaluates for a non-final chunk on the generic path (the
+    caches' arrays) must not depend on the model's logits, so the head is never computed."""
+    import io
+    import re
+
+    import mlx.core as mx
+
+    from graphc.compiler.lower import StepInputs
+
+    eng = Engine.load(model_dir("llama"), lowering="generic", prefix_cache=False)
+    emb = eng.model.model.embed_tokens  # the tied head is embed_tokens.as_linear: tag it with a marker op
+    plain = emb.as_linear
+    emb.as_linear = lambda x: mx.erfinv(mx.tanh(plain(x)) * 0.5)
+    step = eng.compiled.prefill
+    caches = [p.new_cache() for p in eng.compiled.binding.policies]
+    ctx = step.forward(StepInputs(mx.array([[5, 6, 7, 8]], dtype=mx.int32), caches, final=False))
+
+    def ops(*arrays):
+        buf = io.StringIO()
+        mx.export_to_dot(buf, *arrays)
+        return re.findall(r'label ="([^"]+)"', buf.getvalue())
+
+    filled, with_head = ops(*step.fill_targets(ctx)), ops(ctx.values[step.hidden_node])
+    assert "ErfInv" in with_head and "ErfInv" not in filled
+    assert filled.count("Matmul") < with_head.count("Matmul")  # nor the last layer's attention output and MLP

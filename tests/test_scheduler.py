@@ -122,3 +122,24 @@ def test_batched_prefill_equals_one_at_a_time_and_feeds_the_prefix_cache(mdir):
     again = batched.generate(prompts, ps)
     assert sum(r.cached_tokens for r in again) > 0
     assert [r.token_ids for r in again] == [r.token_ids for r in ref]
+
+
+def test_the_scheduler_groups_whole_prompts_into_batched_prefills():
+    """Prefill grouping is the scheduler's decision (plain Python): whole uncached prompts share a
+    forward while the padding stays small; a prompt-logprobs request runs alone."""
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler
+
+    s = Scheduler(prefill_chunk=64, batch_prefill=True)
+    reqs = [Request([1] * 10, SamplingParams()), Request([2] * 12, SamplingParams()),
+            Request([3] * 9, SamplingParams(prompt_logprobs=1)), Request([4] * 11, SamplingParams()),
+            Request([5] * 40, SamplingParams())]
+    for r in reqs:
+        s.add(r)
+    sched = s.schedule()
+    # 40 tokens next to 11 would pad 2 x 40 = 80 > the 64-token chunk and > 1.5 x 51: alone.
+    assert [[r.prompt_ids[0] for r, _ in g] for g in sched.groups] == [[1, 2], [3], [4], [5]]
+    off = Scheduler(prefill_chunk=64, batch_prefill=False)
+    for r in [Request([1] * 10, SamplingParams()), Request([2] * 12, SamplingParams())]:
+        off.add(r)
+    assert [len(g) for g in off.schedule().groups] == [1, 1]

@@ -84,56 +84,115 @@ def test_no_fast_path_for_a_type_without_one_is_a_clear_error(model_dir):
         Engine.load(d, lowering="fast")
 
 
-def test_a_cache_graphc_cannot_batch_is_refused_naming_type_layer_and_reason(llama, monkeypatch):
+def test_a_cache_graphc_cannot_batch_is_served_on_mlx_lms_own_cache_one_request_at_a_time(llama, monkeypatch):
+    from mlx_lm.models.cache import RotatingKVCache
+
+    d, model, config = llama
+    monkeypatch.setattr(type(model), "make_cache",
+                        lambda self: [RotatingKVCache(max_size=64, keep=4) for _ in self.layers], raising=False)
+    compiled = compile_graph(None, model, config)
+    b = compiled.binding
+    assert {(l.kind, p.name) for l, p in zip(b.layers, b.policies)} == {("native", "native")}
+    assert not b.batched and [(c.batched, c.ok) for c in b.checks] == [(False, True)]
+    text = inspect_plan(compiled, "decode", trace=False)
+    assert "one request at a time (max_batch 1) on mlx-lm's own cache: model type 'llama': layer 0" in text
+    assert "keeps the first 4 tokens" in text and "prefix reuse off" in text
+
+
+def test_an_own_cache_the_model_does_not_match_is_refused_naming_type_layer_and_reason(llama, monkeypatch):
+    """A cache class graphc cannot batch, which is also wrong when a prompt comes in chunks (the
+    way graphc prefills): the unbatched check fails too and the model is refused."""
     from mlx_lm.models.cache import ConcatenateKVCache
 
+    class Broken(ConcatenateKVCache):
+        calls = 0
+
+        def update_and_fetch(self, k, v):
+            self.calls += 1
+            k, v = super().update_and_fetch(k, v)
+            return (k, v) if self.calls == 1 else (k * 0.5, v)
+
     _, model, config = llama
-    monkeypatch.setattr(type(model), "make_cache", lambda self: [ConcatenateKVCache() for _ in self.layers],
-                        raising=False)
+    monkeypatch.setattr(type(model), "make_cache", lambda self: [Broken() for _ in self.layers], raising=False)
     with pytest.raises(UnsupportedModel) as e:
         compile_graph(None, model, config)
     msg = str(e.value)
-    assert "model type 'llama'" in msg and "layer 0 (cache ConcatenateKVCache)" in msg
-    assert "no batched equivalent" in msg and "would need" in msg
+    assert "model type 'llama'" in msg and "layer 0 (cache Broken)" in msg
+    assert "no batched equivalent" in msg and "would need" in msg and "does not match either" in msg
 
 
-def test_a_rotating_cache_that_keeps_tokens_is_refused(llama, monkeypatch):
-    from mlx_lm.models.cache import RotatingKVCache
-
-    _, model, config = llama
-    monkeypatch.setattr(type(model), "make_cache",
-                        lambda self: [RotatingKVCache(max_size=64, keep=4) for _ in self.layers], raising=False)
-    with pytest.raises(UnsupportedModel, match=r"layer 0 .*keeps the first 4 tokens"):
-        compile_graph(None, model, config)
-
-
-def test_a_cache_that_breaks_the_model_is_refused_at_load_not_on_a_request(llama, monkeypatch):
-    """Both lowerings run on graphc's caches: a cache bug fails both checks and the model is refused."""
+def test_when_graphcs_caches_break_the_model_it_runs_on_its_own_caches_or_is_refused(llama, monkeypatch):
+    """Both lowerings run on graphc's caches: a cache bug fails both checks. With the graph
+    picked automatically the model then runs one request at a time on mlx-lm's own caches
+    (checked too); with a graph the user chose, it is refused at load — never wrong later."""
     from graphc.runtime.cache.full import FullKV
 
     _, model, config = llama
     monkeypatch.setattr(FullKV, "make_mask", lambda self, N, window_size=None, return_array=False: None)
+    compiled = compile_graph(None, model, config)
+    b = compiled.binding
+    assert not b.batched and {l.kind for l in b.layers} == {"native"}
+    assert [(c.lowering, c.batched, c.ok) for c in b.checks] == [("generic", False, True)]
+    assert "graphc's caches do not reproduce it (fast: max |diff|" in inspect_plan(compiled, "decode", trace=False)
     with pytest.raises(UnsupportedModel) as e:
-        compile_graph(None, model, config)
+        compile_graph("dense", model, config)
     msg = str(e.value)
     assert "model type 'llama'" in msg and "fast: max |diff|" in msg and "generic: max |diff|" in msg
     assert "prompt 0 prefill" in msg
 
 
-def test_a_model_exact_only_unbatched_is_served_one_request_at_a_time(model_dir):
-    """gemma2 with grouped KV heads reshapes attention scores to 5-D, so a batched [B, 1, N, T]
-    mask no longer lines up with the batch (mlx-lm's BatchGenerator has the same limit): exact
-    one row at a time, wrong batched. graphc serves it with max_batch 1 and says so."""
+def test_grouped_head_scores_get_rank_5_row_masks(model_dir):
+    """gemma2 with grouped KV heads reshapes attention scores to [B, kv, repeats, N, T], so a
+    per-row [B, 1, N, T] mask lines up with the wrong axes (mlx-lm's BatchGenerator has the same
+    limit). The batched check fails, the retry with rank-5 row masks passes: served batched."""
     from generic_models import make_tiny
 
     d = make_tiny("gemma2_gqa", model_dir("llama").parent / "gemma2-gqa")
     eng = Engine.load(d, prefill_chunk=8)
     b = eng.compiled.binding
-    assert not b.batched and eng.scheduler.max_batch == 1 and not eng.batch_prefill
-    assert [(c.batched, c.ok) for c in b.checks] == [(True, False), (False, True)]
+    assert b.batched and b.mask_rank == 5 and eng.scheduler.max_batch > 1
+    assert [(c.mask_rank, c.ok) for c in b.checks] == [(4, False), (5, True)]
     assert b.checks[0].batched_only and "(batched" in b.checks[0].error
+    prompts = random_prompts(4, eng.vocab_size, [5, 17, 2, 30], seed=4)
+    for p, r in zip(prompts, eng.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))):
+        assert r.token_ids == reference_greedy(eng.model, p, 8)
+
+
+def test_a_model_exact_only_unbatched_is_served_one_request_at_a_time(model_dir):
+    """gpt_bigcode adds learned positions indexed by `cache.offset` as one integer: rows at
+    different positions cannot share a forward. graphc serves it with max_batch 1 and says so."""
+    from generic_models import make_tiny
+
+    d = make_tiny("gpt_bigcode", model_dir("llama").parent / "gpt-bigcode")
+    eng = Engine.load(d, prefill_chunk=8)
+    b = eng.compiled.binding
+    assert not b.batched and eng.scheduler.max_batch == 1 and not eng.batch_prefill
+    assert [(c.batched, c.ok) for c in b.checks] == [(True, False), (True, False), (False, True)]
+    assert "at decode step 1 (batched" in b.checks[0].error
     text = inspect_plan(eng.compiled, "decode", trace=False)
     assert "self-check generic (one request at a time):" in text and "one request at a time (max_batch 1)" in text
     prompts = random_prompts(3, eng.vocab_size, [5, 17, 2], seed=4)
     for p, r in zip(prompts, eng.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))):
         assert r.token_ids == reference_greedy(eng.model, p, 8)
+
+
+def test_inspect_cli_picks_the_graph_and_forces_a_lowering(llama, capsys):
+    from graphc.compiler.cli import main as cli
+
+    d = llama[0]
+    assert cli(["inspect", "auto", "--model", str(d), "--lowering", "generic", "--no-trace"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("graph dense") and "lowering: generic" in out
+    assert "self-check generic: max |diff|" in out and "generic lowering: the model's own forward (forced)" in out
+
+
+def test_a_folder_mlx_lm_cannot_load_is_a_clear_error(llama, tmp_path):
+    import shutil
+
+    d = tmp_path / "bad"
+    shutil.copytree(llama[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["model_type"] = "no_such_model_type"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModel, match=r"model type 'no_such_model_type': mlx_lm.load could not load"):
+        Engine.load(d)

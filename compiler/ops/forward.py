@@ -59,6 +59,7 @@ def attention(ctx, node, h):
         if "logits" in node.consumers or not node.consumers:
             return _model_forward(ctx, node, h)
         inner = getattr(b.model, "model", None)
+        _set_mask_rank(ctx)
         if inner is None:
             raise NotImplementedError(
                 f"model type '{b.model_type}' has no inner `.model` returning hidden states, which a graph "
@@ -91,11 +92,22 @@ def _model_forward(ctx, node, tokens):
     the graph reads every position for more than on-request outputs (scoring).
     """
     model, inputs = ctx.binding.model, ctx.inputs
+    _set_mask_rank(ctx)
     n = tokens.shape[1]
     if inputs.final and n > 1 and not inputs.all_positions and not node.all_positions:
         model(tokens[:, :-1], cache=inputs.caches)
         return model(tokens[:, -1:], cache=inputs.caches)
     return model(tokens, cache=inputs.caches)
+
+
+def _set_mask_rank(ctx) -> None:
+    """Per-row masks shaped for this model's scores (gemma2's GQA splits them by KV group; see
+    runtime/cache/full.py): the binding found the rank at load time."""
+    rank = getattr(ctx.binding, "mask_rank", 4)
+    if rank != 4:
+        for c in ctx.inputs.caches:
+            for part in getattr(c, "caches", None) or [c]:
+                part.mask_rank = rank
 
 
 def final_hidden(ctx, h):

@@ -38,6 +38,7 @@ def _check_score(node, spec):
 
 
 @register_op("score", inputs=(LOGITS, TOKENS), output=TOKEN_SCORES, phase="final", check=_check_score,
+             kinds=("prefill",),  # a decode step (one token per row) has no next token to score
              describe=lambda node, binding, kind: "log_softmax at every position, gathered at the next input "
                                                   "token; greedy = that token is the argmax",
              doc="per-position logprob of the next input token (no sampling)")

@@ -18,7 +18,7 @@ from .registry import get_policy, register_policy
 
 # The policy serving each part kind inside a list (no pool: parts have no prefix role).
 PART_POLICIES = {"full_attention": "full", "sliding_attention": "windowed",
-                 "linear_attention": "ssm_state", "cache_list": "cache_list"}
+                 "linear_attention": "ssm_state", "cache_list": "cache_list", "native": "native"}
 
 
 class ListCache(LayerCache):

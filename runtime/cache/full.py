@@ -91,7 +91,7 @@ class FullKV(LayerCache):
             return mask
         # Never a row's own left padding.
         pad = mx.array(self.left_pad, dtype=mx.int32)[:, None, None, None]
-        return mask[None, None] & (mx.arange(self.idx + N) >= pad)
+        return _batch_rank(mask[None, None] & (mx.arange(self.idx + N) >= pad), self)
 
     # -- the rest of mlx-lm's cache protocol, for model code that reads it ---------------------
     @property
@@ -169,6 +169,13 @@ class FullKV(LayerCache):
     @property
     def capacity(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
+
+
+def _batch_rank(mask, cache):
+    """A per-row mask [B, 1, N, T], or [B, 1, 1, N, T] for models whose attention scores are
+    [B, kv_heads, repeats, N, T] (gemma2 with grouped heads); the binding sets `mask_rank`
+    on the caches when the self-check found the model needs it (compiler/compile.py)."""
+    return mask[:, None] if getattr(cache, "mask_rank", 4) == 5 else mask
 
 
 def _causal(N: int, offset: int):

@@ -39,4 +39,4 @@ def policy_names() -> list[str]:
 
 def _load_builtins():
     # Importing the built-in policy modules registers them.
-    from . import cache_list, full, pool_backed, ssm_state, windowed  # noqa: F401
+    from . import cache_list, full, native, pool_backed, ssm_state, windowed  # noqa: F401

@@ -27,6 +27,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .base import CachePolicy, LayerCache
+from .full import _batch_rank
 from .registry import register_policy
 
 MIN_CAPACITY = 64
@@ -98,6 +99,13 @@ class WindowedKV(LayerCache):
         self.idx = end
         self._offset = None
         s = self._key_range(n, end - n)
+        self._fetched = (s, end)
+        return self.keys[..., s:end, :], self.values[..., s:end, :]
+
+    def keys_and_values(self):
+        """What the last update_and_fetch returned: KV-sharing layers (gemma3n) attend over the
+        same keys as the layer that wrote them, with the same mask."""
+        s, end = getattr(self, "_fetched", (0, self.idx))
         return self.keys[..., s:end, :], self.values[..., s:end, :]
 
     def _realloc(self, keys, values, cap: int, shift: int) -> None:
@@ -132,7 +140,7 @@ class WindowedKV(LayerCache):
         mask = (q >= k) & (q < k + w)
         if padded:
             lo_a = mx.array(lo, dtype=mx.int32)[:, None, None, None]
-            mask = mask[None, None] & (k[None, None] >= lo_a)
+            mask = _batch_rank(mask[None, None] & (k[None, None] >= lo_a), self)
         return mask
 
     # -- the rest of mlx-lm's cache protocol, for model code that reads it ---------------------

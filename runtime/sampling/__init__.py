@@ -15,7 +15,7 @@ from .edits import (
 from .logprobs import LogprobsOutput, logprobs_of, prompt_logprobs, token_logprobs
 from .murmur import murmur3_32, murmur3_32_bytes, murmur3_32_words_py
 from .noise import gumbel_noise, row_noise_state, split_seed
-from .params import MAX_LOGPROBS, SamplingParams, SamplingParamsLike, validate_params
+from .params import MAX_LOGPROBS, SamplingParamsLike, validate_params
 from .penalties import (
     apply_penalties,
     build_token_counts,
@@ -61,3 +61,13 @@ __all__ = [
     "update_token_counts",
     "validate_params",
 ]
+
+
+def __getattr__(name: str):
+    # graphc.runtime.SamplingParams, re-exported here on first use: runtime/params.py imports
+    # this package's rules at load time, so importing it back at load time would be a cycle.
+    if name == "SamplingParams":
+        from ..params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,8 +38,8 @@ class SamplingParamsLike(Protocol):
 
 
 # The one public SamplingParams lives in runtime/params.py (it adds max_tokens, stops,
-# grammar, ...); it is re-exported here because the sampler reads exactly these fields.
-from ..params import SamplingParams  # noqa: E402,F401  (re-exported)
+# grammar, ...) and imports the rules below; this package re-exports it lazily
+# (sampling/__init__.py), so neither module imports the other at load time.
 
 
 def _is_int(v) -> bool:
