@@ -1950,3 +1950,11 @@ FAST: tuple[str, ...] = (
     "llama", "qwen3", "mixtral", "gpt_oss", "gemma3_text", "olmo3", "qwen3_next", "deepseek_v2",
     "stablelm", "phi3",
 )
+
+# What the sweep found about mlx-lm's own behaviour (the reference), per type.
+NOTES: dict[str, str] = {
+    "plamo3": "mlx-lm's own output depends on the prefill chunk: its sliding layers mask window+1 keys "
+    "while RotatingKVCache keeps `window`, so a prompt prefilled in pieces loses a key at each chunk "
+    "boundary. The reference is the whole-prompt prefill (generate_step's default), which is also what "
+    "decode sees (window cached + 1 new key). A chunking server must refuse it or prefill such prompts whole.",
+}
