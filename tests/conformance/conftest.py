@@ -1,5 +1,6 @@
-"""Fixtures of the conformance sweep: tiny model folders built once per session, and the
-optional status file (GRAPHC_SWEEP_STATUS=path writes every outcome of the run there)."""
+"""Fixtures of the conformance sweep: tiny model folders built once per session, and optional
+reports of the run: GRAPHC_SWEEP_STATUS=path writes every outcome there (markdown, failures
+first); GRAPHC_SWEEP_TABLE=path writes the supported-models table (docs/supported-models.md)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,16 @@ def record_outcome():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get("GRAPHC_SWEEP_STATUS")
-    if path and _OUTCOMES:
-        from models_table import status_text
+    if not _OUTCOMES:
+        return
+    from models_table import status_text, table_text
 
+    path = os.environ.get("GRAPHC_SWEEP_STATUS")
+    if path:
         label = os.environ.get("GRAPHC_SWEEP_LABEL", "pytest run")
         with open(path, "w", encoding="utf-8") as f:
             f.write(status_text(_OUTCOMES, label))
+    path = os.environ.get("GRAPHC_SWEEP_TABLE")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(table_text(_OUTCOMES))

@@ -70,7 +70,11 @@ class Outcome:
 
 
 class Mismatch(Exception):
-    """graphc's output differs from mlx-lm's beyond tolerance."""
+    """graphc's output differs from mlx-lm's beyond tolerance (for ``prompt``; ``got``: graphc's tokens)."""
+
+    def __init__(self, message: str, prompt=None, got=None):
+        super().__init__(message)
+        self.prompt, self.got = prompt, got
 
 
 def prompts_for(seed: int, lengths) -> list[list[int]]:
@@ -79,13 +83,14 @@ def prompts_for(seed: int, lengths) -> list[list[int]]:
     return [rng.integers(3, VOCAB, n).tolist() for n in lengths]
 
 
-def reference(model, prompt: list[int], max_tokens: int) -> tuple[list[int], list[np.ndarray]]:
-    """mlx-lm's greedy tokens and each step's full logprob vector (float32 numpy)."""
+def reference(model, prompt: list[int], max_tokens: int, prefill_step: int = 2048) -> tuple[list[int], list[np.ndarray]]:
+    """mlx-lm's greedy tokens and each step's full logprob vector (float32 numpy). The prompt is
+    prefilled whole (generate_step's default step of 2048), unless ``prefill_step`` says otherwise."""
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
 
     toks, lps = [], []
-    for tok, lp in generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+    for tok, lp in generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=prefill_step,
                                  prompt_cache=make_prompt_cache(model)):
         toks.append(int(tok))
         lps.append(np.array(lp.astype(mx.float32)).reshape(-1))
@@ -125,7 +130,7 @@ def compare(tag: str, prompt, got_ids, got_lps, ref_ids, ref_lps, tol: float) ->
             worst = max(worst, diff)
             if not diff <= tol:  # also catches NaN
                 raise Mismatch(f"{tag} (prompt of {len(prompt)} tokens): step {i} logprobs differ by {diff:.3g} "
-                               f"(tolerance {tol:g})")
+                               f"(tolerance {tol:g})", prompt, got_ids[:i])
         if i >= len(got_ids):
             raise Mismatch(f"{tag} (prompt of {len(prompt)} tokens): graphc stopped after {len(got_ids)} tokens, "
                            f"mlx-lm gave {len(ref_ids)}")
@@ -134,7 +139,7 @@ def compare(tag: str, prompt, got_ids, got_lps, ref_ids, ref_lps, tol: float) ->
             if top2[1] - top2[0] < tol:
                 return worst  # mlx-lm itself has a near-tie here: the rest depends on rounding
             raise Mismatch(f"{tag} (prompt of {len(prompt)} tokens): tokens differ at step {i}: "
-                           f"graphc {got_ids[:i + 1]} vs mlx-lm {ref_ids[:i + 1]}")
+                           f"graphc {got_ids[:i + 1]} vs mlx-lm {ref_ids[:i + 1]}", prompt, got_ids[:i + 1])
     return worst
 
 
@@ -163,6 +168,12 @@ def _run(model_type: str, folder, reference_folder) -> Outcome:
         return Outcome(model_type, "FAIL", f"Engine.load crashed (not a refusal): {type(e).__name__}: {e}")
     out = Outcome(model_type, "exact", lowering=lowering_of(engine))
     ref_model, _ = mlx_lm.load(str(reference_folder))
+    wide = _window_sizes(ref_model)
+    if wide and max(wide) > WINDOW:
+        out.status = "FAIL"
+        out.detail = (f"tiny model problem: mlx-lm's caches have windows {sorted(set(wide))}, wider than WINDOW "
+                      f"({WINDOW}); the prompts would not run past them -- shrink the window in tiny_configs.py")
+        return out
     dtype = str(next(iter(dict(_leaves(ref_model)).values())).dtype).replace("mlx.core.", "")
     tol = TOLERANCE.get(dtype, 2e-3)
     vocab = engine.vocab_size
@@ -172,6 +183,10 @@ def _run(model_type: str, folder, reference_folder) -> Outcome:
         p1 = prompts_for(1, LENGTHS)
         r1 = engine.generate(p1, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
         refs1 = [reference(ref_model, p, MAX_TOKENS) for p in p1]
+        flat = [p for p, (rt, _) in zip(p1, refs1) if len(set(rt)) == 1]
+        if flat:  # the test model, not graphc: a random model that echoes one token proves little
+            raise Mismatch(f"tiny model problem: mlx-lm's greedy output repeats one token for the prompt of "
+                           f"{len(flat[0])} tokens; give {model_type} an INIT_GAINS entry in tiny_configs.py")
         worst = 0.0
         for p, res, (rt, rl) in zip(p1, r1, refs1):
             _check_finished(res, stage)
@@ -198,15 +213,51 @@ def _run(model_type: str, folder, reference_folder) -> Outcome:
             raise Mismatch(f"{stage}: the engine has a prefix cache but no prompt reused a cached token "
                            "(an exact repeat and a continued conversation were among them)")
     except Mismatch as e:
-        out.status, out.detail = "FAIL", str(e)
+        out.status, out.detail = "FAIL", str(e) + _chunk_dependence(ref_model, e)
     except Exception as e:  # noqa: BLE001 - any exception after a successful load is a failure
         out.status, out.detail = "FAIL", f"{stage} raised after the model loaded: {type(e).__name__}: {e}"
     return out
 
 
+def _chunk_dependence(ref_model, err: "Mismatch") -> str:
+    """A diagnosis for a mismatch: does mlx-lm itself change its answer when the prompt is prefilled
+    in CHUNK-token pieces (as graphc does)? Then the model's own code depends on the chunking
+    (e.g. a sliding mask wider than its rotating cache), and graphc reproduced the chunked answer."""
+    if err.prompt is None or len(err.prompt) <= CHUNK:
+        return ""
+    whole, _ = reference(ref_model, err.prompt, MAX_TOKENS)
+    chunked, _ = reference(ref_model, err.prompt, MAX_TOKENS, prefill_step=CHUNK)
+    if whole == chunked:
+        return ""
+    same = err.got is not None and chunked[:len(err.got)] == list(err.got)
+    return (f" [mlx-lm's own output depends on the prefill chunk for this prompt: whole {whole} vs in "
+            f"{CHUNK}-token chunks {chunked}" + ("; graphc equals the chunked one" if same else "") + "]")
+
+
 def _check_finished(res, stage: str) -> None:
     if res.finish_reason == "error":
         raise Mismatch(f"{stage}: request finished with error: {res.error}")
+
+
+def _window_sizes(model) -> list[int]:
+    """The bounded sizes of mlx-lm's own caches for ``model`` (rotating windows, attention chunks)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    def walk(c):
+        for sub in getattr(c, "caches", None) or [c]:
+            if sub is c:
+                yield c
+            else:
+                yield from walk(sub)
+
+    sizes = []
+    for c in make_prompt_cache(model):
+        for leaf in walk(c):
+            if type(leaf).__name__ == "RotatingKVCache":
+                sizes.append(int(leaf.max_size))
+            elif type(leaf).__name__ == "ChunkedKVCache":
+                sizes.append(int(leaf.chunk_size))
+    return sizes
 
 
 def _leaves(model):

@@ -1781,7 +1781,7 @@ CONFIGS: dict[str, dict] = {
      'num_key_value_heads': 2,
      'rms_norm_eps': 0.0001,
      'rope_theta': 1000,
-     'attention_window_size': 1024,
+     'attention_window_size': WINDOW,
      'vocab_size': 1024,
      'block_types': ['recurrent', 'recurrent', 'attention']},
     'rwkv7': {'model_type': 'rwkv7',
@@ -1878,7 +1878,7 @@ CONFIGS: dict[str, dict] = {
      'head_dim': 64,
      'intermediate_size': 512,
      'rope_theta': [10000.0, 10000.0, 10000.0, 10000.0],
-     'sliding_window': 64,
+     'sliding_window': WINDOW,
      'layer_types': ['full_attention', 'sliding_attention', 'sliding_attention', 'full_attention'],
      'partial_rotary_factors': [0.5, 1.0, 1.0, 0.5],
      'attention_other_setting': {'num_attention_heads': 8, 'num_attention_groups': 2},
@@ -1950,3 +1950,11 @@ FAST: tuple[str, ...] = (
     "llama", "qwen3", "mixtral", "gpt_oss", "gemma3_text", "olmo3", "qwen3_next", "deepseek_v2",
     "stablelm", "phi3",
 )
+
+# What the sweep found about mlx-lm's own behaviour (the reference), per type.
+NOTES: dict[str, str] = {
+    "plamo3": "mlx-lm's own output depends on the prefill chunk: its sliding layers mask window+1 keys "
+    "while RotatingKVCache keeps `window`, so a prompt prefilled in pieces loses a key at each chunk "
+    "boundary. The reference is the whole-prompt prefill (generate_step's default), which is also what "
+    "decode sees (window cached + 1 new key). A chunking server must refuse it or prefill such prompts whole.",
+}
