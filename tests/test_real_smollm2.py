@@ -121,3 +121,26 @@ def test_tool_call_parses_and_validates(smol_client):
     args = json.loads(call.function.arguments)
     jsonschema.validate(args, WEATHER["function"]["parameters"])
     assert call.function.name == "get_weather"
+
+
+@pytest.mark.slow
+def test_clients_on_the_real_model(smol_client):
+    """instructor (TOOLS, JSON_SCHEMA) and langchain (function_calling, json_schema) on SmolLM2."""
+    instructor = pytest.importorskip("instructor")
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        city: str = Field(max_length=20)
+        country: str = Field(max_length=20)
+
+    q = "What is the capital of France?"
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+        ic = instructor.from_openai(smol_client, mode=mode)
+        got = ic.chat.completions.create(model="tiny", response_model=City, messages=[{"role": "user", "content": q}],
+                                         max_tokens=60, temperature=0.0, max_retries=0)
+        assert got.city == "Paris"
+    llm = langchain_openai.ChatOpenAI(model="tiny", base_url=str(smol_client.base_url), api_key="unused",
+                                      max_retries=0, max_tokens=60, temperature=0.0)
+    for method in ("function_calling", "json_schema"):
+        assert llm.with_structured_output(City, method=method).invoke(q).city == "Paris"

@@ -108,7 +108,7 @@ BAD_CHAT_FIELDS = [
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
     ({"max_completion_tokens": 0}, "max_completion_tokens"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools"),  # tools are function tools only (docs/server.md#tool-calling)
     ({"temperature": -0.5}, "temperature"),
 ]
 

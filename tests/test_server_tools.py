@@ -135,6 +135,8 @@ def test_tool_results_in_the_conversation(client, server):
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "tool_choice must be"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}],
+      "tool_choice": "required"}, "tools", "schema of function 'f' is not usable: Invalid type: strin"),
 ])
 def test_bad_tool_requests_are_400s(server, body, param, text):
     r = httpx.post(server.url + "/v1/chat/completions",

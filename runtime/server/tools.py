@@ -72,6 +72,15 @@ class ToolPlan:
         return tuple(f for f in self.functions if f.name == self.named) if self.named else self.functions
 
     def grammar(self) -> Grammar:
+        """The reply's grammar; a function schema llguidance cannot compile is a 400 naming the function."""
+        import llguidance
+
+        for f in self.allowed():
+            err = llguidance.LLMatcher.validate_grammar(f"start: %json {json.dumps(call_schema(f))}", None)
+            if err:
+                reason = err.split("\n", 1)[0].split("JSON schema: ", 1)[-1]
+                raise bad_request(f"tools: the parameters schema of function '{f.name}' is not usable: {reason}",
+                                  "tools")
         return Grammar.lark(tool_grammar(self))
 
 
@@ -134,10 +143,15 @@ def plan_tools(req) -> ToolPlan | None:
 
 
 def call_schema(f: Function) -> dict:
-    """{"name": <const>, "arguments": <the function's schema>}, name first, nothing else."""
+    """{"name": <const>, "arguments": <the function's schema>}, name first, nothing else.
+
+    The parameters' `$defs` / `definitions` move to the root: their `$ref`s ("#/$defs/X", as
+    pydantic writes them) resolve against the root of the schema they are embedded in."""
+    params = dict(close_objects(f.parameters))
+    defs = {k: params.pop(k) for k in ("$defs", "definitions") if k in params}
     return {"type": "object",
-            "properties": {"name": {"const": f.name}, "arguments": close_objects(f.parameters)},
-            "required": ["name", "arguments"], "additionalProperties": False,
+            "properties": {"name": {"const": f.name}, "arguments": params},
+            "required": ["name", "arguments"], "additionalProperties": False, **defs,
             # compact JSON: a model cannot wander in whitespace until max_tokens cuts the call short
             "x-guidance": {"whitespace_flexible": False}}
 
