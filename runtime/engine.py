@@ -105,6 +105,10 @@ class Engine:
         (runtime/distributed/, docs/distributed.md)."""
         import mlx_lm
 
+        if distributed:
+            from .distributed import load_sharded
+
+            return load_sharded(model_dir, graph, **kwargs)
         if model_dir is None:
             from graphc.compiler.modelgen import demo_model_path
 
@@ -115,10 +119,6 @@ class Engine:
                 f"no model folder at '{model_dir}' (expected a config.json there); "
                 "graphc never downloads weights — build a test model with `graphc make-model`"
             )
-        if distributed:
-            from .distributed import load_sharded
-
-            return load_sharded(path, graph, **kwargs)
         config = json.loads((path / "config.json").read_text())
         model, tokenizer = mlx_lm.load(str(path))
         return cls(model, tokenizer, config, graph, model_path=str(path), **kwargs)

@@ -47,14 +47,15 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _spawn_ranks(tmp_path, argv: list[str], n: int = 2, env: dict | None = None) -> list[subprocess.Popen]:
-    """What mlx.launch --backend ring does on one host, done by hand so a test can signal one rank."""
+def _spawn_ranks(tmp_path, argv, n: int = 2, env: dict | None = None) -> list[subprocess.Popen]:
+    """What mlx.launch --backend ring does on one host, done by hand so a test can signal one rank.
+    `argv`: the command of every rank, or a function of the rank giving each its own."""
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _free_ports(n)]))
     procs = []
     for rank in range(n):
         e = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), **(env or {})}
-        procs.append(subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        procs.append(subprocess.Popen(argv(rank) if callable(argv) else argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
     return procs
 
@@ -226,3 +227,17 @@ def test_world_of_one_loads_a_plain_engine(model_dir, caplog):
     assert type(e) is Engine
     [r] = e.generate([[5, 6, 7]], SamplingParams(max_tokens=3))
     assert len(r.token_ids) == 3
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_load_ends_the_launch(model_dir, tmp_path):
+    """Rank 1 lacks the model folder: both ranks exit with the reason instead of rank 0 waiting."""
+    folders = [str(model_dir("llama")), str(tmp_path / "missing")]
+    procs = _spawn_ranks(tmp_path, lambda r: [GRAPHC, "generate", "hi", "--model", folders[r], "--max-tokens", "2"])
+    try:
+        code0, err0 = _wait_exit(procs[0], 120)
+        code1, err1 = _wait_exit(procs[1], 30)
+        assert code1 == 2 and "no model folder" in err1 and "on rank 1" in err1, err1[-2000:]
+        assert code0 == 1 and "rank(s) [1] could not load the model" in err0, err0[-2000:]
+    finally:
+        _end(procs)

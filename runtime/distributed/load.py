@@ -26,31 +26,34 @@ from .watchdog import Watchdog, default_timeout
 log = logging.getLogger("graphc.distributed")
 
 
-def load_sharded(path: Path, graph=None, *, timeout: float | None = None, heartbeat_s: float = 1.0,
+def load_sharded(model_dir, graph=None, *, timeout: float | None = None, heartbeat_s: float = 1.0,
                  **kwargs) -> Engine:
-    import mlx_lm
-
-    group = world()
+    timeout = default_timeout() if timeout is None else float(timeout)
+    load_timeout = max(600.0, timeout)  # reading a large model can take minutes on the slowest rank
+    watchdog = Watchdog(int(os.environ.get("MLX_RANK", "-1")))
+    # Join the group first, before anything that can fail: a rank that fails alone must still
+    # reach the status exchange below, or the others would wait for it in init forever.
+    with watchdog.armed("joining the group (mx.distributed.init): a rank did not start or cannot be reached",
+                        load_timeout):
+        group = world()
     if group.size() == 1:
         log.warning("distributed=True but this process was not launched as part of a group "
                     "(world size 1): serving on this process alone")
-        model, tokenizer = mlx_lm.load(str(path))
-        return Engine(model, tokenizer, json.loads((path / "config.json").read_text()), graph,
-                      model_path=str(path), **kwargs)
+        return Engine.load(model_dir, graph, **kwargs)
     rank, n = group.rank(), group.size()
-    timeout = default_timeout() if timeout is None else float(timeout)
-    if kwargs.get("compile"):
-        raise ValueError("compile=True (the mx.compile decode path) is not supported with distributed=True yet: "
-                         "its fused llama projections bypass the sharded layers; leave compile off")
-    config = json.loads((path / "config.json").read_text())
-    model, tokenizer = mlx_lm.load(str(path), lazy=True)
-    check_shardable(model, config, n)
-    model.shard(group)
-    mx.eval(model.parameters())
-
-    watchdog = Watchdog(rank)
-    # Loading a large model from disk can take minutes on the slowest rank: a longer deadline.
-    with watchdog.armed(f"rank {rank}: waiting for every rank to load the model", max(600.0, timeout)):
+    watchdog.rank = rank
+    error = None
+    try:
+        path, config, model, tokenizer = _load_shard(model_dir, group, kwargs)
+    except Exception as e:  # reported below, after every rank said how its load went
+        error = e
+    with watchdog.armed(f"rank {rank}: waiting for every rank to load the model", load_timeout):
+        failed = [r for r, (bad,) in enumerate(gather_ints(group, [int(error is not None)])) if bad]
+        if error is not None:
+            raise error
+        if failed:
+            raise GroupFailed(f"rank(s) {failed} could not load the model (each printed why); "
+                              "every rank needs the same model folder at the same path")
         _check_same_setup(group, config, graph, kwargs)
         # Rows without a seed draw from the runner's key: the same key on every rank.
         seed = kwargs.pop("seed", None)
@@ -65,6 +68,29 @@ def load_sharded(path: Path, graph=None, *, timeout: float | None = None, heartb
         engine._start_group(group, watchdog, timeout=timeout, heartbeat_s=heartbeat_s)
         return engine
     raise SystemExit(follow(engine, group, watchdog, timeout=timeout))
+
+
+def _load_shard(model_dir, group, kwargs: dict):
+    """This rank's slices of the model (lazy load, the model's own shard(), then materialize)."""
+    import mlx_lm
+
+    if model_dir is None:
+        from graphc.compiler.modelgen import demo_model_path
+
+        model_dir = demo_model_path()
+    path = Path(model_dir)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no model folder at '{model_dir}' (expected a config.json there) on rank "
+                                f"{group.rank()}; every rank needs the model folder at the same path")
+    if kwargs.get("compile"):
+        raise ValueError("compile=True (the mx.compile decode path) is not supported with distributed=True yet: "
+                         "its fused llama projections bypass the sharded layers; leave compile off")
+    config = json.loads((path / "config.json").read_text())
+    model, tokenizer = mlx_lm.load(str(path), lazy=True)
+    check_shardable(model, config, group.size())
+    model.shard(group)
+    mx.eval(model.parameters())
+    return path, config, model, tokenizer
 
 
 def shardable_model_types() -> list[str]:
