@@ -92,11 +92,15 @@ def test_two_ranks_match_one_process(model_dir, tmp_path):
     got = json.loads(out.read_text())
     for m in models:
         ref = Engine.load(m, prefill_chunk=8).generate(PROMPTS, [SamplingParams(**p) for p in PARAMS])
+        tp = got[m]
         for i in range(4):  # greedy, seeded and grammar rows: the same tokens as one process
-            assert got[m][i] == ref[i].token_ids, (Path(m).name, i)
+            assert tp["tokens"][i] == ref[i].token_ids, (Path(m).name, i)
+            assert tp["again"][i] == ref[i].token_ids, (Path(m).name, i, "from the prefix cache")
         # The unseeded row draws from another key than the single process did; that both ranks
         # drew the same tokens is what their per-step digests checked (a mismatch exits 1).
-        assert len(got[m][4]) == PARAMS[4]["max_tokens"]
+        assert len(tp["tokens"][4]) == PARAMS[4]["max_tokens"]
+        if Path(m).name.startswith("model-llama"):  # dense graph: pool-backed prefix cache
+            assert sum(tp["cached_tokens"]) > 0, tp["cached_tokens"]
 
 
 # -- serving, and a follower that dies ---------------------------------------------------------
