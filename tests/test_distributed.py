@@ -245,3 +245,57 @@ def test_a_rank_that_cannot_load_ends_the_launch(model_dir, tmp_path):
         assert code0 == 1 and "rank(s) [1] could not load the model" in err0, err0[-2000:]
     finally:
         _end(procs)
+
+
+def test_follower_replays_plans_and_stops_on_divergence(model_dir, monkeypatch):
+    """The follower loop fed scripted plans (no processes): it applies rank 0's requests, runs the
+    same steps, ends with 0 on SHUTDOWN, and refuses to go on when rank 0's digest differs."""
+    from graphc.runtime.distributed import follower
+    from graphc.runtime.distributed.plan import IDLE, SHUTDOWN, STEP, Plan, encode_params, step_digest
+
+    class World:
+        def rank(self):
+            return 1
+
+        def size(self):
+            return 2
+
+    ref = Engine.load(model_dir("llama"))
+    rid = ref.add_request([5, 6, 7], SamplingParams(max_tokens=3))
+    digests = []
+    while ref.has_unfinished():
+        digests.append(step_digest(ref.step()))
+
+    def run(plans) -> int:
+        wire = []
+        for p in plans:
+            body = p.body()
+            wire += [("ints", p.header(len(body)))] + ([("bytes", body)] if body else [])
+        feed = iter(wire)
+        monkeypatch.setattr(follower, "broadcast_ints", lambda g, v, n: next(feed)[1])
+        monkeypatch.setattr(follower, "broadcast_bytes", lambda g, d, n: next(feed)[1])
+        from graphc.runtime.distributed.watchdog import Watchdog
+
+        return follower.follow(Engine.load(model_dir("llama")), World(), Watchdog(1), timeout=60)
+
+    add = ["add", rid, [5, 6, 7], encode_params(SamplingParams(max_tokens=3))]
+    steps = [Plan(STEP, 0, 0, [add])] + [Plan(STEP, i + 1, digests[i]) for i in range(len(digests) - 1)]
+    n = len(steps)
+    assert run(steps + [Plan(IDLE, n, digests[-1]), Plan(SHUTDOWN, n + 1, digests[-1])]) == 0
+    assert run(steps[:2] + [Plan(STEP, 2, 12345)]) == 1  # rank 0 saw other tokens at step 1
+
+
+def test_leader_grammar_compiler_keeps_the_spec(model_dir):
+    """The server compiles grammars before they reach the engine; the leader's compiler keeps
+    each grammar's spec on its state so the followers can compile the same one."""
+    from graphc.runtime.distributed.leader import _SpecKeepingCompiler
+    from graphc.runtime.distributed.plan import decode_params, encode_params
+    from graphc.runtime.grammar import Grammar, GrammarCompiler
+
+    e = Engine.load(model_dir("llama"))
+    comp = _SpecKeepingCompiler(GrammarCompiler(e.tokenizer, e.vocab_size, e.eos_token_ids))
+    state = comp.compile({"type": "regex", "pattern": "[ab]+"})
+    sent = decode_params(encode_params(SamplingParams(grammar=state)))
+    assert sent.grammar == Grammar.regex("[ab]+")
+    with pytest.raises(ValueError, match="cannot be sent"):
+        encode_params(SamplingParams(grammar=e.grammar_compiler.compile(Grammar.regex("a"))))
