@@ -299,3 +299,24 @@ def test_leader_grammar_compiler_keeps_the_spec(model_dir):
     assert sent.grammar == Grammar.regex("[ab]+")
     with pytest.raises(ValueError, match="cannot be sent"):
         encode_params(SamplingParams(grammar=e.grammar_compiler.compile(Grammar.regex("a"))))
+
+
+def test_bench_runs_on_one_process(tmp_path):
+    from graphc.runtime.distributed.bench import main
+
+    out = tmp_path / "tp1.json"
+    assert main(["--shape", "tiny", "--dtype", "float32", "--batches", "1,2", "--warm", "1", "--steps", "2",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"1", "2"} and all(r["graphc"] > 0 and r["mlx_lm"] > 0 for r in rows.values())
+
+
+@pytest.mark.slow
+def test_bench_runs_on_two_ranks(tmp_path):
+    out = tmp_path / "tp2.json"
+    run = subprocess.run([*LAUNCH, "-n", "2", "--backend", "ring", "-p", str(_free_ports(1)[0]), "--",
+                          sys.executable, "-m", "graphc.runtime.distributed.bench", "--shape", "tiny",
+                          "--dtype", "float32", "--batches", "2", "--warm", "1", "--steps", "2", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.exists(), run.stderr[-3000:]
+    assert json.loads(out.read_text())["tp"] == 2
