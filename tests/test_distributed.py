@@ -55,7 +55,8 @@ def _spawn_ranks(tmp_path, argv, n: int = 2, env: dict | None = None) -> list[su
     procs = []
     for rank in range(n):
         e = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), **(env or {})}
-        procs.append(subprocess.Popen(argv(rank) if callable(argv) else argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cmd = argv(rank) if callable(argv) else argv
+        procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
     return procs
 

@@ -10,4 +10,5 @@ from .group import GroupFailed, launched, world
 from .leader import LeaderEngine
 from .load import check_shardable, engine_from_model, load_sharded, shardable_model_types
 
-__all__ = ["GroupFailed", "LeaderEngine", "check_shardable", "engine_from_model", "launched", "load_sharded", "shardable_model_types", "world"]
+__all__ = ["GroupFailed", "LeaderEngine", "check_shardable", "engine_from_model", "launched", "load_sharded",
+           "shardable_model_types", "world"]
