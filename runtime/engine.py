@@ -133,6 +133,10 @@ class Engine:
 
         from graphc.compiler.gguf import resolve_model_path
 
+        if distributed:
+            from .distributed import load_sharded
+
+            return load_sharded(model_dir, graph, **kwargs)
         if model_dir is None:
             from graphc.compiler.modelgen import demo_model_path
 
@@ -143,10 +147,6 @@ class Engine:
                 f"no model folder at '{model_dir}' (expected a config.json there); "
                 "graphc never downloads weights — build a test model with `graphc make-model`"
             )
-        if distributed:
-            from .distributed import load_sharded
-
-            return load_sharded(path, graph, **kwargs)
         config = json.loads((path / "config.json").read_text())
         try:
             model, tokenizer = mlx_lm.load(str(path))

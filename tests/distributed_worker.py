@@ -3,8 +3,9 @@
     python distributed_worker.py OUT.json SPEC.json
 
 SPEC: {"models": [dirs], "engine": {Engine.load kwargs}, "prompts": [[ids]], "params": [{SamplingParams}]}.
-Every rank loads each model with distributed=True; rank 0 generates and writes
-{model dir: [token ids per prompt]} to OUT.json; the other ranks follow rank 0 through each model
+Every rank loads each model with distributed=True; rank 0 generates the prompts twice (the
+second time through the prefix cache) and writes {model dir: {"tokens", "again", "cached_tokens"}}
+to OUT.json; the other ranks follow rank 0 through each model
 (Engine.load returns on rank 0 only; on the others it raises SystemExit when rank 0 closes).
 """
 
@@ -28,7 +29,10 @@ def main(out_path: str, spec_path: str) -> int:
                 raise
             continue  # a follower that followed rank 0 through this model
         res = engine.generate(spec["prompts"], params)
-        results[m] = [r.token_ids for r in res]
+        # Again: now the prompts come from the prefix cache (each rank's pool holds its KV heads).
+        again = engine.generate(spec["prompts"], params)
+        results[m] = {"tokens": [r.token_ids for r in res], "again": [r.token_ids for r in again],
+                      "cached_tokens": [r.cached_tokens for r in again]}
         engine.close()  # the followers leave this model and load the next one
     if results:
         with open(out_path, "w") as f:

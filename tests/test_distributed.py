@@ -47,14 +47,16 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _spawn_ranks(tmp_path, argv: list[str], n: int = 2, env: dict | None = None) -> list[subprocess.Popen]:
-    """What mlx.launch --backend ring does on one host, done by hand so a test can signal one rank."""
+def _spawn_ranks(tmp_path, argv, n: int = 2, env: dict | None = None) -> list[subprocess.Popen]:
+    """What mlx.launch --backend ring does on one host, done by hand so a test can signal one rank.
+    `argv`: the command of every rank, or a function of the rank giving each its own."""
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _free_ports(n)]))
     procs = []
     for rank in range(n):
         e = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile), **(env or {})}
-        procs.append(subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cmd = argv(rank) if callable(argv) else argv
+        procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True))
     return procs
 
@@ -91,11 +93,15 @@ def test_two_ranks_match_one_process(model_dir, tmp_path):
     got = json.loads(out.read_text())
     for m in models:
         ref = Engine.load(m, prefill_chunk=8).generate(PROMPTS, [SamplingParams(**p) for p in PARAMS])
+        tp = got[m]
         for i in range(4):  # greedy, seeded and grammar rows: the same tokens as one process
-            assert got[m][i] == ref[i].token_ids, (Path(m).name, i)
+            assert tp["tokens"][i] == ref[i].token_ids, (Path(m).name, i)
+            assert tp["again"][i] == ref[i].token_ids, (Path(m).name, i, "from the prefix cache")
         # The unseeded row draws from another key than the single process did; that both ranks
         # drew the same tokens is what their per-step digests checked (a mismatch exits 1).
-        assert len(got[m][4]) == PARAMS[4]["max_tokens"]
+        assert len(tp["tokens"][4]) == PARAMS[4]["max_tokens"]
+        if Path(m).name.startswith("model-llama"):  # dense graph: pool-backed prefix cache
+            assert sum(tp["cached_tokens"]) > 0, tp["cached_tokens"]
 
 
 # -- serving, and a follower that dies ---------------------------------------------------------
@@ -226,3 +232,92 @@ def test_world_of_one_loads_a_plain_engine(model_dir, caplog):
     assert type(e) is Engine
     [r] = e.generate([[5, 6, 7]], SamplingParams(max_tokens=3))
     assert len(r.token_ids) == 3
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_load_ends_the_launch(model_dir, tmp_path):
+    """Rank 1 lacks the model folder: both ranks exit with the reason instead of rank 0 waiting."""
+    folders = [str(model_dir("llama")), str(tmp_path / "missing")]
+    procs = _spawn_ranks(tmp_path, lambda r: [GRAPHC, "generate", "hi", "--model", folders[r], "--max-tokens", "2"])
+    try:
+        code0, err0 = _wait_exit(procs[0], 120)
+        code1, err1 = _wait_exit(procs[1], 30)
+        assert code1 == 2 and "no model folder" in err1 and "on rank 1" in err1, err1[-2000:]
+        assert code0 == 1 and "rank(s) [1] could not load the model" in err0, err0[-2000:]
+    finally:
+        _end(procs)
+
+
+def test_follower_replays_plans_and_stops_on_divergence(model_dir, monkeypatch):
+    """The follower loop fed scripted plans (no processes): it applies rank 0's requests, runs the
+    same steps, ends with 0 on SHUTDOWN, and refuses to go on when rank 0's digest differs."""
+    from graphc.runtime.distributed import follower
+    from graphc.runtime.distributed.plan import IDLE, SHUTDOWN, STEP, Plan, encode_params, step_digest
+
+    class World:
+        def rank(self):
+            return 1
+
+        def size(self):
+            return 2
+
+    ref = Engine.load(model_dir("llama"))
+    rid = ref.add_request([5, 6, 7], SamplingParams(max_tokens=3))
+    digests = []
+    while ref.has_unfinished():
+        digests.append(step_digest(ref.step()))
+
+    def run(plans) -> int:
+        wire = []
+        for p in plans:
+            body = p.body()
+            wire += [("ints", p.header(len(body)))] + ([("bytes", body)] if body else [])
+        feed = iter(wire)
+        monkeypatch.setattr(follower, "broadcast_ints", lambda g, v, n: next(feed)[1])
+        monkeypatch.setattr(follower, "broadcast_bytes", lambda g, d, n: next(feed)[1])
+        from graphc.runtime.distributed.watchdog import Watchdog
+
+        return follower.follow(Engine.load(model_dir("llama")), World(), Watchdog(1), timeout=60)
+
+    add = ["add", rid, [5, 6, 7], encode_params(SamplingParams(max_tokens=3))]
+    steps = [Plan(STEP, 0, 0, [add])] + [Plan(STEP, i + 1, digests[i]) for i in range(len(digests) - 1)]
+    n = len(steps)
+    assert run(steps + [Plan(IDLE, n, digests[-1]), Plan(SHUTDOWN, n + 1, digests[-1])]) == 0
+    assert run(steps[:2] + [Plan(STEP, 2, 12345)]) == 1  # rank 0 saw other tokens at step 1
+
+
+def test_leader_grammar_compiler_keeps_the_spec(model_dir):
+    """The server compiles grammars before they reach the engine; the leader's compiler keeps
+    each grammar's spec on its state so the followers can compile the same one."""
+    from graphc.runtime.distributed.leader import _SpecKeepingCompiler
+    from graphc.runtime.distributed.plan import decode_params, encode_params
+    from graphc.runtime.grammar import Grammar, GrammarCompiler
+
+    e = Engine.load(model_dir("llama"))
+    comp = _SpecKeepingCompiler(GrammarCompiler(e.tokenizer, e.vocab_size, e.eos_token_ids))
+    state = comp.compile({"type": "regex", "pattern": "[ab]+"})
+    sent = decode_params(encode_params(SamplingParams(grammar=state)))
+    assert sent.grammar == Grammar.regex("[ab]+")
+    with pytest.raises(ValueError, match="cannot be sent"):
+        encode_params(SamplingParams(grammar=e.grammar_compiler.compile(Grammar.regex("a"))))
+
+
+def test_bench_runs_on_one_process(tmp_path):
+    from graphc.runtime.distributed.bench import main
+
+    out = tmp_path / "tp1.json"
+    assert main(["--shape", "tiny", "--dtype", "float32", "--batches", "1,2", "--warm", "1", "--steps", "2",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"1", "2"} and all(r["graphc"] > 0 and r["mlx_lm"] > 0 for r in rows.values())
+
+
+@pytest.mark.slow
+def test_bench_runs_on_two_ranks(tmp_path):
+    out = tmp_path / "tp2.json"
+    run = subprocess.run([*LAUNCH, "-n", "2", "--backend", "ring", "-p", str(_free_ports(1)[0]), "--",
+                          sys.executable, "-m", "graphc.runtime.distributed.bench", "--shape", "tiny",
+                          "--dtype", "float32", "--batches", "2", "--warm", "1", "--steps", "2", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.exists(), run.stderr[-3000:]
+    assert json.loads(out.read_text())["tp"] == 2

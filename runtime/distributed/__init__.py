@@ -8,6 +8,7 @@ their shard of the model (SPMD). `Engine.load(DIR, distributed=True)` does the s
 
 from .group import GroupFailed, launched, world
 from .leader import LeaderEngine
-from .load import check_shardable, load_sharded, shardable_model_types
+from .load import check_shardable, engine_from_model, load_sharded, shardable_model_types
 
-__all__ = ["GroupFailed", "LeaderEngine", "check_shardable", "launched", "load_sharded", "shardable_model_types", "world"]
+__all__ = ["GroupFailed", "LeaderEngine", "check_shardable", "engine_from_model", "launched", "load_sharded",
+           "shardable_model_types", "world"]

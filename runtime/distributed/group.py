@@ -56,9 +56,14 @@ def broadcast_ints(group, values, n: int) -> list[int]:
 
 
 def broadcast_bytes(group, data: bytes | None, n: int) -> bytes:
-    """Rank 0's `n` bytes on every rank (uint8 sums cannot overflow: the others add zeros)."""
-    a = mx.array(np.frombuffer(data, np.uint8)) if group.rank() == 0 else mx.zeros((n,), mx.uint8)
-    return _sum(group, a).tobytes()
+    """Rank 0's `n` bytes on every rank. They travel as int32 words (zero-padded): every backend
+    sums int32, not every one sums uint8; the sum cannot overflow, the others add zeros."""
+    words = (n + 3) // 4
+    if group.rank() == 0:
+        a = mx.array(np.frombuffer(data.ljust(4 * words, b"\0"), np.int32))
+    else:
+        a = mx.zeros((words,), mx.int32)
+    return _sum(group, a).astype(np.int32).tobytes()[:n]
 
 
 def gather_ints(group, values: list[int]) -> list[list[int]]:

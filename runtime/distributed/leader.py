@@ -17,7 +17,8 @@ import weakref
 
 from ..engine import Engine
 from .group import GroupFailed, broadcast_bytes, broadcast_ints, is_group_error
-from .plan import HEADER_WORDS, IDLE, NO_STEP_YET, SHUTDOWN, STEP, Plan, encode_params, error_digest, step_digest
+from .plan import (HEADER_WORDS, IDLE, KIND_NAMES, NO_STEP_YET, SHUTDOWN, STEP, Plan, encode_params, error_digest,
+                   step_digest)
 from .watchdog import EXIT_GROUP_FAILED, Watchdog
 
 log = logging.getLogger("graphc.distributed")
@@ -104,7 +105,7 @@ class LeaderEngine(Engine):
 
     def _send(self, plan: Plan) -> None:
         body = plan.body()
-        what = f"rank 0: sending {('step', 'idle', 'shutdown')[plan.kind - 1]} plan {plan.seq}"
+        what = f"rank 0: sending {KIND_NAMES[plan.kind]} plan {plan.seq}"
         try:
             with self._watchdog.armed(what, self._timeout):
                 broadcast_ints(self.group, plan.header(len(body)), HEADER_WORDS)

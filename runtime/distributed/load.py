@@ -26,45 +26,108 @@ from .watchdog import Watchdog, default_timeout
 log = logging.getLogger("graphc.distributed")
 
 
-def load_sharded(path: Path, graph=None, *, timeout: float | None = None, heartbeat_s: float = 1.0,
+def load_sharded(model_dir, graph=None, *, timeout: float | None = None, heartbeat_s: float = 1.0,
                  **kwargs) -> Engine:
-    import mlx_lm
-
-    group = world()
+    """`Engine.load(model_dir, graph, distributed=True, **kwargs)`."""
+    watchdog, group = _join(timeout)
     if group.size() == 1:
         log.warning("distributed=True but this process was not launched as part of a group "
                     "(world size 1): serving on this process alone")
-        model, tokenizer = mlx_lm.load(str(path))
-        return Engine(model, tokenizer, json.loads((path / "config.json").read_text()), graph,
-                      model_path=str(path), **kwargs)
-    rank, n = group.rank(), group.size()
-    timeout = default_timeout() if timeout is None else float(timeout)
-    if kwargs.get("compile"):
-        raise ValueError("compile=True (the mx.compile decode path) is not supported with distributed=True yet: "
-                         "its fused llama projections bypass the sharded layers; leave compile off")
-    config = json.loads((path / "config.json").read_text())
-    model, tokenizer = mlx_lm.load(str(path), lazy=True)
-    check_shardable(model, config, n)
-    model.shard(group)
-    mx.eval(model.parameters())
+        return Engine.load(model_dir, graph, **kwargs)
+    try:
+        path, config, model, tokenizer = _load_shard(model_dir, group, kwargs)
+        loaded, error = (model, tokenizer, config, str(path)), None
+    except Exception as e:  # reported after every rank said how its load went
+        loaded, error = None, e
+    return _start(group, watchdog, loaded, error, graph, timeout, heartbeat_s, kwargs)
 
-    watchdog = Watchdog(rank)
-    # Loading a large model from disk can take minutes on the slowest rank: a longer deadline.
+
+def engine_from_model(model, tokenizer, config: dict, graph=None, *, model_path: str | None = None,
+                      timeout: float | None = None, heartbeat_s: float = 1.0, **kwargs) -> Engine:
+    """Like load_sharded, for a model already in memory with the same weights on every rank (the
+    bench's random shapes): shard it in place, then build the engine; a plain Engine outside a launch."""
+    watchdog, group = _join(timeout)
+    if group.size() == 1:
+        return Engine(model, tokenizer, config, graph, model_path=model_path, **kwargs)
+    try:
+        _check_options(kwargs)
+        check_shardable(model, config, group.size())
+        model.shard(group)
+        mx.eval(model.parameters())
+        loaded, error = (model, tokenizer, config, model_path), None
+    except Exception as e:
+        loaded, error = None, e
+    return _start(group, watchdog, loaded, error, graph, timeout, heartbeat_s, kwargs)
+
+
+def _join(timeout):
+    """The watchdog, then the group. Joining comes before anything that can fail: a rank that
+    fails alone must still reach the status exchange in _start, or the others wait in init forever."""
+    load_timeout = max(600.0, default_timeout() if timeout is None else float(timeout))
+    watchdog = Watchdog(int(os.environ.get("MLX_RANK", "-1")))
+    with watchdog.armed("joining the group (mx.distributed.init): a rank did not start or cannot be reached",
+                        load_timeout):
+        group = world()
+    watchdog.rank = group.rank()
+    return watchdog, group
+
+
+def _start(group, watchdog: Watchdog, loaded, error, graph, timeout, heartbeat_s: float, kwargs: dict) -> Engine:
+    """Every rank's load status, the setup check, the shared seed, then the engine: returned on
+    rank 0; the other ranks follow rank 0 here and leave through SystemExit."""
+    timeout = default_timeout() if timeout is None else float(timeout)
+    rank, n = group.rank(), group.size()
+    # Reading a large model can take minutes on the slowest rank: a longer deadline.
     with watchdog.armed(f"rank {rank}: waiting for every rank to load the model", max(600.0, timeout)):
+        failed = [r for r, (bad,) in enumerate(gather_ints(group, [int(error is not None)])) if bad]
+        if error is not None:
+            raise error
+        if failed:
+            raise GroupFailed(f"rank(s) {failed} could not load the model (each printed why); "
+                              "every rank needs the same model folder at the same path")
+        model, tokenizer, config, path = loaded
         _check_same_setup(group, config, graph, kwargs)
         # Rows without a seed draw from the runner's key: the same key on every rank.
+        kwargs = dict(kwargs)
         seed = kwargs.pop("seed", None)
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         seed = broadcast_ints(group, [seed], 1)[0]
         cls = LeaderEngine if rank == 0 else Engine
-        engine = cls(model, tokenizer, config, graph, model_path=str(path), seed=seed, **kwargs)
-        engine = _same_prefix_capacity(group, engine, cls, (model, tokenizer, config, graph, str(path), seed), kwargs)
+        engine = cls(model, tokenizer, config, graph, model_path=path, seed=seed, **kwargs)
+        engine = _same_prefix_capacity(group, engine, cls, (model, tokenizer, config, graph, path, seed), kwargs)
     log.info("rank %d of %d: %s sharded %d ways", rank, n, config.get("model_type"), n)
     if rank == 0:
         engine._start_group(group, watchdog, timeout=timeout, heartbeat_s=heartbeat_s)
         return engine
     raise SystemExit(follow(engine, group, watchdog, timeout=timeout))
+
+
+def _check_options(kwargs: dict) -> None:
+    if kwargs.get("compile"):
+        raise ValueError("compile=True (the mx.compile decode path) is not supported with distributed=True yet: "
+                         "its fused llama projections bypass the sharded layers; leave compile off")
+
+
+def _load_shard(model_dir, group, kwargs: dict):
+    """This rank's slices of the model (lazy load, the model's own shard(), then materialize)."""
+    import mlx_lm
+
+    if model_dir is None:
+        from graphc.compiler.modelgen import demo_model_path
+
+        model_dir = demo_model_path()
+    path = Path(model_dir)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no model folder at '{model_dir}' (expected a config.json there) on rank "
+                                f"{group.rank()}; every rank needs the model folder at the same path")
+    _check_options(kwargs)
+    config = json.loads((path / "config.json").read_text())
+    model, tokenizer = mlx_lm.load(str(path), lazy=True)
+    check_shardable(model, config, group.size())
+    model.shard(group)
+    mx.eval(model.parameters())
+    return path, config, model, tokenizer
 
 
 def shardable_model_types() -> list[str]:
