@@ -153,7 +153,7 @@ def test_user_api_flags_a_ratio_the_spread_swamps():
     assert compare(spread([5.0, 5.1, 5.2]), tight)["noise"] is False  # 2x apart, spreads 0.2
     c = compare(tight, wide)
     assert c["noise"] is True and c["ratio"] == pytest.approx(12.0 / 10.1)
-    assert compare(spread([-1.0, 1.0, 2.0]), tight)["noise"] is True  # a non-positive median is noise
+    assert compare(spread([-3.0, -1.0, -0.5]), tight)["noise"] is True  # a non-positive median is noise
     assert compare(spread([100.0, 101.0, 102.0]), spread([50.0, 50.5, 51.0]), lower_is_better=False)["ratio"] == 2.0
 
 
