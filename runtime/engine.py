@@ -56,7 +56,7 @@ def _guarded(req: Request):
 
 
 class Engine:
-    def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
+    def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 2048,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
                  compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
@@ -77,7 +77,7 @@ class Engine:
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(
             self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
-            interval=prefix_interval or prefill_chunk) or None
+            interval=prefix_interval or min(prefill_chunk, 512)) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
         self.vocab_size = int(config.get("vocab_size") or model.args.vocab_size)
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])

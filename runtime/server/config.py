@@ -17,7 +17,7 @@ class ServerConfig:
 
     # engine
     max_batch: int = 64  # decode batch rows
-    prefill_chunk: int = 512
+    prefill_chunk: int = 2048
     kv_budget_tokens: int | None = None  # KV tokens the scheduler may hold; None = unbounded
 
     # limits
