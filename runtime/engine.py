@@ -58,7 +58,7 @@ def _guarded(req: Request):
 class Engine:
     def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 2048,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
-                 compile: bool = False, prefix_cache: bool = True, mem_fraction: float | None = None,
+                 compile: bool | str = False, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
                  skinny_gemm: bool | None = None):
@@ -67,12 +67,16 @@ class Engine:
         self.config = config
         self.model_path = model_path
         self.compiled: CompiledGraph = compile_graph(graph, model, config)
+        if compile not in (True, False, "auto"):
+            raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
         if compile:  # mx.compile the decode forward on fixed-shape KV (runtime/compiled_decode.py)
-            from .compiled_decode import CompiledDecode
+            from .compiled_decode import AUTO_MAX_BATCH, CompiledDecode
 
             # skinny_gemm: the CUDA small-batch matmul kernel (runtime/kernels/skinny_matmul.py);
             # None reads GRAPHC_SKINNY_GEMM (off unless "1").
-            self.compiled.decode = CompiledDecode(self.compiled.decode, skinny=skinny_gemm)
+            # "auto": compiled only for batches where it measured faster than eager (<= AUTO_MAX_BATCH).
+            self.compiled.decode = CompiledDecode(self.compiled.decode, skinny=skinny_gemm,
+                                                  max_batch=AUTO_MAX_BATCH if compile == "auto" else None)
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(

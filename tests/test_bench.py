@@ -132,7 +132,7 @@ def test_user_api_rows_cover_every_workload_batch_and_contestant(user_result):
     decode = [r for r in rows if r["workload"] == "decode"]
     assert [r["batch"] for r in decode] == [1, 2]
     for r in decode:
-        assert set(r["values"]) == {"graphc", "graphc_compiled", "batch_generate", "plain"}
+        assert set(r["values"]) == {"graphc", "graphc_compiled", "graphc_auto", "batch_generate", "plain"}
         for s in r["values"].values():  # min <= median <= max over three repeats
             assert len(s["runs"]) == 3 and s["min"] <= s["median"] <= s["max"]
         assert {"graphc/batch_generate", "graphc/plain", "graphc_compiled/graphc"} <= set(r["ratios"])

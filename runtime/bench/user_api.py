@@ -4,7 +4,8 @@ Where `graphc bench` times decode windows inside a warm engine (GC off, prefill 
 this suite times whole public calls, as an application sees them:
 
 - graphc: `Engine.generate(prompts, SamplingParams(...))` on one Engine kept across calls
-  (defaults otherwise: prefix cache on, default `prefill_chunk`), and with `compile=True`;
+  (defaults otherwise: prefix cache on, default `prefill_chunk`), with `compile=True` and
+  with `compile="auto"` (compiled only up to 16 rows);
 - mlx-lm: `mlx_lm.batch_generate` (with `completion_batch_size` >= the batch, so every row
   decodes together), and a plain loop over the mlx-lm model and its KV cache;
 
@@ -151,12 +152,14 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     wl = set(cfg.workloads)
     graphc = GraphcUser(model, tokenizer, config)
     compiled = GraphcUser(model, tokenizer, config, compile=True) if cfg.compile else None
+    auto = GraphcUser(model, tokenizer, config, compile="auto") if cfg.compile else None
     contestants: dict[str, Callable] = {
         "graphc": lambda ps, n, s=None: graphc.generate(ps, n, s),
         "batch_generate": lambda ps, n, s=None: batch_generate(model, tokenizer, ps, n, s),
     }
     if compiled is not None:
         contestants["graphc_compiled"] = lambda ps, n, s=None: compiled.generate(ps, n, s)
+        contestants["graphc_auto"] = lambda ps, n, s=None: auto.generate(ps, n, s)
     contestants["plain"] = lambda ps, n, s=None: plain_loop(model, ps, n)
     k = cfg.long_new - cfg.short_new
 
@@ -186,7 +189,7 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                "values": stats, "tok_per_s": {n: B * 1e3 / s["median"] for n, s in stats.items() if s},
                "ratios": {}}
         for base in ("batch_generate", "plain", "graphc"):
-            for g in ("graphc", "graphc_compiled"):
+            for g in ("graphc", "graphc_compiled", "graphc_auto"):
                 if g != base and g in stats and base in stats:
                     c = compare(stats[g], stats[base])
                     if c:
@@ -227,7 +230,7 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                              "ratios": {"graphc/batchgen": compare(stats["graphc"], stats["batchgen"], lower)}})
             log(f"[user-api] prefill {n}x{L}: TTFT graphc {median(ttft['graphc']):.1f} ms, "
                 f"BatchGenerator {median(ttft['batchgen']):.1f} ms")
-    del graphc, compiled
+    del graphc, compiled, auto
     C.free()
     return {"user_api": attrs.asdict(cfg), "rows": rows, "notes": notes}
 
