@@ -16,7 +16,7 @@ decode   steady ms/step = (T(long new tokens) - T(short new tokens)) / (long - s
          (temperature 0.8, top-p 0.9, top-k 50).
 prefill  cold prompts, one new token each: median time to first token over the requests
          and prompt tok/s (prompt tokens / wall), graphc against BatchGenerator (what
-         `batch_generate` drives, with its defaults).
+         `batch_generate` drives, with its defaults) and a plain per-request mlx-lm prefill.
 
 Every measurement is repeated (`repeats`, >= 3) and reported as min / median / max. A ratio
 is the baseline's median over graphc's (above 1: graphc is faster); it is flagged `noise`
@@ -110,6 +110,25 @@ def batchgen_first_tokens(model, prompts) -> tuple[list, int]:
             first.setdefault(r.uid, t - t0)
     gen.close()
     return [first.get(u, float("nan")) for u in uids], len(first)
+
+
+def plain_first_tokens(model, prompts, chunk: int = 2048) -> tuple[list, int]:
+    """The floor: one request after another through mlx-lm's model and KV cache, 2,048-token
+    chunks (mlx-lm's prefill step), argmax of the last position. TTFT accumulates."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    t0, firsts = now(), []
+    for p in prompts:
+        cache = make_prompt_cache(model)
+        x = mx.array([p], dtype=mx.int32)
+        while x.shape[1] > chunk:
+            model(x[:, :chunk], cache=cache)
+            mx.eval([c.state for c in cache])
+            x = x[:, chunk:]
+        mx.argmax(model(x, cache=cache)[:, -1, :], axis=-1).item()
+        firsts.append(now() - t0)
+        del cache
+    return firsts, len(firsts)
 
 
 # -- measuring -----------------------------------------------------------------------------------
@@ -210,8 +229,9 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
             graphc.generate(_fresh(rng, min(n, 2), L, vocab), 1)  # warm-up at this length
             batchgen_first_tokens(model, _fresh(rng, min(n, 2), L, vocab))
             cached0 = graphc.engine.stats.get("cached_tokens", 0)
-            ttft = {"graphc": [], "batchgen": []}
-            tps = {"graphc": [], "batchgen": []}
+            plain_first_tokens(model, _fresh(rng, 1, L, vocab))
+            ttft = {"graphc": [], "batchgen": [], "plain": []}
+            tps = {"graphc": [], "batchgen": [], "plain": []}
             for r in range(cfg.repeats):
                 wall, (firsts, _) = _timed(lambda: graphc.generate(_fresh(rng, n, L, vocab), 1))
                 ttft["graphc"].append(median(firsts) * 1e3)
@@ -219,6 +239,9 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                 wall, (firsts, _) = _timed(lambda: batchgen_first_tokens(model, _fresh(rng, n, L, vocab)))
                 ttft["batchgen"].append(median(firsts) * 1e3)
                 tps["batchgen"].append(n * L / wall)
+                wall, (firsts, _) = _timed(lambda: plain_first_tokens(model, _fresh(rng, n, L, vocab)))
+                ttft["plain"].append(median(firsts) * 1e3)
+                tps["plain"].append(n * L / wall)
             cached = graphc.engine.stats.get("cached_tokens", 0) - cached0
             if cached:  # random prompts over a small vocabulary share first tokens by chance
                 notes.append(f"prefill {n}x{L}: {cached} of {cfg.repeats * n * L} prompt tokens came from the "
@@ -227,7 +250,8 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                 stats = {k_: spread(v) for k_, v in vals.items()}
                 rows.append({"workload": "prefill", "case": f"{n}x{L}", "batch": n, "unit": unit,
                              "values": stats, "lower_is_better": lower,
-                             "ratios": {"graphc/batchgen": compare(stats["graphc"], stats["batchgen"], lower)}})
+                             "ratios": {"graphc/batchgen": compare(stats["graphc"], stats["batchgen"], lower),
+                                        "graphc/plain": compare(stats["graphc"], stats["plain"], lower)}})
             log(f"[user-api] prefill {n}x{L}: TTFT graphc {median(ttft['graphc']):.1f} ms, "
                 f"BatchGenerator {median(ttft['batchgen']):.1f} ms")
     del graphc, compiled, auto
