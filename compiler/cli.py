@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int)
-    g.add_argument("--prefill-chunk", type=int, default=512)
+    g.add_argument("--prefill-chunk", type=int, default=2048)
     g.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     g.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
     g.set_defaults(func=cmd_generate)

@@ -1,7 +1,8 @@
 """The graph's `decode:` section: how decode steps are compiled, declared rather than switched by env vars.
 
     decode:
-      compile: true            # mx.compile the decode forward on fixed-shape KV (default false)
+      compile: true            # mx.compile the decode forward on fixed-shape KV (default false;
+                               # auto: compiled for batches up to 16 rows, eager above)
       fuse_projections: true   # llama blocks: q/k/v and gate/up as one matmul each (default true)
       attention_kernel: true   # CUDA: the ragged decode-attention kernel, once it matched MLX (default true)
       skinny_matmul: false     # CUDA: the 2..64-row matmul kernel, once it matched MLX (default false)
@@ -43,8 +44,9 @@ def problems(raw) -> list[str]:
     for k, v in raw.items():
         if k not in DECODE_OPTIONS:
             out.append(f"unknown decode option '{k}' (known: {', '.join(DECODE_OPTIONS)})")
-        elif not isinstance(v, bool):
-            out.append(f"decode option '{k}' must be true or false, got {v!r}")
+        elif not isinstance(v, bool) and not (k == "compile" and v == "auto"):
+            allowed = "true, false or auto" if k == "compile" else "true or false"
+            out.append(f"decode option '{k}' must be {allowed}, got {v!r}")
     return out
 
 

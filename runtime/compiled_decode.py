@@ -152,13 +152,28 @@ def _bucket(n: int) -> int:
     return -(-n // CAPACITY_STEP) * CAPACITY_STEP
 
 
-class CompiledDecode:
-    """Drop-in for the runner's decode `LoweredStep` (forward / head / node names)."""
+# `Engine(compile="auto")`: batches up to this many rows decode compiled, larger ones eager.
+# On the H200 (docs/performance.md, run 5 and issue 15) the compiled step was faster at
+# batch 1-8 in every run (8B: 6.5-7.0 vs 7.4-8.2 ms at 1, 8.3-9.1 vs 10.8-12.9 at 8), mixed
+# at 32 and slower at 64 (16.0-16.6 vs 9.7-10.9 ms): above 16 rows the eager step, which
+# takes MLX's unmasked fused attention for rows that started together, wins.
+AUTO_MAX_BATCH = 16
 
-    def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False):
+
+class CompiledDecode:
+    """Drop-in for the runner's decode `LoweredStep` (forward / head / node names).
+
+    `max_batch`: larger batches run the eager step on the same caches (None: no limit).
+    Both read and write the same `FullKV` buffers, so a batch may cross the limit between
+    steps; the compiled side re-buckets the capacity when it takes a batch back.
+    """
+
+    def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False,
+                 max_batch: int | None = None):
         # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
         # fuse_projections, attention_kernel, skinny_matmul (the bench's --compile-ablation
         # switches each off through Engine(decode_options=...)).
+        self.max_batch = max_batch
         self.step = step
         self.hidden_node = step.hidden_node
         self.logits_node = step.logits_node
@@ -197,6 +212,8 @@ class CompiledDecode:
 
     def eligible(self, inputs: StepInputs) -> bool:
         caches = inputs.caches
+        if self.max_batch is not None and inputs.tokens.shape[0] > self.max_batch:
+            return False
         return (inputs.tokens.ndim == 2 and inputs.tokens.shape[1] == 1 and bool(caches)
                 and all(type(c) is FullKV and c.keys is not None for c in caches))
 

@@ -29,9 +29,9 @@ from .text import TextState, token_bytes_table
 
 
 class Engine:
-    def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 512,
+    def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 2048,
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
-                 compile: bool | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
+                 compile: bool | str | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
                  skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None):
@@ -53,6 +53,8 @@ class Engine:
         # plan's `compile` pass says what was applied.
         from graphc.compiler.decode_options import resolve
 
+        if compile not in (None, True, False, "auto"):
+            raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
         self.decode_options = resolve(self.compiled.spec.decode_options,
                                       {**(decode_options or {}), "compile": compile, "skinny_matmul": skinny_gemm})
         if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
@@ -64,9 +66,14 @@ class Engine:
         elif self.decode_options["compile"]:  # mx.compile the decode forward on fixed-shape KV
             from .compiled_decode import CompiledDecode
 
+            # compile "auto": compiled only for batches where it measured faster than eager
+            # (<= AUTO_MAX_BATCH rows); larger batches run the eager step on the same caches.
+            from .compiled_decode import AUTO_MAX_BATCH
+
             o = self.decode_options
             self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
-                                                  kernel=o["attention_kernel"], skinny=o["skinny_matmul"])
+                                                  kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
+                                                  max_batch=AUTO_MAX_BATCH if o["compile"] == "auto" else None)
         self._show_compile_pass()
         if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
             max_batch, batch_prefill = 1, False
@@ -74,7 +81,7 @@ class Engine:
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(
             self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
-            interval=prefix_interval or prefill_chunk) or None
+            interval=prefix_interval or min(prefill_chunk, 512)) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])

@@ -114,3 +114,49 @@ def test_table_and_plot(tmp_path, result, capsys):
     assert "### decode" in text and "mlx-lm BatchGen" in text and result["environment"]["mlx"] in text
     plot(result, str(tmp_path / "b.png"))
     assert (tmp_path / "b.png").stat().st_size > 0
+
+
+USER = ["--model", "tiny", "--user-api", "--batches", "1,2", "--prompt-len", "8", "--short-new", "2",
+        "--long-new", "5", "--prefill-cases", "2x24,1x40", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def user_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("user") / "user.json"
+    assert graphc_main(["bench", *USER, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_user_api_rows_cover_every_workload_batch_and_contestant(user_result):
+    rows = user_result["rows"]
+    decode = [r for r in rows if r["workload"] == "decode"]
+    assert [r["batch"] for r in decode] == [1, 2]
+    for r in decode:
+        assert set(r["values"]) == {"graphc", "graphc_compiled", "graphc_auto", "batch_generate", "plain"}
+        for s in r["values"].values():  # min <= median <= max over three repeats
+            assert len(s["runs"]) == 3 and s["min"] <= s["median"] <= s["max"]
+        assert {"graphc/batch_generate", "graphc/plain", "graphc_compiled/graphc"} <= set(r["ratios"])
+        assert all(isinstance(c["noise"], bool) for c in r["ratios"].values())
+    sampled = [r for r in rows if r["workload"] == "sampled"]
+    assert [r["batch"] for r in sampled] == [1, 2] and all(set(r["overhead"]) == {"graphc", "batch_generate"}
+                                                           for r in sampled)
+    prefill = [r for r in rows if r["workload"] == "prefill"]
+    assert {(r["case"], r["unit"]) for r in prefill} == {(c, u) for c in ("2x24", "1x40")
+                                                          for u in ("TTFT ms (median)", "prompt tok/s")}
+    assert user_result["environment"]["mlx"] and user_result["command"]
+
+
+def test_user_api_flags_a_ratio_the_spread_swamps():
+    from graphc.runtime.bench.user_api import compare, spread
+
+    tight, wide = spread([10.0, 10.1, 10.2]), spread([5.0, 12.0, 20.0])
+    assert compare(spread([5.0, 5.1, 5.2]), tight)["noise"] is False  # 2x apart, spreads 0.2
+    c = compare(tight, wide)
+    assert c["noise"] is True and c["ratio"] == pytest.approx(12.0 / 10.1)
+    assert compare(spread([-3.0, -1.0, -0.5]), tight)["noise"] is True  # a non-positive median is noise
+    assert compare(spread([100.0, 101.0, 102.0]), spread([50.0, 50.5, 51.0]), lower_is_better=False)["ratio"] == 2.0
+
+
+def test_user_api_rejects_too_few_repeats():
+    with pytest.raises(SystemExit, match="at least 3"):
+        graphc_main(["bench", *USER, "--user-repeats", "2"])

@@ -48,3 +48,24 @@ def test_compiled_matches_mlx_lm_reference(llama):
 
 def test_capacity_buckets():
     assert [_bucket(n) for n in (1, 64, 65, 256, 257, 700)] == [64, 64, 128, 256, 512, 768]
+
+
+def test_auto_compiles_small_batches_only_and_stays_exact(llama, monkeypatch):
+    # compile="auto": batches above AUTO_MAX_BATCH run the eager step on the same caches. With
+    # the limit at 2 and max_batch 3, the batch crosses it both ways as rows join and leave.
+    from graphc.runtime import compiled_decode
+
+    monkeypatch.setattr(compiled_decode, "AUTO_MAX_BATCH", 2)
+    plain = Engine.load(llama, prefill_chunk=32, max_batch=3)
+    auto = Engine.load(llama, prefill_chunk=32, max_batch=3, compile="auto")
+    prompts = random_prompts(6, plain.vocab_size, [5, 40, 17, 1, 33, 9], seed=4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in [120, 20, 70, 5, 90, 40]]
+    want = [r.token_ids for r in plain.generate(prompts, params)]
+    assert [r.token_ids for r in auto.generate(prompts, params)] == want
+    d = auto.compiled.decode
+    assert d.max_batch == 2 and d.compiled_steps > 0 and d.fallback_steps > 0
+
+
+def test_compile_rejects_an_unknown_mode(llama):
+    with pytest.raises(ValueError, match="'auto'"):
+        Engine.load(llama, compile="fast")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from graphc.runtime.sampling import SamplingParams, SamplingTensors, noise_state, select_tokens
+from graphc.runtime.sampling import select as S
 from graphc.runtime.sampling.select import rank_order, select_candidates, select_full, select_plain
 from graphc.runtime.sampling.tensors import CANDIDATES, FULL, PLAIN, _make_group
 
@@ -216,3 +217,18 @@ def test_compiled_selectors_equal_eager(monkeypatch):
     monkeypatch.setattr(sel, "COMPILE", False)
     eager = np.array(select_tokens(x, st, pos))
     assert np.array_equal(compiled, eager)
+
+
+@pytest.mark.parametrize("vocab,width", [(40000, 64), (128256, 64), (9000, 16)])
+def test_block_candidate_search_matches_a_topk_over_every_key(vocab, width):
+    # Large vocabularies find their first ranks block-wise (select._block_candidates); with
+    # many ties, -inf bans and a vocabulary that is not a multiple of the block, the ranks must
+    # be exactly those of a top-k over all V rank keys.
+    x = mx.round(mx.random.normal((6, vocab), key=mx.random.key(vocab)) * 4) / 4
+    x[:, 3] = float("-inf")
+    x[1] = 0.0  # a row of ties only: the lowest ids rank first
+    assert -(-vocab // S.BLOCK) >= 4 * width  # this shape takes the block path
+    ref = mx.sort(mx.topk(S.rank_keys(x), width, axis=-1), axis=-1)[:, ::-1]
+    vals, ids = S.rank_order(x, width)
+    assert mx.array_equal(S._ids_from_keys(ref), ids).item()
+    assert ids[1].tolist() == list(range(width))

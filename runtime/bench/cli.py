@@ -49,10 +49,55 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="draw the ratios to this PNG (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    u = p.add_argument_group("--user-api: whole public calls (Engine.generate, mlx_lm.batch_generate), GC on")
+    u.add_argument("--user-api", action="store_true",
+                   help="measure through the public API instead (runtime/bench/user_api.py); uses --model, "
+                        "--dtype, --batches, --prompt-len, --seed, --json")
+    u.add_argument("--user-workloads", default="decode,sampled,prefill", help="subset of decode,sampled,prefill")
+    u.add_argument("--short-new", type=int, default=16, help="new tokens of the short call")
+    u.add_argument("--long-new", type=int, default=144, help="new tokens of the long call (steady = difference)")
+    u.add_argument("--user-repeats", type=int, default=3, help="repeats of every measurement (>= 3)")
+    u.add_argument("--prefill-cases", default="32x2048,1x8192", help="cold prefill cases, REQUESTSxTOKENS")
     p.set_defaults(func=cmd_bench)
 
 
+def _cases(s: str) -> tuple:
+    try:
+        return tuple(tuple(int(v) for v in c.lower().split("x")) for c in s.split(",") if c)
+    except ValueError:
+        raise SystemExit(f"graphc bench: --prefill-cases takes REQUESTSxTOKENS,... (e.g. 32x2048,1x8192), got {s!r}")
+
+
+def cmd_user_api(args) -> int:
+    from .env import environment
+    from .report import write_json
+    from .shapes import load_shape
+    from .user_api import USER_WORKLOADS, UserConfig, run_user_api, user_tables
+
+    wl = tuple(w for w in args.user_workloads.split(",") if w)
+    bad = [w for w in wl if w not in USER_WORKLOADS]
+    if bad:
+        raise SystemExit(f"graphc bench: unknown --user-workloads {', '.join(bad)} (choose from {', '.join(USER_WORKLOADS)})")
+    cfg = UserConfig(batches=args.batches, prompt_len=args.prompt_len, short_new=args.short_new,
+                     long_new=args.long_new, repeats=args.user_repeats, prefill_cases=_cases(args.prefill_cases),
+                     workloads=wl, compile=args.compile is not False, seed=args.seed)
+    env = environment()
+    model, tokenizer, config, label = load_shape(args.model, args.dtype, args.seed)
+    try:
+        result = run_user_api(model, tokenizer, config, cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
+    except ValueError as e:
+        raise SystemExit(f"graphc bench: {e}")
+    result.update(environment=env, model={"name": label, "dtype": args.dtype},
+                  command="graphc " + " ".join(sys.argv[1:]))
+    print(user_tables(result))
+    if args.json_out:
+        write_json(result, args.json_out)
+    return 0
+
+
 def cmd_bench(args) -> int:
+    if args.user_api:
+        return cmd_user_api(args)
     from .report import plot, tables, write_json
     from .run import WORKLOADS, BenchConfig, run_bench
 

@@ -71,13 +71,47 @@ def _ids_from_keys(keys: mx.array) -> mx.array:
 CANDIDATE_SELECT = "topk"
 
 
+# Block width of the two-level candidate search (`_block_candidates`).
+BLOCK = 128
+
+
+def _block_candidates(x: mx.array, width: int) -> mx.array:
+    """Rank keys of the first ``width`` ranks of each row, descending, without a top-k over V.
+
+    The vocabulary is cut into blocks of BLOCK tokens. A block's best token (its max, the
+    lowest id on ties: argmax) has the block's largest rank key. Every token among the
+    first ``width`` ranks is at least the best token of its block, so those blocks' best
+    tokens are themselves among the first ``width`` ranks: the wanted tokens all lie in the
+    ``width`` blocks with the largest best-token keys. One argmax pass over [b, V], a
+    partition over [b, V / BLOCK] block keys, and a top-k over width * BLOCK gathered keys
+    then give exactly the ranks a top-k over all V keys gives (keys are unique per row).
+    """
+    b, v = x.shape
+    g = -(-v // BLOCK)
+    x = x.astype(mx.float32)
+    if g * BLOCK != v:  # pad with -inf: a pad's id is above every real id, so it ranks after them
+        x = mx.pad(x, [(0, 0), (0, g * BLOCK - v)], constant_values=_NEG_INF)
+    blocks = x.reshape(b, g, BLOCK)
+    j = mx.argmax(blocks, axis=-1).astype(mx.uint32)  # [b, g]: first max = lowest id on ties
+    best = mx.take_along_axis(blocks, j[..., None], axis=-1)[..., 0]
+    base = mx.arange(g, dtype=mx.uint32)[None] * BLOCK
+    bkeys = _order_keys_c(best.view(mx.uint32), base + j)
+    top = mx.argpartition(bkeys, g - width, axis=-1)[:, g - width:]  # the width best blocks
+    vals = mx.take_along_axis(blocks, top[..., None], axis=1).reshape(b, width * BLOCK)
+    ids = (top.astype(mx.uint32)[..., None] * BLOCK + mx.arange(BLOCK, dtype=mx.uint32)).reshape(b, width * BLOCK)
+    keys = _order_keys_c(vals.view(mx.uint32), ids)
+    return mx.sort(mx.topk(keys, width, axis=-1), axis=-1)[:, ::-1]
+
+
 def rank_order(x: mx.array, width: int) -> tuple[mx.array, mx.array]:
     """First ``width`` ranks of each row: (values in x's dtype [b, width], ids int32 [b, width])."""
-    keys = rank_keys(x)
-    if width < x.shape[-1] and CANDIDATE_SELECT == "topk":
-        keys = mx.sort(mx.topk(keys, width, axis=-1), axis=-1)[:, ::-1]
+    v = x.shape[-1]
+    if width < v and CANDIDATE_SELECT == "topk" and -(-v // BLOCK) >= 4 * width:
+        keys = _block_candidates(x, width)  # large vocabularies: no top-k over all V keys
+    elif width < v and CANDIDATE_SELECT == "topk":
+        keys = mx.sort(mx.topk(rank_keys(x), width, axis=-1), axis=-1)[:, ::-1]
     else:
-        keys = mx.sort(keys, axis=-1)[:, ::-1][:, :width]
+        keys = mx.sort(rank_keys(x), axis=-1)[:, ::-1][:, :width]
     ids = _ids_from_keys(keys)
     return mx.take_along_axis(x, ids, axis=-1), ids
 

@@ -20,7 +20,7 @@ def add_parser(subparsers) -> None:
                    help="require `Authorization: Bearer KEY` on /v1/* (default: $GRAPHC_API_KEY)")
     s.add_argument("--served-model-name", help="the model name clients send (default: the model folder's name)")
     s.add_argument("--max-batch", type=int, default=64, help="rows in the decode batch")
-    s.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill chunk")
+    s.add_argument("--prefill-chunk", type=int, default=2048, help="prompt tokens per prefill chunk")
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's max_position_embeddings)")

@@ -22,7 +22,7 @@ class ServerConfig:
 
     # engine
     max_batch: int = 64  # decode batch rows
-    prefill_chunk: int = 512
+    prefill_chunk: int = 2048
     kv_budget_tokens: int | None = None  # KV tokens the scheduler may hold; None = unbounded
     distributed: bool = False  # tensor parallel over mlx.launch's world group (docs/distributed.md)
 

@@ -1,0 +1,290 @@
+"""`graphc bench --user-api`: graphc and mlx-lm measured the way users call them.
+
+Where `graphc bench` times decode windows inside a warm engine (GC off, prefill outside),
+this suite times whole public calls, as an application sees them:
+
+- graphc: `Engine.generate(prompts, SamplingParams(...))` on one Engine kept across calls
+  (defaults otherwise: prefix cache on, default `prefill_chunk`), with `compile=True` and
+  with `compile="auto"` (compiled only up to 16 rows);
+- mlx-lm: `mlx_lm.batch_generate` (with `completion_batch_size` >= the batch, so every row
+  decodes together), and a plain loop over the mlx-lm model and its KV cache;
+
+on B prompts of fresh random tokens per call (no prefix-cache hits), Python's GC on.
+
+decode   steady ms/step = (T(long new tokens) - T(short new tokens)) / (long - short): the
+         prefill and the first tokens cancel out. Greedy and sampled
+         (temperature 0.8, top-p 0.9, top-k 50).
+prefill  cold prompts, one new token each: median time to first token over the requests
+         and prompt tok/s (prompt tokens / wall), graphc against BatchGenerator (what
+         `batch_generate` drives, with its defaults) and a plain per-request mlx-lm prefill.
+
+Every measurement is repeated (`repeats`, >= 3) and reported as min / median / max. A ratio
+is the baseline's median over graphc's (above 1: graphc is faster); it is flagged `noise`
+when either side's spread (max - min) is larger than the difference of the medians it claims.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from statistics import median
+from typing import Callable
+
+import attrs
+import mlx.core as mx
+
+from . import contestants as C
+
+now = time.perf_counter
+SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
+USER_WORKLOADS = ("decode", "sampled", "prefill")
+
+
+@attrs.define
+class UserConfig:
+    batches: tuple = (1, 64)
+    prompt_len: int = 128
+    short_new: int = 16
+    long_new: int = 144
+    repeats: int = 3
+    prefill_cases: tuple = ((32, 2048), (1, 8192))
+    workloads: tuple = USER_WORKLOADS
+    compile: bool = True
+    seed: int = 0
+
+
+# -- the contestants, each one public call -----------------------------------------------------
+class GraphcUser:
+    """One Engine kept across calls, as an application keeps it."""
+
+    def __init__(self, model, tokenizer, config, **engine_kw):
+        self.engine = C.make_engine(model, tokenizer, config, **engine_kw)
+
+    def generate(self, prompts, max_tokens: int, sampling: dict | None = None) -> list:
+        res = self.engine.generate(prompts, C.graphc_params(max_tokens, sampling))
+        return [r.ttft_s for r in res], sum(len(r.token_ids) for r in res)
+
+
+def batch_generate(model, tokenizer, prompts, max_tokens: int, sampling: dict | None = None):
+    from mlx_lm import batch_generate as bg
+    from mlx_lm.sample_utils import make_sampler
+
+    kw = {"completion_batch_size": max(32, len(prompts))}
+    if sampling:
+        kw["sampler"] = make_sampler(temp=sampling["temperature"], top_p=sampling["top_p"], top_k=sampling["top_k"])
+    out = bg(model, tokenizer, prompts, max_tokens=max_tokens, return_token_ids=True, **kw)
+    return None, sum(len(t) for t in out.token_ids)
+
+
+def plain_loop(model, prompts, max_tokens: int, sampling: dict | None = None):
+    """mlx-lm's model on its batched KV cache: prefill, then argmax steps, two-deep pipeline."""
+    cache, y = C._plain_prefill(model, prompts)
+    nxt = C._plain_step(model, cache, y)
+    mx.async_eval(nxt)
+    n = 0
+    for _ in range(max_tokens - 1):
+        cur = nxt
+        nxt = C._plain_step(model, cache, cur)
+        mx.async_eval(nxt)
+        cur.tolist()
+        n += len(prompts)
+    nxt.tolist()
+    del cache
+    return None, n + len(prompts)
+
+
+def batchgen_first_tokens(model, prompts) -> tuple[list, int]:
+    """BatchGenerator with batch_generate's defaults, one new token each: TTFT per request."""
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, max_tokens=1)
+    t0 = now()
+    uids = gen.insert(prompts)
+    first: dict = {}
+    while len(first) < len(uids):
+        rs = gen.next_generated()
+        if not rs:
+            break
+        t = now()
+        for r in rs:
+            first.setdefault(r.uid, t - t0)
+    gen.close()
+    return [first.get(u, float("nan")) for u in uids], len(first)
+
+
+def plain_first_tokens(model, prompts, chunk: int = 2048) -> tuple[list, int]:
+    """The floor: one request after another through mlx-lm's model and KV cache, 2,048-token
+    chunks (mlx-lm's prefill step), argmax of the last position. TTFT accumulates."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    t0, firsts = now(), []
+    for p in prompts:
+        cache = make_prompt_cache(model)
+        x = mx.array([p], dtype=mx.int32)
+        while x.shape[1] > chunk:
+            model(x[:, :chunk], cache=cache)
+            mx.eval([c.state for c in cache])
+            x = x[:, chunk:]
+        mx.argmax(model(x, cache=cache)[:, -1, :], axis=-1).item()
+        firsts.append(now() - t0)
+        del cache
+    return firsts, len(firsts)
+
+
+# -- measuring -----------------------------------------------------------------------------------
+def _fresh(rng: random.Random, n: int, length: int, vocab: int) -> list:
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def _timed(fn: Callable) -> tuple[float, object]:
+    t0 = now()
+    out = fn()
+    return now() - t0, out
+
+
+def spread(xs: list) -> dict:
+    xs = [x for x in xs if x is not None]
+    return {"min": min(xs), "median": median(xs), "max": max(xs), "runs": xs} if xs else {}
+
+
+def compare(graphc: dict, base: dict, lower_is_better: bool = True) -> dict | None:
+    """Ratio of medians (above 1: graphc ahead) and whether the spread swamps the difference."""
+    if not graphc or not base:
+        return None
+    g, b = graphc["median"], base["median"]
+    ratio = (b / g) if lower_is_better else (g / b)
+    noise = max(graphc["max"] - graphc["min"], base["max"] - base["min"])
+    # A steady time at or below zero means the long call was not slower than the short one:
+    # nothing but noise (too few tokens between them for this device).
+    bad = g <= 0 or b <= 0
+    return {"ratio": ratio, "difference": abs(g - b), "spread": noise, "noise": bad or noise > abs(g - b)}
+
+
+def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str], None] = print) -> dict:
+    if cfg.repeats < 3:
+        raise ValueError(f"--user-repeats must be at least 3 to report min/median/max, got {cfg.repeats}")
+    if cfg.long_new <= cfg.short_new:
+        raise ValueError(f"--long-new ({cfg.long_new}) must be larger than --short-new ({cfg.short_new})")
+    rng = random.Random(cfg.seed)
+    vocab = int(config["vocab_size"])
+    rows, notes = [], []
+    wl = set(cfg.workloads)
+    graphc = GraphcUser(model, tokenizer, config)
+    compiled = GraphcUser(model, tokenizer, config, compile=True) if cfg.compile else None
+    auto = GraphcUser(model, tokenizer, config, compile="auto") if cfg.compile else None
+    contestants: dict[str, Callable] = {
+        "graphc": lambda ps, n, s=None: graphc.generate(ps, n, s),
+        "batch_generate": lambda ps, n, s=None: batch_generate(model, tokenizer, ps, n, s),
+    }
+    if compiled is not None:
+        contestants["graphc_compiled"] = lambda ps, n, s=None: compiled.generate(ps, n, s)
+        contestants["graphc_auto"] = lambda ps, n, s=None: auto.generate(ps, n, s)
+    contestants["plain"] = lambda ps, n, s=None: plain_loop(model, ps, n)
+    k = cfg.long_new - cfg.short_new
+
+    cases = []
+    if "decode" in wl:
+        cases += [(B, None) for B in cfg.batches]
+    if "sampled" in wl:
+        cases += [(B, SAMPLING) for B in cfg.batches]
+    for B, samp in cases:
+        names = list(contestants) if samp is None else ["graphc", "batch_generate"]
+        for name in names:  # warm-up as long as the long call: kernels, every compiled trace, cache growth
+            contestants[name](_fresh(rng, B, cfg.prompt_len, vocab), cfg.long_new, samp)
+        steady: dict = {n: [] for n in names}
+        for r in range(cfg.repeats):
+            for name in names:  # interleaved, so drift spreads over every contestant
+                t_s, (_, got_s) = _timed(lambda: contestants[name](_fresh(rng, B, cfg.prompt_len, vocab),
+                                                                   cfg.short_new, samp))
+                t_l, (_, got_l) = _timed(lambda: contestants[name](_fresh(rng, B, cfg.prompt_len, vocab),
+                                                                   cfg.long_new, samp))
+                if got_l != B * cfg.long_new or got_s != B * cfg.short_new:
+                    notes.append(f"{name} B={B}: generated {got_s} / {got_l} tokens instead of "
+                                 f"{B * cfg.short_new} / {B * cfg.long_new} (a stop token?)")
+                steady[name].append((t_l - t_s) * 1e3 / k)
+        stats = {n: spread(v) for n, v in steady.items()}
+        what = "sampled" if samp else "decode"
+        row = {"workload": what, "case": f"B={B}", "batch": B, "unit": "ms/step (steady)",
+               "values": stats, "tok_per_s": {n: B * 1e3 / s["median"] for n, s in stats.items() if s},
+               "ratios": {}}
+        for base in ("batch_generate", "plain", "graphc"):
+            for g in ("graphc", "graphc_compiled", "graphc_auto"):
+                if g != base and g in stats and base in stats:
+                    c = compare(stats[g], stats[base])
+                    if c:
+                        row["ratios"][f"{g}/{base}"] = c
+        rows.append(row)
+        log(f"[user-api] {what} B={B}: " + ", ".join(f"{n} {s['median']:.2f} ms" for n, s in stats.items() if s))
+    if "sampled" in wl and "decode" in wl:
+        greedy = {r["batch"]: r for r in rows if r["workload"] == "decode"}
+        for r in [r for r in rows if r["workload"] == "sampled"]:
+            g = greedy.get(r["batch"])
+            for name in ("graphc", "batch_generate"):
+                if g and name in g["values"] and name in r["values"]:
+                    # overhead of sampling: sampled ms over greedy ms (1.05 = 5 % over greedy)
+                    r.setdefault("overhead", {})[name] = r["values"][name]["median"] / g["values"][name]["median"]
+
+    if "prefill" in wl:
+        for n, L in cfg.prefill_cases:
+            graphc.generate(_fresh(rng, min(n, 2), L, vocab), 1)  # warm-up at this length
+            batchgen_first_tokens(model, _fresh(rng, min(n, 2), L, vocab))
+            cached0 = graphc.engine.stats.get("cached_tokens", 0)
+            plain_first_tokens(model, _fresh(rng, 1, L, vocab))
+            ttft = {"graphc": [], "batchgen": [], "plain": []}
+            tps = {"graphc": [], "batchgen": [], "plain": []}
+            for r in range(cfg.repeats):
+                wall, (firsts, _) = _timed(lambda: graphc.generate(_fresh(rng, n, L, vocab), 1))
+                ttft["graphc"].append(median(firsts) * 1e3)
+                tps["graphc"].append(n * L / wall)
+                wall, (firsts, _) = _timed(lambda: batchgen_first_tokens(model, _fresh(rng, n, L, vocab)))
+                ttft["batchgen"].append(median(firsts) * 1e3)
+                tps["batchgen"].append(n * L / wall)
+                wall, (firsts, _) = _timed(lambda: plain_first_tokens(model, _fresh(rng, n, L, vocab)))
+                ttft["plain"].append(median(firsts) * 1e3)
+                tps["plain"].append(n * L / wall)
+            cached = graphc.engine.stats.get("cached_tokens", 0) - cached0
+            if cached:  # random prompts over a small vocabulary share first tokens by chance
+                notes.append(f"prefill {n}x{L}: {cached} of {cfg.repeats * n * L} prompt tokens came from the "
+                             f"prefix cache (vocabulary {vocab})")
+            for unit, vals, lower in (("TTFT ms (median)", ttft, True), ("prompt tok/s", tps, False)):
+                stats = {k_: spread(v) for k_, v in vals.items()}
+                rows.append({"workload": "prefill", "case": f"{n}x{L}", "batch": n, "unit": unit,
+                             "values": stats, "lower_is_better": lower,
+                             "ratios": {"graphc/batchgen": compare(stats["graphc"], stats["batchgen"], lower),
+                                        "graphc/plain": compare(stats["graphc"], stats["plain"], lower)}})
+            log(f"[user-api] prefill {n}x{L}: TTFT graphc {median(ttft['graphc']):.1f} ms, "
+                f"BatchGenerator {median(ttft['batchgen']):.1f} ms")
+    del graphc, compiled, auto
+    C.free()
+    return {"user_api": attrs.asdict(cfg), "rows": rows, "notes": notes}
+
+
+def user_tables(result: dict) -> str:
+    """Markdown tables: min / median / max per contestant, ratios with their noise flags."""
+    out = []
+    env = result.get("environment", {})
+    out.append(f"graphc bench --user-api — {result.get('model', {}).get('name', '?')} on {env.get('device', '?')} "
+               f"(mlx {env.get('mlx', '?')}, mlx-lm {env.get('mlx_lm', '?')})")
+    for w in USER_WORKLOADS:
+        rows = [r for r in result["rows"] if r["workload"] == w]
+        if not rows:
+            continue
+        out.append(f"\n{w} — {rows[0]['unit']} (min / median / max of {len(next(iter(rows[0]['values'].values()))['runs'])})")
+        names = list(dict.fromkeys(n for r in rows for n in r["values"]))
+        head = ["case", *names, "ratios (baseline / graphc)"] + (["sampled / greedy"] if w == "sampled" else [])
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---|" * len(head))
+        for r in rows:
+            cells = [r["case"] + ("" if w != "prefill" else f" {r['unit']}")]
+            for n in names:
+                s = r["values"].get(n)
+                cells.append(f"{s['min']:.1f} / **{s['median']:.1f}** / {s['max']:.1f}" if s else "—")
+            rat = [f"{k} {v['ratio']:.2f}×" + (" (noise)" if v["noise"] else "")
+                   for k, v in r["ratios"].items() if v]
+            cells.append("; ".join(rat))
+            if w == "sampled":
+                cells.append("; ".join(f"{k} {v:.2f}" for k, v in r.get("overhead", {}).items()))
+            out.append("| " + " | ".join(cells) + " |")
+    for n in result.get("notes", []):
+        out.append(f"note: {n}")
+    return "\n".join(out)
