@@ -44,7 +44,7 @@ def test_default_graph_with_compile_on_shows_the_pass(model_dir):
 
 
 @pytest.mark.parametrize("options, message", [
-    ("{compile: yes please}", "decode option 'compile' must be true or false"),
+    ("{compile: yes please}", "decode option 'compile' must be true, false or auto"),
     ("{compiled: true}", "unknown decode option 'compiled'"),
     ("[compile]", "`decode` must be a mapping"),
 ])
