@@ -233,11 +233,10 @@ class LoweredStep:
             ctx.values[node.id] = self.rules[node.op](ctx, node, *[ctx.values[i] for i in node.inputs])
 
     def fill_targets(self, ctx: StepContext) -> list:
-        """What to evaluate for a chunk that only fills the cache: the hidden states on the fast
-        path; the caches' arrays on the generic one (the model's logits stay unevaluated)."""
-        if self.generic:
-            return cache_arrays(ctx.inputs.caches)
-        return [ctx.values[self.hidden_node]]
+        """What to evaluate for a chunk that only fills the cache: the caches' arrays. Not the
+        hidden states / logits: the last layer's attention output and MLP (and on the generic
+        path the head) feed nothing a later chunk needs, so MLX never computes them."""
+        return cache_arrays(ctx.inputs.caches)
 
     def chunk_logits(self, ctx: StepContext) -> mx.array:
         """Logits at every position of the chunk [B, n, V] (prompt logprobs)."""
