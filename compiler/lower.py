@@ -160,11 +160,10 @@ class LoweredStep:
                 ctx.values[node.id] = op.lower(ctx, node, *[ctx.values[i] for i in inputs])
 
     def fill_targets(self, ctx: StepContext) -> list:
-        """What to evaluate for a chunk that only fills the cache: the hidden states on the fast
-        path; the caches' arrays on the generic one (the model's logits stay unevaluated)."""
-        if self.generic:
-            return cache_arrays(ctx.inputs.caches)
-        return [ctx.values[self.hidden_node]]
+        """What to evaluate for a chunk that only fills the cache: the caches' arrays. Not the
+        hidden states / logits: the last layer's attention output and MLP (and on the generic
+        path the head) feed nothing a later chunk needs, so MLX never computes them."""
+        return cache_arrays(ctx.inputs.caches)
 
     def __call__(self, inputs: StepInputs) -> StepOutputs:
         return self.head(self.forward(inputs))
