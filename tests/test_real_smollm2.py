@@ -21,7 +21,7 @@ PROMPTS = ["What is the capital of France?", "Name three primary colors.", "What
            "Write one sentence about cats.", "Who wrote Romeo and Juliet?",
            "What is the boiling point of water in Celsius?", "Translate 'hello' into Spanish.",
            "What planet is closest to the sun?"]
-SHORT = 10  # tokens per answer in the default run: a CPU under load does ~1-4 tokens/s per prompt here
+SHORT = 8  # tokens per answer in the default run: MLX's CPU quantized matmul is slow (~1 step/s here)
 LONG = 48
 
 
@@ -114,7 +114,7 @@ WEATHER = {"type": "function", "function": {
 def test_tool_call_parses_and_validates(smol_client):
     r = smol_client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, max_tokens=40, temperature=0.0)
+        tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, max_tokens=30, temperature=0.0)
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls"
     (call,) = ch.message.tool_calls

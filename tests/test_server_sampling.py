@@ -24,6 +24,21 @@ def complete(client, **kw):
                                      extra_body={"ignore_eos": True, **extra}, **kw)
 
 
+def joined(tokens: list[str]) -> str:
+    """The text that completions' logprob tokens spell: `bytes:\\xNN...` tokens (partial UTF-8,
+    OpenAI's spelling) are their bytes, joined with the neighbours before decoding."""
+    raw = b""
+    for t in tokens:
+        raw += bytes.fromhex(t[6:].replace("\\x", "")) if t.startswith("bytes:") else t.encode()
+    return raw.decode("utf-8", errors="replace")
+
+
+def shown_len(t: str) -> int:
+    """How many characters a logprob token adds to text_offset: a `bytes:` token counts as
+    the U+FFFD characters its bytes print as alone."""
+    return len(joined([t]))
+
+
 def tokens_of(client, **kw):
     """The completion text (equal texts stand for equal tokens: the tokenizer is deterministic)."""
     return complete(client, **kw).choices[0].text
@@ -129,8 +144,8 @@ def test_completion_logprobs(client):
     lp = r.choices[0].logprobs
     assert lp is not None
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
-    assert "".join(lp.tokens) == r.choices[0].text
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    assert joined(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(shown_len(t) for t in lp.tokens[:i]) for i in range(6)]
     for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
         assert chosen <= 0 and 1 <= len(top) <= 3
         assert abs(max(top.values()) - chosen) < 1e-4  # greedy picks the most likely token
@@ -140,7 +155,7 @@ def test_completion_logprobs_stream(client):
     chunks = list(complete(client, temperature=0, logprobs=2, max_tokens=5, stream=True))
     tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert len(tokens) == 5
-    assert "".join(tokens) == "".join(c.choices[0].text for c in chunks)
+    assert joined(tokens) == "".join(c.choices[0].text for c in chunks)
 
 
 def test_chat_logprobs_and_top_logprobs(client):
@@ -245,5 +260,5 @@ def test_echo_logprobs_scores_the_prompt(client, server, model_dir):
     r = client.completions.create(model=MODEL, prompt=ids, max_tokens=3, echo=True, logprobs=2, temperature=0,
                                   extra_body={"ignore_eos": True})
     lp = r.choices[0].logprobs
-    assert len(lp.tokens) == len(ids) + 3 and "".join(lp.tokens) == r.choices[0].text
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert len(lp.tokens) == len(ids) + 3 and joined(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(shown_len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
