@@ -98,13 +98,6 @@ def cmd_validate(args) -> int:
     except FileNotFoundError as e:
         print(f"graphc: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:
-        # A distributed group that failed (runtime/distributed/): its message says which rank and why.
-        group = sys.modules.get("graphc.runtime.distributed.group")
-        if group is None or not isinstance(e, group.GroupFailed) or os.environ.get("GRAPHC_DEBUG"):
-            raise
-        print(f"graphc: {e}", file=sys.stderr)
-        return 1
     config, model = {}, None
     if args.model:
         model, _, config = _load_model(Path(args.model))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import attrs
 import mlx.core as mx
 
-from .registry import LOGITS, LOGPROBS, PROMPT_LOGPROBS, TOKENS, Param, last_position, register_op
+from .registry import (LOGITS, LOGPROBS, PROMPT_LOGPROBS, TOKENS, Param, last_position, needs_all_positions,
+                       register_op)
 
 EDIT_KINDS = ("penalties", "logit_bias", "banned_tokens", "min_tokens", "grammar", "processors")
 HOST_EDITS = ("grammar", "processors")  # computed on the CPU between steps: they break the chain
@@ -139,11 +140,7 @@ class PromptTargets:
 
 
 def _check_prompt_logprobs(node, spec):
-    src = node.inputs[0] if node.inputs else None
-    try:
-        producer = spec.node(src)
-    except KeyError:
-        return []
+    return needs_all_positions(node, spec, "prompt logprobs")
     if producer.op == "logits" and dict(producer.params).get("positions", "last") != "all":
         return [f"input '{src}' has logits for the last position only; prompt logprobs need "
                 "`positions: all` on that logits node"]

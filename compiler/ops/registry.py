@@ -133,3 +133,17 @@ def get_op(name: str) -> OpDef:
 def last_position(logits):
     """[B, V] from logits that may carry every position ([B, L, V]): what selection reads."""
     return logits[:, -1, :] if logits.ndim == 3 else logits
+
+
+def needs_all_positions(node, spec, what: str) -> list[str]:
+    """Validator check for ops that read every position's logits (prompt logprobs, scoring):
+    their logits input must come from a `positions: all` logits node."""
+    src = node.inputs[0] if node.inputs else None
+    try:
+        producer = spec.node(src)
+    except KeyError:
+        return []  # a dangling input is reported by the edge check
+    if producer.op == "logits" and dict(producer.params).get("positions", "last") != "all":
+        return [f"input '{src}' has logits for the last position only; {what} need "
+                "`positions: all` on that logits node"]
+    return []

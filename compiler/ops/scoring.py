@@ -10,7 +10,7 @@ from __future__ import annotations
 import attrs
 import mlx.core as mx
 
-from .registry import LOGITS, TOKEN_SCORES, TOKENS, register_op
+from .registry import LOGITS, TOKEN_SCORES, TOKENS, needs_all_positions, register_op
 
 
 @attrs.frozen(eq=False)
@@ -26,11 +26,7 @@ class TokenScores:
 
 
 def _check_score(node, spec):
-    src = node.inputs[0] if node.inputs else None
-    try:
-        producer = spec.node(src)
-    except KeyError:
-        return []
+    return needs_all_positions(node, spec, "scores")
     if producer.op == "logits" and dict(producer.params).get("positions", "last") != "all":
         return [f"input '{src}' has logits for the last position only; scoring needs "
                 "`positions: all` on that logits node"]
