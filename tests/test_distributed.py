@@ -148,9 +148,13 @@ def test_served_request_then_follower_killed(model_dir, tmp_path):
         next(chunks)
         procs[1].send_signal(signal.SIGKILL)
         t0 = time.time()
-        with pytest.raises(openai.APIError):  # a failed request, or the connection dropped
+        # A failed request, or the connection dropped: openai wraps the transport error in
+        # APIConnectionError in some releases and lets httpx's RemoteProtocolError through in others.
+        with pytest.raises(Exception) as failed:
             for _ in chunks:
                 pass
+        assert isinstance(failed.value, openai.APIError) or "ProtocolError" in type(failed.value).__name__, \
+            repr(failed.value)
         assert time.time() - t0 < 3 * TIMEOUT_S, "the stream went on after its follower died"
         code, err = _wait_exit(procs[0], 3 * TIMEOUT_S)
         assert code == 1, err[-3000:]
