@@ -138,6 +138,12 @@ def _on_own_caches(model, config: dict, mtype: str, ref, why: str) -> CompiledGr
     from .bind import LayerInfo
     from .cachekinds import text_model
 
+    from .selfcheck import chunking_changes_output
+
+    chunked = chunking_changes_output(text_model(model), ref)
+    if chunked is not None:  # its own caches would reproduce only one chunking of it: refuse
+        raise UnsupportedModel(f"model type '{mtype}': {why}, and {chunked}. Serving it would need the model's "
+                               "masks and caches to agree (a model fix in mlx-lm)")
     reason = f"model type '{mtype}': {why}. To batch it graphc would need a fix in its caches or the model"
     layers = [LayerInfo(i, "native", cache_type=type(c).__name__, native=c, native_reason=reason)
               for i, c in enumerate(make_prompt_cache(text_model(model)))]

@@ -172,3 +172,44 @@ def batch_prefill_ok(policies) -> bool:
     from graphc.runtime.cache.full import FullKV
 
     return all(isinstance(p.new_cache(), FullKV) for p in policies)
+
+
+# Windows up to this size are checked for chunk invariance at load (a prompt of window + 5
+# tokens through the model's own forward, whole and in chunks); larger ones would make the
+# check cost a long prefill, and no shipped model with such a window depends on chunking.
+CHUNK_CHECK_MAX_WINDOW = 1024
+
+
+def chunking_changes_output(model, ref: Reference) -> str | None:
+    """Why mlx-lm's own forward on its own caches gives other logits when the prompt is
+    prefilled in chunks than in one piece (None when it does not, or cannot be checked cheaply).
+
+    Serving a model on its own caches (the last resort) is exact only when chunked prefill
+    is: plamo3's sliding layers mask window + 1 keys while its rotating cache keeps window,
+    so its answer depends on the prefill chunk size — no batching engine can match both."""
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+    def windows(caches):
+        for c in caches:
+            sub = getattr(c, "caches", None)
+            if sub is not None:
+                yield from windows(sub)
+            elif isinstance(c, RotatingKVCache):
+                yield c.max_size
+
+    sizes = list(windows(make_prompt_cache(model)))
+    if not sizes or min(sizes) > CHUNK_CHECK_MAX_WINDOW:
+        return None
+    w = min(sizes)
+    vocab = ref.vocab
+    tokens = mx.array([(7 * i + 3) % vocab for i in range(w + 5)], dtype=mx.int32)[None]
+    whole = model(tokens, cache=make_prompt_cache(model))[0, -1].astype(mx.float32)
+    cache, chunk = make_prompt_cache(model), max(1, w // 2)
+    for i in range(0, tokens.shape[1], chunk):
+        last = model(tokens[:, i:i + chunk], cache=cache)
+    diff = float(mx.abs(whole - last[0, -1].astype(mx.float32)).max())
+    if diff <= ref.tolerance:
+        return None
+    return (f"mlx-lm's own forward gives different logits for a {w + 5}-token prompt prefilled whole and in "
+            f"{chunk}-token chunks (max |diff| {diff:.3g}, sliding window {w}), so no chunked engine can "
+            "reproduce it")

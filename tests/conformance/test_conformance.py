@@ -55,6 +55,14 @@ def test_fast_subset(model_type, tiny_model, record_outcome):
     check(out)
 
 
+def test_a_model_whose_own_output_depends_on_chunking_is_refused(tiny_model):
+    # plamo3 (tiny_configs.NOTES): mlx-lm's answer changes with the prefill chunk, so serving it on
+    # its own caches would match one chunking and not the other; the load-time check refuses it.
+    out = run_model("plamo3", tiny_model("plamo3"))
+    assert out.status == "refused", out
+    assert "prefilled whole and in" in out.detail and "plamo3" in out.detail, out.detail
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", ALL_TYPES)
 def test_sweep(model_type, tiny_model, record_outcome):
