@@ -290,10 +290,9 @@ def graphc_prefix(model, tokenizer, config, prompts, max_tokens, *, graph=None, 
     return out
 
 
-def batchgen_prefix(model, prompts, max_tokens) -> dict:
-    from mlx_lm.generate import BatchGenerator
-
-    gen = BatchGenerator(model, max_tokens=max_tokens, completion_batch_size=max(32, len(prompts)))
+def batchgen_first_times(gen, prompts) -> tuple[list, int, float]:
+    """Insert `prompts` into a BatchGenerator and run it to the end: each prompt's time to its
+    first token (NaN if it never got one), tokens generated, and the wall time from the insert."""
     t0 = now()
     uids = gen.insert(prompts)
     first, n = {}, 0
@@ -307,11 +306,18 @@ def batchgen_prefix(model, prompts, max_tokens) -> dict:
             n += 1
     while rs := gen.next_generated():
         n += len(rs)
-    wall = now() - t0
+    return [first.get(u, float("nan")) for u in uids], n, now() - t0
+
+
+def batchgen_prefix(model, prompts, max_tokens) -> dict:
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, max_tokens=max_tokens, completion_batch_size=max(32, len(prompts)))
+    ttfts, n, wall = batchgen_first_times(gen, prompts)
     gen.close()
     del gen
     free()
-    return _prefix_summary([first[u] for u in uids], n, wall)
+    return _prefix_summary(ttfts, n, wall)
 
 
 def _prefix_summary(ttfts, generated, wall) -> dict:

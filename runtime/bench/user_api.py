@@ -98,18 +98,9 @@ def batchgen_first_tokens(model, prompts) -> tuple[list, int]:
     from mlx_lm.generate import BatchGenerator
 
     gen = BatchGenerator(model, max_tokens=1)
-    t0 = now()
-    uids = gen.insert(prompts)
-    first: dict = {}
-    while len(first) < len(uids):
-        rs = gen.next_generated()
-        if not rs:
-            break
-        t = now()
-        for r in rs:
-            first.setdefault(r.uid, t - t0)
+    ttfts, n, _ = C.batchgen_first_times(gen, prompts)
     gen.close()
-    return [first.get(u, float("nan")) for u in uids], len(first)
+    return ttfts, n
 
 
 def plain_first_tokens(model, prompts, chunk: int = 2048) -> tuple[list, int]:
