@@ -62,6 +62,9 @@ def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> t
                            "uncompiled (compile needs the fast path)")
     parts = ["mx.compile of embed/attention/logits on fixed-shape KV (capacity buckets); batches whose caches "
              "are not all plain FullKV run uncompiled; the head ops run as lowered"]
+    if options.get("compile") == "auto":  # where compiled measured slower (docs/performance.md)
+        parts.append("compile: auto — only batches up to runtime/compiled_decode.py AUTO_MAX_BATCH rows; "
+                     "larger ones run the eager step on the same caches")
     if options.get("fuse_projections"):
         n = (applied or {}).get("fused_layers")
         parts.append("fused q/k/v + gate/up" + (f" in {n} llama blocks" if n is not None else " (llama blocks)"))

@@ -41,6 +41,13 @@ def test_default_graph_with_compile_on_shows_the_pass(model_dir):
     eng = Engine.load(model_dir("llama"), compile=True)
     assert "fused q/k/v + gate/up in" in dict(eng.compiled.plan("decode").passes)["compile"]
     assert "compile" not in dict(eng.compiled.plan("prefill").passes)
+    assert "compile: auto" not in dict(eng.compiled.plan("decode").passes)["compile"]
+
+
+def test_compile_auto_says_which_batches_it_compiles(model_dir):
+    eng = Engine.load(model_dir("llama"), compile="auto")
+    assert "compile: auto" in dict(eng.compiled.plan("decode").passes)["compile"]
+    assert eng.compiled.decode.max_batch is not None  # larger batches really run eager
 
 
 @pytest.mark.parametrize("options, message", [
