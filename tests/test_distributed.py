@@ -104,6 +104,47 @@ def test_two_ranks_match_one_process(model_dir, tmp_path):
             assert sum(tp["cached_tokens"]) > 0, tp["cached_tokens"]
 
 
+def test_two_ranks_compiled_decode_match_one_process(model_dir, tmp_path):
+    """compile=True under tensor parallelism: the decode forward is traced through the sharded
+    layers (their all_sums inside the trace); the tokens are the single eager process's."""
+    m = str(model_dir("llama"))
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"models": [m], "engine": {"prefill_chunk": 8, "compile": True},
+                                "prompts": PROMPTS[:4], "params": PARAMS[:4]}))
+    out = tmp_path / "out.json"
+    port = _free_ports(1)[0]
+    run = subprocess.run([*LAUNCH, "-n", "2", "--backend", "ring", "-p", str(port), sys.executable, str(WORKER),
+                          str(out), str(spec)], capture_output=True, text=True, timeout=300)
+    assert out.exists(), f"rank 0 wrote no results (launcher exit {run.returncode}):\n{run.stderr[-4000:]}"
+    ref = Engine.load(m, prefill_chunk=8).generate(PROMPTS[:4], [SamplingParams(**p) for p in PARAMS[:4]])
+    got = json.loads(out.read_text())[m]
+    assert got["tokens"] == [r.token_ids for r in ref]
+    assert got["again"] == [r.token_ids for r in ref]
+
+
+def test_sharded_compile_turns_projection_fusion_off():
+    from graphc.runtime.distributed.load import _check_options
+
+    kw = {"compile": True}
+    _check_options(kw)
+    assert kw["decode_options"] == {"fuse_projections": False}
+    with pytest.raises(ValueError, match="fuse_projections"):
+        _check_options({"compile": True, "decode_options": {"fuse_projections": True}})
+
+
+def test_nccl_launch_turns_cuda_graphs_off(monkeypatch):
+    from graphc.runtime.distributed.group import direct_launches_for_nccl
+
+    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)
+    monkeypatch.delenv("NCCL_HOST_IP", raising=False)
+    assert not direct_launches_for_nccl()  # not an NCCL launch: untouched
+    assert "MLX_USE_CUDA_GRAPHS" not in os.environ
+    monkeypatch.setenv("NCCL_HOST_IP", "127.0.0.1")
+    assert direct_launches_for_nccl() and os.environ["MLX_USE_CUDA_GRAPHS"] == "0"
+    monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", "1")  # the user's choice wins
+    assert not direct_launches_for_nccl() and os.environ["MLX_USE_CUDA_GRAPHS"] == "1"
+
+
 # -- serving, and a follower that dies ---------------------------------------------------------
 TIMEOUT_S = 10  # GRAPHC_DIST_TIMEOUT of the test servers: how long a hang may go unnoticed
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 
@@ -81,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=int, default=8, help="decode steps before timing")
     ap.add_argument("--steps", type=int, default=32, help="timed decode steps")
     ap.add_argument("--json", help="rank 0 writes the results here")
+    ap.add_argument("--compile", action="store_true", help="graphc's compiled decode (mx.compile through the sharded layers)")
+    ap.add_argument("--skip-mlx-lm", action="store_true", help="time graphc only")
     args = ap.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -88,7 +91,8 @@ def main(argv=None) -> int:
     model, tokenizer, config, label = load_shape(args.shape, args.dtype)
     rows = {b: {} for b in batches}
     try:  # rank 0 gets the engine; the others follow it inside and come out with SystemExit(0)
-        engine = engine_from_model(model, tokenizer, config, max_batch=max(batches), model_path=label)
+        engine = engine_from_model(model, tokenizer, config, max_batch=max(batches), model_path=label,
+                                   compile=args.compile)
         for b in batches:
             rows[b]["graphc"] = graphc_ms_per_step(engine, b, args.prompt_len, args.warm, args.steps)
         getattr(engine, "close", lambda: None)()
@@ -97,16 +101,18 @@ def main(argv=None) -> int:
             raise
     # The model is sharded in place by now (when launched): mlx-lm's loop runs on the same shard.
     for b in batches:
-        rows[b]["mlx_lm"] = mlx_lm_ms_per_step(model, b, args.prompt_len, args.warm, args.steps)
+        rows[b]["mlx_lm"] = (float("nan") if args.skip_mlx_lm
+                             else mlx_lm_ms_per_step(model, b, args.prompt_len, args.warm, args.steps))
     if group.rank() == 0:
         n = group.size()
         for b in batches:
             r = rows[b]
-            print(f"{label} TP={n} batch {b:3d}: graphc {r['graphc']:.2f} ms/step, mlx-lm loop {r['mlx_lm']:.2f} "
+            print(f"{label} TP={n}{' compile' if args.compile else ''} graphs={os.environ.get('MLX_USE_CUDA_GRAPHS', 'default')} batch {b:3d}: graphc {r['graphc']:.2f} ms/step, mlx-lm loop {r['mlx_lm']:.2f} "
                   f"ms/step (mlx-lm / graphc {r['mlx_lm'] / r['graphc']:.2f}), device {mx.default_device()}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"shape": label, "tp": n, "rows": {str(b): rows[b] for b in batches}}, f, indent=1)
+                json.dump({"shape": label, "tp": n, "compile": args.compile,
+                       "cuda_graphs": os.environ.get("MLX_USE_CUDA_GRAPHS", "default"), "rows": {str(b): rows[b] for b in batches}}, f, indent=1)
     return 0
 
 

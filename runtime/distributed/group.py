@@ -31,8 +31,30 @@ def launched() -> bool:
     return any(os.environ.get(k) for k in LAUNCH_ENV)
 
 
+def direct_launches_for_nccl() -> bool:
+    """Under an NCCL launch, run MLX's CUDA backend without CUDA graphs, unless the user chose
+    (MLX_USE_CUDA_GRAPHS set either way). Returns whether this call turned them off.
+
+    Why: MLX captures every NCCL collective into the CUDA graph it is building; such graphs are
+    not updatable, so each one is re-instantiated when it is launched. On the H200 pair (run 8,
+    docs/performance.md) that made each of a decode step's 64 collectives cost 37-71 us inside
+    the step instead of 9-18 us, and an 8B TP=2 decode step 1.2-1.4x slower. MLX reads the
+    variable once, at its first GPU op, so this must run before any: `world()` calls it, and the
+    entry points call `world()` before they build the model."""
+    if "MLX_USE_CUDA_GRAPHS" in os.environ or not os.environ.get("NCCL_HOST_IP"):
+        return False
+    os.environ["MLX_USE_CUDA_GRAPHS"] = "0"
+    return True
+
+
 def world() -> mx.distributed.Group:
     """The world group of this launch (a group of one when nothing launched us)."""
+    if direct_launches_for_nccl():
+        import logging
+
+        logging.getLogger("graphc.distributed").info(
+            "NCCL launch: MLX_USE_CUDA_GRAPHS=0 (collectives inside CUDA graphs cost 3-4x more; set "
+            "MLX_USE_CUDA_GRAPHS=1 to keep them)")
     if not mx.distributed.is_available():
         raise GroupFailed("this MLX build has no distributed backend; install mlx with the ring/MPI/NCCL backends")
     return mx.distributed.init()

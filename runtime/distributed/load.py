@@ -104,9 +104,16 @@ def _start(group, watchdog: Watchdog, loaded, error, graph, timeout, heartbeat_s
 
 
 def _check_options(kwargs: dict) -> None:
+    """Options a sharded engine takes differently. compile: the decode forward is traced through
+    the model's own sharded layers (their all_sums included), so projection fusion, which would
+    read the layers' weights around them, is turned off."""
     if kwargs.get("compile"):
-        raise ValueError("compile=True (the mx.compile decode path) is not supported with distributed=True yet: "
-                         "its fused llama projections bypass the sharded layers; leave compile off")
+        opts = dict(kwargs.get("decode_options") or {})
+        if opts.get("fuse_projections"):
+            raise ValueError("decode option fuse_projections is not supported with distributed=True: fused "
+                             "projections bypass the sharded layers; leave it off (compile alone works)")
+        opts["fuse_projections"] = False
+        kwargs["decode_options"] = opts
 
 
 def _load_shard(model_dir, group, kwargs: dict):
