@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import attrs
 
+from graphc.contracts.policies import prefix_unsupported_reason
+
 from .bind import Binding
 from .ops import BATCH_KINDS, EDIT_KINDS, OPS
 
@@ -132,8 +134,6 @@ def prune_for_kind(spec, kind: str) -> tuple[list, list[str]]:
 
 
 def binding_notes(binding: Binding) -> list[str]:
-    from graphc.runtime.prefix_cache import prefix_unsupported_reason
-
     notes = []
     if binding.wrapper_type:
         notes.append(f"multimodal wrapper '{binding.wrapper_type}': serving its text model "
