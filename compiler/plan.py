@@ -221,7 +221,12 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     if kind == "decode":
         from .decode_options import compile_pass, resolve
 
-        line = compile_pass(resolve(spec.decode_options), binding.lowering)
+        opts = resolve(spec.decode_options)
+        # What the adapter's fused block would cover, without building its weights (an Engine
+        # that compiles replaces this line with what it applied).
+        preview = (binding.adapter.fused_decode_preview() if opts["fuse_projections"] and binding.adapter
+                   else None)
+        line = compile_pass(opts, binding.lowering, {"fused": preview} if preview else None)
         if line:
             passes.append(line)
     if edits is not None:
