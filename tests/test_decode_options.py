@@ -23,7 +23,7 @@ def declared(tmp_path, options: str) -> str:
 def test_graph_declares_compile_and_inspect_shows_it(model_dir, tmp_path):
     d = model_dir("llama")
     eng = Engine.load(d, graph=declared(tmp_path, "{compile: true, fuse_projections: false}"))
-    assert isinstance(eng.compiled.decode, CompiledDecode) and eng.compiled.decode.fused == {}
+    assert isinstance(eng.compiled.decode, CompiledDecode) and len(eng.compiled.decode.fused) == 0
     passes = dict(eng.compiled.plan("decode").passes)
     assert "mx.compile" in passes["compile"] and "fused" not in passes["compile"]
     assert "compile          mx.compile" in inspect_plan(eng.compiled, "decode", trace=False)
