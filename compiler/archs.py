@@ -2,7 +2,8 @@
 
 mlx-lm's `Model.__call__` fuses these; the fast path calls them separately so that
 non-final prefill chunks skip the head, the logits node runs only on the last
-position, and the compiled decode (runtime/compiled_decode.py) can fuse llama blocks.
+position, and the compiled decode (runtime/compiled_decode.py) can run the fused decode
+block the adapter supplies (`fused_decode`: the llama family's, compiler/fused_block.py).
 Every other model type runs its own `__call__` (the generic lowering, compiler/lower.py).
 
 An adapter is only a candidate: it serves a model only after the load-time self-check
@@ -53,6 +54,44 @@ class ArchAdapter:
         emb = self.inner.embed_tokens
         return emb.weight if type(emb) is nn.Embedding else None
 
+    # -- the compiled decode's fused block (compiler/fused_block.py) ------------------
+    def fused_decode(self):
+        """The fused decode blocks this architecture supplies (graphc-owned weights; the model
+        is left untouched). None here: its layers run as mlx-lm's own modules under mx.compile."""
+        from .fused_block import FusedBlocks
+
+        return FusedBlocks.none(self._no_fused_reason(), total=len(self.layers))
+
+    def fused_decode_preview(self) -> str:
+        """What `fused_decode` would give, without building any weights (the plan's note)."""
+        return f"no fused blocks: {self._no_fused_reason()}"
+
+    def _no_fused_reason(self) -> str:
+        family = type(self.model).__module__.rpartition(".")[2]
+        return (f"{type(self).__name__} supplies no fused decode block for '{family}' (only the llama "
+                "family's is written); its layers run as mlx-lm's own modules under mx.compile")
+
+
+class LlamaAdapter(ArchAdapter):
+    """Llama: the default decomposition, plus a fused decode block (q/k/v and gate/up as one matmul each)."""
+
+    def fused_decode(self):
+        from .fused_block import llama_blocks
+
+        return llama_blocks(self.layers)
+
+    def fused_decode_preview(self) -> str:
+        from .fused_block import llama_unfusable
+
+        layers = self.layers
+        reasons = [r for r in map(llama_unfusable, layers) if r is not None]
+        n = len(layers) - len(reasons)
+        if not n:
+            return "no fused blocks: " + "; ".join(sorted(set(reasons)))
+        return (f"fused q/k/v + gate/up in {n} of {len(layers)} blocks (LlamaAdapter.fused_decode; the fused "
+                "copies are graphc's own arrays, the model is untouched)"
+                + (f"; others: {'; '.join(sorted(set(reasons)))}" if reasons else ""))
+
 
 class Gemma3Adapter(ArchAdapter):
     def embed(self, tokens):
@@ -64,7 +103,7 @@ class Gemma3Adapter(ArchAdapter):
 # Model types with a fast path (each proven by tests/test_parity_*.py and, at every load,
 # by the self-check). Anything else runs the model's own forward.
 ADAPTERS: dict[str, type[ArchAdapter]] = {
-    "llama": ArchAdapter,
+    "llama": LlamaAdapter,
     "qwen3": ArchAdapter,
     "gpt_oss": ArchAdapter,
     "qwen3_next": ArchAdapter,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import attrs
 
+from graphc.contracts.policies import PolicyLike, get_policy
+
 from .archs import ArchAdapter, adapter_for
 from .errors import Diagnostic, GraphError
 from .ir import GraphSpec
@@ -57,7 +59,7 @@ class Binding:
     model: object  # the model graphc serves (a multimodal wrapper's language_model)
     config: dict
     layers: list[LayerInfo]
-    policies: list  # one CachePolicy per layer
+    policies: list[PolicyLike]  # one per layer (contracts/policies.py)
     model_type: str = "?"
     adapter: ArchAdapter | None = None  # the fast path's decomposition, when this model type has one
     lowering: str = "generic"
@@ -83,8 +85,6 @@ def classify_model(model, config: dict) -> list[LayerInfo]:
 def bind(spec: GraphSpec, model, config: dict, layers: list[LayerInfo] | None = None,
          model_type: str | None = None) -> Binding:
     """Instantiate the declared policy for each layer. Raises GraphError (no policy for a kind)."""
-    from graphc.runtime.cache.registry import get_policy
-
     from .cachekinds import model_type_of, text_model
 
     served = text_model(model)

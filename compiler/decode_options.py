@@ -3,9 +3,13 @@
     decode:
       compile: true            # mx.compile the decode forward on fixed-shape KV (default false;
                                # auto: compiled for batches up to 16 rows, eager above)
-      fuse_projections: true   # llama blocks: q/k/v and gate/up as one matmul each (default true)
+      fuse_projections: true   # the architecture's fused decode block, where its adapter has one
+                               # (llama: q/k/v and gate/up as one matmul each; graphc-owned copies
+                               # of those weights, the model untouched) (default true)
       attention_kernel: true   # CUDA: the ragged decode-attention kernel, once it matched MLX (default true)
       skinny_matmul: false     # CUDA: the 2..64-row matmul kernel, once it matched MLX (default false)
+      skinny_table: null       # a tuned launch table for it (`python -m graphc.runtime.kernels.tune
+                               # --table FILE`); null: the built-in heuristic
 
 `Engine(compile=..., skinny_gemm=..., decode_options=...)` may override any of them; the
 decode plan's passes (`graphc inspect`) show what was applied and, when it was not, why.
@@ -15,9 +19,10 @@ from __future__ import annotations
 
 DECODE_OPTIONS = {
     "compile": (False, "mx.compile the decode forward on fixed-shape KV"),
-    "fuse_projections": (True, "llama blocks: q/k/v and gate/up as one matmul each"),
+    "fuse_projections": (True, "the architecture's fused decode block (llama: q/k/v and gate/up as one matmul each)"),
     "attention_kernel": (True, "CUDA: the ragged decode-attention kernel"),
     "skinny_matmul": (False, "CUDA: the 2..64-row matmul kernel"),
+    "skinny_table": (None, "a tuned launch table (JSON) for the skinny matmul; null: the built-in heuristic"),
 }
 
 
@@ -44,6 +49,9 @@ def problems(raw) -> list[str]:
     for k, v in raw.items():
         if k not in DECODE_OPTIONS:
             out.append(f"unknown decode option '{k}' (known: {', '.join(DECODE_OPTIONS)})")
+        elif k == "skinny_table":
+            if v is not None and not isinstance(v, str):
+                out.append(f"decode option 'skinny_table' must be a file path or null, got {v!r}")
         elif not isinstance(v, bool) and not (k == "compile" and v == "auto"):
             allowed = "true, false or auto" if k == "compile" else "true or false"
             out.append(f"decode option '{k}' must be {allowed}, got {v!r}")
@@ -53,8 +61,9 @@ def problems(raw) -> list[str]:
 def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> tuple[str, str] | None:
     """The decode plan's `compile` pass line, or None when compile is off.
 
-    `applied`: what the runtime actually switched on ({"fused_layers": n, "attention_kernel": note,
-    "skinny_matmul": note}), when known."""
+    `applied`: what the runtime actually switched on ({"fused": note of the adapter's fused blocks,
+    "attention_kernel": note, "skinny_matmul": note}), when known; before an engine compiles, only
+    "fused" (what the adapter would fuse)."""
     if not options.get("compile"):
         return None
     if lowering != "fast":
@@ -65,9 +74,11 @@ def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> t
     if options.get("compile") == "auto":  # where compiled measured slower (docs/performance.md)
         parts.append("compile: auto — only batches up to runtime/compiled_decode.py AUTO_MAX_BATCH rows; "
                      "larger ones run the eager step on the same caches")
-    if options.get("fuse_projections"):
-        n = (applied or {}).get("fused_layers")
-        parts.append("fused q/k/v + gate/up" + (f" in {n} llama blocks" if n is not None else " (llama blocks)"))
+    fused = (applied or {}).get("fused")
+    if not options.get("fuse_projections"):
+        parts.append("fuse_projections: off")
+    elif fused:
+        parts.append(fused)
     for key, label in (("attention_kernel", "ragged attention kernel"), ("skinny_matmul", "skinny matmul")):
         if not options.get(key):
             parts.append(f"{label}: off")
@@ -75,4 +86,6 @@ def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> t
             parts.append(f"{label}: {applied[key]}")
         else:
             parts.append(f"{label}: on where it builds and matches MLX (CUDA)")
+    if options.get("skinny_matmul") and options.get("skinny_table"):
+        parts.append(f"skinny table: {options['skinny_table']}")
     return ("compile", "; ".join(parts))

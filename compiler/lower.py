@@ -15,46 +15,16 @@ runs (build_plan prunes prefill-only nodes from the decode plan).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import attrs
 import mlx.core as mx
 
+from graphc.contracts.step import StepInputs, StepOutputs  # re-exported: the step contract
+
 from .bind import Binding
 from .ops import OPS, BoundNode, last_position
 from .plan import Plan, build_plan
-
-
-@attrs.define
-class StepInputs:
-    """One batch, as the lowered step sees it."""
-
-    tokens: mx.array  # int32 [B, L]; rows left-padded to a common length
-    caches: list  # one LayerCache per layer
-    final: bool = True  # prefill: the last chunk (run the head); decode: always True
-    sampling: Any = None  # runtime.batch_sampling.SamplingState, or None: every row plain greedy
-    key: mx.array | None = None  # RNG key for rows without a seed
-    extra_edits: mx.array | None = None  # additive [B, V] rows computed on the host (grammar masks)
-    # x @ w.T for the head's dense weight, when a runtime brings its own (the compiled decode
-    # path's skinny-matmul kernel, runtime/compiled_decode.py); None: the model's head as is.
-    matmul: Callable | None = None
-    prompt_targets: Any = None  # ops.PromptTargets when the (one) row asks for prompt logprobs
-    pads: list | None = None  # left padding per row (pooling skips it); None: no padding
-    options: dict | None = None  # per-batch request options ops read, e.g. {"dimensions": 256}
-    # The chunk's logits at every position are wanted (prompt logprobs): the generic lowering
-    # then runs the final chunk as one forward instead of splitting off its last token.
-    all_positions: bool = False
-
-
-@attrs.define
-class StepOutputs:
-    """Every graph output under its own name (`values`), plus the ones the runtime reads most."""
-
-    hidden: mx.array | None = None  # the attention node's value
-    logits: mx.array | None = None  # [B, V]: the model's logits at the sampled position (model_logits_node)
-    next_tokens: mx.array | None = None  # int32 [B]
-    logprobs: Any = None  # a LogprobsOutput pack when some row asked
-    values: dict = attrs.field(factory=dict)  # output name -> value (None when nothing asked for it)
 
 
 @attrs.define

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import attrs
 
+from graphc.contracts.policies import prefix_unsupported_reason
+
 from .bind import Binding
 from .ops import BATCH_KINDS, EDIT_KINDS, OPS
 
@@ -132,8 +134,6 @@ def prune_for_kind(spec, kind: str) -> tuple[list, list[str]]:
 
 
 def binding_notes(binding: Binding) -> list[str]:
-    from graphc.runtime.prefix_cache import prefix_unsupported_reason
-
     notes = []
     if binding.wrapper_type:
         notes.append(f"multimodal wrapper '{binding.wrapper_type}': serving its text model "
@@ -221,7 +221,12 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     if kind == "decode":
         from .decode_options import compile_pass, resolve
 
-        line = compile_pass(resolve(spec.decode_options), binding.lowering)
+        opts = resolve(spec.decode_options)
+        # What the adapter's fused block would cover, without building its weights (an Engine
+        # that compiles replaces this line with what it applied).
+        preview = (binding.adapter.fused_decode_preview() if opts["fuse_projections"] and binding.adapter
+                   else None)
+        line = compile_pass(opts, binding.lowering, {"fused": preview} if preview else None)
         if line:
             passes.append(line)
     if edits is not None:

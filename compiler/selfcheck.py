@@ -168,10 +168,9 @@ def run_check(compiled, ref: Reference, lowering: str, batched: bool = True) -> 
 
 
 def batch_prefill_ok(policies) -> bool:
-    """Whether several prompts may share one left-padded prefill: every layer keeps plain FullKV rows."""
-    from graphc.runtime.cache.full import FullKV
-
-    return all(isinstance(p.new_cache(), FullKV) for p in policies)
+    """Whether several prompts may share one left-padded prefill: every layer's cache says it keeps
+    plain left-padded rows (`batch_prefill = True`: runtime/cache/full.py's FullKV and its subclasses)."""
+    return all(getattr(p.new_cache(), "batch_prefill", False) for p in policies)
 
 
 # Windows up to this size are checked for chunk invariance at load (a prompt of window + 5

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import networkx as nx
 
+from graphc.contracts.policies import get_policy, policy_names
+
 from .errors import Diagnostic, SourceLoc, did_you_mean
 from .ir import GraphSpec
 from .ops import OPS, PRIMARY_OUTPUTS, REQUIRED_OPS, RUNTIME_OUTPUTS
@@ -171,8 +173,6 @@ def check_outputs(spec: GraphSpec, g: nx.DiGraph) -> list[Diagnostic]:
 
 
 def check_cache(spec: GraphSpec) -> list[Diagnostic]:
-    from graphc.runtime.cache.registry import get_policy, policy_names
-
     out = []
     if not spec.cache:
         out.append(Diagnostic(spec.loc, "no `cache:` section: attention layers have no policy",

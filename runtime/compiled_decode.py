@@ -19,8 +19,9 @@ What makes the step compile-friendly (the shapes stop changing every step):
   traced once and reused from mx.compile's cache. Batch sizes are not padded to
   buckets: that would cost a KV copy on every membership change, and the trace cache
   already holds one trace per batch size seen.
-- llama blocks run with q/k/v and gate/up as one matmul each (MLX's matmul for 2..64
-  rows costs about the same per call whatever its width); weights are stored once.
+- where the architecture supplies a fused decode block (the adapter's `fused_decode`,
+  compiler/fused_block.py: llama's runs q/k/v and gate/up as one matmul each), layers run
+  through it; its fused weights are graphc's own arrays, the model is left untouched.
 
 Exactness: masked columns get zero weight and the fused matmuls compute the same dot
 products, so on the CPU the tokens are those of the uncompiled step
@@ -34,15 +35,17 @@ whose caches are not plain `FullKV` (other policies, subclasses) run uncompiled.
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
 
+from graphc.compiler.fused_block import FusedBlocks
 from graphc.compiler.lower import LoweredStep, StepContext, StepInputs
 
 from .cache.full import MIN_CAPACITY, FullKV
 
 
 class _FixedKV:
-    """What an mlx-lm layer sees inside the trace: array offsets, a write at an array column."""
+    """What an mlx-lm layer sees inside the trace: array offsets, a write at an array column.
+
+    Also the cache a fused decode block runs through (contracts/decode_block.py)."""
 
     def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel, matmul):
         self.keys, self.values = keys, values
@@ -63,10 +66,8 @@ class _FixedKV:
 
     # Called by the lowering's attention rule in place of `layer(h, mask, cache)`.
     def run_layer(self, layer, h, mask):
-        w = self.fused.get(id(layer)) if self.fused else None
-        if w is None:
-            return layer(h, mask, self)
-        return _llama_block(layer, w, h, self)
+        out = self.fused.run(layer, h, self)
+        return layer(h, mask, self) if out is None else out
 
     def attend(self, q, k, v, scale):
         if self.kernel:
@@ -74,60 +75,6 @@ class _FixedKV:
 
             return ragged_attention(q, k, v, self.start, self.end, scale)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=self.mask)
-
-
-def _llama_block(layer, w, x, cache):
-    """mlx-lm's llama TransformerBlock with q/k/v and gate/up each as one matmul.
-
-    MLX's matmul for 2..64 rows costs about the same per call whatever the width
-    (docs/performance.md, the matmul table), so 4 calls a layer instead of 7 pays.
-    """
-    a = layer.self_attn
-    B, L, _ = x.shape
-    mm = cache.matmul
-    qkv = mm(layer.input_layernorm(x), w["qkv"])
-    q, k, v = mx.split(qkv, w["split"], axis=-1)
-    q = q.reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)
-    k = k.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    q = a.rope(q, offset=cache.offset)
-    k = a.rope(k, offset=cache.offset)
-    k, v = cache.update_and_fetch(k, v)
-    o = cache.attend(q, k, v, a.scale)
-    h = x + mm(o.transpose(0, 2, 1, 3).reshape(B, L, -1), a.o_proj.weight)
-    g, u = mx.split(mm(layer.post_attention_layernorm(h), w["gate_up"]), 2, axis=-1)
-    return h + mm(nn.silu(g) * u, layer.mlp.down_proj.weight)
-
-
-def fuse_llama_projections(layers) -> dict:
-    """{id(layer): fused weights} for mlx-lm llama blocks (plain Linear, no biases).
-
-    The fused matrices are stored once: the layer's own q/k/v and gate/up weights are
-    replaced by row slices of them (same values, no second copy), so the model and
-    the uncompiled path keep working on the same memory.
-    """
-    try:
-        from mlx_lm.models import llama
-    except ImportError:  # pragma: no cover
-        return {}
-    out = {}
-    for layer in layers:
-        a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        if type(layer) is not llama.TransformerBlock or type(a) is not llama.Attention or type(m) is not llama.MLP:
-            continue
-        projs = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-        if any(type(p) is not nn.Linear or "bias" in p for p in projs):
-            continue  # quantized or biased projections: left as they are
-        qkv = mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-        gu = mx.concatenate([m.gate_proj.weight, m.up_proj.weight])
-        mx.eval(qkv, gu)
-        nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
-        ng = m.gate_proj.weight.shape[0]
-        a.q_proj.weight, a.k_proj.weight, a.v_proj.weight = qkv[:nq], qkv[nq:nq + nk], qkv[nq + nk:]
-        m.gate_proj.weight, m.up_proj.weight = gu[:ng], gu[ng:]
-        mx.eval(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, m.gate_proj.weight, m.up_proj.weight)
-        out[id(layer)] = {"qkv": qkv, "gate_up": gu, "split": [nq, nq + nk]}
-    return out
 
 
 def _mlx_matmul(x, w):
@@ -169,17 +116,19 @@ class CompiledDecode:
     """
 
     def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False,
-                 max_batch: int | None = None):
+                 max_batch: int | None = None, skinny_table: str | None = None):
         # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
-        # fuse_projections, attention_kernel, skinny_matmul (the bench's --compile-ablation
-        # switches each off through Engine(decode_options=...)).
+        # fuse_projections, attention_kernel, skinny_matmul, skinny_table (the bench's
+        # --compile-ablation switches each off through Engine(decode_options=...)).
         self.max_batch = max_batch
         self.step = step
         self.hidden_node = step.hidden_node
         self.logits_node = step.logits_node
         self.plan = step.plan
         self.binding = step.binding
-        self.fused = fuse_llama_projections(step.binding.adapter.layers) if fuse else {}
+        # The architecture's fused decode block, if it has one (compiler/archs.py fused_decode).
+        self.fused = (step.binding.adapter.fused_decode() if fuse
+                      else FusedBlocks.none("off (decode: {fuse_projections: false})"))
         # The ragged attention kernel: CUDA only, and only once it matched MLX here.
         from .kernels import decode_attention
 
@@ -191,8 +140,8 @@ class CompiledDecode:
 
         self.skinny_note = skinny_matmul.check() if skinny else "off"
         self.skinny = self.skinny_note is None
-        if self.skinny:
-            skinny_matmul.load_table()  # a bad GRAPHC_SKINNY_TABLE fails here, not in a decode step
+        if self.skinny and skinny_table:
+            skinny_matmul.load_table(skinny_table)  # a bad table fails here, not in a decode step
         self.matmul = skinny_matmul.matmul if self.skinny else _mlx_matmul
         self._fn = mx.compile(self._traced)
         self.compiled_steps = 0
@@ -242,6 +191,12 @@ class CompiledDecode:
         ctx.values.update(vals)
         self.compiled_steps += 1
         return ctx
+
+    def applied(self) -> dict:
+        """What this step switched on, for the plan's `compile` pass (decode_options.compile_pass)."""
+        return {"fused_layers": len(self.fused), "fused": self.fused.note,
+                "attention_kernel": "on" if self.kernel else f"off ({self.kernel_note})",
+                "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})"}
 
     def head(self, ctx: StepContext, extra_edits=None):
         return self.step.head(ctx, extra_edits)

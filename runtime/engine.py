@@ -73,7 +73,8 @@ class Engine:
             o = self.decode_options
             self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
                                                   kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
-                                                  max_batch=AUTO_MAX_BATCH if o["compile"] == "auto" else None)
+                                                  max_batch=AUTO_MAX_BATCH if o["compile"] == "auto" else None,
+                                                  skinny_table=o["skinny_table"])
         self._show_compile_pass()
         if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
             max_batch, batch_prefill = 1, False
@@ -117,11 +118,7 @@ class Engine:
         from graphc.compiler.decode_options import compile_pass
 
         d = self.compiled.decode
-        applied = None
-        if getattr(d, "fused", None) is not None:
-            applied = {"fused_layers": len(d.fused),
-                       "attention_kernel": "on" if d.kernel else f"off ({d.kernel_note})",
-                       "skinny_matmul": "on" if d.skinny else f"off ({d.skinny_note})"}
+        applied = d.applied() if hasattr(d, "applied") else None
         line = compile_pass(self.decode_options, self.compiled.binding.lowering, applied)
         passes = tuple(p for p in d.plan.passes if p[0] != "compile") + ((line,) if line else ())
         d.plan = attrs.evolve(d.plan, passes=passes)

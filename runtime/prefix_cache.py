@@ -40,6 +40,9 @@ import heapq
 import attrs
 import numpy as np
 
+# The rule over the policies' prefix_role is a neutral contract (the plan's inspect note reads it too).
+from graphc.contracts.policies import prefix_unsupported_reason  # noqa: F401 - re-exported
+
 from .cache.radix import Node, RadixTree, common_prefix, tick
 from .cache.slots import SlotAllocator
 
@@ -427,21 +430,6 @@ DEFAULT_MEM_FRACTION = 0.25
 # grows with every new prompt until it is full: its default size is capped at this many bytes
 # (mem_fraction / max_total_tokens set it explicitly). GPUs keep the mem_fraction default.
 DEFAULT_CPU_POOL_BYTES = 1 << 30
-
-
-def prefix_unsupported_reason(policies) -> str | None:
-    """Why these layer policies cannot share prefixes (None when they can)."""
-    roles = [getattr(p, "prefix_role", None) for p in policies]
-    if None in roles:
-        i = roles.index(None)
-        return (f"layer {i}'s policy '{policies[i].name}' cannot capture or restore a prefix "
-                "(a policy with a prefix_role would be needed)")
-    if "pool" not in roles:
-        return "no pool-backed layer to index prefixes by"
-    windows = {p.window for p, r in zip(policies, roles) if r == "window"}
-    if len(windows) > 1:
-        return f"sliding layers of different windows {sorted(windows)}: one window pool serves one window size"
-    return None
 
 
 def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens: int | None = None,

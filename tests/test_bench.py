@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from graphc.compiler.cli import main as graphc_main
+from graphc.cli import main as graphc_main
 from graphc.runtime.bench.run import WORKLOADS
 
 TINY = ["--model", "tiny", "--prompt-len", "8", "--warmup", "1", "--steps", "2", "--repeats", "2",

@@ -69,3 +69,39 @@ def test_auto_compiles_small_batches_only_and_stays_exact(llama, monkeypatch):
 def test_compile_rejects_an_unknown_mode(llama):
     with pytest.raises(ValueError, match="'auto'"):
         Engine.load(llama, compile="fast")
+
+
+def test_compile_leaves_the_model_untouched(llama):
+    """The fused block's weights are graphc's own arrays: the model's parameters (the same array
+    objects, the same values, the same tree) are exactly what was loaded."""
+    import mlx.core as mx
+    import mlx_lm
+    from mlx.utils import tree_flatten
+
+    model, tokenizer = mlx_lm.load(str(llama))
+    before = tree_flatten(model.parameters())
+    copies = [(k, mx.array(v)) for k, v in before]
+    import json
+    from pathlib import Path
+
+    eng = Engine(model, tokenizer, json.loads((Path(llama) / "config.json").read_text()), compile=True)
+    assert len(eng.compiled.decode.fused) == len(model.layers)
+    eng.generate(random_prompts(2, eng.vocab_size, [5, 9], seed=2), SamplingParams(max_tokens=8, ignore_eos=True))
+    after = tree_flatten(model.parameters())
+    assert [k for k, _ in after] == [k for k, _ in before]
+    assert all(a is b for (_, a), (_, b) in zip(after, before))
+    assert all(mx.array_equal(a, c).item() for (_, a), (_, c) in zip(after, copies))
+
+
+def test_an_architecture_without_a_fused_block_says_so(model_dir):
+    # qwen3's adapter supplies no fused block: compile still runs its layers under mx.compile,
+    # and the plan's compile pass (graphc inspect) says why nothing is fused.
+    eng = Engine.load(model_dir("qwen3"), compile=True)
+    d = eng.compiled.decode
+    assert isinstance(d, CompiledDecode) and len(d.fused) == 0
+    line = dict(eng.compiled.plan("decode").passes)["compile"]
+    assert "no fused blocks: ArchAdapter supplies no fused decode block for 'qwen3'" in line
+    prompts = random_prompts(2, eng.vocab_size, [6, 3], seed=5)
+    got = [r.token_ids for r in eng.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
+    assert got == [reference_greedy(eng.model, p, 12) for p in prompts]
+    assert d.compiled_steps > 0

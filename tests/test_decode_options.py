@@ -23,7 +23,7 @@ def declared(tmp_path, options: str) -> str:
 def test_graph_declares_compile_and_inspect_shows_it(model_dir, tmp_path):
     d = model_dir("llama")
     eng = Engine.load(d, graph=declared(tmp_path, "{compile: true, fuse_projections: false}"))
-    assert isinstance(eng.compiled.decode, CompiledDecode) and eng.compiled.decode.fused == {}
+    assert isinstance(eng.compiled.decode, CompiledDecode) and len(eng.compiled.decode.fused) == 0
     passes = dict(eng.compiled.plan("decode").passes)
     assert "mx.compile" in passes["compile"] and "fused" not in passes["compile"]
     assert "compile          mx.compile" in inspect_plan(eng.compiled, "decode", trace=False)
@@ -58,3 +58,25 @@ def test_compile_auto_says_which_batches_it_compiles(model_dir):
 def test_bad_decode_options_are_graph_errors(tmp_path, options, message):
     with pytest.raises(GraphError, match=message):
         load_spec(declared(tmp_path, options))
+
+
+def test_a_declared_compile_previews_the_fused_blocks_without_an_engine(model_dir, tmp_path):
+    # compile_graph alone (graphc inspect without --compile) says what the adapter would fuse,
+    # building no weights.
+    from graphc.compiler.compile import compile_graph
+    import mlx_lm
+    import json
+    from pathlib import Path
+
+    d = model_dir("llama")
+    model, _ = mlx_lm.load(str(d))
+    compiled = compile_graph(declared(tmp_path, "{compile: true}"), model, json.loads((Path(d) / "config.json").read_text()))
+    line = dict(compiled.plan("decode").passes)["compile"]
+    assert f"fused q/k/v + gate/up in {len(model.layers)} of {len(model.layers)} blocks (LlamaAdapter.fused_decode" in line
+
+
+def test_skinny_table_is_a_decode_option_not_an_environment_variable(tmp_path):
+    with pytest.raises(GraphError, match="decode option 'skinny_table' must be a file path or null"):
+        load_spec(declared(tmp_path, "{skinny_matmul: true, skinny_table: 3}"))
+    spec = load_spec(declared(tmp_path, "{skinny_matmul: true, skinny_table: t.json}"))
+    assert spec.decode_options["skinny_table"] == "t.json"

@@ -161,7 +161,7 @@ def test_refusals_name_what_is_unsupported(llama, tmp_path):
 
 
 def test_engine_and_cli_take_a_gguf_path(llama, tmp_path, monkeypatch, capsys):
-    from graphc.compiler.cli import main
+    from graphc.cli import main
     from graphc.runtime import Engine, SamplingParams
 
     monkeypatch.setenv("GRAPHC_CACHE", str(tmp_path / "cache"))

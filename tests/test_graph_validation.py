@@ -148,7 +148,7 @@ def test_every_problem_is_reported_not_only_the_first():
 def test_validate_cli_reports_all_and_exits_nonzero(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(GOOD.replace("op: attention", "op: atention").replace("{policy: full}", "{policy: nope}"))
-    proc = subprocess.run([sys.executable, "-m", "graphc.compiler.cli", "validate", str(bad)],
+    proc = subprocess.run([sys.executable, "-m", "graphc.cli", "validate", str(bad)],
                           capture_output=True, text=True)
     assert proc.returncode == 1
     assert f"{bad}:6: error in node 'decoder': unknown op 'atention'" in proc.stdout
@@ -179,6 +179,6 @@ def test_bind_rejects_model_with_layers_the_graph_has_no_policy_for(model_dir):
     (["inspect", "no-such-graph", "--no-trace"], "graph 'no-such-graph' not found"),
 ])
 def test_cli_user_errors_are_one_line_without_traceback(argv, needle):
-    proc = subprocess.run([sys.executable, "-m", "graphc.compiler.cli", *argv], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "graphc.cli", *argv], capture_output=True, text=True)
     assert proc.returncode == 2
     assert needle in proc.stderr and "Traceback" not in proc.stderr

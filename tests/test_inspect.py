@@ -59,7 +59,7 @@ def test_dot_is_a_digraph_with_every_edge(compiled):
 
 def test_cli_inspect_json(compiled):
     _, d = compiled
-    proc = subprocess.run([sys.executable, "-m", "graphc.compiler.cli", "inspect", "graphs/dense.yaml", "--model",
+    proc = subprocess.run([sys.executable, "-m", "graphc.cli", "inspect", "graphs/dense.yaml", "--model",
                            str(d), "--format", "json"], capture_output=True, text=True, cwd=_repo_root())
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)

@@ -10,7 +10,7 @@ import mlx_lm
 import numpy as np
 import pytest
 
-from graphc.compiler.cli import main as cli
+from graphc.cli import main as cli
 from graphc.compiler.compile import compile_graph, load_spec
 from graphc.compiler.errors import GraphError
 from graphc.compiler.inspect import inspect_plan

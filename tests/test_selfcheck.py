@@ -177,7 +177,7 @@ def test_a_model_exact_only_unbatched_is_served_one_request_at_a_time(model_dir)
 
 
 def test_inspect_cli_picks_the_graph_and_forces_a_lowering(llama, capsys):
-    from graphc.compiler.cli import main as cli
+    from graphc.cli import main as cli
 
     d = llama[0]
     assert cli(["inspect", "auto", "--model", str(d), "--lowering", "generic", "--no-trace"]) == 0

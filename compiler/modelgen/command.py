@@ -1,4 +1,4 @@
-"""`graphc make-model` argument parsing and entry point (wired by compiler/cli.py)."""
+"""`graphc make-model` argument parsing and entry point (wired by cli/main.py)."""
 
 from __future__ import annotations
 

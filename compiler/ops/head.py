@@ -11,6 +11,8 @@ from __future__ import annotations
 import attrs
 import mlx.core as mx
 
+from graphc.contracts.sampling import kernels  # the runtime's sampling math, by contract
+
 from .registry import (LOGITS, LOGPROBS, PROMPT_LOGPROBS, TOKENS, Param, last_position, needs_all_positions,
                        register_op)
 
@@ -41,8 +43,7 @@ def _describe_edits(node, binding, kind):
                                         "rejected")},
              doc="penalties, then additive rows (bias, bans, min_tokens), then host rows (grammar, processors)")
 def logit_edits(ctx, node, logits):
-    from graphc.runtime.sampling import apply_additive_mask, apply_edits, penalize
-
+    k = kernels()
     edits = node.params["edits"]
     x = last_position(logits)
     s = ctx.inputs.sampling
@@ -50,21 +51,19 @@ def logit_edits(ctx, node, logits):
         # The runner builds SamplingTensors with only the declared kinds (runtime/plan_contract.py
         # strips the rest), so bias / bans / min_tokens present in `s.st` are declared ones.
         if "penalties" in edits:
-            x = penalize(x, s.st, s.counts)
-        x = apply_edits(x, s.st, n_generated=s.n_generated)
+            x = k.penalize(x, s.st, s.counts)
+        x = k.apply_edits(x, s.st, n_generated=s.n_generated)
     host = ctx.inputs.extra_edits
     if host is not None and any(e in edits for e in HOST_EDITS):
-        x = apply_additive_mask(x.astype(mx.float32), host)
+        x = k.apply_additive_mask(x.astype(mx.float32), host)
     return x
 
 
 def _describe_sample(node, binding, kind):
-    from graphc.runtime.sampling import CANDIDATE_MAX
-
     if node.params["method"] == "greedy":
         return "argmax for every row (sampling params are rejected)"
     return (f"per-row greedy / temperature / top-k / top-p / min-p, Gumbel-max; "
-            f"[B, K] candidate set for rows with top_k <= {CANDIDATE_MAX}")
+            f"[B, K] candidate set for rows with top_k <= {kernels().CANDIDATE_MAX}")
 
 
 @register_op("sample", inputs=(LOGITS,), output=TOKENS, phase="head", describe=_describe_sample,
@@ -77,9 +76,7 @@ def sample(ctx, node, logits):
     s = ctx.inputs.sampling
     if s is None or node.params["method"] == "greedy":
         return mx.argmax(x, axis=-1).astype(mx.int32)
-    from graphc.runtime.sampling import select_tokens
-
-    return select_tokens(x, s.st, s.positions, ctx.inputs.key)
+    return kernels().select_tokens(x, s.st, s.positions, ctx.inputs.key)
 
 
 def _top_n(v):
@@ -99,11 +96,9 @@ def logprobs(ctx, node, logits, tokens):
     s = ctx.inputs.sampling
     if s is None or not s.st.want_logprobs:
         return None
-    from graphc.runtime.sampling import logprobs_of
-
     st = s.st
     top = min(st.top_logprobs, node.params["max_top_n"])
-    return logprobs_of(last_position(logits), st.logprob_inv_temperature, tokens, top=top,
+    return kernels().logprobs_of(last_position(logits), st.logprob_inv_temperature, tokens, top=top,
                        token_ids=st.logprob_token_ids)
 
 
@@ -161,9 +156,7 @@ def prompt_logprobs(ctx, node, logits, tokens):
     t = ctx.inputs.prompt_targets
     if t is None or not t.ids:
         return None
-    from graphc.runtime.sampling import logprobs_of
-
     n = len(t.ids)
     rows = logits[0, :n].astype(mx.float32)  # raw logits, every position: [n, V]
-    out = logprobs_of(rows, None, mx.array(t.ids, dtype=mx.int32), top=min(t.top, node.params["max_top_n"]))
+    out = kernels().logprobs_of(rows, None, mx.array(t.ids, dtype=mx.int32), top=min(t.top, node.params["max_top_n"]))
     return PromptLogprobs(out.chosen, out.top_ids, out.top_logprobs)

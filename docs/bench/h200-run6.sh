@@ -9,9 +9,9 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=/root/site
 tag=${1:?tag}
 out=${OUT:-.}
 case ${2:?part} in
-  8b) python3 -m graphc.compiler.cli bench --user-api --no-progress --model llama-3.1-8b --batches 1,16,64 \
+  8b) python3 -m graphc.cli bench --user-api --no-progress --model llama-3.1-8b --batches 1,16,64 \
         --json "$out/$tag-8b.json" 2>&1 | tee "$out/$tag-8b.log" ;;
-  1b) python3 -m graphc.compiler.cli bench --user-api --no-progress --model llama-3.2-1b --batches 1,16,64 \
+  1b) python3 -m graphc.cli bench --user-api --no-progress --model llama-3.2-1b --batches 1,16,64 \
         --json "$out/$tag-1b.json" 2>&1 | tee "$out/$tag-1b.log"
       python3 -m graphc.runtime.sampling.bench_sampling --vocab 128256 --iters 30 --batch 1 64 2>&1 \
         | tee "$out/$tag-select.log" ;;

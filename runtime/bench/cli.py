@@ -46,6 +46,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--compile-ablation", action="store_true",
                    help="also measure compiled decode without fused projections and without the attention kernel")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skinny-table", default=None, metavar="FILE",
+                   help="launch table for the skinny matmul (`python -m graphc.runtime.kernels.tune --table FILE`)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="draw the ratios to this PNG (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -96,6 +98,10 @@ def cmd_user_api(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.skinny_table:  # every skinny-matmul call in this process follows the measured table
+        from graphc.runtime.kernels import skinny_matmul
+
+        skinny_matmul.load_table(args.skinny_table)
     if args.user_api:
         return cmd_user_api(args)
     from .report import plot, tables, write_json

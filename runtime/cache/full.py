@@ -20,6 +20,9 @@ class FullKV(LayerCache):
     # applies to each. A subclass that stores more per token (quantization scales, see
     # examples/kv_int8_policy.py) lists its extra planes here and reuses all of it.
     PLANES: tuple[str, ...] = ("keys", "values")
+    # Plain left-padded rows: several prompts may share one prefill forward (compiler/selfcheck.py
+    # batch_prefill_ok reads this; a subclass whose rows are not plain says False).
+    batch_prefill = True
 
     def __init__(self, batch: int = 1, left_pad: list[int] | None = None):
         for name in self.PLANES:

@@ -17,7 +17,9 @@ Small grids split k over the warps of a block (WK) and add the parts in shared m
 a fixed order, so one launch does it all and the same inputs give the same bits.
 
 Launch configurations come from `heuristic()`, or from a table measured on the device by
-`python -m graphc.runtime.kernels.tune --table T.json` and named by GRAPHC_SKINNY_TABLE;
+`python -m graphc.runtime.kernels.tune --table T.json` and named by a graph's
+`decode: {skinny_table: T.json}` (or `Engine(decode_options={"skinny_table": ...})`,
+`graphc bench --skinny-table T.json`);
 the table also records shapes where MLX's matmul is faster, and those stay with MLX.
 
 It is used by the compiled decode path (runtime/compiled_decode.py) behind a flag
@@ -35,7 +37,6 @@ import mlx.core as mx
 from . import Kernel, available, in_process_check
 
 MAX_ROWS = 64
-TABLE_ENV = "GRAPHC_SKINNY_TABLE"  # a JSON table written by `python -m graphc.runtime.kernels.tune`
 
 _HEADER = r"""
 __device__ __forceinline__ uint4 graphc_ld_stream(const void* p) {
@@ -234,12 +235,11 @@ _table: dict | None = None
 
 
 def load_table(path: str | None = None) -> dict:
-    """{(MT, K, N): config or None} from a tune JSON (`GRAPHC_SKINNY_TABLE`); None: MLX is faster."""
+    """{(MT, K, N): config or None} from a tune JSON (the `skinny_table` decode option); None: MLX is
+    faster. Every later `plan()` in this process follows it; no path: the heuristic alone."""
     global _table
     import json
-    import os
 
-    path = path or os.environ.get(TABLE_ENV)
     table: dict = {}
     if path:
         try:
@@ -250,7 +250,7 @@ def load_table(path: str | None = None) -> dict:
                         raise ValueError(f"entry {e} has no valid configuration")
                     table[(int(e["MT"]), int(e["K"]), int(e["N"]))] = cfg
         except (OSError, KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{TABLE_ENV}={path}: not a skinny-matmul table ({type(err).__name__}: {err}); "
+            raise ValueError(f"skinny_table {path}: not a skinny-matmul table ({type(err).__name__}: {err}); "
                              "write one with `python -m graphc.runtime.kernels.tune --table FILE`") from None
     _table = table
     return table

@@ -1,14 +1,15 @@
 """Measure the skinny matmul's launch configurations at decode shapes on this device.
 
     python -m graphc.runtime.kernels.tune [--rows 8,16,32,64] [--table T.json]
-    GRAPHC_SKINNY_TABLE=T.json graphc bench ...   # the kernel then runs the measured best
+    graphc bench --skinny-table T.json ...   # the kernel then runs the measured best
+                                             # (a graph: `decode: {skinny_matmul: true, skinny_table: T.json}`)
 
 CUDA only. For each Llama-3.2-1B / Llama-3.1-8B projection shape (or `--shapes K:N,...`)
 and row count it times MLX's `x @ W.T`, the kernel with `heuristic()`'s configuration and
 every configuration of the sweep, with weights rotated through >= 2 GiB so L2 holds none
 (the bench's matmul method), and prints one line per shape. `--table` writes, per
 (x tiles, K, N), the fastest configuration, or null where MLX's matmul was faster: what
-`skinny_matmul.plan()` follows when GRAPHC_SKINNY_TABLE names the file.
+`skinny_matmul.plan()` follows once `skinny_matmul.load_table(T.json)` read it.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ def _free_port() -> int:
 
 def _serve(model, port, *extra):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "graphc.compiler.cli", "serve", "--model", str(model),
+    return subprocess.Popen([sys.executable, "-m", "graphc.cli", "serve", "--model", str(model),
                              "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
 

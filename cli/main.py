@@ -1,4 +1,6 @@
-"""The `graphc` command line: generate, inspect, validate, make-model (and serve, bench)."""
+"""The `graphc` command line: generate, inspect, validate, import-gguf, make-model, serve, bench.
+
+The composition root (cli/__init__.py): it wires the compiler's commands and the runtime's."""
 
 from __future__ import annotations
 

@@ -1,0 +1,106 @@
+"""Fused decode blocks: an architecture's fast path for the compiled decode step.
+
+MLX's matmul for 2..64 rows costs about the same per call whatever its width
+(docs/performance.md, the matmul table), so a llama block that runs q/k/v and gate/up as
+one matmul each (4 calls a layer instead of 7) decodes faster. The adapter (compiler/archs.py
+`ArchAdapter.fused_decode`) supplies the block; the compiled decode path
+(runtime/compiled_decode.py) runs it through the cache contract in contracts/decode_block.py.
+
+The fused matrices are graphc's own arrays: the model object and its parameters are left
+exactly as loaded (the uncompiled path, the user's code and `model.parameters()` see what
+they always did). The price is a second copy of the fused projections, which `note` (and so
+`graphc inspect`) states; `decode: {fuse_projections: false}` avoids it.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class FusedBlocks:
+    """{id(layer): fused weights} for the layers that have a fused block, and how to run one."""
+
+    def __init__(self, weights: dict, run, *, total: int, what: str = "", reason: str | None = None):
+        self.weights = weights
+        self._run = run
+        self.total = total  # layers in the model
+        self.what = what  # e.g. "q/k/v + gate/up"
+        self.reason = reason  # why some (or all) layers have none
+
+    @classmethod
+    def none(cls, reason: str, total: int = 0) -> "FusedBlocks":
+        return cls({}, None, total=total, reason=reason)
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for w in self.weights.values() for a in w.values() if isinstance(a, mx.array))
+
+    def run(self, layer, h: mx.array, cache):
+        """The layer's output through its fused block, or None when it has none."""
+        w = self.weights.get(id(layer))
+        return None if w is None else self._run(layer, w, h, cache)
+
+    @property
+    def note(self) -> str:
+        """What inspect says: how many blocks are fused and what that holds, or why none are."""
+        if not self.weights:
+            return f"no fused blocks: {self.reason}"
+        out = (f"fused {self.what} in {len(self.weights)} of {self.total} blocks "
+               f"(+{self.nbytes / 2**20:.1f} MiB of fused weights held by graphc; the model is untouched)")
+        return out + (f"; others: {self.reason}" if self.reason and len(self.weights) < self.total else "")
+
+
+def llama_unfusable(layer) -> str | None:
+    """Why this layer cannot run as the fused llama block (None when it can)."""
+    from mlx_lm.models import llama
+
+    a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if type(layer) is not llama.TransformerBlock or type(a) is not llama.Attention or type(m) is not llama.MLP:
+        return f"{type(layer).__name__} is not mlx-lm's llama TransformerBlock"
+    projs = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+    if any(type(p) is not nn.Linear for p in projs):
+        return "quantized projections (a fused block needs plain Linear weights)"
+    if any("bias" in p for p in projs):
+        return "biased projections (the fused block has no bias terms)"
+    return None
+
+
+def llama_blocks(layers: list) -> FusedBlocks:
+    """Fused q/k/v and gate/up matrices for every llama block that can take them."""
+    weights, reasons = {}, []
+    for layer in layers:
+        why = llama_unfusable(layer)
+        if why is not None:
+            reasons.append(why)
+            continue
+        a, m = layer.self_attn, layer.mlp
+        qkv = mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        gu = mx.concatenate([m.gate_proj.weight, m.up_proj.weight])
+        mx.eval(qkv, gu)  # materialized now: the model's arrays are only read, never replaced
+        nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
+        weights[id(layer)] = {"qkv": qkv, "gate_up": gu, "split": [nq, nq + nk]}
+    reason = "; ".join(sorted(set(reasons))) or None
+    return FusedBlocks(weights, llama_block, total=len(layers), what="q/k/v + gate/up", reason=reason)
+
+
+def llama_block(layer, w: dict, x: mx.array, cache) -> mx.array:
+    """mlx-lm's llama TransformerBlock with q/k/v and gate/up each as one matmul (same dot products)."""
+    a = layer.self_attn
+    B, L, _ = x.shape
+    mm = cache.matmul
+    qkv = mm(layer.input_layernorm(x), w["qkv"])
+    q, k, v = mx.split(qkv, w["split"], axis=-1)
+    q = q.reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)
+    k = k.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    q = a.rope(q, offset=cache.offset)
+    k = a.rope(k, offset=cache.offset)
+    k, v = cache.update_and_fetch(k, v)
+    o = cache.attend(q, k, v, a.scale)
+    h = x + mm(o.transpose(0, 2, 1, 3).reshape(B, L, -1), a.o_proj.weight)
+    g, u = mx.split(mm(layer.post_attention_layernorm(h), w["gate_up"]), 2, axis=-1)
+    return h + mm(nn.silu(g) * u, layer.mlp.down_proj.weight)

@@ -1,0 +1,109 @@
+"""The cache-policy registry, and what the compiler relies on a policy for.
+
+A graph's `cache:` section names a policy per layer type; the compiler looks the name
+up here (validation), instantiates the class per layer (binding) and runs its caches in
+the load-time self-check; the runtime batches those caches. A user adds a policy with a
+class and a YAML line:
+
+    from graphc.runtime.cache import CachePolicy, register_policy   # or graphc.contracts
+
+    @register_policy("my_policy")
+    class MyPolicy(CachePolicy): ...
+
+and in the graph: `cache: {full_attention: {policy: my_policy}}`.
+
+The built-in policies are runtime code (runtime/cache/); BUILTIN_POLICIES names the module
+that registers each, imported on first lookup (contracts/providers.py says why).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from .providers import load
+
+# name -> the module whose import registers it
+BUILTIN_POLICIES: dict[str, str] = {
+    "full": "graphc.runtime.cache.full",
+    "windowed": "graphc.runtime.cache.windowed",
+    "pool_backed": "graphc.runtime.cache.pool_backed",
+    "ssm_state": "graphc.runtime.cache.ssm_state",
+    "cache_list": "graphc.runtime.cache.cache_list",
+    "native": "graphc.runtime.cache.native",
+}
+
+_POLICIES: dict[str, type] = {}
+
+
+class PolicyLike(Protocol):
+    """What the compiler calls on a policy (runtime/cache/base.py's CachePolicy implements it).
+
+    Class level (validation, binding): `name`, `check_params(params) -> [problem]`,
+    `check_layer(layer_info) -> problem | None`, `cls(layer_info, **params)`.
+    Instance level: `new_cache()` (a layer cache speaking mlx-lm's cache protocol; one whose
+    class says `batch_prefill = True` accepts several left-padded prompts in one forward),
+    `describe()`, `bytes_per_token()`, `chain_safe`, `lossy_tolerance` (the self-check's
+    allowance for policies that change the numbers on purpose), and for prefix sharing
+    `prefix_role` ("pool" / "window" / "snapshot", absent when the policy cannot take part).
+    """
+
+    name: ClassVar[str]
+    chain_safe: ClassVar[bool]
+    lossy_tolerance: ClassVar[float]
+
+    def new_cache(self) -> Any: ...
+
+    def describe(self) -> str: ...
+
+    def bytes_per_token(self) -> int: ...
+
+
+def register_policy(name: str):
+    """Class decorator: make a policy class available to graphs under `name`."""
+
+    def deco(cls):
+        home = BUILTIN_POLICIES.get(name)
+        if home is not None and cls.__module__ != home:
+            raise ValueError(f"cache policy name '{name}' is a built-in one ({home}); register yours under "
+                             "another name")
+        if name in _POLICIES and _POLICIES[name] is not cls:
+            raise ValueError(f"cache policy '{name}' is already registered by {_POLICIES[name].__qualname__}")
+        cls.name = name
+        _POLICIES[name] = cls
+        return cls
+
+    return deco
+
+
+def get_policy(name: str) -> type:
+    """The class registered under `name` (a built-in one is imported on first use). KeyError if none."""
+    if name not in _POLICIES and name in BUILTIN_POLICIES:
+        load(BUILTIN_POLICIES[name], f"the built-in cache policy '{name}'")
+    try:
+        return _POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown cache policy '{name}' (registered: {', '.join(policy_names())})") from None
+
+
+def policy_names() -> list[str]:
+    """Every name a graph may use: the built-ins and whatever plugins registered so far."""
+    return sorted(set(_POLICIES) | set(BUILTIN_POLICIES))
+
+
+def prefix_unsupported_reason(policies) -> str | None:
+    """Why these layer policies cannot share prefixes (None when they can).
+
+    A rule over the policies' declared `prefix_role`, read by the plan (a note `graphc inspect`
+    shows) and by the runtime's prefix cache (runtime/prefix_cache.py), which is built only
+    when this is None."""
+    roles = [getattr(p, "prefix_role", None) for p in policies]
+    if None in roles:
+        i = roles.index(None)
+        return (f"layer {i}'s policy '{policies[i].name}' cannot capture or restore a prefix "
+                "(a policy with a prefix_role would be needed)")
+    if "pool" not in roles:
+        return "no pool-backed layer to index prefixes by"
+    windows = {p.window for p, r in zip(policies, roles) if r == "window"}
+    if len(windows) > 1:
+        return f"sliding layers of different windows {sorted(windows)}: one window pool serves one window size"
+    return None
