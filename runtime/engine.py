@@ -19,7 +19,7 @@ from graphc.compiler.compile import CompiledGraph, compile_graph
 
 from .fault import StepGuard
 from .params import SamplingParams
-from .prefix_cache import for_binding
+from .prefix_cache import for_binding, pool_bytes_per_token
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
 from .request import GenerationResult, Request, RequestOutput, Status
@@ -333,8 +333,7 @@ class Engine:
         hits and hit tokens, evictions, pool bytes; {"enabled": False} without a prefix cache."""
         if self.prefix is None:
             return {"enabled": False}
-        bpt = sum(p.bytes_per_token() for p in self.compiled.binding.policies
-                  if getattr(p, "prefix_role", None) in ("pool", "window"))
+        bpt = pool_bytes_per_token(self.compiled.binding.policies)
         return {"enabled": True, **self.prefix.stats(), "pool_bytes": self.runner.prefix_io.nbytes,
                 "pool_capacity_bytes": bpt * self.prefix.slots.capacity}
 
