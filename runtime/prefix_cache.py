@@ -102,11 +102,14 @@ class PrefixCache:
         return self.window is not None or self.snapshots
 
     # -- admission ----------------------------------------------------------------
+    def admitted(self, req) -> bool:
+        return req.id in self.holds
+
     def admit(self, req) -> int:
-        """Match the longest usable cached prefix of `req`'s prompt; lock it; set
-        req.prefilled / req.cached_tokens. Idempotent. Returns the tokens restored."""
+        """Match the longest usable cached prefix of `req`'s prompt and lock it. Returns the prompt
+        tokens the hit restores (the scheduler records them in req.prefilled / cached_tokens)."""
         if req.id in self.holds:
-            return req.cached_tokens
+            raise ValueError(f"request '{req.id}' was admitted already; release it before admitting it again")
         hold = self.holds[req.id] = Hold()
         self.counters["queries"] += 1
         if getattr(req.params, "prompt_logprobs", None) is not None:
@@ -132,7 +135,6 @@ class PrefixCache:
         if self.snapshots:
             hit.snapshot = next(n.snapshot for n in path if n.end == m)
         hold.hit = hit
-        req.prefilled = req.cached_tokens = m
         self.counters["hits"] += 1
         self.counters["hit_tokens"] += m
         return m
