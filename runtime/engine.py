@@ -248,8 +248,9 @@ class Engine:
         """Record the prefill's progress with the scheduler and each finished prompt's first token."""
         self.stats["cached_tokens"] += sched.cached_tokens
         touched = []
-        for (req, n), done in zip(sched.prefill, ran):
-            self.stats["computed_prompt_tokens"] += n
+        for done in ran:
+            req = done.req
+            self.stats["computed_prompt_tokens"] += done.n
             self.scheduler.advance(req, done.end)
             if done.token is None:
                 continue

@@ -28,6 +28,7 @@ class PrefillDone:
     prompt is in (None for a chunk mid-prompt)."""
 
     req: Request
+    n: int  # prompt tokens this chunk computed
     end: int
     token: int | None = None
     logprobs: dict | None = None
@@ -83,14 +84,14 @@ class ModelRunner:
             if len(group) > 1:
                 reqs = [r for r, _ in group]
                 firsts = self.prefill_batch(reqs)
-                out += [PrefillDone(r, len(r.context_ids), tok, lp) for r, (tok, lp) in zip(reqs, firsts)]
+                out += [PrefillDone(r, n, len(r.context_ids), tok, lp) for (r, n), (tok, lp) in zip(group, firsts)]
                 self.joining.append(self._prefilled_batch)
                 self._prefilled_batch = None
                 continue
             [(req, n)] = group
             end = min(len(req.context_ids), req.prefilled + n)
             tok = self.prefill_chunk(req, n)
-            out.append(PrefillDone(req, end, tok, req.pending_logprobs if tok is not None else None))
+            out.append(PrefillDone(req, n, end, tok, req.pending_logprobs if tok is not None else None))
             if tok is not None:
                 self.joining.append(([req], req.caches))
                 req.caches = None
