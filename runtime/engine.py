@@ -22,7 +22,7 @@ from .params import SamplingParams
 from .prefix_cache import for_binding, pool_bytes_per_token
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
-from .request import GenerationResult, Request, RequestOutput, Status
+from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .text import TextState, token_bytes_table

@@ -14,9 +14,8 @@ through its methods (advance, started, preempt, reset, finish).
 
 from __future__ import annotations
 
-from collections import deque
-
 import time
+from collections import deque
 
 import attrs
 
@@ -64,7 +63,7 @@ class Scheduler:
         # store it this step, so it hits next step).
         self.prefix = prefix
         # KV tokens the working caches of running and prefilling requests may hold together
-        # (None: unbounded). Admission waits for room; the engine preempts when decode outgrows it.
+        # (None: unbounded). Admission waits for room; schedule_decode preempts when decode outgrows it.
         self.kv_budget = kv_budget
         # Whole short prompts may share one left-padded prefill forward (the engine says so when
         # the graph's caches allow it and batching is on).
