@@ -43,8 +43,8 @@ class PolicyLike(Protocol):
     Instance level: `new_cache()` (a layer cache speaking mlx-lm's cache protocol; one whose
     class says `batch_prefill = True` accepts several left-padded prompts in one forward),
     `describe()`, `bytes_per_token()`, `chain_safe`, `lossy_tolerance` (the self-check's
-    allowance for policies that change the numbers on purpose), and for prefix sharing
-    `prefix_role` ("pool" / "window" / "snapshot", absent when the policy cannot take part).
+    allowance for policies that change the numbers on purpose), and for prefix sharing the
+    prefix protocol: `prefix_kind`, `prefix_unsupported()`, `prefix_tail()` (runtime/cache/base.py).
     """
 
     name: ClassVar[str]
@@ -93,17 +93,19 @@ def policy_names() -> list[str]:
 def prefix_unsupported_reason(policies) -> str | None:
     """Why these layer policies cannot share prefixes (None when they can).
 
-    A rule over the policies' declared `prefix_role`, read by the plan (a note `graphc inspect`
-    shows) and by the runtime's prefix cache (runtime/prefix_cache.py), which is built only
-    when this is None."""
-    roles = [getattr(p, "prefix_role", None) for p in policies]
-    if None in roles:
-        i = roles.index(None)
-        return (f"layer {i}'s policy '{policies[i].name}' cannot capture or restore a prefix "
-                "(a policy with a prefix_role would be needed)")
-    if "pool" not in roles:
-        return "no pool-backed layer to index prefixes by"
-    windows = {p.window for p, r in zip(policies, roles) if r == "window"}
-    if len(windows) > 1:
-        return f"sliding layers of different windows {sorted(windows)}: one window pool serves one window size"
+    A rule over the prefix protocol every policy speaks (runtime/cache/base.py,
+    runtime/cache/prefix_state.py): each policy's own `prefix_unsupported()` reason, then what
+    the cache needs (a layer with per-token state to index by, one window size). Read by the
+    plan (a note `graphc inspect` shows) and by the runtime's prefix cache, which is built only
+    when this is None. Kinds compare by value ("tokens" / "tail" / "snapshot")."""
+    for i, p in enumerate(policies):
+        why = p.prefix_unsupported()
+        if why:
+            return f"layer {i}'s {why}" if why.startswith("policy ") else f"layer {i}: {why}"
+    kinds = [str(getattr(p.prefix_kind, "value", p.prefix_kind)) for p in policies]
+    if "tokens" not in kinds:
+        return "no layer keeps per-token prefix state (prefix_kind tokens) to index prefixes by"
+    tails = {p.prefix_tail() for p, k in zip(policies, kinds) if k == "tail"}
+    if len(tails) > 1:
+        return f"sliding layers of different windows {sorted(tails)}: one window pool serves one window size"
     return None

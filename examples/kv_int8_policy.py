@@ -6,7 +6,8 @@ instead of 4 x head_dim — about 3.8x less at head_dim 64 — for a small round
 The layer still gets float keys back (dequantized on fetch), so attention runs unchanged.
 
 It is a small subclass of graphc's `FullKV` (which already does growth, left-padded
-batching, filter / extend / extract over every plane in `PLANES`) plus a policy class.
+batching, filter / extend / extract over every plane in `PLANES`) plus a policy class
+that also speaks the prefix protocol, so graphs using it get the radix prefix cache.
 Use it from a graph with:
 
     plugins: [kv_int8_policy.py]
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from graphc.runtime.cache import CachePolicy, register_policy
+from graphc.runtime.cache import CachePolicy, PrefixKind, PrefixState, register_policy
 from graphc.runtime.cache.full import FullKV
 
 
@@ -54,3 +55,15 @@ class Int8Policy(CachePolicy):
 
     def new_cache(self) -> Int8KV:
         return Int8KV(1)
+
+    # -- the prefix protocol: the prefix cache keeps every token's codes and scales -----------
+    # (runtime/cache/prefix_state.py). TOKENS: the pool stores positions start..end-1 of a
+    # row as they are here — int8 codes and float32 scales, 4 planes — so a hit restores
+    # exactly the numbers a cold run would have computed, at the int8 pool footprint.
+    prefix_kind = PrefixKind.TOKENS
+
+    def prefix_capture(self, cache: Int8KV, row: int, start: int, end: int) -> PrefixState:
+        return PrefixState(PrefixKind.TOKENS, start, end, cache.positions(row, start, end))
+
+    def prefix_restore(self, state: PrefixState) -> Int8KV:
+        return Int8KV.restored(state.arrays)

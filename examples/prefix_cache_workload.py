@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from graphc.compiler.lower import StepInputs
 from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.cache import PrefixKind, PrefixState
 from graphc.runtime.request import Request
 
 NOPREFIX = {"dense": "dense_noprefix"}
@@ -75,13 +76,13 @@ def hit_costs(engine: Engine, lengths=(256, 1024, 2048)):
         prefill_ms = (time.perf_counter() - t0) * 1e3
         slots = engine.prefix.slots.alloc(m)
         t0 = time.perf_counter()
-        for i in io.pool_layers:
-            k, v = io.policies[i].positions(req.caches[i], 0, 0, m)
-            io.pool.write(i, slots, k, v)
-        mx.eval(list(io.pool.k.values()) + list(io.pool.v.values()))
+        for i in io.token_layers:
+            io.pool.write(i, slots, io.policies[i].prefix_capture(req.caches[i], 0, 0, m).arrays)
+        mx.eval(io.pool.arrays())
         scatter_ms = (time.perf_counter() - t0) * 1e3
         t0 = time.perf_counter()
-        got = [io.policies[i].restore(*io.pool.gather(i, slots)) for i in io.pool_layers]
+        got = [io.policies[i].prefix_restore(PrefixState(PrefixKind.TOKENS, 0, m, io.pool.gather(i, slots)))
+               for i in io.token_layers]
         mx.eval([c.keys for c in got] + [c.values for c in got])
         gather_ms = (time.perf_counter() - t0) * 1e3
         engine.prefix.slots.release(slots)

@@ -19,10 +19,10 @@ from graphc.compiler.compile import CompiledGraph, compile_graph
 
 from .fault import StepGuard
 from .params import SamplingParams
-from .prefix_cache import for_binding
+from .prefix_cache import for_binding, pool_bytes_per_token
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
-from .request import GenerationResult, Request, RequestOutput, Status
+from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .text import TextState, token_bytes_table
@@ -90,9 +90,7 @@ class Engine:
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
-        self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk,
-                                   admit=self._admit if self.prefix is not None else None,
-                                   defer=self.prefix.should_wait if self.prefix is not None else None,
+        self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=kv_budget_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
@@ -231,48 +229,49 @@ class Engine:
         return self.faults.step()
 
     def _step(self) -> list[RequestOutput]:
+        """schedule -> run -> postprocess (nano-vllm's shape), for the step's prefill work and then
+        for its decode batch, with plain data between the calls. The decode batch is decided
+        after the prefill's postprocess: a request that ends on its first token never decodes,
+        and the KV budget sees the rows that just started."""
         sched = self.scheduler.schedule()
         self.faults.begin(sched.prefill)
-        touched: list[Request] = []
-        for group in sched.groups:
-            if len(group) > 1:  # whole prompts, one left-padded forward
-                firsts = self.runner.prefill_batch([r for r, _ in group])
-                keep = []
-                for (req, n), (tok, lp) in zip(group, firsts):
-                    self.stats["computed_prompt_tokens"] += n
-                    req.first_token_time = req.first_token_time or time.perf_counter()
-                    self.scheduler.started(req)
-                    if not self._append(req, tok, lp):
-                        keep.append(req)
-                    touched.append(req)
-                self.runner.join_prefilled(keep)
-                continue
-            [(req, n)] = group
-            if req.status is Status.WAITING:
-                req.status = Status.PREFILLING
-            first = self.runner.prefill_chunk(req, n)
-            self.stats["computed_prompt_tokens"] += n
-            if first is None:
+        touched = self._postprocess_prefill(sched, self.runner.run_prefill(sched.groups))
+        batch = self.scheduler.schedule_decode(sched.decode)
+        touched += self._postprocess_decode(batch, self.runner.run_decode(batch))
+        return [self._delta(r) for r in dict.fromkeys(touched)]
+
+    # -- postprocess: the only writer of output_ids, logprobs, error, first_token_time -------------
+    def _postprocess_prefill(self, sched, ran: list) -> list[Request]:
+        """Record the prefill's progress with the scheduler and each finished prompt's first token."""
+        self.stats["cached_tokens"] += sched.cached_tokens
+        touched = []
+        for done in ran:
+            req = done.req
+            self.stats["computed_prompt_tokens"] += done.n
+            self.scheduler.advance(req, done.end)
+            if done.token is None:
                 continue
             req.first_token_time = req.first_token_time or time.perf_counter()
-            self.scheduler.started(req)
-            if not self._append(req, first, req.pending_logprobs):
-                self.runner.join(req)
+            self.scheduler.started(req)  # it joins the decode batch in run_decode unless it ends here
+            self._append(req, done.token, done.logprobs)
             touched.append(req)
-        for req in self.scheduler.over_budget():
-            self._preempt(req)
-        if self.scheduler.running and sched.decode:
-            for req, tok, lp in self.runner.decode():
-                if req.finished:
-                    continue
-                self._append(req, tok, lp)
-                touched.append(req)
-        return [self._delta(r) for r in dict.fromkeys(touched)]
+        return touched
+
+    def _postprocess_decode(self, batch, ran: list) -> list[Request]:
+        self.stats["preemptions"] += len(batch.preempt)
+        touched = []
+        for req, tok, lp in ran:
+            if req.finished:
+                continue
+            self._append(req, tok, lp)
+            touched.append(req)
+        return touched
 
     def _append(self, req: Request, tok: int, logprobs: dict | None = None) -> bool:
         """Record one generated token; finish the request if it stops here. True when finished."""
-        if req.error is not None:  # its own code failed this step: drop the token, end it alone
-            self._finish(req, "error")
+        failed = self.host_edits.take_failure(req)  # its own logits processor failed this step
+        if failed is not None:  # drop the token, end it alone
+            self.fail(req, failed)
             return True
         req.output_ids.append(tok)
         if logprobs is not None:
@@ -288,8 +287,7 @@ class Engine:
             try:
                 req.grammar.consume(tok)
             except GrammarError as e:  # e.g. the grammar left no token allowed: fail this request only
-                req.error = str(e)
-                self._finish(req, "error")
+                self.fail(req, str(e))
                 return True
             hit_stop = hit_stop or req.grammar.done
         if stop_token:
@@ -300,38 +298,32 @@ class Engine:
             self._finish(req, "length")
         return req.finished
 
+    def fail(self, req: Request, why: str) -> None:
+        """End `req` alone with finish_reason "error" and `error` saying why (the others go on)."""
+        req.error = why
+        self._finish(req, "error")
+
     def _finish(self, req: Request, reason: str) -> None:
         if req.finished:
             return
-        req.finish_time = time.perf_counter()
-        was_running = req.status is Status.RUNNING
-        self.scheduler.finish(req, reason)
-        req.caches = None  # a request aborted mid-prefill drops its partial KV
-        if was_running:
-            self.runner.leave([req])  # stores its KV in the prefix cache on the way out
-        if self.prefix is not None:
-            self.prefix.release(req)  # every tree reference and pin it held
+        self.scheduler.finish(req, reason)  # releases its prefix-cache holds too
+        self.runner.leave([req])  # drops its KV; a decode row stores it in the prefix cache on the way out
+        self.host_edits.take_failure(req)
 
     def _preempt(self, req: Request) -> None:
         """Free a running request's working KV (the budget ran out); it is recomputed later from
         its prompt and output so far — through the prefix cache when there is one — and goes on
         with the same tokens (greedy and seeded rows)."""
+        self.scheduler.preempt(req)
         self.runner.leave([req])  # stores its KV in the prefix cache on the way out
-        if self.prefix is not None:
-            self.prefix.release(req)
-        self.scheduler.preempted(req)
         self.stats["preemptions"] += 1
-
-    def _admit(self, req: Request) -> None:
-        self.stats["cached_tokens"] += self.prefix.admit(req)
 
     def cache_stats(self) -> dict:
         """Prefix-cache usage for /metrics: pool slots (free / used), tree tokens and nodes,
         hits and hit tokens, evictions, pool bytes; {"enabled": False} without a prefix cache."""
         if self.prefix is None:
             return {"enabled": False}
-        bpt = sum(p.bytes_per_token() for p in self.compiled.binding.policies
-                  if getattr(p, "prefix_role", None) in ("pool", "window"))
+        bpt = pool_bytes_per_token(self.compiled.binding.policies)
         return {"enabled": True, **self.prefix.stats(), "pool_bytes": self.runner.prefix_io.nbytes,
                 "pool_capacity_bytes": bpt * self.prefix.slots.capacity}
 

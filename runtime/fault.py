@@ -35,7 +35,7 @@ from __future__ import annotations
 import collections
 import logging
 
-from .request import Request, RequestOutput, Status
+from .request import Request, RequestOutput
 
 log = logging.getLogger("graphc.fault")
 
@@ -103,25 +103,13 @@ class StepGuard:
         running_left = [r for r in sched.running if id(r) not in gone]
         for r in running_left:  # rows sharing the batch lose their KV too: recompute them as well
             reqs.append(r)
-        runner.rows, runner.caches, runner.pending = [], None, None
-        if hasattr(runner, "_prefilled_batch"):
-            runner._prefilled_batch = None
+        runner.reset()
         front = []
         for r in reqs:
             if r.finished:
                 continue
-            if eng.prefix is not None:
-                eng.prefix.release(r)
-            if r in sched.running:
-                sched.running.remove(r)
-            if r in sched.waiting:
-                sched.waiting.remove(r)
-            r.caches = None
-            r.status = Status.WAITING
-            r.n_resumed = len(r.output_ids)
-            r.prefilled = r.cached_tokens = 0
-            if not r.output_ids:
-                r.prompt_logprobs = None  # recomputed from the start
+            sched.reset(r)  # out of the queues, back to waiting; its prefix-cache holds released
+            runner.forget(r)  # its working KV, dropped without storing it
             front.append(r)
         sched.waiting.extendleft(reversed(front))
         if eng.prefix is not None:
@@ -176,6 +164,5 @@ class StepGuard:
 
     def _fail(self, req: Request, why: str) -> None:
         log.warning("request %s failed in the engine step and was ended alone: %s", req.id, why)
-        req.error = why
         self.culprits += 1
-        self.engine._finish(req, "error")
+        self.engine.fail(req, why)

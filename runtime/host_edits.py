@@ -14,10 +14,10 @@ import threading
 import mlx.core as mx
 
 
-def _guarded(req):
+def _guarded(req, failures: dict):
     """The request's Python logits processors as one callable that cannot fail the batch: an
-    exception marks this request failed (it ends with finish_reason "error") and leaves its
-    logits as they were; the other rows go on."""
+    exception is recorded in `failures` (the engine's postprocess ends this request with
+    finish_reason "error") and leaves its logits as they were; the other rows go on."""
     procs = req.params.logits_processors
     if not procs:
         return None
@@ -29,7 +29,7 @@ def _guarded(req):
                 out = proc(ids, out)
             return out
         except Exception as e:  # noqa: BLE001 - user code: any failure is this request's own
-            req.error = f"logits processor failed: {type(e).__name__}: {e}"
+            failures[req.id] = f"logits processor failed: {type(e).__name__}: {e}"
             return logits
 
     return (run,)
@@ -44,6 +44,11 @@ class HostEdits:
         self.eos_token_ids = eos_token_ids
         self._grammar = None  # GrammarCompiler, built on the first request that needs one
         self._lock = threading.Lock()
+        self.failures: dict[str, str] = {}  # request id -> why its logits processor failed
+
+    def take_failure(self, req) -> str | None:
+        """Why `req`'s logits processor failed since the last call (None: it did not)."""
+        return self.failures.pop(req.id, None) if self.failures else None
 
     @property
     def grammar_compiler(self):
@@ -69,7 +74,7 @@ class HostEdits:
 
             # mlx-lm's convention: proc(token ids so far [n], logits [1, V]) -> [1, V].
             base = logits if edits is None else logits + edits
-            new = apply_logits_processors(base, [_guarded(r) for r in rows],
+            new = apply_logits_processors(base, [_guarded(r, self.failures) for r in rows],
                                           [r.prompt_ids + r.output_ids for r in rows])
             delta = new - base
             delta = mx.where(mx.isnan(delta), 0.0, delta)  # -inf already in base (a grammar mask) stays

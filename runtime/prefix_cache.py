@@ -3,18 +3,18 @@
 Plain Python (numpy for slot lists): it decides *which* slots hold what; the array side
 (runtime/prefix_io.py, runtime/cache/pool.py) gathers and scatters.
 
-What is kept, per layer role (a policy's `prefix_role`):
+What is kept, per layer kind (a policy's `prefix_kind`, runtime/cache/prefix_state.py):
 
-- "pool" (full attention, `pool_backed`): every cached token's K/V in a pool slot. A hit
-  may end at any matched position.
-- "window" (sliding attention, `windowed`): only the last `window` positions before a
+- TOKENS (full attention, `pool_backed`, the int8 example): every cached token's rows in a
+  pool slot. A hit may end at any matched position.
+- TAIL (sliding attention, `windowed`): only the last `window` positions before a
   *boundary* are kept, in a second, window pool. Boundaries sit at multiples of
   `interval` inside a prompt, at the prompt's end and at the end of a finished request
   (the next turn of a chat resumes there). A hit may end at m when positions
   m-window+1..m-1 are all kept: at a boundary b, or at b-1. Window slots are reference
   counted by the boundaries that cover them, so sliding KV that no boundary needs is
   freed as soon as its last boundary goes.
-- "snapshot" (linear attention / SSM, `ssm_state`): the recurrent state after a boundary
+- SNAPSHOT (linear attention / SSM, `ssm_state`): the recurrent state after a boundary
   (boundaries as above, plus prompt end - 1 so a repeated prompt recomputes one token).
   A hit must end exactly at a snapshot, else it falls back to a shorter one or to none.
 
@@ -40,9 +40,9 @@ import heapq
 import attrs
 import numpy as np
 
-# The rule over the policies' prefix_role is a neutral contract (the plan's inspect note reads it too).
+# The rule over the policies' prefix protocol is a neutral contract (the plan's inspect note reads it too).
 from graphc.contracts.policies import prefix_unsupported_reason  # noqa: F401 - re-exported
-
+from .cache.prefix_state import PrefixKind
 from .cache.radix import Node, RadixTree, common_prefix, tick
 from .cache.slots import SlotAllocator
 
@@ -52,16 +52,16 @@ class Hit:
     length: int  # prompt tokens restored (m)
     slots: np.ndarray  # pool slots of positions 0..m-1
     window_slots: np.ndarray | None = None  # window-pool slots of positions m-len..m-1
-    snapshot: object = None  # recurrent state after m (opaque)
+    snapshot: object = None  # per SNAPSHOT layer, the PrefixState after m (opaque here)
 
 
 @attrs.define
 class Capture:
     """What the array side saw at a boundary b (opaque data; only its extent is read here)."""
 
-    window: object = None  # per windowed layer (keys, values) of positions window_start..b-1
+    window: object = None  # per TAIL layer, the PrefixState of positions window_start..b-1
     window_start: int = 0
-    snapshot: object = None  # per state layer, the state after b
+    snapshot: object = None  # per SNAPSHOT layer, the PrefixState after b
 
 
 @attrs.define
@@ -104,11 +104,14 @@ class PrefixCache:
         return self.window is not None or self.snapshots
 
     # -- admission ----------------------------------------------------------------
+    def admitted(self, req) -> bool:
+        return req.id in self.holds
+
     def admit(self, req) -> int:
-        """Match the longest usable cached prefix of `req`'s prompt; lock it; set
-        req.prefilled / req.cached_tokens. Idempotent. Returns the tokens restored."""
+        """Match the longest usable cached prefix of `req`'s prompt and lock it. Returns the prompt
+        tokens the hit restores (the scheduler records them in req.prefilled / cached_tokens)."""
         if req.id in self.holds:
-            return req.cached_tokens
+            raise ValueError(f"request '{req.id}' was admitted already; release it before admitting it again")
         hold = self.holds[req.id] = Hold()
         self.counters["queries"] += 1
         if getattr(req.params, "prompt_logprobs", None) is not None:
@@ -134,7 +137,6 @@ class PrefixCache:
         if self.snapshots:
             hit.snapshot = next(n.snapshot for n in path if n.end == m)
         hold.hit = hit
-        req.prefilled = req.cached_tokens = m
         self.counters["hits"] += 1
         self.counters["hit_tokens"] += m
         return m
@@ -436,20 +438,20 @@ def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens:
                 interval: int = 512) -> PrefixCache | None:
     """The prefix cache a bound graph supports, or None.
 
-    Prefix reuse needs every layer's policy to take part (a `prefix_role`) and at least one
-    pool-backed layer; a graph that uses `full` (graphs/dense_noprefix.yaml) has none.
-    Capacity: `max_total_tokens` pool slots if given, else what `mem_fraction` of the
-    device's memory holds at the pool's bytes per token (the arrays grow on demand, so an
-    unused budget costs nothing).
+    Prefix reuse needs every layer's policy to take part (a `prefix_kind`, see
+    runtime/cache/prefix_state.py) and at least one TOKENS layer; a graph that uses `full`
+    (graphs/dense_noprefix.yaml) has none. Capacity: `max_total_tokens` pool slots if given,
+    else what `mem_fraction` of the device's memory holds at the pools' bytes per token (the
+    arrays grow on demand, so an unused budget costs nothing).
     """
     from .cache.pool import device_memory
 
     pols = binding.policies
     if prefix_unsupported_reason(pols):
         return None
-    roles = [getattr(p, "prefix_role", None) for p in pols]
-    pool_bpt = sum(p.bytes_per_token() for p, r in zip(pols, roles) if r == "pool")
-    win_bpt = sum(p.bytes_per_token() for p, r in zip(pols, roles) if r == "window")
+    kinds = [p.prefix_kind for p in pols]
+    pool_bpt = sum(p.bytes_per_token() for p, k in zip(pols, kinds) if k is PrefixKind.TOKENS)
+    win_bpt = sum(p.bytes_per_token() for p, k in zip(pols, kinds) if k is PrefixKind.TAIL)
     if max_total_tokens is None:
         frac = DEFAULT_MEM_FRACTION if mem_fraction is None else mem_fraction
         if not 0 < frac <= 1:
@@ -460,15 +462,20 @@ def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens:
         max_total_tokens = budget // max(1, pool_bpt + win_bpt)
     if max_total_tokens < 1:
         raise ValueError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
-    windows = {p.window for p, r in zip(pols, roles) if r == "window"}
-    state_bytes = sum(p.bytes_per_request(0) for p, r in zip(pols, roles) if r == "snapshot")
-    snapshots = "snapshot" in roles
+    tails = {p.prefix_tail() for p, k in zip(pols, kinds) if k is PrefixKind.TAIL}
+    state_bytes = sum(p.bytes_per_request(0) for p, k in zip(pols, kinds) if k is PrefixKind.SNAPSHOT)
+    snapshots = PrefixKind.SNAPSHOT in kinds
     # Snapshots may take about a quarter of the pool's bytes (and at least a few).
     max_snapshots = max(8, (max_total_tokens * pool_bpt // 4) // max(1, state_bytes)) if snapshots else 0
-    window = windows.pop() if windows else None
+    window = tails.pop() if tails else None
     return PrefixCache(capacity=max_total_tokens, window=window,
                        window_capacity=max_total_tokens if window else 0,
                        snapshots=snapshots, max_snapshots=max_snapshots, interval=interval)
+
+
+def pool_bytes_per_token(policies) -> int:
+    """Bytes one pool slot costs over all layers (TOKENS and TAIL layers keep per-token rows)."""
+    return sum(p.bytes_per_token() for p in policies if p.prefix_kind in (PrefixKind.TOKENS, PrefixKind.TAIL))
 
 
 def _on_cpu() -> bool:

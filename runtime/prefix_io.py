@@ -5,8 +5,12 @@ the arrays: gather a hit from the pools into a fresh batch-of-one working cache,
 references to window tails / recurrent state at boundaries while a prompt is
 prefilled, and scatter a prompt's (or a finished request's) new KV into its slots.
 
-Cost model. A hit of m tokens costs one gather of m rows per pool-backed layer (and
-`window` rows per windowed layer) into the working cache; an insert of n new tokens
+Every layer goes through the prefix protocol (runtime/cache/prefix_state.py):
+`policy.prefix_capture(cache, row, start, end)` and `policy.prefix_restore(state)`, with
+the positions chosen by the policy's `prefix_kind` (TOKENS, TAIL, SNAPSHOT).
+
+Cost model. A hit of m tokens costs one gather of m rows per TOKENS layer (and
+`window` rows per TAIL layer) into the working cache; an insert of n new tokens
 one scatter of n rows per layer. Both are a few ops per layer, queued asynchronously;
 decode never touches the pools.
 """
@@ -18,20 +22,25 @@ import mlx.core as mx
 from graphc.compiler.lower import StepInputs
 
 from .cache.pool import KVPool
+from .cache.prefix_state import PrefixKind, PrefixState
 from .prefix_cache import Capture, PrefixCache, WritePlan
 
 
 class PrefixIO:
+    """Moves prefix state between working caches and the pools through the prefix protocol
+    (runtime/cache/prefix_state.py): it reads each policy's `prefix_kind` to know which
+    positions to ask for, and never its class."""
+
     def __init__(self, prefix: PrefixCache, compiled):
         self.prefix = prefix
         self.compiled = compiled
         self.policies = compiled.binding.policies
-        roles = [getattr(p, "prefix_role", None) for p in self.policies]
-        self.pool_layers = [i for i, r in enumerate(roles) if r == "pool"]
-        self.window_layers = [i for i, r in enumerate(roles) if r == "window"]
-        self.state_layers = [i for i, r in enumerate(roles) if r == "snapshot"]
-        self.pool = KVPool(self.pool_layers, prefix.slots.capacity)
-        self.window_pool = (KVPool(self.window_layers, prefix.window_slots.capacity)
+        kinds = [p.prefix_kind for p in self.policies]
+        self.token_layers = [i for i, k in enumerate(kinds) if k is PrefixKind.TOKENS]
+        self.tail_layers = [i for i, k in enumerate(kinds) if k is PrefixKind.TAIL]
+        self.snapshot_layers = [i for i, k in enumerate(kinds) if k is PrefixKind.SNAPSHOT]
+        self.pool = KVPool(self.token_layers, prefix.slots.capacity)
+        self.window_pool = (KVPool(self.tail_layers, prefix.window_slots.capacity)
                             if prefix.window_slots is not None else None)
         self.gathered_tokens = 0
 
@@ -41,23 +50,22 @@ class PrefixIO:
         hit = self.prefix.take_hit(req)
         if hit is None:
             return
-        caches, fresh = req.caches, []
-        for i in self.pool_layers:
-            k, v = self.pool.gather(i, hit.slots)
-            caches[i] = self.policies[i].restore(k, v)
-            fresh += [k, v]
-        if self.window_layers:
-            start = hit.length - len(hit.window_slots)
-            for i in self.window_layers:
-                k, v = self.window_pool.gather(i, hit.window_slots)
-                caches[i] = self.policies[i].restore(k, v, start)
-                fresh += [k, v]
-        for j, i in enumerate(self.state_layers):
-            caches[i] = self.policies[i].restore(hit.snapshot[j], hit.length)
+        caches, fresh, m = req.caches, [], hit.length
+        for i in self.token_layers:
+            state = PrefixState(PrefixKind.TOKENS, 0, m, self.pool.gather(i, hit.slots))
+            caches[i] = self.policies[i].prefix_restore(state)
+            fresh += state.arrays
+        for i in self.tail_layers:
+            rows = self.window_pool.gather(i, hit.window_slots)
+            state = PrefixState(PrefixKind.TAIL, m - len(hit.window_slots), m, rows)
+            caches[i] = self.policies[i].prefix_restore(state)
+            fresh += state.arrays
+        for state, i in zip(hit.snapshot or (), self.snapshot_layers):
+            caches[i] = self.policies[i].prefix_restore(state)
         # Run the gathers now: a lazy gather would keep the pool's current buffers alive,
         # and the next scatter into the pool would have to copy them.
         mx.async_eval(fresh)
-        self.gathered_tokens += hit.length
+        self.gathered_tokens += m
 
     # -- prefill: boundaries ------------------------------------------------------------
     def prefill_pieces(self, req, start: int, end: int) -> int:
@@ -70,28 +78,29 @@ class PrefixIO:
         for cut in sorted(p for p in points if start < p < end):
             tokens = mx.array(req.context_ids[start:cut], dtype=mx.int32)[None]
             step.forward(StepInputs(tokens, req.caches, final=False))
-            self.prefix.add_capture(req, cut, self.capture(req.caches, 0))
+            self.prefix.add_capture(req, cut, self.capture(req.caches, 0, cut))
             start = cut
         return start
 
     def after_chunk(self, req, end: int) -> None:
         if end in self.prefix.capture_points(req):
-            self.prefix.add_capture(req, end, self.capture(req.caches, 0))
+            self.prefix.add_capture(req, end, self.capture(req.caches, 0, end))
         if end < len(req.context_ids):  # the prompt so far, for requests admitted meanwhile
             self.store_prompt(req, end)  # (the whole prompt is stored once its first token is out)
 
-    def capture(self, caches: list, row: int) -> Capture | None:
-        """References to the window tails and recurrent state of `row` (no copies)."""
-        if not (self.window_layers or self.state_layers):
+    def capture(self, caches: list, row: int, end: int) -> Capture | None:
+        """What a boundary at `end` keeps of `row`: the last `window` positions of TAIL layers and
+        the state of SNAPSHOT layers (copies of a tail, references to a state)."""
+        if not (self.tail_layers or self.snapshot_layers):
             return None
         cap = Capture()
-        if self.window_layers:
-            tails = [self.policies[i].capture(caches[i], row) for i in self.window_layers]
-            cap.window = [(k, v) for k, v, _ in tails]
-            cap.window_start = tails[0][2]
-            mx.async_eval([a for kv in cap.window for a in kv])  # copy now, free the buffer it came from
-        if self.state_layers:
-            cap.snapshot = [self.policies[i].capture(caches[i], row) for i in self.state_layers]
+        if self.tail_layers:
+            start = max(0, end - self.prefix.window)
+            cap.window = [self.policies[i].prefix_capture(caches[i], row, start, end) for i in self.tail_layers]
+            cap.window_start = max(st.start for st in cap.window)
+            mx.async_eval([a for st in cap.window for a in st.arrays])  # copy now, free the buffer it came from
+        if self.snapshot_layers:
+            cap.snapshot = [self.policies[i].prefix_capture(caches[i], row, end, end) for i in self.snapshot_layers]
         return cap
 
     # -- inserts ---------------------------------------------------------------------
@@ -108,21 +117,19 @@ class PrefixIO:
         for req, row in zip(reqs, rows):
             n = self.row_length(caches, row)
             seq = (req.prompt_ids + req.output_ids)[:n]
-            self._write(self.prefix.insert_finished(req, seq, self.capture(caches, row)), caches, row)
+            self._write(self.prefix.insert_finished(req, seq, self.capture(caches, row, n)), caches, row)
 
     def row_length(self, caches: list, row: int) -> int:
-        c = caches[self.pool_layers[0]]
-        return c.idx - c.left_pad[row]
+        return caches[self.token_layers[0]].row_length(row)
 
     def _write(self, plan: WritePlan, caches: list, row: int) -> None:
         for slots, start, end in plan.pool:
-            for i in self.pool_layers:
-                k, v = self.policies[i].positions(caches[i], row, start, end)
-                self.pool.write(i, slots, k, v)
+            for i in self.token_layers:
+                state = self.policies[i].prefix_capture(caches[i], row, start, end)
+                self.pool.write(i, slots, state.arrays)
         for slots, cap, offsets in plan.window:
-            idx = mx.array(offsets, dtype=mx.int32)
-            for (k, v), i in zip(cap.window, self.window_layers):
-                self.window_pool.write(i, slots, k[:, idx], v[:, idx])
+            for state, i in zip(cap.window, self.tail_layers):
+                self.window_pool.write(i, slots, state.rows(offsets))
         if plan.pool:
             self.pool.flush()
         if plan.window:

@@ -1,4 +1,23 @@
-"""Requests as the scheduler sees them: plain Python state, no arrays but the cache handles."""
+"""Requests as the scheduler sees them: plain Python state, no arrays but the cache handles.
+
+One writer per field. Every mutable field of `Request` is written by exactly one module (its
+owner); every other module reads it, or asks the owner through a method. `FIELD_OWNERS`
+below is the table, and tests/test_request_ownership.py checks the source against it (an
+assignment, augmented assignment or in-place call such as `.append` on `req.<field>` outside
+the owner fails the test). docs/architecture.md has the same table with the "why".
+
+    owner                   fields                                      others go through
+    request.py (creation)   id, prompt_ids, params, arrival             nobody writes them later
+    engine.py               detokenizer, grammar (add_request, before   Engine.fail(req, why) (fault.py);
+                            queueing); output_ids, logprobs, error,     HostEdits.take_failure (a logits
+                            first_token_time, emitted_tokens,           processor failure is recorded
+                            emitted_logprobs (postprocess, _delta)      there, not on the request)
+    scheduler.py            status, finish_reason, finish_time,         Scheduler.advance / started /
+                            prefilled, cached_tokens, n_resumed,        preempt / reset / finish (the
+                            preemptions                                 prefix cache's admit returns the
+                                                                        hit length; the scheduler records it)
+    runner.py               caches, pending_logprobs, prompt_logprobs   ModelRunner.leave / forget / reset
+"""
 
 from __future__ import annotations
 
@@ -36,7 +55,6 @@ class Request:
     arrival: float = attrs.field(factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
-    text: str = ""
     emitted_tokens: int = 0  # output tokens already reported through step()
     detokenizer: object = None
     grammar: object = None  # GrammarState when the request has structured output
@@ -65,6 +83,17 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+
+# The module that writes each field (see the module docstring). The test reads this table.
+FIELD_OWNERS: dict[str, str] = {
+    **dict.fromkeys(("id", "prompt_ids", "params", "arrival"), "request"),
+    **dict.fromkeys(("detokenizer", "grammar", "output_ids", "logprobs", "error", "first_token_time",
+                     "emitted_tokens", "emitted_logprobs"), "engine"),
+    **dict.fromkeys(("status", "finish_reason", "finish_time", "prefilled", "cached_tokens", "n_resumed",
+                     "preemptions"), "scheduler"),
+    **dict.fromkeys(("caches", "pending_logprobs", "prompt_logprobs"), "runner"),
+}
 
 
 @attrs.frozen

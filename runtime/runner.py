@@ -18,7 +18,20 @@ from graphc.compiler.lower import StepInputs
 from graphc.compiler.ops import HOST_EDITS, PromptTargets
 
 from .batch_sampling import SamplerCache, SamplingState
-from .request import Request
+from .request import Request, Status
+
+
+@attrs.define
+class PrefillDone:
+    """What one prefill chunk did (plain data for the engine's postprocess): the prompt positions
+    [0, end) are in the request's cache; `token` is its first generated token once the whole
+    prompt is in (None for a chunk mid-prompt)."""
+
+    req: Request
+    n: int  # prompt tokens this chunk computed
+    end: int
+    token: int | None = None
+    logprobs: dict | None = None
 
 
 @attrs.define
@@ -56,7 +69,63 @@ class ModelRunner:
         self.rows: list[Request] = []
         self.caches: list | None = None
         self.pending: Launch | None = None
+        # Prompts prefilled but not in the decode batch yet: (requests, their caches as rows). They
+        # join at the next run_decode, after the engine's postprocess saw their first tokens (a
+        # grammar row's next mask needs its first token consumed; rows that ended stay out).
+        self.joining: list[tuple[list[Request], list]] = []
         self.steps = 0
+
+    # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
+    def run_prefill(self, groups: list) -> list[PrefillDone]:
+        """Run the step's prefill groups (Schedule.groups: (request, n_tokens) chunks; a group of
+        several is whole prompts in one left-padded forward). One PrefillDone per chunk, in order."""
+        out = []
+        for group in groups:
+            if len(group) > 1:
+                reqs = [r for r, _ in group]
+                firsts = self.prefill_batch(reqs)
+                out += [PrefillDone(r, n, len(r.context_ids), tok, lp) for (r, n), (tok, lp) in zip(group, firsts)]
+                self.joining.append(self._prefilled_batch)
+                self._prefilled_batch = None
+                continue
+            [(req, n)] = group
+            end = min(len(req.context_ids), req.prefilled + n)
+            tok = self.prefill_chunk(req, n)
+            out.append(PrefillDone(req, n, end, tok, req.pending_logprobs if tok is not None else None))
+            if tok is not None:
+                self.joining.append(([req], req.caches))
+                req.caches = None
+        return out
+
+    def run_decode(self, batch) -> list[tuple[Request, int, dict | None]]:
+        """The step's decode half (scheduler.DecodeBatch): prefilled rows that did not end on their
+        first token join, preempted rows leave (their KV to the prefix cache), then one decode
+        step if the batch says so. Returns (request, token, logprobs) per row of the step that
+        completed."""
+        for reqs, caches in self.joining:
+            rows = [i for i, r in enumerate(reqs) if r.status is Status.RUNNING]  # not ended, not preempted
+            if rows and len(rows) < len(reqs):
+                for c in caches:
+                    c.filter(rows)
+            if rows:
+                self._join_rows([reqs[i] for i in rows], caches)
+        self.joining = []
+        if batch.preempt:
+            self.leave(batch.preempt)
+        return self.decode() if batch.decode else []
+
+    def reset(self) -> None:
+        """Drop the whole decode batch, the chain and the prompts waiting to join, without storing
+        anything (fault recovery: none of it can be trusted)."""
+        self.rows, self.caches, self.pending, self.joining = [], None, None, []
+        self._prefilled_batch = None
+
+    def forget(self, req: Request) -> None:
+        """Drop `req`'s working KV without storing it; a request recomputed from the start (no
+        output yet) recomputes its prompt logprobs too."""
+        req.caches = None
+        if not req.output_ids:
+            req.prompt_logprobs = None
 
     # -- prefill ----------------------------------------------------------------
     def new_caches(self) -> list:
@@ -87,7 +156,6 @@ class ModelRunner:
             targets = PromptTargets(req.prompt_ids[start + 1:end + 1], req.params.prompt_logprobs)
         ctx = step.forward(StepInputs(tokens, req.caches, final=final, prompt_targets=targets,
                                       all_positions=targets is not None))
-        req.prefilled = end
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)
         if targets is not None:
@@ -130,11 +198,6 @@ class ModelRunner:
         return self.host_edits(rows, logits)
 
     # -- decode batch membership ------------------------------------------------------
-    def join(self, req: Request) -> None:
-        """Add a prefilled request to the decode batch (its caches become batch rows)."""
-        caches, req.caches = req.caches, None
-        self._join_rows([req], caches)
-
     def _join_rows(self, reqs: list[Request], caches: list) -> None:
         if self.caches is None or not self.rows:
             self.caches = caches
@@ -157,7 +220,7 @@ class ModelRunner:
     def prefill_batch(self, reqs: list[Request]) -> list[tuple[int, dict | None]]:
         """Prefill the whole contexts of `reqs` (none with cached tokens) in one forward, rows
         left-padded, and sample each one's first token. Returns (token, logprobs) per request;
-        their caches are then handed to `join_prefilled`."""
+        their caches join the decode batch in run_decode."""
         ctxs = [r.context_ids for r in reqs]
         L = max(map(len, ctxs))
         pads = [L - len(c) for c in ctxs]
@@ -173,27 +236,18 @@ class ModelRunner:
         mx.eval(out.next_tokens)
         toks = out.next_tokens.tolist()
         lps = out.logprobs.to_lists(st) if out.logprobs is not None else [None] * len(reqs)
-        for i, r in enumerate(reqs):
-            r.prefilled = len(ctxs[i])
-            if self.prefix_io is not None:
+        if self.prefix_io is not None:
+            for i, r in enumerate(reqs):
                 self.prefix_io.store_prompt_row(r, caches, i)
         self._prefilled_batch = (list(reqs), caches)
         return list(zip(toks, lps))
 
-    def join_prefilled(self, keep: list[Request]) -> None:
-        """Join the rows of the last prefill_batch that go on decoding (the others finished)."""
-        reqs, caches = self._prefilled_batch
-        self._prefilled_batch = None
-        rows = [i for i, r in enumerate(reqs) if any(r is k for k in keep)]
-        if not rows:
-            return
-        if len(rows) < len(reqs):
-            for c in caches:
-                c.filter(rows)
-        self._join_rows([reqs[i] for i in rows], caches)
-
     def leave(self, reqs: list[Request]) -> None:
-        """Drop finished or aborted requests from the decode batch."""
+        """Drop finished, aborted or preempted requests: their working KV (mid-prefill), and their
+        rows of the decode batch, whose KV goes to the prefix cache first. Prompts waiting to join
+        that ended are left out when the rest join (run_decode)."""
+        for r in reqs:
+            r.caches = None
         gone = {id(r) for r in reqs}
         keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
         if len(keep) == len(self.rows):

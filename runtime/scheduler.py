@@ -3,10 +3,18 @@
 Each engine step: spend up to `prefill_chunk` prompt tokens on waiting requests
 (chunked, so a long prompt never stalls the decode batch for more than one chunk),
 then run one decode step for every running request.
+
+It owns admission: matching a waiting request against the prefix cache (the radix tree's
+bookkeeping, runtime/prefix_cache.py — like nano-vllm's scheduler owns its block manager),
+the KV budget and preemption, prefill grouping, and the request fields that say where a
+request is (see the ownership table in runtime/request.py): status, finish_reason,
+finish_time, prefilled, cached_tokens, n_resumed, preemptions. Other modules change them
+through its methods (advance, started, preempt, reset, finish).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 import attrs
@@ -21,6 +29,16 @@ class Schedule:
     # `prefill` as forwards: a group of several chunks is whole prompts with nothing cached, run
     # as one left-padded forward; every other chunk is a group of its own.
     groups: list = attrs.field(factory=list)
+    cached_tokens: int = 0  # prompt tokens newly admitted from the prefix cache this step
+
+
+@attrs.define
+class DecodeBatch:
+    """The step's decode work, decided once its prefill is postprocessed: rows to preempt (back to
+    the queue, their KV leaves the batch) and whether the running rows decode one step."""
+
+    preempt: list = attrs.field(factory=list)
+    decode: bool = True
 
 
 def _padded_ok(lengths: list[int], chunk: int) -> bool:
@@ -31,7 +49,7 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
 
 
 class Scheduler:
-    def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, admit=None, defer=None,
+    def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
                  kv_budget: int | None = None, batch_prefill: bool = False):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
@@ -39,14 +57,13 @@ class Scheduler:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
-        # admit(req): match a waiting request against the prefix cache before its first
-        # chunk is sized (it sets req.prefilled to the cached length). Idempotent.
-        self.admit = admit
-        # defer(req, ahead): True when `req` shares a longer prefix with requests scheduled
-        # ahead of it this step than the cache holds: it waits a step and then hits.
-        self.defer = defer
+        # The prefix cache's bookkeeping (runtime/prefix_cache.py: PrefixCache) or None. A waiting
+        # request is matched against it before its first chunk is sized; it waits a step instead
+        # when requests scheduled ahead of it share a longer prefix than the cache holds (they
+        # store it this step, so it hits next step).
+        self.prefix = prefix
         # KV tokens the working caches of running and prefilling requests may hold together
-        # (None: unbounded). Admission waits for room; the engine preempts when decode outgrows it.
+        # (None: unbounded). Admission waits for room; schedule_decode preempts when decode outgrows it.
         self.kv_budget = kv_budget
         # Whole short prompts may share one left-padded prefill forward (the engine says so when
         # the graph's caches allow it and batching is on).
@@ -77,13 +94,15 @@ class Scheduler:
         budget = max(self.prefill_chunk, self.BURST_STEP_TOKENS) if bursting else self.prefill_chunk
         chunks = []
         slots = self.max_batch - len(self.running)
+        cached = 0
         for req in self.waiting:
             if budget <= 0 or slots <= 0:
                 break
-            if self.admit is not None and req.status is Status.WAITING:
-                if self.defer is not None and self.defer(req, [r for r, _ in chunks]):
+            if self.prefix is not None and req.status is Status.WAITING and not self.prefix.admitted(req):
+                if self.prefix.should_wait(req, [r for r, _ in chunks]):
                     break
-                self.admit(req)
+                req.prefilled = req.cached_tokens = self.prefix.admit(req)
+                cached += req.cached_tokens
             if req.prefilled == req.cached_tokens and not self.fits(req, chunks):
                 break  # no room for its KV yet: it waits (and nothing overtakes it)
             n = min(budget, self.prefill_chunk, len(req.context_ids) - req.prefilled)
@@ -99,7 +118,23 @@ class Scheduler:
             # The burst is in when nothing more could be admitted this step or none is left.
             if not chunks or len(self.waiting) == admitted:
                 self._burst_left = 0
-        return Schedule(chunks, decode=self._burst_left <= 0, groups=self.group_prefill(chunks))
+        return Schedule(chunks, decode=self._burst_left <= 0, groups=self.group_prefill(chunks), cached_tokens=cached)
+
+    def schedule_decode(self, decode: bool = True) -> DecodeBatch:
+        """The decode half of a step, after its prefill is postprocessed: preempt the newest running
+        requests if the next decode step would overflow the KV budget (they go back to the queue,
+        their KV to the prefix cache), then decode the rest (unless a burst is still admitting)."""
+        preempt = self.over_budget()
+        for req in preempt:
+            self.preempt(req)
+        return DecodeBatch(preempt, decode=decode and bool(self.running))
+
+    # -- request state transitions (the only writers of these Request fields) ----------------------
+    def advance(self, req: Request, end: int) -> None:
+        """Prompt positions [0, end) of `req` are in its cache now (a chunk ran)."""
+        req.prefilled = end
+        if req.status is Status.WAITING:
+            req.status = Status.PREFILLING
 
     def group_prefill(self, chunks: list) -> list[list]:
         """Consecutive chunks that are whole prompts with nothing cached (and no prompt logprobs)
@@ -147,14 +182,31 @@ class Scheduler:
             total -= req.num_tokens + 2
         return out
 
-    def preempted(self, req: Request) -> None:
-        """Back to the front of the queue; its output so far is recomputed as context."""
+    def preempt(self, req: Request) -> None:
+        """Back to the front of the queue; its output so far is recomputed as context (through the
+        prefix cache, where the runner stores its KV as it leaves the batch)."""
         self.running.remove(req)
+        self._requeue(req)
+        req.preemptions += 1
+        self.waiting.appendleft(req)
+
+    preempted = preempt  # the old name
+
+    def reset(self, req: Request) -> None:
+        """Out of the queues, back to the state of a request about to be recomputed from its prompt
+        and output so far (fault recovery, runtime/fault.py; it puts it back in the queue)."""
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._requeue(req)
+
+    def _requeue(self, req: Request) -> None:
+        if self.prefix is not None:
+            self.prefix.release(req)  # its tree lock and pins: it is matched again when readmitted
         req.status = Status.WAITING
         req.n_resumed = len(req.output_ids)
         req.prefilled = req.cached_tokens = 0
-        req.preemptions += 1
-        self.waiting.appendleft(req)
 
     def started(self, req: Request) -> None:
         """The request's prompt is in the cache and it joined the decode batch."""
@@ -165,6 +217,9 @@ class Scheduler:
     def finish(self, req: Request, reason: str) -> None:
         req.status = Status.FINISHED
         req.finish_reason = reason
+        req.finish_time = time.perf_counter()
+        if self.prefix is not None:
+            self.prefix.release(req)  # every tree reference and pin it held, at any stage
         if req in self.waiting:
             self.waiting.remove(req)
         if req in self.running:

@@ -143,3 +143,30 @@ def test_the_scheduler_groups_whole_prompts_into_batched_prefills():
     for r in [Request([1] * 10, SamplingParams()), Request([2] * 12, SamplingParams())]:
         off.add(r)
     assert [len(g) for g in off.schedule().groups] == [1, 1]
+
+
+def test_the_scheduler_admits_against_the_prefix_cache_once_and_records_the_hit():
+    """Prefix admission is the scheduler's (plain Python, no engine callbacks): it matches a waiting
+    request once, records the hit in prefilled / cached_tokens, and counts it in one Schedule only,
+    however many steps the request then waits."""
+    from graphc.runtime.prefix_cache import PrefixCache
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler
+
+    prefix = PrefixCache(capacity=64)
+    first = Request(list(range(3, 23)), SamplingParams())
+    prefix.admit(first)
+    prefix.insert_prompt(first)  # its 20 prompt tokens are in the tree now (slot bookkeeping only)
+    prefix.release(first)
+    s = Scheduler(prefill_chunk=8, prefix=prefix)
+    req = Request(list(range(3, 18)) + [900, 901], SamplingParams())
+    s.add(req)
+    sched = s.schedule()
+    assert sched.cached_tokens == 15 and req.prefilled == req.cached_tokens == 15
+    assert sched.prefill == [(req, 2)] and req.status is Status.WAITING  # nothing ran yet
+    assert s.schedule().cached_tokens == 0 and req.cached_tokens == 15  # not matched twice
+    s.advance(req, 17)
+    assert req.prefilled == 17 and req.status is Status.PREFILLING
+    s.finish(req, "abort")
+    assert not prefix.holds and req.finish_time is not None
+    prefix.check()

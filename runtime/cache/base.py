@@ -14,6 +14,7 @@ with four operations every layer cache implements:
     filter(rows)    keep only these batch rows (requests that finished leave)
     extend(other)   append other's rows (admitted requests join the decode batch)
     extract(row)    one row as a batch-of-one cache (preemption, prefix storage)
+    row_length(row) tokens of context `row` has seen (its next absolute position)
     nbytes          bytes held right now
 
 Rows are left-padded: every row writes its new token at the same column, so one
@@ -25,6 +26,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import attrs
+
+from .prefix_state import PrefixKind, PrefixState
 
 
 @attrs.frozen
@@ -52,6 +55,9 @@ class LayerCache:
         raise NotImplementedError
 
     def extract(self, row: int) -> "LayerCache":
+        raise NotImplementedError
+
+    def row_length(self, row: int) -> int:
         raise NotImplementedError
 
     @property
@@ -112,3 +118,35 @@ class CachePolicy:
     def new_cache(self) -> LayerCache:
         """An empty cache for a batch of one request."""
         raise NotImplementedError
+
+    # -- the prefix protocol (runtime/cache/prefix_state.py; used by runtime/prefix_io.py) ------
+    # What the prefix cache keeps for this layer: PrefixKind.TOKENS (every position's rows, in
+    # the shared pool), TAIL (the last prefix_tail() positions before a boundary) or SNAPSHOT
+    # (the state after a boundary). None: this policy takes no part, and prefix_unsupported()
+    # says why (graphc inspect shows it; the whole graph then runs without a prefix cache).
+    prefix_kind: ClassVar[PrefixKind | None] = None
+
+    def prefix_unsupported(self) -> str | None:
+        """Why this policy cannot share prefixes (None when it can)."""
+        if self.prefix_kind is None:
+            return (f"policy '{self.name}' keeps no prefix state (it declares no prefix_kind; see "
+                    "docs/cache-policies.md, 'Taking part in the prefix cache')")
+        return None
+
+    def prefix_tail(self) -> int | None:
+        """TAIL policies: how many positions before a boundary a hit needs (the window)."""
+        return None
+
+    def prefix_capture(self, cache: LayerCache, row: int, start: int, end: int) -> PrefixState:
+        """Positions start..end-1 of `row` (TOKENS, TAIL) or the state after `end` (SNAPSHOT,
+        start == end), as a PrefixState. `end` is at most cache.row_length(row); a TAIL capture
+        asks for at most prefix_tail() positions, a SNAPSHOT capture for end == row_length(row).
+        Copies what must not keep the batch's buffers alive; never changes `cache`."""
+        raise NotImplementedError(f"policy '{self.name}' declares prefix_kind {self.prefix_kind} "
+                                  "but does not implement prefix_capture")
+
+    def prefix_restore(self, state: PrefixState) -> LayerCache:
+        """A fresh batch-of-one cache holding `state` (its next position is state.end): TOKENS
+        states start at 0; TAIL states hold the last prefix_tail() positions or all of them."""
+        raise NotImplementedError(f"policy '{self.name}' declares prefix_kind {self.prefix_kind} "
+                                  "but does not implement prefix_restore")

@@ -93,5 +93,10 @@ class CacheListPolicy(CachePolicy):
     def describe(self) -> str:
         return f"{self.name}({', '.join(p.describe() for p in self.parts)})"
 
+    def prefix_unsupported(self) -> str:
+        # Each part could speak the protocol, but the prefix cache keeps one kind per layer;
+        # a partial restore (some parts, not others) would be wrong, so the list takes no part.
+        return f"policy '{self.name}' keeps several caches per layer, and the prefix cache keeps one per layer"
+
     def new_cache(self) -> ListCache:
         return ListCache([p.new_cache() for p in self.parts])

@@ -165,6 +165,26 @@ class FullKV(LayerCache):
             out.idx = self.idx - p
         return out
 
+    # -- prefix protocol helpers (a TOKENS policy's capture / restore, over every plane) --------
+    def positions(self, row: int, start: int, end: int) -> tuple:
+        """Every plane of absolute positions start..end-1 of `row`, each [H, n, ...] (views: the
+        pool write that consumes them is queued right away)."""
+        p = self.left_pad[row]
+        return tuple(getattr(self, name)[row, :, p + start:p + end] for name in self.PLANES)
+
+    @classmethod
+    def restored(cls, planes: tuple) -> "FullKV":
+        """A batch-of-one cache holding positions 0..m-1 (`planes` in PLANES order, [H, m, ...])."""
+        m = planes[0].shape[1]
+        cap = MIN_CAPACITY
+        while cap < m + 1:
+            cap *= 2
+        out = cls(1)
+        for name, x in zip(cls.PLANES, planes):
+            setattr(out, name, mx.pad(x[None], [(0, 0), (0, 0), (0, cap - m)] + [(0, 0)] * (x.ndim - 2)))
+        out.idx = m
+        return out
+
     @property
     def nbytes(self) -> int:
         return 0 if self.keys is None else sum(getattr(self, n).nbytes for n in self.PLANES)
@@ -195,3 +215,7 @@ class FullPolicy(CachePolicy):
 
     def new_cache(self) -> FullKV:
         return FullKV(1)
+
+    def prefix_unsupported(self) -> str:
+        # On purpose: `full` is the no-sharing baseline (graphs/dense_noprefix.yaml).
+        return f"policy '{self.name}' keeps each request's KV to itself (pool_backed shares prefixes)"

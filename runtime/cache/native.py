@@ -29,6 +29,10 @@ class NativePolicy(CachePolicy):
     def describe(self) -> str:
         return f"{self.name}({self.layer.cache_type})"
 
+    def prefix_unsupported(self) -> str:
+        return (f"policy '{self.name}' runs mlx-lm's own {self.layer.cache_type}, which graphc cannot "
+                "capture or restore a prefix of")
+
     def new_cache(self):
         # The prototype is an empty cache straight from make_prompt_cache: copying it is cheap.
         return copy.deepcopy(self.layer.native)

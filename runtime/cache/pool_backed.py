@@ -17,10 +17,9 @@ touches the pool.
 
 from __future__ import annotations
 
-import mlx.core as mx
-
 from .base import CachePolicy
-from .full import MIN_CAPACITY, FullKV
+from .full import FullKV
+from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
 
 
@@ -29,28 +28,14 @@ class PoolBackedPolicy(CachePolicy):
     """Full-attention KV with prefix reuse through the shared slot pool and radix tree."""
 
     LAYER_KINDS = ("full_attention",)
-    prefix_role = "pool"  # every token's KV goes to a pool slot
+    prefix_kind = PrefixKind.TOKENS  # every token's KV goes to a pool slot
 
     def new_cache(self) -> FullKV:
         return FullKV(1)
 
-    # -- prefix cache hooks (arrays; called by runtime/prefix_io.py) ---------------
-    @staticmethod
-    def positions(cache: FullKV, row: int, start: int, end: int) -> tuple[mx.array, mx.array]:
-        """KV of absolute positions start..end-1 of `row`: (keys [H, n, D], values)."""
-        p = cache.left_pad[row]
-        return cache.keys[row, :, p + start:p + end], cache.values[row, :, p + start:p + end]
+    # -- the prefix protocol (runtime/cache/prefix_state.py) -----------------------------
+    def prefix_capture(self, cache: FullKV, row: int, start: int, end: int) -> PrefixState:
+        return PrefixState(PrefixKind.TOKENS, start, end, cache.positions(row, start, end))
 
-    @staticmethod
-    def restore(keys: mx.array, values: mx.array) -> FullKV:
-        """A batch-of-one working cache holding a gathered prefix (keys [H, m, D])."""
-        m = keys.shape[1]
-        cap = MIN_CAPACITY
-        while cap < m + 1:
-            cap *= 2
-        pad = [(0, 0), (0, 0), (0, cap - m), (0, 0)]
-        cache = FullKV(1)
-        cache.keys = mx.pad(keys[None], pad)
-        cache.values = mx.pad(values[None], pad)
-        cache.idx = m
-        return cache
+    def prefix_restore(self, state: PrefixState) -> FullKV:
+        return FullKV.restored(state.arrays)

@@ -24,6 +24,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
 from .base import CachePolicy, LayerCache
+from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
 
 
@@ -123,7 +124,7 @@ class SSMStatePolicy(CachePolicy):
     """Constant-size recurrent state per request (linear-attention / SSM layers)."""
 
     LAYER_KINDS = ("linear_attention",)
-    prefix_role = "snapshot"  # the prefix cache keeps state snapshots at boundaries
+    prefix_kind = PrefixKind.SNAPSHOT  # the prefix cache keeps state snapshots at boundaries
 
     def bytes_per_token(self) -> int:
         return 0
@@ -134,11 +135,13 @@ class SSMStatePolicy(CachePolicy):
     def new_cache(self) -> StateCache:
         return StateCache(self.layer.state_size, 1)
 
-    # -- prefix cache hooks (called by runtime/prefix_io.py) ---------------------------
-    @staticmethod
-    def capture(cache: StateCache, row: int) -> tuple:
-        return cache.snapshot(row)
+    # -- the prefix protocol (runtime/cache/prefix_state.py) -----------------------------
+    def prefix_capture(self, cache: StateCache, row: int, start: int, end: int) -> PrefixState:
+        # The state folds every position in: only "after `end`" exists, and only while it is now.
+        if end != cache.row_length(row):
+            raise ValueError(f"a state snapshot exists only after the last position folded in "
+                             f"({cache.row_length(row)}), not after {end}")
+        return PrefixState(PrefixKind.SNAPSHOT, end, end, cache.snapshot(row))
 
-    @staticmethod
-    def restore(snapshot: tuple, tokens: int) -> StateCache:
-        return StateCache.restored(snapshot, tokens)
+    def prefix_restore(self, state: PrefixState) -> StateCache:
+        return StateCache.restored(state.arrays, state.end)

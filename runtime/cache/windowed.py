@@ -28,6 +28,7 @@ import mlx.core as mx
 
 from .base import CachePolicy, LayerCache
 from .full import _batch_rank
+from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
 
 MIN_CAPACITY = 64
@@ -207,14 +208,17 @@ class WindowedKV(LayerCache):
         return out
 
     # -- prefix cache ------------------------------------------------------------
-    def tail(self, row: int) -> tuple[mx.array, mx.array, int]:
-        """The last min(window, held) positions of `row`: (keys [H, w, D], values, first position).
+    def positions(self, row: int, start: int, end: int) -> tuple[mx.array, mx.array, int]:
+        """Keys and values [H, n, D] of absolute positions start..end-1 of `row`, clamped to what
+        the buffer still holds (its first position is returned third). `end` <= row_length(row).
 
-        Copies (a view would keep the whole buffer alive for as long as the tail is held)."""
-        w = min(self.window, self.idx - self.lo[row])
-        k = mx.array(self.keys[row, :, self.idx - w:self.idx])
-        v = mx.array(self.values[row, :, self.idx - w:self.idx])
-        return k, v, self.row_length(row) - w
+        Copies (a view would keep the whole buffer alive for as long as the prefix cache holds it)."""
+        if end > self.row_length(row):
+            raise ValueError(f"row {row} has seen {self.row_length(row)} positions, not {end}")
+        first = self.pos0[row] + self.lo[row]  # the oldest position still held
+        start = max(start, first, 0)
+        c0, c1 = start - self.pos0[row], end - self.pos0[row]
+        return mx.array(self.keys[row, :, c0:c1]), mx.array(self.values[row, :, c0:c1]), start
 
     @classmethod
     def restored(cls, window: int, keys: mx.array, values: mx.array, start: int) -> "WindowedKV":
@@ -239,7 +243,7 @@ class WindowedPolicy(CachePolicy):
     """Per-request KV bounded by the layer's sliding window: 2 x window in steady decode."""
 
     LAYER_KINDS = ("sliding_attention",)
-    prefix_role = "window"  # the prefix cache keeps the last `window` positions at boundaries
+    prefix_kind = PrefixKind.TAIL  # the prefix cache keeps the last `window` positions at boundaries
 
     @classmethod
     def check_layer(cls, layer) -> str | None:
@@ -262,11 +266,15 @@ class WindowedPolicy(CachePolicy):
     def new_cache(self) -> WindowedKV:
         return WindowedKV(self.window, 1)
 
-    # -- prefix cache hooks (arrays; called by runtime/prefix_io.py) ---------------
-    @staticmethod
-    def capture(cache: WindowedKV, row: int):
-        """(keys [H, w, D], values, first position) of the last `window` positions of `row`."""
-        return cache.tail(row)
+    # -- the prefix protocol (runtime/cache/prefix_state.py) -----------------------------
+    def prefix_tail(self) -> int:
+        return self.window
 
-    def restore(self, keys, values, start: int) -> WindowedKV:
-        return WindowedKV.restored(self.window, keys, values, start)
+    def prefix_capture(self, cache: WindowedKV, row: int, start: int, end: int) -> PrefixState:
+        # Positions the window already dropped are not there to give: the state starts later
+        # (the prefix cache then keeps no window at that boundary).
+        k, v, first = cache.positions(row, start, end)
+        return PrefixState(PrefixKind.TAIL, first, end, (k, v))
+
+    def prefix_restore(self, state: PrefixState) -> WindowedKV:
+        return WindowedKV.restored(self.window, *state.arrays, state.start)
