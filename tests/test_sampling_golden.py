@@ -38,11 +38,20 @@ def select_cases() -> dict:
     bench = [P(temperature=0.8, top_p=0.9, top_k=50, seed=100 + i) for i in range(64)]
     withplain = mixed + [P(temperature=0.9, seed=21), P(temperature=1.1, top_p=0.95, seed=22),
                          P(temperature=0.7, min_p=0.1, seed=23), P(temperature=1.0, top_k=5000, seed=24)]
+    topk = [p for p in mixed if p.top_k <= 64]
+    unseeded = [P(), P(temperature=0.8, top_p=0.9, top_k=50), P(temperature=1.0, top_k=20, seed=31),
+                P(temperature=0.7, top_k=40, min_p=0.05)]
     return {  # name: (vocab, logits dtype, one params per row, tie step of the logits or 0)
         "v128256_bf16_mixed64": (128256, "bfloat16", (mixed * 8)[:64], 0),
         "v128256_f32_bench64": (128256, "float32", bench, 0),
         "v5000_f32_withplain": (5000, "float32", withplain, 0),
         "v1000_ties_mixed": (1000, "float32", mixed + mixed[::-1], 0.25),
+        # greedy and top-k rows only (the fused path): a vocabulary of 1,000 with ties (no
+        # block search), 40,000 in bf16 (block search, not a multiple of the block)
+        "v1000_ties_topk": (1000, "float32", topk * 3, 0.25),
+        "v40000_bf16_topk": (40000, "bfloat16", topk * 2, 0),
+        # rows without a seed draw from the key each step gets: recorded too (every row)
+        "v128256_bf16_unseeded": (128256, "bfloat16", unseeded * 4, 0),
     }
 
 
@@ -54,7 +63,7 @@ def _logits(v, dtype, b, step, tie, case):
     return mx.array(x).astype(getattr(mx, dtype))
 
 
-def _deterministic(p) -> bool:
+def _deterministic(p) -> bool:  # given the logits alone (an unseeded row also needs the key)
     return p.seed is not None or p.temperature == 0 or p.top_k == 1
 
 
@@ -68,7 +77,8 @@ def run_select(name: str) -> list:
         x = _logits(v, dtype, len(params), s, tie, names.index(name))
         pos = mx.arange(len(params), dtype=mx.int32) * 7 + 100 + s
         t = np.array(select_tokens(x, st, pos, mx.random.key(s))).tolist()
-        out.append([t[r] for r, p in enumerate(params) if _deterministic(p)])
+        every = name.endswith("_unseeded")
+        out.append([t[r] for r, p in enumerate(params) if every or _deterministic(p)])
     return out
 
 
