@@ -152,3 +152,11 @@ def test_sampler_cache_reuses_tensors_while_the_rows_are_the_same():
     greedy = [Row(SamplingParams()), Row(SamplingParams())]
     assert cache.tensors(greedy) is None and cache.tensors(greedy) is None
     assert cache.tensors(rows) is not None
+
+
+def test_selection_microbench_runs_every_config():
+    from graphc.runtime.sampling.bench_sampling import CONFIGS, run_bench
+
+    rows = run_bench(batch_sizes=(4,), vocab=300, iters=1)
+    assert [r["config"] for r in rows] == list(CONFIGS) and all(r["ms"] > 0 for r in rows)
+    assert rows[0]["ratio_to_greedy"] == 1.0

@@ -16,7 +16,7 @@ import time
 import mlx.core as mx
 
 from . import select as _select
-from .params import SamplingParams
+from ..params import SamplingParams
 from .penalties import build_token_counts
 from .select import select_tokens
 from .step import sample_step
@@ -25,6 +25,8 @@ from .tensors import SamplingTensors
 CONFIGS = {
     "greedy": dict(),
     "T=0.8,top_p=0.9,top_k=50": dict(temperature=0.8, top_p=0.9, top_k=50),
+    # every other row greedy: the grouped path gathered rows per group; the fused one does not
+    "half greedy, half T=0.8,top_p=0.9,top_k=50": lambda i: dict(temperature=0.8, top_p=0.9, top_k=50) if i % 2 else {},
     "T=0.8 (plain)": dict(temperature=0.8),
     "T=0.8,top_p=0.9 (full sort)": dict(temperature=0.8, top_p=0.9),
 }
@@ -73,7 +75,8 @@ def run_bench(
         mx.eval(logits)
         base = None
         for name, kw in configs.items():
-            params = [SamplingParams(seed=(i if seeded and kw else None), **kw) for i in range(B)]
+            row_kw = [kw(i) if callable(kw) else kw for i in range(B)]  # a callable gives each row's params
+            params = [SamplingParams(seed=(i if seeded and k else None), **k) for i, k in enumerate(row_kw)]
             st = SamplingTensors.build(params, vocab, eos_token_ids=[2])
             if step:
                 counts = build_token_counts([[1, 2, 3, 3]] * B, vocab)
