@@ -63,12 +63,13 @@ class SamplerCache:
             from .plan_contract import restrict
 
             params = [restrict(p, self.edits) for p in params]
-        self._st = None
+        st = None
         if any(needs_sampler(p) for p in params):
-            self._st = SamplingTensors.build(params, self.vocab_size,
-                                             eos_token_ids=self.eos_token_ids, validate=False)
-        self._rows = list(rows)
-        return self._st
+            st = SamplingTensors.build(params, self.vocab_size, eos_token_ids=self.eos_token_ids, validate=False)
+        # Both together, after a build that may raise (a bad row, see runtime/fault.py): a failed
+        # build must not leave the previous rows paired with no tensors.
+        self._st, self._rows = st, list(rows)
+        return st
 
     def host_state(self, st: SamplingTensors, rows, in_flight: int = 0) -> SamplingState:
         """Per-row arrays from host-known history (rows with no step in flight)."""

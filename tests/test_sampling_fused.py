@@ -160,3 +160,17 @@ def test_selection_microbench_runs_every_config():
     rows = run_bench(batch_sizes=(4,), vocab=300, iters=1)
     assert [r["config"] for r in rows] == list(CONFIGS) and all(r["ms"] > 0 for r in rows)
     assert rows[0]["ratio_to_greedy"] == 1.0
+
+
+def test_sampler_cache_keeps_its_last_tensors_when_a_build_fails():
+    class Row:
+        def __init__(self, params):
+            self.params = params
+
+    cache = SamplerCache(100, eos_token_ids=(2,))
+    rows = [Row(SamplingParams(temperature=1.0, top_k=5))]
+    st = cache.tensors(rows)
+    bad = Row(SamplingParams(temperature=1.0, min_tokens=2**31))  # int32 overflow inside the build
+    with pytest.raises(OverflowError):
+        cache.tensors(rows + [bad])
+    assert cache.tensors(rows) is st  # the bad row left: the batch samples as before
