@@ -109,7 +109,8 @@ CANDIDATE_SELECT = "topk"
 # not depend on it; the cost does: [b, V / BLOCK] block keys to partition against
 # [b, width * BLOCK] gathered keys to partition. On CPU at [64, 128256], width 64, the whole
 # search took (ms, float32 / bf16 logits) 30 / 43 at 16, 24 / 39 at 32, 25 / 45 at 64 and
-# 33 / 54 at 128, against 25 / 48 for the greedy argmax (/tmp runs, 2 shared cores): 32.
+# 33 / 54 at 128, against 25 / 48 for the greedy argmax (docs/performance.md, "Sampling
+# cost"): 32. Not measured on a GPU yet.
 BLOCK = 32
 
 
