@@ -56,18 +56,20 @@ class SamplerCache:
 
     def tensors(self, rows) -> SamplingTensors | None:
         """None when every row is plain greedy (argmax needs no sampler)."""
+        if len(rows) == len(self._rows) and all(a is b for a, b in zip(rows, self._rows)):
+            return self._st  # the same rows as the last step: nothing to look at per row
         params = [r.params for r in rows]
         if self._restrict:
             from .plan_contract import restrict
 
             params = [restrict(p, self.edits) for p in params]
-        if not any(needs_sampler(p) for p in params):
-            return None
-        if len(rows) != len(self._rows) or any(a is not b for a, b in zip(rows, self._rows)):
-            self._st = SamplingTensors.build(params, self.vocab_size,
-                                             eos_token_ids=self.eos_token_ids, validate=False)
-            self._rows = list(rows)
-        return self._st
+        st = None
+        if any(needs_sampler(p) for p in params):
+            st = SamplingTensors.build(params, self.vocab_size, eos_token_ids=self.eos_token_ids, validate=False)
+        # Both together, after a build that may raise (a bad row, see runtime/fault.py): a failed
+        # build must not leave the previous rows paired with no tensors.
+        self._st, self._rows = st, list(rows)
+        return st
 
     def host_state(self, st: SamplingTensors, rows, in_flight: int = 0) -> SamplingState:
         """Per-row arrays from host-known history (rows with no step in flight)."""

@@ -140,6 +140,11 @@ def test_user_api_rows_cover_every_workload_batch_and_contestant(user_result):
     sampled = [r for r in rows if r["workload"] == "sampled"]
     assert [r["batch"] for r in sampled] == [1, 2] and all(set(r["overhead"]) == {"graphc", "batch_generate"}
                                                            for r in sampled)
+    for r in sampled:  # graphc greedy runs paired with every sampled repeat; one ratio per repeat
+        assert set(r["values"]) == {"graphc", "graphc_greedy", "batch_generate"}
+        runs = zip(r["values"]["graphc"]["runs"], r["values"]["graphc_greedy"]["runs"])
+        want = [s / g for s, g in runs if s > 0 and g > 0]
+        assert r["sampled_over_greedy"]["graphc"].get("runs", []) == want
     prefill = [r for r in rows if r["workload"] == "prefill"]
     assert {(r["case"], r["unit"]) for r in prefill} == {(c, u) for c in ("2x24", "1x40")
                                                           for u in ("TTFT ms (median)", "prompt tok/s")}

@@ -14,6 +14,9 @@ on B prompts of fresh random tokens per call (no prefix-cache hits), Python's GC
 decode   steady ms/step = (T(long new tokens) - T(short new tokens)) / (long - short): the
          prefill and the first tokens cancel out. Greedy and sampled
          (temperature 0.8, top-p 0.9, top-k 50).
+sampled  the sampled case also runs graphc greedy on the same Engine right after each sampled
+         repeat (`graphc_greedy`), so every repeat gives one sampled / greedy ratio measured
+         back to back: `sampled_over_greedy` is their min / median / max (1.05 = 5 % over greedy).
 prefill  cold prompts, one new token each: median time to first token over the requests
          and prompt tok/s (prompt tokens / wall), graphc against BatchGenerator (what
          `batch_generate` drives, with its defaults) and a plain per-request mlx-lm prefill.
@@ -179,20 +182,23 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     if "sampled" in wl:
         cases += [(B, SAMPLING) for B in cfg.batches]
     for B, samp in cases:
-        names = list(contestants) if samp is None else ["graphc", "batch_generate"]
-        for name in names:  # warm-up as long as the long call: kernels, every compiled trace, cache growth
-            contestants[name](_fresh(rng, B, cfg.prompt_len, vocab), cfg.long_new, samp)
+        # (label, contestant, sampling): the sampled case pairs graphc sampled with graphc greedy
+        runs = ([(n, n, None) for n in contestants] if samp is None else
+                [("graphc", "graphc", samp), ("graphc_greedy", "graphc", None), ("batch_generate", "batch_generate", samp)])
+        names = [label for label, _, _ in runs]
+        for _, name, s_ in runs:  # warm-up as long as the long call: kernels, every compiled trace, cache growth
+            contestants[name](_fresh(rng, B, cfg.prompt_len, vocab), cfg.long_new, s_)
         steady: dict = {n: [] for n in names}
         for r in range(cfg.repeats):
-            for name in names:  # interleaved, so drift spreads over every contestant
+            for label, name, s_ in runs:  # interleaved, so drift spreads over every contestant
                 t_s, (_, got_s) = _timed(lambda: contestants[name](_fresh(rng, B, cfg.prompt_len, vocab),
-                                                                   cfg.short_new, samp))
+                                                                   cfg.short_new, s_))
                 t_l, (_, got_l) = _timed(lambda: contestants[name](_fresh(rng, B, cfg.prompt_len, vocab),
-                                                                   cfg.long_new, samp))
+                                                                   cfg.long_new, s_))
                 if got_l != B * cfg.long_new or got_s != B * cfg.short_new:
-                    notes.append(f"{name} B={B}: generated {got_s} / {got_l} tokens instead of "
+                    notes.append(f"{label} B={B}: generated {got_s} / {got_l} tokens instead of "
                                  f"{B * cfg.short_new} / {B * cfg.long_new} (a stop token?)")
-                steady[name].append((t_l - t_s) * 1e3 / k)
+                steady[label].append((t_l - t_s) * 1e3 / k)
         stats = {n: spread(v) for n, v in steady.items()}
         what = "sampled" if samp else "decode"
         row = {"workload": what, "case": f"B={B}", "batch": B, "unit": "ms/step (steady)",
@@ -204,13 +210,20 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                     c = compare(stats[g], stats[base])
                     if c:
                         row["ratios"][f"{g}/{base}"] = c
+        if samp is not None:
+            # One ratio per repeat, sampled and greedy measured back to back on one Engine; a
+            # non-positive steady time (too few steps for this device) gives no ratio.
+            pairs = [s_ / g_ if s_ > 0 and g_ > 0 else None
+                     for s_, g_ in zip(steady["graphc"], steady["graphc_greedy"])]
+            row["sampled_over_greedy"] = {"graphc": spread(pairs)}
+            row["overhead"] = {"graphc": stats["graphc"]["median"] / stats["graphc_greedy"]["median"]}
         rows.append(row)
         log(f"[user-api] {what} B={B}: " + ", ".join(f"{n} {s['median']:.2f} ms" for n, s in stats.items() if s))
     if "sampled" in wl and "decode" in wl:
         greedy = {r["batch"]: r for r in rows if r["workload"] == "decode"}
         for r in [r for r in rows if r["workload"] == "sampled"]:
             g = greedy.get(r["batch"])
-            for name in ("graphc", "batch_generate"):
+            for name in ("batch_generate",):  # graphc's overhead comes from its paired greedy runs
                 if g and name in g["values"] and name in r["values"]:
                     # overhead of sampling: sampled ms over greedy ms (1.05 = 5 % over greedy)
                     r.setdefault("overhead", {})[name] = r["values"][name]["median"] / g["values"][name]["median"]
@@ -274,7 +287,11 @@ def user_tables(result: dict) -> str:
                    for k, v in r["ratios"].items() if v]
             cells.append("; ".join(rat))
             if w == "sampled":
-                cells.append("; ".join(f"{k} {v:.2f}" for k, v in r.get("overhead", {}).items()))
+                paired = r.get("sampled_over_greedy", {})
+                cells.append("; ".join(
+                    f"{k} {v:.3f}" + (f" (paired {paired[k]['min']:.3f} / **{paired[k]['median']:.3f}** / "
+                                      f"{paired[k]['max']:.3f})" if paired.get(k) else "")
+                    for k, v in r.get("overhead", {}).items()))
             out.append("| " + " | ".join(cells) + " |")
     for n in result.get("notes", []):
         out.append(f"note: {n}")

@@ -1,6 +1,6 @@
 """Micro-benchmark: token selection alone on logits [B, V].
 
-    python -m graphc.runtime.sampling.bench_sampling [--vocab 32000] [--iters 50]
+    python -m graphc.runtime.sampling.bench_sampling [--vocab 32000] [--iters 50] [--dtype bfloat16]
 
 Times, per batch size, the median of ``iters`` evaluated steps (one mx.eval
 each) of ``select_tokens`` for several row configurations, and prints each as
@@ -16,7 +16,7 @@ import time
 import mlx.core as mx
 
 from . import select as _select
-from .params import SamplingParams
+from ..params import SamplingParams
 from .penalties import build_token_counts
 from .select import select_tokens
 from .step import sample_step
@@ -25,6 +25,8 @@ from .tensors import SamplingTensors
 CONFIGS = {
     "greedy": dict(),
     "T=0.8,top_p=0.9,top_k=50": dict(temperature=0.8, top_p=0.9, top_k=50),
+    # every other row greedy: the grouped path gathered rows per group; the fused one does not
+    "half greedy, half T=0.8,top_p=0.9,top_k=50": lambda i: dict(temperature=0.8, top_p=0.9, top_k=50) if i % 2 else {},
     "T=0.8 (plain)": dict(temperature=0.8),
     "T=0.8,top_p=0.9 (full sort)": dict(temperature=0.8, top_p=0.9),
 }
@@ -39,6 +41,33 @@ def _time(fn, iters: int, warmup: int = 3) -> float:
         mx.eval(fn())
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts)
+
+
+def _host_us(fn, iters: int) -> float:
+    """Median µs to build the lazy graph alone (no evaluation): the host's share of a step."""
+    fn()
+    ts = []
+    for _ in range(max(iters, 20)):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return 1e6 * statistics.median(ts)
+
+
+def graph_nodes(outs) -> int:
+    """Primitives in the lazy graph of ``outs`` (views included), read from mx.export_to_dot."""
+    import os
+    import re
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *(outs if isinstance(outs, (list, tuple)) else [outs]))
+        with open(path) as f:
+            return len(re.findall(r'label ="[A-Za-z]', f.read()))
+    finally:
+        os.remove(path)
 
 
 STEP_CONFIGS = {
@@ -61,19 +90,22 @@ def run_bench(
     configs=None,
     seeded: bool = True,
     step: bool = False,
+    dtype=mx.float32,
 ) -> list[dict]:
-    """[{batch, config, ms, ratio_to_greedy}] — medians of ``iters`` evaluated steps.
+    """[{batch, config, ms, ratio_to_greedy, host_us, nodes}] — medians of ``iters`` evaluated steps,
+    the host time to build one (unevaluated) and its graph's node count.
     ``step=True`` times the whole ``sample_step`` (edits, penalties, logprobs)."""
     configs = configs or (STEP_CONFIGS if step else CONFIGS)
     rows = []
     for B in batch_sizes:
-        logits = mx.random.normal((B, vocab), key=mx.random.key(B)).astype(mx.float32)
+        logits = mx.random.normal((B, vocab), key=mx.random.key(B)).astype(dtype)
         positions = mx.arange(B, dtype=mx.int32) + 100
         key = mx.random.key(0)
         mx.eval(logits)
         base = None
         for name, kw in configs.items():
-            params = [SamplingParams(seed=(i if seeded and kw else None), **kw) for i in range(B)]
+            row_kw = [kw(i) if callable(kw) else kw for i in range(B)]  # a callable gives each row's params
+            params = [SamplingParams(seed=(i if seeded and k else None), **k) for i, k in enumerate(row_kw)]
             st = SamplingTensors.build(params, vocab, eos_token_ids=[2])
             if step:
                 counts = build_token_counts([[1, 2, 3, 3]] * B, vocab)
@@ -89,7 +121,8 @@ def run_bench(
 
             ms = 1e3 * _time(fn, iters)
             base = ms if base is None else base
-            rows.append(dict(batch=B, config=name, ms=ms, ratio_to_greedy=ms / base))
+            rows.append(dict(batch=B, config=name, ms=ms, ratio_to_greedy=ms / base,
+                             host_us=_host_us(fn, iters), nodes=graph_nodes(fn())))
     return rows
 
 
@@ -100,17 +133,19 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--step", action="store_true", help="time sample_step with edits/penalties/logprobs")
     ap.add_argument("--eager", action="store_true", help="do not mx.compile the selectors")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="logits dtype")
     a = ap.parse_args(argv)
     _select.COMPILE = not a.eager
     print(
         f"device={mx.default_device()} mlx={mx.__version__} vocab={a.vocab} iters={a.iters} "
-        f"compiled={not a.eager} (median ms per evaluated step)"
+        f"compiled={not a.eager} dtype={a.dtype} (median ms per evaluated step; host µs to build it; graph nodes)"
     )
-    rows = run_bench(a.batch, a.vocab, a.iters, step=a.step)
+    rows = run_bench(a.batch, a.vocab, a.iters, step=a.step, dtype=getattr(mx, a.dtype))
     w = max(len(r["config"]) for r in rows)
-    print(f"{'B':>4}  {'config':<{w}} {'ms':>9} {'x greedy':>9}")
+    print(f"{'B':>4}  {'config':<{w}} {'ms':>9} {'x greedy':>9} {'host us':>8} {'nodes':>6}")
     for r in rows:
-        print(f"{r['batch']:>4}  {r['config']:<{w}} {r['ms']:>9.3f} {r['ratio_to_greedy']:>9.2f}")
+        print(f"{r['batch']:>4}  {r['config']:<{w}} {r['ms']:>9.3f} {r['ratio_to_greedy']:>9.2f} "
+              f"{r['host_us']:>8.1f} {r['nodes']:>6}")
 
 
 if __name__ == "__main__":

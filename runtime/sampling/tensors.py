@@ -31,6 +31,9 @@ from .noise import split_seed
 from .params import SamplingParamsLike, check_token_ids, validate_params
 
 CANDIDATE_MAX = 1024
+# Batches of greedy and candidate rows select through one compiled function (fused.py);
+# False keeps the grouped path for them (tests compare the two).
+FUSED = True
 _MIN_WIDTH = 16
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -115,6 +118,7 @@ class SamplingTensors:
     has_seed: mx.array
     groups: tuple[RowGroup, ...]
     inverse_perm: mx.array | None
+    fused: "FusedRows | None"  # whole-batch form when every row is greedy or candidates (fused.py)
     repetition_penalty: mx.array
     frequency_penalty: mx.array
     presence_penalty: mx.array
@@ -175,6 +179,9 @@ class SamplingTensors:
         inv_lp_t = np.where(temp > 0, 1.0 / np.where(temp > 0, temp, 1.0), 1.0).astype(np.float32)
         seeds = [split_seed(p.seed) if p.seed is not None else (0, 0) for p in params]
         has_seed = np.array([p.seed is not None for p in params])
+
+        seed_lo = mx.array(np.array([s[0] for s in seeds], np.uint32))
+        seed_hi = mx.array(np.array([s[1] for s in seeds], np.uint32))
 
         # --- selection groups
         kinds = [_row_kind(p, V) for p in params]
@@ -245,11 +252,12 @@ class SamplingTensors:
             vocab_size=V,
             temperature=mx.array(temp),
             logprob_inv_temperature=mx.array(inv_lp_t),
-            seed_lo=mx.array(np.array([s[0] for s in seeds], np.uint32)),
-            seed_hi=mx.array(np.array([s[1] for s in seeds], np.uint32)),
+            seed_lo=seed_lo,
+            seed_hi=seed_hi,
             has_seed=mx.array(has_seed),
             groups=tuple(groups),
             inverse_perm=inverse_perm,
+            fused=_fused_rows(kinds, groups, B, has_seed, seed_lo, seed_hi),
             repetition_penalty=mx.array(rep),
             frequency_penalty=mx.array(freq),
             presence_penalty=mx.array(pres),
@@ -293,6 +301,7 @@ class SamplingTensors:
         return {
             "batch_size": self.batch_size,
             "vocab_size": self.vocab_size,
+            "fused": {"width": self.fused.width, "seeding": self.fused.seeding} if self.fused is not None else None,
             "groups": [
                 {
                     "kind": g.kind,
@@ -308,6 +317,14 @@ class SamplingTensors:
             "logprobs": {"top": self.top_logprobs, "token_ids": max(self.logprob_token_counts)} if self.want_logprobs else None,
             "chain_safe": self.chain_safe,
         }
+
+
+def _fused_rows(kinds, groups, B: int, has_seed, seed_lo, seed_hi):
+    if not FUSED:
+        return None
+    from .fused import FusedRows  # fused.py imports select.py, which imports this module
+
+    return FusedRows.build(kinds, groups, B, has_seed, seed_lo, seed_hi)
 
 
 def _make_group(kind: str, rows: list[int], params, V: int, inv_t: np.ndarray, whole: bool) -> RowGroup:
