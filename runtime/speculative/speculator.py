@@ -75,6 +75,9 @@ class Speculator:
         for k in STAT_KEYS:
             self.stats.setdefault(k, 0)
         self._rows: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        # drafter(request, k) -> up to k draft tokens; None: prompt lookup over the row's own
+        # prompt + output. Any drafter is safe: the verify step accepts only what the target agrees with.
+        self.drafter = None
 
     # -- who speculates ------------------------------------------------------------
     def config_for(self, params) -> SpecConfig | None:
@@ -120,6 +123,8 @@ class Speculator:
         k = min(st.k, room)
         if k <= 0:
             return []
+        if self.drafter is not None:
+            return [int(t) for t in self.drafter(req, k)][:k]
         return st.index.draft(req.prompt_ids + req.output_ids, k)
 
     # -- the verify step -------------------------------------------------------------

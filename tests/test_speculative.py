@@ -1,0 +1,204 @@
+"""Speculative decoding (runtime/speculative/, the graphs' `verify` node): greedy output is the
+target's own, token for token, whatever the drafts; rejected positions leave the caches."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.cache.full import FullKV
+from graphc.runtime.speculative import NgramIndex, SpecConfig, parse_speculative
+from helpers import random_prompts, reference_greedy
+
+SPEC = SamplingParams(max_tokens=40, ignore_eos=True, speculative="prompt_lookup", num_draft_tokens=4)
+PLAIN = SamplingParams(max_tokens=40, ignore_eos=True)
+
+
+# -- prompt lookup ------------------------------------------------------------------------
+def test_prompt_lookup_proposes_what_followed_the_suffix():
+    idx = NgramIndex(max_ngram=3, min_ngram=1)
+    seq = [5, 6, 7, 8, 9, 1, 2, 6, 7]
+    assert idx.draft(seq, 3) == [8, 9, 1]  # "6 7" was followed by 8 9 1
+
+
+def test_prompt_lookup_prefers_the_longest_ngram_then_the_latest_occurrence():
+    idx = NgramIndex(max_ngram=3, min_ngram=1)
+    # "2 3" occurs twice, followed by 4 and then 9; "1 2 3" only once (followed by 4).
+    assert idx.draft([1, 2, 3, 4, 0, 2, 3, 9, 1, 2, 3], 2) == [4, 0]
+    idx = NgramIndex(max_ngram=2, min_ngram=1)
+    assert idx.draft([1, 2, 3, 4, 0, 2, 3, 9, 7, 2, 3], 1) == [9]  # latest "2 3"
+
+
+def test_prompt_lookup_is_incremental_and_empty_without_a_match():
+    idx = NgramIndex(max_ngram=2, min_ngram=2)
+    seq = [1, 2, 3]
+    assert idx.draft(seq, 4) == []
+    seq += [4, 1, 2]
+    assert idx.draft(seq, 4) == [3, 4, 1, 2]
+    seq += [3]
+    assert idx.draft(seq, 2) == [4, 1]  # "2 3" -> 4 1, from the index built across calls
+
+
+# -- settings ------------------------------------------------------------------------------
+@pytest.mark.parametrize("value, k, message", [
+    ("ngram", None, "speculative method"), ({"method": "prompt_lookup", "depth": 3}, None, "unknown key"),
+    ("prompt_lookup", 0, "num_draft_tokens"), ("prompt_lookup", 99, "num_draft_tokens"),
+    (None, 4, "num_draft_tokens needs speculative"), (3, None, "speculative must be"),
+    ({"min_ngram": 5, "max_ngram": 2}, None, "min_ngram"),
+])
+def test_bad_speculative_settings_name_the_field(value, k, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(speculative=value, num_draft_tokens=k).validate()
+
+
+def test_speculative_settings_parse():
+    assert parse_speculative("off") == "off" and parse_speculative(None) is None
+    assert parse_speculative("prompt_lookup", 6) == SpecConfig(num_draft_tokens=6)
+    assert parse_speculative({"method": "prompt_lookup", "max_ngram": 3}) == SpecConfig(max_ngram=3)
+
+
+# -- cache rollback ------------------------------------------------------------------------
+def _cache(rows: int, cols: int, pads) -> FullKV:
+    c = FullKV(rows, pads)
+    k = mx.arange(rows * cols).reshape(rows, 1, cols, 1).astype(mx.float32)
+    c.update_and_fetch(k, k + 100)
+    return c
+
+
+def test_trim_rows_keeps_each_rows_accepted_positions():
+    c = _cache(3, 6, [2, 0, 1])
+    c.trim_rows([1, 3, 2])
+    assert c.idx == 5 and c.left_pad == [2, 2, 2]
+    assert [c.row_length(r) for r in range(3)] == [3, 3, 3]
+    keys = c.keys[..., : c.idx, 0]
+    # Each row's kept columns are its first written (non-pad) ones, right-aligned at idx.
+    assert keys[0, 0, 2:].tolist() == [2, 3, 4]
+    assert keys[1, 0, 2:].tolist() == [6, 7, 8]
+    assert keys[2, 0, 2:].tolist() == [13, 14, 15]
+    assert c.values[2, 0, 2:5, 0].tolist() == [113, 114, 115]
+    assert c.offset.tolist() == [3, 3, 3]
+
+
+def test_trim_rows_with_equal_counts_moves_the_write_column_only():
+    c = _cache(2, 4, [0, 1])
+    c.trim_rows([2, 2])
+    assert c.idx == 2 and c.left_pad == [0, 1] and c.keys[0, 0, :2, 0].tolist() == [0, 1]
+
+
+def test_trim_rows_refuses_more_than_a_row_holds():
+    c = _cache(2, 4, [0, 3])
+    with pytest.raises(ValueError, match="exceed"):
+        c.trim_rows([0, 2])
+
+
+# -- greedy output is the target's ---------------------------------------------------------
+def _oracle(refs: dict, vocab: int):
+    """Drafts from the reference continuation, with a wrong token at a position that moves with
+    the step, so steps accept all, some or none of their drafts (and rows differ)."""
+
+    def draft(req, k):
+        ref = refs[tuple(req.prompt_ids)]
+        n = len(req.output_ids)
+        d = list(ref[n:n + k])
+        bad = (n * 7 + len(req.prompt_ids)) % (k + 2)
+        if bad < len(d):
+            d[bad] = (d[bad] + 1) % vocab
+        return d
+
+    return draft
+
+
+CASES = [("llama", "dense", "auto", None), ("qwen3", "dense", "auto", None), ("llama", "dense_noprefix", "auto", None),
+         ("llama", "dense", "generic", None), ("llama", "dense", "auto", True)]
+
+
+@pytest.mark.parametrize("arch, graph, lowering, compile", CASES)
+def test_greedy_identical_with_partly_wrong_drafts(model_dir, arch, graph, lowering, compile):
+    # compile=True: plain steps run the compiled decode path on the caches verify steps trimmed.
+    eng = Engine.load(model_dir(arch), graph, prefill_chunk=16, lowering=lowering, compile=compile)
+    prompts = random_prompts(5, eng.vocab_size, [5, 40, 17, 1, 23], seed=3)
+    refs = {tuple(p): reference_greedy(eng.model, p, 40) for p in prompts}
+    eng.speculator.drafter = _oracle(refs, eng.vocab_size)
+    out = eng.generate(prompts, SPEC)
+    for p, r in zip(prompts, out):
+        assert r.token_ids == refs[tuple(p)]
+    s = eng.stats
+    assert s["spec_steps"] > 0 and 0 < s["spec_accepted_tokens"] < s["spec_drafted_tokens"]
+    # Fewer forwards than tokens: the accepted drafts came for free.
+    assert s["spec_emitted_tokens"] > s["spec_steps"] * 1.5
+    assert [r.token_ids for r in eng.generate(prompts, PLAIN)] == [refs[tuple(p)] for p in prompts]
+
+
+def test_prompt_lookup_on_repetitive_prompts_matches_plain_decoding(model_dir):
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    prompts = [p * 3 for p in random_prompts(3, eng.vocab_size, [9, 14, 6], seed=8)]
+    plain = [r.token_ids for r in eng.generate(prompts, PLAIN)]
+    assert [r.token_ids for r in eng.generate(prompts, SPEC)] == plain
+    assert eng.stats["spec_accepted_tokens"] > 0
+
+
+def test_engine_default_and_per_request_off(model_dir):
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, speculative="prompt_lookup", num_draft_tokens=3)
+    prompts = [p * 3 for p in random_prompts(2, eng.vocab_size, [7, 11], seed=2)]
+    eng.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True, speculative="off"))
+    assert eng.stats["spec_steps"] == 0
+    on = eng.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert eng.stats["spec_steps"] > 0
+    assert [r.token_ids for r in on] == [reference_greedy(eng.model, p, 24) for p in prompts]
+
+
+def test_off_for_large_batches_and_sampled_rows(model_dir):
+    eng = Engine.load(model_dir("llama"), prefill_chunk=64, spec_max_batch=3)
+    prompts = [p * 3 for p in random_prompts(3, eng.vocab_size, [7, 11, 5], seed=2)]
+    eng.speculator.drafter = lambda req, k: [1] * k
+    eng.generate(prompts, SPEC)  # 3 rows >= spec_max_batch 3
+    assert eng.stats["spec_steps"] == 0
+    sampled = SamplingParams(max_tokens=8, temperature=0.8, seed=1, speculative="prompt_lookup")
+    eng.generate(prompts[:1], sampled)
+    assert eng.stats["spec_steps"] == 0
+    eng.generate(prompts[:2], SPEC)  # 2 rows: on
+    assert eng.stats["spec_steps"] > 0
+
+
+def test_max_tokens_is_never_overshot(model_dir):
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    eng.speculator.drafter = lambda req, k: [7] * k
+    [p] = random_prompts(1, eng.vocab_size, [12], seed=4)
+    ref = reference_greedy(eng.model, p, 9)
+    eng.speculator.drafter = lambda req, k: ref[len(req.output_ids):len(req.output_ids) + k]
+    [r] = eng.generate([p], SamplingParams(max_tokens=9, ignore_eos=True, speculative="prompt_lookup"))
+    assert r.token_ids == ref and r.finish_reason == "length"
+
+
+def test_prefix_cache_stores_only_accepted_tokens(model_dir):
+    """A request after a speculative one reuses its prompt + output from the prefix cache; the
+    KV it gathers must be the accepted sequence's (rejected drafts were trimmed)."""
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    [p] = random_prompts(1, eng.vocab_size, [30], seed=9)
+    ref = reference_greedy(eng.model, p, 40)
+    eng.speculator.drafter = _oracle({tuple(p): ref}, eng.vocab_size)
+    [first] = eng.generate([p], SPEC)
+    assert first.token_ids == ref and eng.stats["spec_drafted_tokens"] > eng.stats["spec_accepted_tokens"]
+    follow = p + ref[:30]
+    [second] = eng.generate([follow], PLAIN)
+    assert second.cached_tokens >= len(p) + 16
+    assert second.token_ids == reference_greedy(eng.model, follow, 40)
+
+
+def test_windowed_model_is_off_with_the_reason(model_dir):
+    eng = Engine.load(model_dir("gemma3_text"), prefill_chunk=16)
+    assert "windowed" in eng.speculator.problem or "cannot remove" in eng.speculator.problem
+    with pytest.raises(ValueError, match="speculative decoding is off for this model"):
+        eng.add_request([1, 2, 3], SamplingParams(speculative="prompt_lookup"))
+    eng.add_request([1, 2, 3], SamplingParams(max_tokens=2, speculative="off"))  # asking for off is fine
+    verify = [s for s in eng.compiled.plan("decode").steps if s.op == "verify"]
+    assert verify and "OFF for this model" in verify[0].detail
+
+
+def test_inspect_shows_the_verify_node(model_dir):
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    decode = eng.compiled.plan("decode")
+    [step] = [s for s in decode.steps if s.op == "verify"]
+    assert step.when == "rows that ask" and "rejected positions trimmed" in step.detail
+    assert all(s.op != "verify" for s in eng.compiled.plan("prefill").steps)
