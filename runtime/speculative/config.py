@@ -61,4 +61,9 @@ def parse_speculative(value, num_draft_tokens: int | None = None) -> SpecConfig 
                          f"a method, got {value!r}")
     if num_draft_tokens is not None:
         fields["num_draft_tokens"] = num_draft_tokens
+    if isinstance(value, dict):  # the server's `speculative` object: name the request field first
+        try:
+            return SpecConfig(**fields)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"speculative object: {e}") from None
     return SpecConfig(**fields)
