@@ -202,3 +202,21 @@ def test_inspect_shows_the_verify_node(model_dir):
     [step] = [s for s in decode.steps if s.op == "verify"]
     assert step.when == "rows that ask" and "rejected positions trimmed" in step.detail
     assert all(s.op != "verify" for s in eng.compiled.plan("prefill").steps)
+
+
+# -- bench ---------------------------------------------------------------------------------
+def test_bench_grounded_workload_reports_both_modes(tmp_path):
+    import json
+
+    from graphc.compiler.cli import main as graphc_main
+
+    out = tmp_path / "grounded.json"
+    assert graphc_main(["bench", "--user-api", "--user-workloads", "grounded", "--model", "tiny", "--batches", "1,2",
+                        "--long-new", "12", "--user-repeats", "3", "--no-compile", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    rows = [r for r in res["rows"] if r["workload"] == "grounded"]
+    assert [r["batch"] for r in rows] == [1, 2]
+    for r in rows:
+        assert set(r["values"]) == {"plain", "speculative"} and len(r["values"]["plain"]["runs"]) == 3
+        assert "speculative/plain" in r["ratios"] and 0 <= r["acceptance"] <= 1
+    assert not any("differs" in n for n in res["notes"])
