@@ -212,7 +212,7 @@ def test_bench_grounded_workload_reports_both_modes(tmp_path):
 
     out = tmp_path / "grounded.json"
     assert graphc_main(["bench", "--user-api", "--user-workloads", "grounded", "--model", "tiny", "--batches", "1,2",
-                        "--long-new", "12", "--user-repeats", "3", "--no-compile", "--json", str(out)]) == 0
+                        "--long-new", "12", "--short-new", "4", "--user-repeats", "3", "--no-compile", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     rows = [r for r in res["rows"] if r["workload"] == "grounded"]
     assert [r["batch"] for r in rows] == [1, 2]
