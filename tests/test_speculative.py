@@ -128,6 +128,8 @@ def test_greedy_identical_with_partly_wrong_drafts(model_dir, arch, graph, lower
     # Fewer forwards than tokens: the accepted drafts came for free.
     assert s["spec_emitted_tokens"] > s["spec_steps"] * 1.5
     assert [r.token_ids for r in eng.generate(prompts, PLAIN)] == [refs[tuple(p)] for p in prompts]
+    if compile:  # the plain steps between verify steps did run compiled, on the trimmed caches
+        assert eng.compiled.decode.compiled_steps > 0
 
 
 def test_prompt_lookup_on_repetitive_prompts_matches_plain_decoding(model_dir):
