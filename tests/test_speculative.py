@@ -222,3 +222,45 @@ def test_bench_grounded_workload_reports_both_modes(tmp_path):
         assert set(r["values"]) == {"plain", "speculative"} and len(r["values"]["plain"]["runs"]) == 3
         assert "speculative/plain" in r["ratios"] and 0 <= r["acceptance"] <= 1
     assert not any("differs" in n for n in res["notes"])
+
+
+# -- draft model ---------------------------------------------------------------------------
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_draft_model_greedy_identical(model_dir, draft):
+    """The target as its own draft model (drafts always right) and another random model of the same
+    tokenizer (drafts mostly wrong): output is the target's greedy output either way."""
+    target = model_dir("llama")
+    path = target if draft == "self" else model_dir("llama", seed=5)
+    eng = Engine.load(target, prefill_chunk=16, draft_model=path, num_draft_tokens=3)
+    prompts = random_prompts(3, eng.vocab_size, [6, 30, 13], seed=12)
+    out = eng.generate(prompts, PLAIN)  # the engine's default is now "draft_model"
+    for p, r in zip(prompts, out):
+        assert r.token_ids == reference_greedy(eng.model, p, 40)
+    s = eng.stats
+    assert s["spec_steps"] > 0
+    if draft == "self":
+        assert s["spec_accepted_tokens"] == s["spec_drafted_tokens"]
+    else:
+        assert s["spec_accepted_tokens"] < s["spec_drafted_tokens"]
+
+
+def test_draft_model_method_needs_a_draft_model(model_dir):
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        eng.add_request([1, 2, 3], SamplingParams(speculative="draft_model"))
+
+
+def test_draft_model_with_another_tokenizer_is_refused(model_dir):
+    from graphc.runtime.speculative import DraftModel
+
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+
+    class Other:
+        def get_vocab(self):
+            return {str(i): i for i in range(7)}
+
+        def encode(self, s):
+            return [1, 2]
+
+    with pytest.raises(ValueError, match="does not share the target's tokenizer"):
+        DraftModel(eng.model, Other(), target_tokenizer=eng.tokenizer, path="other")

@@ -65,6 +65,20 @@ def test_bad_speculative_values_are_400(server, value, param):
     assert err["param"] == param and err["type"] == "invalid_request_error", err
 
 
+def test_serve_draft_model_flag_reaches_the_engine(model_dir):
+    import argparse
+
+    from graphc.runtime.server.cli import add_parser, config_from_args
+    from graphc.runtime.server.state import load_engine
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    path = str(model_dir("llama"))
+    config = config_from_args(parser.parse_args(["serve", "--model", path, "--draft-model", path]))
+    eng = load_engine(config)
+    assert eng.speculator.draft_model is not None and eng.speculator.default.method == "draft_model"
+
+
 def test_a_model_that_cannot_roll_back_refuses_it_with_the_reason(model_dir):
     with live_server(engine=Engine.load(model_dir("gemma3_text"), prefill_chunk=16)) as s:
         r = _post(s, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2,

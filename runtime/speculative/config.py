@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import attrs
 
-SPEC_METHODS = ("prompt_lookup",)
+SPEC_METHODS = ("prompt_lookup", "draft_model")  # draft_model: needs Engine(draft_model=...)
 OFF = "off"
 MAX_DRAFT_TOKENS = 16  # a verify batch writes k + 1 positions; more than this wastes the step
 
 
 @attrs.frozen
 class SpecConfig:
-    """method: "prompt_lookup"; num_draft_tokens: k, the most drafts a row verifies per step;
-    max_ngram / min_ngram: the suffix n-gram sizes prompt lookup tries (longest first)."""
+    """method: "prompt_lookup" or "draft_model"; num_draft_tokens: k, the most drafts a row verifies per step;
+    max_ngram / min_ngram: the suffix n-gram sizes prompt lookup tries (longest first; unused by
+    draft_model)."""
 
     method: str = "prompt_lookup"
     num_draft_tokens: int = 4

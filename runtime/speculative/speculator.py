@@ -78,6 +78,8 @@ class Speculator:
         # drafter(request, k) -> up to k draft tokens; None: prompt lookup over the row's own
         # prompt + output. Any drafter is safe: the verify step accepts only what the target agrees with.
         self.drafter = None
+        # A DraftModel (runtime/speculative/draft_model.py) for rows whose method is "draft_model".
+        self.draft_model = None
 
     # -- who speculates ------------------------------------------------------------
     def config_for(self, params) -> SpecConfig | None:
@@ -88,14 +90,21 @@ class Speculator:
             asked = self.default
         if asked is None or self.problem is not None:
             return None
+        if asked.method == "draft_model" and self.draft_model is None:
+            return None
         return asked
 
     def request_problem(self, params) -> str | None:
         """Why a request that asks for speculation cannot have it (a 400), or None."""
         asked = parse_speculative(params.speculative, params.num_draft_tokens)
-        if asked is None or asked == OFF or self.problem is None:
+        if asked is None or asked == OFF:
             return None
-        return f"speculative decoding is off for this model: {self.problem}"
+        if self.problem is not None:
+            return f"speculative decoding is off for this model: {self.problem}"
+        if asked.method == "draft_model" and self.draft_model is None:
+            return ("speculative method 'draft_model' needs a draft model: load the engine with "
+                    "Engine.load(..., draft_model=DIR) or run graphc serve --draft-model DIR")
+        return None
 
     def _state(self, req) -> _RowState | None:
         st = self._rows.get(req, _UNSEEN)
@@ -125,6 +134,8 @@ class Speculator:
             return []
         if self.drafter is not None:
             return [int(t) for t in self.drafter(req, k)][:k]
+        if st.cfg.method == "draft_model":
+            return self.draft_model(req, k)
         return st.index.draft(req.prompt_ids + req.output_ids, k)
 
     # -- the verify step -------------------------------------------------------------
