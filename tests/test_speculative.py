@@ -264,3 +264,19 @@ def test_draft_model_with_another_tokenizer_is_refused(model_dir):
 
     with pytest.raises(ValueError, match="does not share the target's tokenizer"):
         DraftModel(eng.model, Other(), target_tokenizer=eng.tokenizer, path="other")
+
+
+def test_rows_without_matches_stop_breaking_the_chain(model_dir, monkeypatch):
+    """When prompt lookup finds nothing, the row pauses looking and its plain steps chain again
+    (the next step is queued before the host reads the current one)."""
+    eng = Engine.load(model_dir("llama"), prefill_chunk=64, speculative="prompt_lookup")
+    monkeypatch.setattr(NgramIndex, "draft", lambda self, tokens, k: [])
+    [p] = random_prompts(1, eng.vocab_size, [8], seed=21)
+    eng.add_request(p, SamplingParams(max_tokens=40, ignore_eos=True))
+    chained = 0
+    while eng.has_unfinished():
+        eng.step()
+        chained += eng.runner.pending is not None
+    assert eng.stats["spec_steps"] == 0
+    # 40 steps: unchained while looking (4 of every 4 + 16), chained while paused.
+    assert chained >= 25

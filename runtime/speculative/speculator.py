@@ -17,7 +17,8 @@ holding one decodes normally that step (see docs/speculative.md).
 
 Off automatically: batches of `max_batch` rows or more (the forward is then compute-bound and
 verifying k extra positions per row costs more than it saves), steps where no row found a
-draft, and rows whose drafts keep being rejected (acceptance under `min_acceptance` over the
+draft (a row that finds none 4 times in a row stops looking for 16 tokens, so its plain steps
+chain again), and rows whose drafts keep being rejected (acceptance under `min_acceptance` over the
 last few steps pauses that row's drafting for `cooldown` tokens). A row's k adapts: it grows
 back toward num_draft_tokens while whole drafts are accepted and halves when none is.
 """
@@ -51,10 +52,12 @@ class _RowState:
     accepted: int = 0
     steps: int = 0
     paused_until: int = 0  # no drafting until the request has this many output tokens
+    misses: int = 0  # consecutive attempts that found no draft
 
 
 class Speculator:
     WINDOW = 8  # verify steps per acceptance check
+    MAX_MISSES, MISS_PAUSE = 4, 16  # prompt lookup: 4 steps without a match pause drafting for 16 tokens
 
     def __init__(self, step, *, default: SpecConfig | None = None, max_batch: int = 16,
                  problem: str | None = None, stats: dict | None = None, min_acceptance: float = 0.15,
@@ -136,7 +139,13 @@ class Speculator:
             return [int(t) for t in self.drafter(req, k)][:k]
         if st.cfg.method == "draft_model":
             return self.draft_model(req, k)
-        return st.index.draft(req.prompt_ids + req.output_ids, k)
+        d = st.index.draft(req.prompt_ids + req.output_ids, k)
+        # A row whose context keeps offering no match stops asking for a while, so its plain
+        # steps chain again (an unchained step costs host time on the GPU).
+        st.misses = 0 if d else st.misses + 1
+        if st.misses >= self.MAX_MISSES:
+            st.misses, st.paused_until = 0, len(req.output_ids) + self.MISS_PAUSE
+        return d
 
     # -- the verify step -------------------------------------------------------------
     def step_batch(self, runner) -> list | None:
