@@ -36,7 +36,7 @@ class Engine:
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
                  skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
                  speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
-                 draft_model=None):
+                 spec_max_tokens: int | None = None, draft_model=None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -102,7 +102,7 @@ class Engine:
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
         self.speculator = self.runner.speculator = _speculator(self, speculative, num_draft_tokens, spec_max_batch,
-                                                               draft_model)
+                                                               spec_max_tokens, draft_model)
 
     @property
     def batch_prefill(self) -> bool:
@@ -448,7 +448,8 @@ class Engine:
         )
 
 
-def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, draft_model=None):
+def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, max_tokens: int | None = None,
+                draft_model=None):
     """The engine's Speculator (runtime/speculative/): speculative decoding for rows that ask, or
     for every plain greedy row when `speculative` sets a default (a draft model makes
     "draft_model" the default). Off for models whose caches cannot roll back (logged when a
@@ -461,7 +462,7 @@ def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, d
         speculative = "draft_model"
     default = parse_speculative(speculative, num_draft_tokens)
     spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
-                      problem=rollback_problem(engine.compiled.binding), stats=engine.stats)
+                      max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats)
     if default not in (None, "off") and spec.problem:
         logging.getLogger("graphc.engine").warning("speculative=%r is off for this model: %s", speculative,
                                                    spec.problem)

@@ -13,6 +13,9 @@ from helpers import random_prompts, reference_greedy
 
 SPEC = SamplingParams(max_tokens=40, ignore_eos=True, speculative="prompt_lookup", num_draft_tokens=4)
 PLAIN = SamplingParams(max_tokens=40, ignore_eos=True)
+# Verify positions per forward for the correctness tests (the CPU default, 4, would turn
+# speculation off for their multi-row batches; test_verify_position_budget covers it).
+WIDE = 64
 
 
 # -- prompt lookup ------------------------------------------------------------------------
@@ -116,7 +119,8 @@ CASES = [("llama", "dense", "auto", None), ("qwen3", "dense", "auto", None), ("l
 @pytest.mark.parametrize("arch, graph, lowering, compile", CASES)
 def test_greedy_identical_with_partly_wrong_drafts(model_dir, arch, graph, lowering, compile):
     # compile=True: plain steps run the compiled decode path on the caches verify steps trimmed.
-    eng = Engine.load(model_dir(arch), graph, prefill_chunk=16, lowering=lowering, compile=compile)
+    eng = Engine.load(model_dir(arch), graph, prefill_chunk=16, lowering=lowering, compile=compile,
+                      spec_max_tokens=WIDE)
     prompts = random_prompts(5, eng.vocab_size, [5, 40, 17, 1, 23], seed=3)
     refs = {tuple(p): reference_greedy(eng.model, p, 40) for p in prompts}
     eng.speculator.drafter = _oracle(refs, eng.vocab_size)
@@ -133,7 +137,7 @@ def test_greedy_identical_with_partly_wrong_drafts(model_dir, arch, graph, lower
 
 
 def test_prompt_lookup_on_repetitive_prompts_matches_plain_decoding(model_dir):
-    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE)
     prompts = [p * 3 for p in random_prompts(3, eng.vocab_size, [9, 14, 6], seed=8)]
     plain = [r.token_ids for r in eng.generate(prompts, PLAIN)]
     assert [r.token_ids for r in eng.generate(prompts, SPEC)] == plain
@@ -141,7 +145,8 @@ def test_prompt_lookup_on_repetitive_prompts_matches_plain_decoding(model_dir):
 
 
 def test_engine_default_and_per_request_off(model_dir):
-    eng = Engine.load(model_dir("llama"), prefill_chunk=16, speculative="prompt_lookup", num_draft_tokens=3)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, speculative="prompt_lookup", num_draft_tokens=3,
+                      spec_max_tokens=WIDE)
     prompts = [p * 3 for p in random_prompts(2, eng.vocab_size, [7, 11], seed=2)]
     eng.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True, speculative="off"))
     assert eng.stats["spec_steps"] == 0
@@ -151,7 +156,7 @@ def test_engine_default_and_per_request_off(model_dir):
 
 
 def test_off_for_large_batches_and_sampled_rows(model_dir):
-    eng = Engine.load(model_dir("llama"), prefill_chunk=64, spec_max_batch=3)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=64, spec_max_batch=3, spec_max_tokens=WIDE)
     prompts = [p * 3 for p in random_prompts(3, eng.vocab_size, [7, 11, 5], seed=2)]
     eng.speculator.drafter = lambda req, k: [1] * k
     eng.generate(prompts, SPEC)  # 3 rows >= spec_max_batch 3
@@ -164,7 +169,7 @@ def test_off_for_large_batches_and_sampled_rows(model_dir):
 
 
 def test_max_tokens_is_never_overshot(model_dir):
-    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE)
     eng.speculator.drafter = lambda req, k: [7] * k
     [p] = random_prompts(1, eng.vocab_size, [12], seed=4)
     ref = reference_greedy(eng.model, p, 9)
@@ -176,7 +181,7 @@ def test_max_tokens_is_never_overshot(model_dir):
 def test_prefix_cache_stores_only_accepted_tokens(model_dir):
     """A request after a speculative one reuses its prompt + output from the prefix cache; the
     KV it gathers must be the accepted sequence's (rejected drafts were trimmed)."""
-    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE)
     [p] = random_prompts(1, eng.vocab_size, [30], seed=9)
     ref = reference_greedy(eng.model, p, 40)
     eng.speculator.drafter = _oracle({tuple(p): ref}, eng.vocab_size)
@@ -199,7 +204,7 @@ def test_windowed_model_is_off_with_the_reason(model_dir):
 
 
 def test_inspect_shows_the_verify_node(model_dir):
-    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE)
     decode = eng.compiled.plan("decode")
     [step] = [s for s in decode.steps if s.op == "verify"]
     assert step.when == "rows that ask" and "rejected positions trimmed" in step.detail
@@ -231,7 +236,7 @@ def test_draft_model_greedy_identical(model_dir, draft):
     tokenizer (drafts mostly wrong): output is the target's greedy output either way."""
     target = model_dir("llama")
     path = target if draft == "self" else model_dir("llama", seed=5)
-    eng = Engine.load(target, prefill_chunk=16, draft_model=path, num_draft_tokens=3)
+    eng = Engine.load(target, prefill_chunk=16, draft_model=path, num_draft_tokens=3, spec_max_tokens=WIDE)
     prompts = random_prompts(3, eng.vocab_size, [6, 30, 13], seed=12)
     out = eng.generate(prompts, PLAIN)  # the engine's default is now "draft_model"
     for p, r in zip(prompts, out):
@@ -245,7 +250,7 @@ def test_draft_model_greedy_identical(model_dir, draft):
 
 
 def test_draft_model_method_needs_a_draft_model(model_dir):
-    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE)
     with pytest.raises(ValueError, match="needs a draft model"):
         eng.add_request([1, 2, 3], SamplingParams(speculative="draft_model"))
 
@@ -253,7 +258,7 @@ def test_draft_model_method_needs_a_draft_model(model_dir):
 def test_draft_model_with_another_tokenizer_is_refused(model_dir):
     from graphc.runtime.speculative import DraftModel
 
-    eng = Engine.load(model_dir("llama"), prefill_chunk=16)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE)
 
     class Other:
         def get_vocab(self):
@@ -269,7 +274,7 @@ def test_draft_model_with_another_tokenizer_is_refused(model_dir):
 def test_rows_without_matches_stop_breaking_the_chain(model_dir, monkeypatch):
     """When prompt lookup finds nothing, the row pauses looking and its plain steps chain again
     (the next step is queued before the host reads the current one)."""
-    eng = Engine.load(model_dir("llama"), prefill_chunk=64, speculative="prompt_lookup")
+    eng = Engine.load(model_dir("llama"), prefill_chunk=64, speculative="prompt_lookup", spec_max_tokens=WIDE)
     monkeypatch.setattr(NgramIndex, "draft", lambda self, tokens, k: [])
     [p] = random_prompts(1, eng.vocab_size, [8], seed=21)
     eng.add_request(p, SamplingParams(max_tokens=40, ignore_eos=True))
@@ -280,3 +285,17 @@ def test_rows_without_matches_stop_breaking_the_chain(model_dir, monkeypatch):
     assert eng.stats["spec_steps"] == 0
     # 40 steps: unchained while looking (4 of every 4 + 16), chained while paused.
     assert chained >= 25
+
+
+def test_verify_position_budget(model_dir):
+    """rows x (k + 1) stays within spec_max_tokens: k shrinks to fit, and a batch where no row
+    fits 2 positions decodes plainly."""
+    eng = Engine.load(model_dir("llama"), prefill_chunk=64, spec_max_tokens=4)
+    prompts = [p * 3 for p in random_prompts(3, eng.vocab_size, [7, 11, 5], seed=2)]
+    seen = []
+    eng.speculator.drafter = lambda req, k: seen.append(k) or [1] * k
+    eng.generate(prompts, SPEC)  # 3 rows: 4 // 3 = 1 position each -> off
+    assert eng.stats["spec_steps"] == 0 and not seen
+    out = eng.generate(prompts[:2], SPEC)  # 2 rows: 2 positions each -> k = 1
+    assert eng.stats["spec_steps"] > 0 and set(seen) == {1}
+    assert [r.token_ids for r in out] == [reference_greedy(eng.model, p, 40) for p in prompts[:2]]

@@ -15,8 +15,9 @@ Greedy output is therefore the target's own argmax sequence, identical to decodi
 speculation. Rows with sampling / penalties / logprobs / grammar are not speculated on: a batch
 holding one decodes normally that step (see docs/speculative.md).
 
-Off automatically: batches of `max_batch` rows or more (the forward is then compute-bound and
-verifying k extra positions per row costs more than it saves), steps where no row found a
+Off automatically: batches of `max_batch` rows or more, and batches whose rows x (k + 1)
+would pass `max_tokens` verify positions (each row's k shrinks to fit first): past that the
+forward is compute-bound and verifying extra positions costs more than it saves; steps where no row found a
 draft (a row that finds none 4 times in a row stops looking for 16 tokens, so its plain steps
 chain again), and rows whose drafts keep being rejected (acceptance under `min_acceptance` over the
 last few steps pauses that row's drafting for `cooldown` tokens). A row's k adapts: it grows
@@ -55,13 +56,21 @@ class _RowState:
     misses: int = 0  # consecutive attempts that found no draft
 
 
+def default_max_tokens() -> int:
+    """Verify positions per forward by device. GPU: a forward over up to ~64 rows costs about
+    what one over a few rows does (weight reads dominate). CPU: compute-bound — measured with
+    SmolLM2-135M (Q4_1, 2 cores), 2 positions cost ~1.04x one, 5 cost ~3.5x — so a verify
+    forward is kept to 4 positions (docs/speculative.md)."""
+    return 64 if mx.default_device() == mx.gpu else 4
+
+
 class Speculator:
     WINDOW = 8  # verify steps per acceptance check
     MAX_MISSES, MISS_PAUSE = 4, 16  # prompt lookup: 4 steps without a match pause drafting for 16 tokens
 
     def __init__(self, step, *, default: SpecConfig | None = None, max_batch: int = 16,
-                 problem: str | None = None, stats: dict | None = None, min_acceptance: float = 0.15,
-                 cooldown: int = 32):
+                 max_tokens: int | None = None, problem: str | None = None, stats: dict | None = None,
+                 min_acceptance: float = 0.15, cooldown: int = 32):
         # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
         # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
         self.step = getattr(step, "step", step)
@@ -72,6 +81,9 @@ class Speculator:
                             "decoder and tokens, and a `verify` output: docs/speculative.md)")
         self.default = default if self.problem is None else None
         self.max_batch = max_batch
+        # Positions one verify forward may hold (rows x (k + 1)): a row's k shrinks to fit, and a
+        # batch where no row fits 2 positions decodes plainly.
+        self.max_tokens = max_tokens if max_tokens is not None else default_max_tokens()
         self.min_acceptance = min_acceptance
         self.cooldown = cooldown
         self.stats = stats if stats is not None else {}
@@ -120,19 +132,22 @@ class Speculator:
 
     def wants(self, rows) -> bool:
         """True when the next step may verify drafts: the runner then does not chain into it."""
-        if self.problem is not None or not rows or len(rows) >= self.max_batch:
+        if self.problem is not None or not rows or len(rows) >= self.max_batch or self._k_cap(rows) < 1:
             return False
         if not any((s := self._state(r)) is not None and len(r.output_ids) >= s.paused_until for r in rows):
             return False
         return not any(needs_sampler(r.params) or not r.params.chain_safe for r in rows)
 
-    def _draft(self, req) -> list[int]:
+    def _k_cap(self, rows) -> int:
+        return self.max_tokens // len(rows) - 1
+
+    def _draft(self, req, k_cap: int) -> list[int]:
         st = self._state(req)
         if st is None or len(req.output_ids) < st.paused_until:
             return []
         # Never draft past max_tokens: the last step's bonus token is the request's last.
         room = req.params.max_tokens - len(req.output_ids) - 1
-        k = min(st.k, room)
+        k = min(st.k, room, k_cap)
         if k <= 0:
             return []
         if self.drafter is not None:
@@ -154,7 +169,8 @@ class Speculator:
         rows = runner.rows
         if not self.wants(rows):
             return None
-        drafts = [self._draft(r) for r in rows]
+        k_cap = self._k_cap(rows)
+        drafts = [self._draft(r, k_cap) for r in rows]
         if not any(drafts):
             return None
         L = 1 + max(map(len, drafts))
