@@ -299,3 +299,13 @@ def test_verify_position_budget(model_dir):
     out = eng.generate(prompts[:2], SPEC)  # 2 rows: 2 positions each -> k = 1
     assert eng.stats["spec_steps"] > 0 and set(seen) == {1}
     assert [r.token_ids for r in out] == [reference_greedy(eng.model, p, 40) for p in prompts[:2]]
+
+
+def test_the_docs_first_example_runs():
+    """docs/speculative.md's first Python example, as written (the built-in demo model)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "speculative.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    exec(compile(code, "docs/speculative.md", "exec"), {})
