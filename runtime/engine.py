@@ -34,7 +34,9 @@ class Engine:
                  compile: bool | str | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
-                 skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None):
+                 skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
+                 speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
+                 spec_max_tokens: int | None = None, draft_model=None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -98,6 +100,8 @@ class Engine:
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
+        self.speculator = self.runner.speculator = _speculator(self, speculative, num_draft_tokens, spec_max_batch,
+                                                               spec_max_tokens, draft_model)
 
     @property
     def batch_prefill(self) -> bool:
@@ -202,7 +206,7 @@ class Engine:
         prompt logprobs it does not compute (read from the lowered plan)."""
         from .plan_contract import request_problem
 
-        problem = request_problem(self.compiled.plan("prefill"), params)
+        problem = request_problem(self.compiled.plan("prefill"), params) or self.speculator.request_problem(params)
         if problem:
             raise ValueError(problem)
 
@@ -431,3 +435,28 @@ class Engine:
             latency_s=(req.finish_time - req.arrival) if req.finish_time else None,
             error=req.error,
         )
+
+
+def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, max_tokens: int | None = None,
+                draft_model=None):
+    """The engine's Speculator (runtime/speculative/): speculative decoding for rows that ask, or
+    for every plain greedy row when `speculative` sets a default (a draft model makes
+    "draft_model" the default). Off for models whose caches cannot roll back (logged when a
+    default asked for it)."""
+    import logging
+
+    from .speculative import DraftModel, Speculator, parse_speculative, rollback_problem
+
+    if draft_model is not None and speculative is None:
+        speculative = "draft_model"
+    default = parse_speculative(speculative, num_draft_tokens)
+    spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
+                      max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats)
+    if default not in (None, "off") and spec.problem:
+        logging.getLogger("graphc.engine").warning("speculative=%r is off for this model: %s", speculative,
+                                                   spec.problem)
+    if draft_model is not None:
+        if not isinstance(draft_model, DraftModel):  # a folder or .gguf path
+            draft_model = DraftModel.load(draft_model, engine.tokenizer, engine.vocab_size)
+        spec.draft_model = draft_model
+    return spec

@@ -56,6 +56,10 @@ class SamplingParams:
     logits_processors  Python callables (token_ids [n], logits [1, V]) -> logits, mlx-lm's convention
                        (its make_logits_processors output works as is); run on the host, break the chain.
     grammar            structured output (graphc.runtime.grammar.Grammar), see docs/structured-output.md.
+    speculative        None = the engine's default; "off"; "prompt_lookup"; or a mapping
+                       {"method": ..., "num_draft_tokens": ..., "max_ngram": ..., "min_ngram": ...}
+                       (docs/speculative.md). Plain greedy rows only: other rows decode normally.
+    num_draft_tokens   k, the most draft tokens verified per step (None = the method's default).
     """
 
     max_tokens: int = 256
@@ -79,6 +83,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logits_processors: tuple = attrs.field(default=(), converter=_tuple)
     grammar: object = None
+    speculative: str | dict | None = attrs.field(default=None, hash=False)
+    num_draft_tokens: int | None = None
 
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
         """Raise ValueError naming the bad field; return self so calls chain."""
@@ -90,6 +96,9 @@ class SamplingParams:
                 or not 0 <= self.max_tokens <= MAX_INT32):
             bad("max_tokens", f"must be an integer in 0..{MAX_INT32}, got {self.max_tokens!r}")
 
+        from .speculative.config import parse_speculative
+
+        parse_speculative(self.speculative, self.num_draft_tokens)  # ValueError names the field
         validate_params(self)  # temperature, top-k/p, min-p, seed, penalties, bias, logprobs, ...
         if not all(isinstance(s, str) for s in self.stop):
             bad("stop", f"must be strings, got {self.stop!r}")

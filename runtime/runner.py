@@ -74,6 +74,9 @@ class ModelRunner:
         # grammar row's next mask needs its first token consumed; rows that ended stay out).
         self.joining: list[tuple[list[Request], list]] = []
         self.steps = 0
+        # Speculative decoding (runtime/speculative/): set by the Engine when it is available;
+        # it runs verify steps instead of plain decode steps for batches it takes.
+        self.speculator = None
 
     # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
     def run_prefill(self, groups: list) -> list[PrefillDone]:
@@ -317,8 +320,15 @@ class ModelRunner:
         """
         if not self.rows:
             return []
+        spec = self.speculator
+        if spec is not None and self.pending is None:
+            emitted = spec.step_batch(self)  # a verify step: several tokens per row, or None
+            if emitted is not None:
+                return emitted
         cur = self.pending if self.pending is not None else self._launch()
-        chain = self.chain and all(r.params.chain_safe for r in self.rows)
+        # Speculative rows need the host between steps (variable acceptance): no chain into them.
+        chain = (self.chain and all(r.params.chain_safe for r in self.rows)
+                 and not (spec is not None and spec.wants(self.rows)))
         self.pending = cur
         self.pending = self._launch() if chain else None
         toks = cur.tokens.tolist()

@@ -4,11 +4,12 @@
     head.py       logit_edits, sample, logprobs, prompt_logprobs
     embedding.py  pool, normalize (graphs/embed.yaml)
     scoring.py    score (graphs/score.yaml)
+    speculative.py verify (speculative decoding's verification step)
 
 A plugin registers more with `register_op` (docs/graph-format.md, "Writing an op").
 """
 
-from . import embedding, forward, head, scoring  # noqa: F401  (importing registers the built-ins)
+from . import embedding, forward, head, scoring, speculative  # noqa: F401  (importing registers the built-ins)
 from .head import EDIT_KINDS, HOST_EDITS, PromptLogprobs, PromptTargets
 from .registry import (
     BATCH_KINDS,
@@ -29,6 +30,7 @@ from .registry import (
     register_op,
 )
 from .scoring import TokenScores
+from .speculative import VERIFY, VerifyOutput
 
 # Every step graph embeds and runs the decoder stack; what it does after that is its own.
 REQUIRED_OPS = ("embed", "attention")
@@ -41,6 +43,7 @@ RUNTIME_OUTPUTS = {
     "prompt_logprobs": PROMPT_LOGPROBS,
     "embeddings": EMBEDDINGS,
     "scores": TOKEN_SCORES,
+    "verify": VERIFY,
 }
 # A graph needs at least one of these: it generates, embeds or scores.
 PRIMARY_OUTPUTS = ("next_tokens", "embeddings", "scores")
@@ -48,6 +51,6 @@ PRIMARY_OUTPUTS = ("next_tokens", "embeddings", "scores")
 __all__ = [
     "BATCH_KINDS", "EDIT_KINDS", "EMBEDDINGS", "HIDDEN", "HOST_EDITS", "LOGITS", "LOGPROBS", "OPS", "PHASES",
     "PRIMARY_OUTPUTS", "PROMPT_LOGPROBS", "REQUIRED_OPS", "RUNTIME_OUTPUTS", "TOKEN_SCORES", "TOKENS",
-    "BoundNode", "OpDef", "Param", "PromptLogprobs", "PromptTargets", "TokenScores", "get_op", "last_position",
+    "BoundNode", "OpDef", "Param", "PromptLogprobs", "PromptTargets", "TokenScores", "VERIFY", "VerifyOutput", "get_op", "last_position",
     "register_op",
 ]

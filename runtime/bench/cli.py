@@ -55,7 +55,10 @@ def add_parser(subparsers) -> None:
     u.add_argument("--user-api", action="store_true",
                    help="measure through the public API instead (runtime/bench/user_api.py); uses --model, "
                         "--dtype, --batches, --prompt-len, --seed, --json")
-    u.add_argument("--user-workloads", default="decode,sampled,prefill", help="subset of decode,sampled,prefill")
+    u.add_argument("--user-workloads", default="decode,sampled,prefill",
+                   help="subset of decode,sampled,prefill,grounded (grounded: speculative decoding on a "
+                        "repeat-the-text task, docs/speculative.md)")
+    u.add_argument("--num-draft-tokens", type=int, default=None, help="grounded: draft tokens per verify step")
     u.add_argument("--short-new", type=int, default=16, help="new tokens of the short call")
     u.add_argument("--long-new", type=int, default=144, help="new tokens of the long call (steady = difference)")
     u.add_argument("--user-repeats", type=int, default=3, help="repeats of every measurement (>= 3)")
@@ -82,7 +85,8 @@ def cmd_user_api(args) -> int:
         raise SystemExit(f"graphc bench: unknown --user-workloads {', '.join(bad)} (choose from {', '.join(USER_WORKLOADS)})")
     cfg = UserConfig(batches=args.batches, prompt_len=args.prompt_len, short_new=args.short_new,
                      long_new=args.long_new, repeats=args.user_repeats, prefill_cases=_cases(args.prefill_cases),
-                     workloads=wl, compile=args.compile is not False, seed=args.seed)
+                     workloads=wl, compile=args.compile is not False, seed=args.seed,
+                     num_draft_tokens=args.num_draft_tokens)
     env = environment()
     model, tokenizer, config, label = load_shape(args.model, args.dtype, args.seed)
     try:

@@ -40,7 +40,7 @@ from . import contestants as C
 
 now = time.perf_counter
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
-USER_WORKLOADS = ("decode", "sampled", "prefill")
+USER_WORKLOADS = ("decode", "sampled", "prefill", "grounded")
 
 
 @attrs.define
@@ -54,6 +54,7 @@ class UserConfig:
     workloads: tuple = USER_WORKLOADS
     compile: bool = True
     seed: int = 0
+    num_draft_tokens: int | None = None  # grounded: k (None: the default)
 
 
 # -- the contestants, each one public call -----------------------------------------------------
@@ -163,6 +164,13 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     vocab = int(config["vocab_size"])
     rows, notes = [], []
     wl = set(cfg.workloads)
+    if "grounded" in wl:  # speculative decoding on a copy-the-input task (runtime/bench/grounded.py)
+        from .grounded import run_grounded
+
+        rows, notes = run_grounded(model, tokenizer, config, cfg, log, spread=spread, compare=compare)
+        if not wl - {"grounded"}:
+            C.free()
+            return {"user_api": attrs.asdict(cfg), "rows": rows, "notes": notes}
     graphc = GraphcUser(model, tokenizer, config)
     compiled = GraphcUser(model, tokenizer, config, compile=True) if cfg.compile else None
     auto = GraphcUser(model, tokenizer, config, compile="auto") if cfg.compile else None
@@ -275,7 +283,7 @@ def user_tables(result: dict) -> str:
             continue
         out.append(f"\n{w} — {rows[0]['unit']} (min / median / max of {len(next(iter(rows[0]['values'].values()))['runs'])})")
         names = list(dict.fromkeys(n for r in rows for n in r["values"]))
-        head = ["case", *names, "ratios (baseline / graphc)"] + (["sampled / greedy"] if w == "sampled" else [])
+        head = ["case", *names, "ratios (baseline / graphc)" if w != "grounded" else "speculative / plain"] + (["sampled / greedy"] if w == "sampled" else [])
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for r in rows:
@@ -292,6 +300,9 @@ def user_tables(result: dict) -> str:
                     f"{k} {v:.3f}" + (f" (paired {paired[k]['min']:.3f} / **{paired[k]['median']:.3f}** / "
                                       f"{paired[k]['max']:.3f})" if paired.get(k) else "")
                     for k, v in r.get("overhead", {}).items()))
+            if w == "grounded":
+                cells[-1] += (f"; acceptance {r['acceptance']:.2f}, {r['tokens_per_verify_step']:.2f} tok/verify step, "
+                              f"{r['new_tokens']:.0f} new tok/row")
             out.append("| " + " | ".join(cells) + " |")
     for n in result.get("notes", []):
         out.append(f"note: {n}")

@@ -116,6 +116,30 @@ class FullKV(LayerCache):
     def left_padding(self) -> mx.array:
         return mx.array(self.left_pad, dtype=mx.int32)
 
+    # -- speculative decoding: remove rejected positions (runtime/speculative/) ----------
+    def trim_rows(self, counts: list[int]) -> None:
+        """Drop the last counts[i] written positions of row i. The batch keeps one write column,
+        so the common part (the smallest count) moves idx back; a row that drops more is shifted
+        right by the difference and its left padding grows by as much (one gather over the
+        written columns, only when the counts differ)."""
+        if len(counts) != self.batch:
+            raise ValueError(f"trim_rows: {len(counts)} counts for a batch of {self.batch} rows")
+        m = min(counts) if counts else 0
+        extra = [c - m for c in counts]
+        if any(c < 0 or c > self.row_length(r) for r, c in enumerate(counts)):
+            raise ValueError(f"trim_rows: counts {counts} exceed the rows' lengths")
+        self.idx -= m
+        self._offset = None
+        if not any(extra) or self.keys is None:
+            return
+        cols = mx.arange(self.idx)[None] - mx.array(extra, dtype=mx.int32)[:, None]  # [B, idx]
+        src = mx.maximum(cols, 0)[:, None, :, None]
+        for name in self.PLANES:
+            x = getattr(self, name)
+            moved = mx.take_along_axis(x[..., : self.idx, :], src, axis=2)
+            x[..., : self.idx, :] = moved
+        self.left_pad = [p + e for p, e in zip(self.left_pad, extra)]
+
     # -- batching ---------------------------------------------------------------
     def filter(self, rows: list[int]) -> None:
         self.left_pad = [self.left_pad[r] for r in rows]

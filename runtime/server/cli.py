@@ -23,6 +23,12 @@ def add_parser(subparsers) -> None:
     s.add_argument("--prefill-chunk", type=int, default=2048, help="prompt tokens per prefill chunk")
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
+    s.add_argument("--speculative", choices=["off", "prompt_lookup", "draft_model"],
+                   help="speculative decoding for requests that do not set `speculative` (default: off, or "
+                        "draft_model with --draft-model; docs/speculative.md)")
+    s.add_argument("--draft-model", help="a small model folder or .gguf with the same tokenizer, drafting for "
+                                         "speculative decoding")
+    s.add_argument("--num-draft-tokens", type=int, help="draft tokens verified per step with --speculative (default 4)")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's max_position_embeddings)")
     s.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default: context - 1)")
     s.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
@@ -45,7 +51,8 @@ def config_from_args(args) -> ServerConfig:
     return ServerConfig(
         model=args.model, graph=args.graph, served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-        kv_budget_tokens=args.kv_budget_tokens,
+        kv_budget_tokens=args.kv_budget_tokens, speculative=args.speculative,
+        num_draft_tokens=args.num_draft_tokens, draft_model=args.draft_model,
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
         max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,

@@ -24,6 +24,9 @@ class ServerConfig:
     max_batch: int = 64  # decode batch rows
     prefill_chunk: int = 2048
     kv_budget_tokens: int | None = None  # KV tokens the scheduler may hold; None = unbounded
+    speculative: str | None = None  # default for requests that do not say: "prompt_lookup" | "off" (docs/speculative.md)
+    num_draft_tokens: int | None = None  # k for that default (None: the method's default)
+    draft_model: str | None = None  # a small model of the same tokenizer drafting for method "draft_model"
     distributed: bool = False  # tensor parallel over mlx.launch's world group (docs/distributed.md)
 
     # limits

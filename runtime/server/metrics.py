@@ -75,6 +75,15 @@ class ServerMetrics:
         metric("graphc_preemptions_total", "counter", "Running requests preempted to fit the KV budget.",
                [(m, st.get("preemptions", 0))])
         metric("graphc_engine_steps_total", "counter", "Decode steps launched.", [(m, s.steps)])
+        # Speculative decoding (docs/speculative.md): acceptance = accepted / drafted.
+        drafted, accepted = st.get("spec_drafted_tokens", 0), st.get("spec_accepted_tokens", 0)
+        metric("graphc_spec_verify_steps_total", "counter", "Speculative verify steps (one forward each).",
+               [(m, st.get("spec_steps", 0))])
+        metric("graphc_spec_draft_tokens_total", "counter", "Draft tokens proposed for verification.", [(m, drafted)])
+        metric("graphc_spec_accepted_tokens_total", "counter", "Draft tokens the target model accepted.",
+               [(m, accepted)])
+        metric("graphc_spec_acceptance_rate", "gauge", "Accepted / drafted tokens since start (0 before any draft).",
+               [(m, accepted / drafted if drafted else 0.0)])
         metric("graphc_requests_finished_total", "counter", "Finished engine requests by finish reason.",
                [({**m, "reason": r}, s.finished.get(r, 0)) for r in sorted({"stop", "length", "abort", *s.finished})])
         metric("graphc_step_faults_total", "counter",

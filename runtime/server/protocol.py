@@ -51,6 +51,8 @@ class _Sampling(_Req):
     stop_token_ids: list[int] | None = None  # extension
     ignore_eos: bool = False  # extension
     min_tokens: int = 0  # extension
+    # extension (graphc): "off" | "prompt_lookup" | {"method": ..., "num_draft_tokens": k}; docs/speculative.md
+    speculative: str | dict | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None

@@ -120,6 +120,7 @@ def build_params(req, *, max_tokens: int, vocab_size: int, default_temperature: 
             stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos,
             grammar=grammar_for(req.response_format),
+            speculative=req.speculative,
         )
         return params.validate(vocab_size)
     except APIError:

@@ -1,0 +1,90 @@
+"""`graphc bench --user-api --user-workloads grounded`: speculative decoding on an input-grounded task.
+
+Each prompt is a given text (a story from the repo's tale generator, compiler/modelgen/tales.py)
+followed by an instruction to repeat it (through the model's chat template when it has one), the
+kind of request prompt lookup is for: the answer copies long runs of its input. One Engine
+times `Engine.generate` on the same prompts with `speculative="off"` and with
+`speculative="prompt_lookup"`, interleaved, `repeats` times each (after one warm-up of
+each), greedy, stopping at EOS or `long_new` tokens. Reported per batch size: generated
+tokens/s (min / median / max), the speculative/plain ratio of medians, the acceptance rate
+(accepted / drafted draft tokens) and tokens per verify step — and a note if the outputs
+differ (they must not: greedy speculative output is the target's own).
+
+Random-weight shapes do not copy their input, so their acceptance is ~0: run it with
+`--model DIR` (or a .gguf file) of a trained model.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from . import contestants as C
+
+INSTRUCTION = "Repeat the text above exactly, word for word."
+
+
+def grounded_prompts(tokenizer, n: int, seed: int = 0, vocab: int | None = None) -> list:
+    """n prompts (token ids): a different story each, then the instruction. A bench shape's
+    id-only tokenizer gets the text's bytes as ids (`vocab` given), so the workload still runs."""
+    from graphc.compiler.modelgen.tales import tales
+
+    out = []
+    for text in tales(n, seed=seed):
+        msg = f"{text}\n\n{INSTRUCTION}"
+        if getattr(tokenizer, "chat_template", None):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": msg}], add_generation_prompt=True)
+        else:
+            try:
+                ids = tokenizer.encode(msg)
+            except Exception:  # noqa: BLE001 - the bench shapes' IdTokenizer encodes nothing
+                if vocab is None:
+                    raise
+                ids = [3 + b % (vocab - 3) for b in msg.encode()]
+        out.append(list(ids))
+    return out
+
+
+def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = print,
+                 spread=None, compare=None) -> tuple[list, list]:
+    """Rows for the user-api report (workload "grounded") and notes."""
+    from graphc.runtime import SamplingParams
+
+    rows, notes = [], []
+    eng = C.make_engine(model, tokenizer, config, max_batch=max(max(cfg.batches), 1))
+    if eng.speculator.problem:
+        notes.append(f"grounded: speculative decoding is off for this model: {eng.speculator.problem}")
+        return rows, notes
+    k = getattr(cfg, "num_draft_tokens", None)
+    modes = {"plain": SamplingParams(max_tokens=cfg.long_new, speculative="off"),
+             "speculative": SamplingParams(max_tokens=cfg.long_new, speculative="prompt_lookup",
+                                           num_draft_tokens=k)}
+    for B in cfg.batches:
+        prompts = grounded_prompts(tokenizer, B, seed=cfg.seed, vocab=int(config["vocab_size"]))
+        outs = {}
+        for name, p in modes.items():  # warm-up (and the prompts into the prefix cache, for both alike)
+            outs[name] = [r.token_ids for r in eng.generate(prompts, p)]
+        if outs["plain"] != outs["speculative"]:
+            notes.append(f"grounded B={B}: speculative output differs from plain greedy output")
+        tps: dict = {n: [] for n in modes}
+        s0 = dict(eng.stats)
+        for _ in range(cfg.repeats):
+            for name, p in modes.items():
+                t0 = time.perf_counter()
+                res = eng.generate(prompts, p)
+                tps[name].append(sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0))
+        d = {key: eng.stats[key] - s0.get(key, 0) for key in eng.stats if key.startswith("spec_")}
+        stats = {n: spread(v) for n, v in tps.items()}
+        acc = d["spec_accepted_tokens"] / d["spec_drafted_tokens"] if d["spec_drafted_tokens"] else 0.0
+        per_step = d["spec_emitted_tokens"] / d["spec_steps"] if d["spec_steps"] else 0.0
+        row = {"workload": "grounded", "case": f"B={B}", "batch": B, "unit": "generated tok/s",
+               "values": stats, "lower_is_better": False,
+               "ratios": {"speculative/plain": compare(stats["speculative"], stats["plain"], False)},
+               "acceptance": acc, "tokens_per_verify_step": per_step, "verify_steps": d["spec_steps"],
+               "new_tokens": sum(map(len, outs["plain"])) / B}
+        rows.append(row)
+        log(f"[user-api] grounded B={B}: plain {stats['plain']['median']:.1f} tok/s, speculative "
+            f"{stats['speculative']['median']:.1f} tok/s, acceptance {acc:.2f}, {per_step:.2f} tokens/verify step")
+    del eng
+    C.free()
+    return rows, notes

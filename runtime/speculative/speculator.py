@@ -1,0 +1,217 @@
+"""The runner's speculative side: who drafts this step, the verify forward, rollback, stats.
+
+One verify step, for a batch whose rows are all plain greedy (no sampler, no host edits) and
+fewer than `max_batch`:
+
+1. each opted-in row drafts up to k tokens on the host (prompt lookup over its prompt + output);
+2. the batch runs ONE forward over [last token, drafts..., padding] per row through the decode
+   plan's `verify` node (compiler/ops/speculative.py), which returns the target's greedy token
+   at every position and the accepted draft prefix per row;
+3. each row emits its accepted drafts plus the target's next token (>= 1 token per step) and
+   its cache drops the rest (`FullKV.trim_rows`), so the caches — and what the prefix cache
+   stores when the row leaves — hold exactly the accepted sequence.
+
+Greedy output is therefore the target's own argmax sequence, identical to decoding without
+speculation. Rows with sampling / penalties / logprobs / grammar are not speculated on: a batch
+holding one decodes normally that step (see docs/speculative.md).
+
+Off automatically: batches of `max_batch` rows or more, and batches whose rows x (k + 1)
+would pass `max_tokens` verify positions (each row's k shrinks to fit first): past that the
+forward is compute-bound and verifying extra positions costs more than it saves; steps where no row found a
+draft (a row that finds none 4 times in a row stops looking for 16 tokens, so its plain steps
+chain again), and rows whose drafts keep being rejected (acceptance under `min_acceptance` over the
+last few steps pauses that row's drafting for `cooldown` tokens). A row's k adapts: it grows
+back toward num_draft_tokens while whole drafts are accepted and halves when none is.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import attrs
+import mlx.core as mx
+
+from graphc.compiler.lower import StepInputs
+
+from ..batch_sampling import needs_sampler
+from .config import OFF, SpecConfig, parse_speculative
+from .prompt_lookup import NgramIndex
+
+log = logging.getLogger("graphc.speculative")
+
+_UNSEEN = object()
+STAT_KEYS = ("spec_steps", "spec_drafted_tokens", "spec_accepted_tokens", "spec_emitted_tokens")
+
+
+@attrs.define
+class _RowState:
+    cfg: SpecConfig
+    index: NgramIndex
+    k: int
+    drafted: int = 0  # over the current window
+    accepted: int = 0
+    steps: int = 0
+    paused_until: int = 0  # no drafting until the request has this many output tokens
+    misses: int = 0  # consecutive attempts that found no draft
+
+
+def default_max_tokens() -> int:
+    """Verify positions per forward by device. GPU: a forward over up to ~64 rows costs about
+    what one over a few rows does (weight reads dominate). CPU: compute-bound — measured with
+    SmolLM2-135M (Q4_1, 2 cores), 2 positions cost ~1.04x one, 5 cost ~3.5x — so a verify
+    forward is kept to 4 positions (docs/speculative.md)."""
+    return 64 if mx.default_device() == mx.gpu else 4
+
+
+class Speculator:
+    WINDOW = 8  # verify steps per acceptance check
+    MAX_MISSES, MISS_PAUSE = 4, 16  # prompt lookup: 4 steps without a match pause drafting for 16 tokens
+
+    def __init__(self, step, *, default: SpecConfig | None = None, max_batch: int = 16,
+                 max_tokens: int | None = None, problem: str | None = None, stats: dict | None = None,
+                 min_acceptance: float = 0.15, cooldown: int = 32):
+        # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
+        # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
+        self.step = getattr(step, "step", step)
+        self.node = self.step.outputs.get("verify")
+        self.problem = problem
+        if self.node is None and problem is None:
+            self.problem = (f"graph '{self.step.plan.graph}' declares no verify node (add `op: verify` reading the "
+                            "decoder and tokens, and a `verify` output: docs/speculative.md)")
+        self.default = default if self.problem is None else None
+        self.max_batch = max_batch
+        # Positions one verify forward may hold (rows x (k + 1)): a row's k shrinks to fit, and a
+        # batch where no row fits 2 positions decodes plainly.
+        self.max_tokens = max_tokens if max_tokens is not None else default_max_tokens()
+        self.min_acceptance = min_acceptance
+        self.cooldown = cooldown
+        self.stats = stats if stats is not None else {}
+        for k in STAT_KEYS:
+            self.stats.setdefault(k, 0)
+        self._rows: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        # drafter(request, k) -> up to k draft tokens; None: prompt lookup over the row's own
+        # prompt + output. Any drafter is safe: the verify step accepts only what the target agrees with.
+        self.drafter = None
+        # A DraftModel (runtime/speculative/draft_model.py) for rows whose method is "draft_model".
+        self.draft_model = None
+
+    # -- who speculates ------------------------------------------------------------
+    def config_for(self, params) -> SpecConfig | None:
+        asked = parse_speculative(params.speculative, params.num_draft_tokens)
+        if asked == OFF:
+            return None
+        if asked is None:
+            asked = self.default
+        if asked is None or self.problem is not None:
+            return None
+        if asked.method == "draft_model" and self.draft_model is None:
+            return None
+        return asked
+
+    def request_problem(self, params) -> str | None:
+        """Why a request that asks for speculation cannot have it (a 400), or None."""
+        asked = parse_speculative(params.speculative, params.num_draft_tokens)
+        if asked is None or asked == OFF:
+            return None
+        if self.problem is not None:
+            return f"speculative decoding is off for this model: {self.problem}"
+        if asked.method == "draft_model" and self.draft_model is None:
+            return ("speculative method 'draft_model' needs a draft model: load the engine with "
+                    "Engine.load(..., draft_model=DIR) or run graphc serve --draft-model DIR")
+        return None
+
+    def _state(self, req) -> _RowState | None:
+        st = self._rows.get(req, _UNSEEN)
+        if st is _UNSEEN:  # resolved once per request (None: it does not speculate)
+            cfg = self.config_for(req.params)
+            st = None if cfg is None else _RowState(cfg, NgramIndex(cfg.max_ngram, cfg.min_ngram),
+                                                    cfg.num_draft_tokens)
+            self._rows[req] = st
+        return st
+
+    def wants(self, rows) -> bool:
+        """True when the next step may verify drafts: the runner then does not chain into it."""
+        if self.problem is not None or not rows or len(rows) >= self.max_batch or self._k_cap(rows) < 1:
+            return False
+        if not any((s := self._state(r)) is not None and len(r.output_ids) >= s.paused_until for r in rows):
+            return False
+        return not any(needs_sampler(r.params) or not r.params.chain_safe for r in rows)
+
+    def _k_cap(self, rows) -> int:
+        return self.max_tokens // len(rows) - 1
+
+    def _draft(self, req, k_cap: int) -> list[int]:
+        st = self._state(req)
+        if st is None or len(req.output_ids) < st.paused_until:
+            return []
+        # Never draft past max_tokens: the last step's bonus token is the request's last.
+        room = req.params.max_tokens - len(req.output_ids) - 1
+        k = min(st.k, room, k_cap)
+        if k <= 0:
+            return []
+        if self.drafter is not None:
+            return [int(t) for t in self.drafter(req, k)][:k]
+        if st.cfg.method == "draft_model":
+            return self.draft_model(req, k)
+        d = st.index.draft(req.prompt_ids + req.output_ids, k)
+        # A row whose context keeps offering no match stops asking for a while, so its plain
+        # steps chain again (an unchained step costs host time on the GPU).
+        st.misses = 0 if d else st.misses + 1
+        if st.misses >= self.MAX_MISSES:
+            st.misses, st.paused_until = 0, len(req.output_ids) + self.MISS_PAUSE
+        return d
+
+    # -- the verify step -------------------------------------------------------------
+    def step_batch(self, runner) -> list | None:
+        """Run one verify step for runner's batch, or None when no row drafted (decode normally).
+        Returns (request, token, None) per emitted token, rows in batch order."""
+        rows = runner.rows
+        if not self.wants(rows):
+            return None
+        k_cap = self._k_cap(rows)
+        drafts = [self._draft(r, k_cap) for r in rows]
+        if not any(drafts):
+            return None
+        L = 1 + max(map(len, drafts))
+        toks = [[r.last_token] + d + [r.last_token] * (L - 1 - len(d)) for r, d in zip(rows, drafts)]
+        inputs = StepInputs(mx.array(toks, dtype=mx.int32), runner.caches, all_positions=True,
+                            options={"draft_lengths": [len(d) for d in drafts]})
+        ctx = self.step.forward(inputs)
+        out = ctx.values[self.node]
+        mx.eval(out.targets, out.accepted)
+        targets, accepted = out.targets.tolist(), out.accepted.tolist()
+        # Keep [last token, accepted drafts] in the caches; the target's next token is not in
+        # them yet (it is the next step's input), exactly as after a plain decode step.
+        for c in runner.caches:
+            c.trim_rows([L - 1 - a for a in accepted])
+        runner.steps += 1
+        self.stats["spec_steps"] += 1
+        emitted = []
+        for r, d, t, a in zip(rows, drafts, targets, accepted):
+            emitted += [(r, tok, None) for tok in t[: a + 1]]
+            if d:
+                self._learn(r, len(d), a)
+        self.stats["spec_emitted_tokens"] += len(emitted)
+        return emitted
+
+    def _learn(self, req, drafted: int, accepted: int) -> None:
+        st = self._rows.get(req)
+        self.stats["spec_drafted_tokens"] += drafted
+        self.stats["spec_accepted_tokens"] += accepted
+        if st is None:
+            return
+        if accepted == drafted:
+            st.k = min(st.k + 1, st.cfg.num_draft_tokens)
+        elif accepted == 0:
+            st.k = max(1, st.k // 2)
+        st.drafted += drafted
+        st.accepted += accepted
+        st.steps += 1
+        if st.steps >= self.WINDOW:
+            if st.accepted < self.min_acceptance * st.drafted:
+                st.paused_until = len(req.output_ids) + self.cooldown
+                st.k = st.cfg.num_draft_tokens
+                log.debug("request %s: %d/%d drafts accepted, drafting paused for %d tokens",
+                          req.id, st.accepted, st.drafted, self.cooldown)
+            st.drafted = st.accepted = st.steps = 0
