@@ -109,3 +109,17 @@ def prefix_unsupported_reason(policies) -> str | None:
     if len(tails) > 1:
         return f"sliding layers of different windows {sorted(tails)}: one window pool serves one window size"
     return None
+
+
+def rollback_problem(binding) -> str | None:
+    """Can this bound model speculate? None when every layer's cache has `trim_rows` (it can drop
+    rejected draft positions per row); else why speculation is off for this model. Read by the
+    `verify` op's inspect line and by the runtime's speculator (runtime/speculative/)."""
+    if not binding.batched:
+        return "the model runs one request at a time on mlx-lm's own caches (no per-row rollback)"
+    for layer, pol in zip(binding.layers, binding.policies):
+        cache = pol.new_cache()
+        if not callable(getattr(cache, "trim_rows", None)):
+            return (f"layer {layer.index} ({layer.kind}) uses cache policy '{pol.name}', which cannot remove "
+                    "rejected draft positions (windowed ring buffers and recurrent state keep no undo)")
+    return None

@@ -215,7 +215,7 @@ def test_inspect_shows_the_verify_node(model_dir):
 def test_bench_grounded_workload_reports_both_modes(tmp_path):
     import json
 
-    from graphc.compiler.cli import main as graphc_main
+    from graphc.cli import main as graphc_main
 
     out = tmp_path / "grounded.json"
     assert graphc_main(["bench", "--user-api", "--user-workloads", "grounded", "--model", "tiny", "--batches", "1,2",

@@ -36,7 +36,7 @@ class VerifyOutput:
 
 
 def _describe_verify(node, binding, kind):
-    from graphc.runtime.speculative.support import rollback_problem
+    from graphc.contracts.policies import rollback_problem
 
     why = rollback_problem(binding)
     head = "every position's logits" + (" (the model's own forward)" if binding.lowering != "fast"

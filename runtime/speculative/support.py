@@ -10,13 +10,5 @@ in `graphc inspect`, the server log and the 400 a request asking for it gets.
 from __future__ import annotations
 
 
-def rollback_problem(binding) -> str | None:
-    """None when every layer's cache has `trim_rows`; else why speculation is off for this model."""
-    if not binding.batched:
-        return "the model runs one request at a time on mlx-lm's own caches (no per-row rollback)"
-    for layer, pol in zip(binding.layers, binding.policies):
-        cache = pol.new_cache()
-        if not callable(getattr(cache, "trim_rows", None)):
-            return (f"layer {layer.index} ({layer.kind}) uses cache policy '{pol.name}', which cannot remove "
-                    "rejected draft positions (windowed ring buffers and recurrent state keep no undo)")
-    return None
+# The rule is a neutral contract: the compiler's `verify` op shows it in inspect too.
+from graphc.contracts.policies import rollback_problem  # noqa: E402,F401 - re-exported
