@@ -366,3 +366,19 @@ def test_bench_runs_on_two_ranks(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.exists(), run.stderr[-3000:]
     assert json.loads(out.read_text())["tp"] == 2
+
+
+def test_probe_runs_on_one_process(tmp_path):
+    """The TP probe's rows on a world of one: collectives are the identity, so with and without
+    them the chain computes the same thing and each collective adds ~nothing; the model rows time
+    mlx-lm's own loop in every variant."""
+    from graphc.runtime.distributed.probe import main as probe
+
+    out = tmp_path / "p.jsonl"
+    assert probe(["--sizes", "1024", "--rows", "1", "--hidden", "64", "--inner", "128", "--layers", "2",
+                  "--reps", "2", "--warm", "1", "--model", "tiny", "--json", str(out), "--label", "t"]) == 0
+    r = json.loads(out.read_text())
+    assert r["world"] == 1 and r["label"] == "t" and set(r["alone_us"]) == {"1024"}
+    assert r["in_step"][0]["collectives"] == 4 and r["in_step"][0]["with_collectives_ms"] > 0
+    assert [m["variant"] for m in r["model"]] == ["as-is", "no-collectives", "plain-linear"]
+    assert all(m["ms_per_step"] >= m["encode_ms_per_step"] > 0 for m in r["model"])

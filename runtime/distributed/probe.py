@@ -96,7 +96,7 @@ def model_step(group, shape: str, rows: int, warm: int, reps: int, variant: str)
     if model is None:
         model = _MODELS[shape] = load_shape(shape, "bfloat16")[0]
         if group.size() > 1:
-            model.model.shard(group) if hasattr(model, "model") and hasattr(model.model, "shard") else model.shard(group)
+            model.shard(group)  # the model's own tensor-parallel split, as runtime/distributed/load.py does
         mx.eval(model.parameters())
     saved = (mx.distributed.all_sum, dist_layers.sum_gradients)
     if variant == "no-collectives":
