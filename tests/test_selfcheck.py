@@ -196,3 +196,27 @@ def test_a_folder_mlx_lm_cannot_load_is_a_clear_error(llama, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedModel, match=r"model type 'no_such_model_type': mlx_lm.load could not load"):
         Engine.load(d)
+
+
+def test_quantized_models_get_the_quantized_bound_and_a_wrong_lowering_still_fails(llama, monkeypatch):
+    """Quantized matmul kernels differ by row count (CUDA: 3.2e-4 of the scale on SmolLM2 Q4_1),
+    so a quantized model's bound is QUANTIZED_TOLERANCE; a real lowering bug stays far above it."""
+    import mlx.nn as nn
+
+    from graphc.compiler import selfcheck
+
+    _, model, config = llama
+    plain = selfcheck.reference_run(model, "llama")
+    assert not plain.quantized and plain.tolerance == pytest.approx(selfcheck.TOLERANCE["float32"] * plain.scale)
+
+    qmodel, _ = mlx_lm.load(str(llama[0]))
+    nn.quantize(qmodel, group_size=32, bits=4)
+    ref = selfcheck.reference_run(qmodel, "llama")
+    assert ref.quantized and ref.tolerance == pytest.approx(selfcheck.QUANTIZED_TOLERANCE * ref.scale)
+    b = compile_graph(None, qmodel, config).binding
+    assert b.lowering == "fast" and b.check.ok
+    # The bound still catches the embedding-scale bug of the test above on the quantized model.
+    monkeypatch.setitem(archs.ADAPTERS, "llama", _ScaledEmbed)
+    b = compile_graph(None, qmodel, config).binding
+    assert [(c.lowering, c.ok) for c in b.checks] == [("fast", False), ("generic", True)]
+    assert b.checks[0].max_abs_diff > 10 * b.checks[0].tolerance

@@ -1,0 +1,180 @@
+"""Where a decode step's wall time goes, through the public API: `python -m graphc.runtime.bench.step_profile`.
+
+`Engine.generate` on B fresh prompts (GC on, chain on, defaults), with timers around the
+runner's parts. For every steady decode step (the first `--skip` are dropped) it records:
+
+  build    Python builds the lazy step (forward + head)           - host
+  submit   `mx.async_eval` of that step: on MLX's CUDA backend the   - host
+           kernels are encoded and launched here
+  wait     the previous step's `tolist()`: the host waits for the   - device time the host
+           device                                                      did not cover
+  engine   Engine.step outside the runner's decode (scheduler,     - host
+           stop checks, detokenizing, results)
+
+and the wall time of the step. The same split is taken for mlx-lm's plain loop (batched KV
+cache, argmax, two-deep pipeline) on the same model and prompts. A step whose `wait` is near
+zero is host-bound: the GPU finished before the host asked; then only less host work per step
+(fewer ops to encode, less Python) makes it faster. A step with a large `wait` is device-bound.
+
+The timers wrap methods of the runner and add a few µs per step; the ms/step they report is
+compared with an untimed `generate` call in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+from statistics import median
+
+import mlx.core as mx
+
+now = time.perf_counter
+PARTS = ("build", "submit", "wait", "engine", "step")
+
+
+class _Timer:
+    """Per-step sums of the parts, keyed by decode step index."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+        self.cur: dict = {}
+
+    def add(self, part: str, dt: float):
+        self.cur[part] = self.cur.get(part, 0.0) + dt
+
+    def close(self, wall: float, decoded: bool):
+        if decoded:
+            self.cur["step"] = wall
+            self.steps.append(self.cur)
+        self.cur = {}
+
+
+def instrument(engine) -> _Timer:
+    """Wrap engine.step and its runner's decode, _launch, forward and head (instance attributes,
+    so the engine is otherwise unchanged)."""
+    t = _Timer()
+    runner = engine.runner
+    step = runner.compiled.decode
+    fwd, head, launch, decode, estep = step.forward, step.head, runner._launch, runner.decode, engine.step
+    state = {"decoded": False, "in_launch": 0.0}
+
+    def forward(*a, **k):
+        t0 = now(); r = fwd(*a, **k); t.add("build", now() - t0); return r  # noqa: E702
+
+    def head_(*a, **k):
+        t0 = now(); r = head(*a, **k); t.add("build", now() - t0); return r  # noqa: E702
+
+    def launch_(*a, **k):
+        b0 = t.cur.get("build", 0.0)
+        t0 = now()
+        r = launch(*a, **k)
+        dt = now() - t0
+        t.add("submit", dt - (t.cur.get("build", 0.0) - b0))
+        state["in_launch"] += dt
+        return r
+
+    def decode_(*a, **k):
+        state["decoded"] = True
+        state["in_launch"] = 0.0
+        t0 = now()
+        r = decode(*a, **k)
+        dt = now() - t0
+        t.add("wait", dt - state["in_launch"])  # decode = launch of the next step + tolist
+        t.add("_decode", dt)
+        return r
+
+    def estep_(*a, **k):
+        state["decoded"] = False
+        t0 = now()
+        r = estep(*a, **k)
+        wall = now() - t0
+        t.add("engine", wall - t.cur.get("_decode", 0.0))
+        t.close(wall, state["decoded"])
+        return r
+
+    step.forward, step.head, runner._launch, runner.decode, engine.step = forward, head_, launch_, decode_, estep_
+    return t
+
+
+def plain_loop(model, prompts, new: int, skip: int) -> list[dict]:
+    """mlx-lm's plain loop with the same split (build, submit, wait; no engine part)."""
+    from .contestants import _plain_prefill
+
+    cache, y = _plain_prefill(model, prompts)
+    nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
+    mx.async_eval(nxt)
+    rows = []
+    for i in range(new):
+        t0 = now()
+        cur = nxt
+        nxt = mx.argmax(model(cur[:, None], cache=cache)[:, -1, :], axis=-1)
+        t1 = now()
+        mx.async_eval(nxt)
+        t2 = now()
+        cur.tolist()
+        t3 = now()
+        if i >= skip:
+            rows.append({"build": t1 - t0, "submit": t2 - t1, "wait": t3 - t2, "engine": 0.0, "step": t3 - t0})
+    mx.eval(nxt)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    return {p: round(median(r.get(p, 0.0) for r in rows) * 1e3, 3) for p in PARTS} | {"steps": len(rows)}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m graphc.runtime.bench.step_profile", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", help="a bench shape (llama-3.1-8b, llama-3.2-1b, tiny) or a model folder")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batch", type=int, nargs="+", default=[64])
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new", type=int, default=144, help="new tokens per request")
+    ap.add_argument("--skip", type=int, default=16, help="first decode steps left out (warm-up, joins)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--engine-kw", default="{}", help='JSON of extra Engine options, e.g. {"compile": true}')
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args(argv)
+
+    from .contestants import graphc_params, make_engine
+    from .shapes import load_shape
+
+    model, tokenizer, config, label = load_shape(args.model, args.dtype)
+    eng = make_engine(model, tokenizer, config, **json.loads(args.engine_kw))
+    rng = random.Random(0)
+    vocab = int(config.get("vocab_size", 32000))
+    out = {"model": label, "engine_kw": json.loads(args.engine_kw), "runs": []}
+    for B in args.batch:
+        def prompts():
+            return [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(B)]
+
+        params = graphc_params(args.new)
+        eng.generate(prompts(), params)  # warm-up: kernels built, pool allocated
+        timer = instrument(eng)
+        for r in range(args.repeats):
+            gc.collect()
+            timer.steps = []
+            t0 = now()
+            eng.generate(prompts(), params)
+            wall = now() - t0
+            g = summarize(timer.steps[args.skip:])
+            p = summarize(plain_loop(model, prompts(), args.new, args.skip))
+            row = {"batch": B, "repeat": r, "graphc": g, "plain": p, "graphc_call_s": round(wall, 3)}
+            out["runs"].append(row)
+            print(f"B={B:3d} r{r}  " + "  ".join(
+                f"{who}: " + " ".join(f"{k} {d[k]:.2f}" for k in PARTS) for who, d in (("graphc", g), ("plain", p))),
+                flush=True)
+        del eng.step, eng.runner._launch, eng.runner.decode  # back to the class methods
+        del eng.runner.compiled.decode.forward, eng.runner.compiled.decode.head
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()
