@@ -309,3 +309,15 @@ def test_the_docs_first_example_runs():
     text = (Path(__file__).parent.parent / "docs" / "speculative.md").read_text()
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     exec(compile(code, "docs/speculative.md", "exec"), {})
+
+
+def test_default_draft_length_follows_the_device(monkeypatch):
+    """k defaults to 8 where a verify forward's cost barely grows with its positions (GPU), 4 on the CPU."""
+    import mlx.core as mx
+
+    from graphc.runtime.speculative.config import SpecConfig, parse_speculative
+
+    assert SpecConfig().num_draft_tokens == 4 and parse_speculative("prompt_lookup").num_draft_tokens == 4
+    monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
+    assert SpecConfig().num_draft_tokens == 8
+    assert parse_speculative("prompt_lookup", 3).num_draft_tokens == 3
