@@ -146,7 +146,7 @@ def main(argv=None) -> dict:
     model, tokenizer, config, label = load_shape(args.model, args.dtype)
     eng = make_engine(model, tokenizer, config, **json.loads(args.engine_kw))
     rng = random.Random(0)
-    vocab = int(config.get("vocab_size", 32000))
+    vocab = eng.vocab_size
     out = {"model": label, "engine_kw": json.loads(args.engine_kw), "runs": []}
     for B in args.batch:
         def prompts():
