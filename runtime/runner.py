@@ -122,6 +122,8 @@ class ModelRunner:
         anything (fault recovery: none of it can be trusted)."""
         self.rows, self.caches, self.pending, self.joining = [], None, None, []
         self._prefilled_batch = None
+        if self.speculator is not None:
+            self.speculator.drop()
 
     def forget(self, req: Request) -> None:
         """Drop `req`'s working KV without storing it; a request recomputed from the start (no
@@ -202,6 +204,8 @@ class ModelRunner:
 
     # -- decode batch membership ------------------------------------------------------
     def _join_rows(self, reqs: list[Request], caches: list) -> None:
+        if self.speculator is not None:
+            self.speculator.settle(self)  # a pipelined verify assumed the old rows
         if self.caches is None or not self.rows:
             self.caches = caches
         else:
@@ -255,6 +259,8 @@ class ModelRunner:
         keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
         if len(keep) == len(self.rows):
             return
+        if self.speculator is not None:
+            self.speculator.settle(self)  # before the rows' KV is stored or filtered
         if self.prefix_io is not None:  # their prompt + output KV into the prefix cache first
             left = [i for i, r in enumerate(self.rows) if id(r) in gone]
             self.prefix_io.store_rows([self.rows[i] for i in left], left, self.caches)

@@ -136,6 +136,48 @@ def test_greedy_identical_with_partly_wrong_drafts(model_dir, arch, graph, lower
         assert eng.compiled.decode.compiled_steps > 0
 
 
+@pytest.mark.parametrize("arch, graph", [("llama", "dense"), ("llama", "dense_noprefix"), ("qwen3", "dense")])
+def test_pipelined_verify_keeps_greedy_output(model_dir, arch, graph):
+    """Verify N + 1 queued on N's lazy bonus token, assuming full acceptance: kept when N accepted
+    everything, discarded (positions trimmed) when it did not; tokens stay the target's own,
+    with rows finishing at different lengths (their leaving discards a verify in flight)."""
+    eng = Engine.load(model_dir(arch), graph, prefill_chunk=16, spec_max_tokens=WIDE, spec_pipeline=True)
+    prompts = random_prompts(4, eng.vocab_size, [5, 40, 17, 23], seed=3)
+    lengths = [40, 13, 27, 40]
+    refs = {tuple(p): reference_greedy(eng.model, p, n) for p, n in zip(prompts, lengths)}
+    eng.speculator.drafter = _oracle(refs, eng.vocab_size)
+    out = eng.generate(prompts, [SamplingParams(max_tokens=n, ignore_eos=True, speculative="prompt_lookup",
+                                                num_draft_tokens=4) for n in lengths])
+    assert [r.token_ids for r in out] == [refs[tuple(p)] for p in prompts]
+    s = eng.stats
+    assert s["spec_pipeline_discards"] > 0  # rows leaving, drafts rejected
+    # One row at a time, the same partly wrong drafts: pipelined verifies kept and discarded.
+    before = dict(s)
+    for p, n in zip(prompts, lengths):
+        [r] = eng.generate([p], SamplingParams(max_tokens=n, ignore_eos=True, speculative="prompt_lookup",
+                                               num_draft_tokens=4))
+        assert r.token_ids == refs[tuple(p)]
+    assert s["spec_pipelined_steps"] > before["spec_pipelined_steps"]
+    assert s["spec_pipeline_discards"] > before["spec_pipeline_discards"]
+    # Exact drafts: every verify after the first is the pipelined one.
+    [p] = prompts[:1]
+    eng.speculator.drafter = lambda req, k: refs[tuple(p)][len(req.output_ids):len(req.output_ids) + k]
+    before = dict(s)
+    [r] = eng.generate([p], SPEC)
+    assert r.token_ids == refs[tuple(p)]
+    steps = s["spec_steps"] - before["spec_steps"]
+    assert s["spec_pipelined_steps"] - before["spec_pipelined_steps"] >= steps - 2
+
+
+def test_pipelined_prompt_lookup_matches_plain_decoding(model_dir):
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE, spec_pipeline=True)
+    prompts = [p * 3 for p in random_prompts(3, eng.vocab_size, [9, 14, 6], seed=8)]
+    plain = [r.token_ids for r in eng.generate(prompts, PLAIN)]
+    assert [r.token_ids for r in eng.generate(prompts, SPEC)] == plain
+    assert [r.token_ids for r in eng.generate(prompts[:1], SPEC)] == plain[:1]
+    assert eng.stats["spec_accepted_tokens"] > 0
+
+
 def test_prompt_lookup_on_repetitive_prompts_matches_plain_decoding(model_dir):
     eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE)
     prompts = [p * 3 for p in random_prompts(3, eng.vocab_size, [9, 14, 6], seed=8)]
@@ -212,11 +254,16 @@ def test_inspect_shows_the_verify_node(model_dir):
 
 
 # -- bench ---------------------------------------------------------------------------------
-def test_bench_grounded_workload_reports_both_modes(tmp_path):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_bench_grounded_workload_reports_both_modes(tmp_path, monkeypatch, pipelined):
+    """Where verifies are pipelined by default (a GPU; forced here), an unpipelined third mode
+    runs the same speculative requests."""
     import json
 
     from graphc.cli import main as graphc_main
+    from graphc.runtime.speculative import speculator
 
+    monkeypatch.setattr(speculator, "default_pipeline", lambda: pipelined)
     out = tmp_path / "grounded.json"
     assert graphc_main(["bench", "--user-api", "--user-workloads", "grounded", "--model", "tiny", "--batches", "1,2",
                         "--long-new", "12", "--short-new", "4", "--user-repeats", "3", "--no-compile", "--json", str(out)]) == 0
@@ -224,8 +271,11 @@ def test_bench_grounded_workload_reports_both_modes(tmp_path):
     rows = [r for r in res["rows"] if r["workload"] == "grounded"]
     assert [r["batch"] for r in rows] == [1, 2]
     for r in rows:
-        assert set(r["values"]) == {"plain", "speculative"} and len(r["values"]["plain"]["runs"]) == 3
+        modes = {"plain", "speculative"} | ({"unpipelined"} if pipelined else set())
+        assert set(r["values"]) == modes and len(r["values"]["plain"]["runs"]) == 3
         assert "speculative/plain" in r["ratios"] and 0 <= r["acceptance"] <= 1
+        assert ("speculative/unpipelined" in r["ratios"]) == pipelined
+        assert (r["pipelined_verify_steps"] > 0) == pipelined
     assert not any("differs" in n for n in res["notes"])
 
 
@@ -290,7 +340,8 @@ def test_rows_without_matches_stop_breaking_the_chain(model_dir, monkeypatch):
 def test_verify_position_budget(model_dir):
     """rows x (k + 1) stays within spec_max_tokens: k shrinks to fit, and a batch where no row
     fits 2 positions decodes plainly."""
-    eng = Engine.load(model_dir("llama"), prefill_chunk=64, spec_max_tokens=4)
+    # Pipelined off: a pipelined guess asks the drafter for k + 1 (the bonus token's stand-in too).
+    eng = Engine.load(model_dir("llama"), prefill_chunk=64, spec_max_tokens=4, spec_pipeline=False)
     prompts = [p * 3 for p in random_prompts(3, eng.vocab_size, [7, 11, 5], seed=2)]
     seen = []
     eng.speculator.drafter = lambda req, k: seen.append(k) or [1] * k

@@ -6,7 +6,8 @@ kind of request prompt lookup is for: the answer copies long runs of its input. 
 times `Engine.generate` on the same prompts with `speculative="off"` and with
 `speculative="prompt_lookup"`, interleaved, `repeats` times each (after one warm-up of
 each), greedy, stopping at EOS or `long_new` tokens. Reported per batch size: generated
-tokens/s (min / median / max), the speculative/plain ratio of medians, the acceptance rate
+tokens/s (min / median / max), the speculative/plain ratio of medians (and, where verifies are
+pipelined by default — a GPU — the same requests unpipelined as a third mode), the acceptance rate
 (accepted / drafted draft tokens) and tokens per verify step — and a note if the outputs
 differ (they must not: greedy speculative output is the target's own).
 
@@ -56,35 +57,56 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
         notes.append(f"grounded: speculative decoding is off for this model: {eng.speculator.problem}")
         return rows, notes
     k = getattr(cfg, "num_draft_tokens", None)
-    modes = {"plain": SamplingParams(max_tokens=cfg.long_new, speculative="off"),
-             "speculative": SamplingParams(max_tokens=cfg.long_new, speculative="prompt_lookup",
-                                           num_draft_tokens=k)}
+    spec = SamplingParams(max_tokens=cfg.long_new, speculative="prompt_lookup", num_draft_tokens=k)
+    # (params, pipelined verify): where the engine pipelines verifies by default (a GPU), the
+    # same speculative requests also run unpipelined, so the report shows what pipelining buys.
+    modes = {"plain": (SamplingParams(max_tokens=cfg.long_new, speculative="off"), False),
+             "speculative": (spec, eng.speculator.pipeline)}
+    if eng.speculator.pipeline:
+        modes["unpipelined"] = (spec, False)
+
+    def run(name, prompts):
+        p, eng.speculator.pipeline = modes[name]
+        return eng.generate(prompts, p)
+
     for B in cfg.batches:
         prompts = grounded_prompts(tokenizer, B, seed=cfg.seed, vocab=int(config["vocab_size"]))
         outs = {}
-        for name, p in modes.items():  # warm-up (and the prompts into the prefix cache, for both alike)
-            outs[name] = [r.token_ids for r in eng.generate(prompts, p)]
-        if outs["plain"] != outs["speculative"]:
-            notes.append(f"grounded B={B}: speculative output differs from plain greedy output")
+        for name in modes:  # warm-up (and the prompts into the prefix cache, for all alike)
+            outs[name] = [r.token_ids for r in run(name, prompts)]
+        for name in modes:
+            if outs[name] != outs["plain"]:
+                notes.append(f"grounded B={B}: {name} output differs from plain greedy output")
         tps: dict = {n: [] for n in modes}
-        s0 = dict(eng.stats)
+        d: dict = {}  # the speculative mode's own counters
         for _ in range(cfg.repeats):
-            for name, p in modes.items():
+            for name in modes:
+                s0 = dict(eng.stats)
                 t0 = time.perf_counter()
-                res = eng.generate(prompts, p)
+                res = run(name, prompts)
                 tps[name].append(sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0))
-        d = {key: eng.stats[key] - s0.get(key, 0) for key in eng.stats if key.startswith("spec_")}
+                if name == "speculative":
+                    for key in eng.stats:
+                        if key.startswith("spec_"):
+                            d[key] = d.get(key, 0) + eng.stats[key] - s0.get(key, 0)
         stats = {n: spread(v) for n, v in tps.items()}
-        acc = d["spec_accepted_tokens"] / d["spec_drafted_tokens"] if d["spec_drafted_tokens"] else 0.0
-        per_step = d["spec_emitted_tokens"] / d["spec_steps"] if d["spec_steps"] else 0.0
+        acc = d["spec_accepted_tokens"] / d["spec_drafted_tokens"] if d.get("spec_drafted_tokens") else 0.0
+        per_step = d["spec_emitted_tokens"] / d["spec_steps"] if d.get("spec_steps") else 0.0
+        ratios = {"speculative/plain": compare(stats["speculative"], stats["plain"], False)}
+        if "unpipelined" in stats:
+            ratios["unpipelined/plain"] = compare(stats["unpipelined"], stats["plain"], False)
+            ratios["speculative/unpipelined"] = compare(stats["speculative"], stats["unpipelined"], False)
         row = {"workload": "grounded", "case": f"B={B}", "batch": B, "unit": "generated tok/s",
                "values": stats, "lower_is_better": False,
-               "ratios": {"speculative/plain": compare(stats["speculative"], stats["plain"], False)},
-               "acceptance": acc, "tokens_per_verify_step": per_step, "verify_steps": d["spec_steps"],
+               "ratios": ratios, "acceptance": acc, "tokens_per_verify_step": per_step,
+               "verify_steps": d.get("spec_steps", 0), "pipelined_verify_steps": d.get("spec_pipelined_steps", 0),
+               "pipeline_discards": d.get("spec_pipeline_discards", 0),
                "new_tokens": sum(map(len, outs["plain"])) / B}
         rows.append(row)
+        extra = (f" (unpipelined {stats['unpipelined']['median']:.1f}; {d.get('spec_pipelined_steps', 0)} of "
+                 f"{d.get('spec_steps', 0)} verifies pipelined)" if "unpipelined" in stats else "")
         log(f"[user-api] grounded B={B}: plain {stats['plain']['median']:.1f} tok/s, speculative "
-            f"{stats['speculative']['median']:.1f} tok/s, acceptance {acc:.2f}, {per_step:.2f} tokens/verify step")
+            f"{stats['speculative']['median']:.1f} tok/s{extra}, acceptance {acc:.2f}, {per_step:.2f} tokens/verify step")
     del eng
     C.free()
     return rows, notes

@@ -82,6 +82,12 @@ class ServerMetrics:
         metric("graphc_spec_draft_tokens_total", "counter", "Draft tokens proposed for verification.", [(m, drafted)])
         metric("graphc_spec_accepted_tokens_total", "counter", "Draft tokens the target model accepted.",
                [(m, accepted)])
+        metric("graphc_spec_pipelined_verify_steps_total", "counter",
+               "Verify steps that were queued behind the previous one (it accepted every draft).",
+               [(m, st.get("spec_pipelined_steps", 0))])
+        metric("graphc_spec_pipeline_discards_total", "counter",
+               "Pipelined verify steps discarded (a draft before them was rejected, or the batch changed).",
+               [(m, st.get("spec_pipeline_discards", 0))])
         metric("graphc_spec_acceptance_rate", "gauge", "Accepted / drafted tokens since start (0 before any draft).",
                [(m, accepted / drafted if drafted else 0.0)])
         metric("graphc_requests_finished_total", "counter", "Finished engine requests by finish reason.",

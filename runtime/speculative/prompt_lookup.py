@@ -14,7 +14,7 @@ class NgramIndex:
     """Per-row index over one growing token sequence.
 
     `draft(tokens, k)`: `tokens` is the row's whole sequence so far (it only ever grows by
-    appending). Returns up to k tokens that followed the most recent earlier occurrence of the
+    appending; `known` marks where the real part ends when the tail is assumed). Returns up to k tokens that followed the most recent earlier occurrence of the
     longest suffix n-gram (max_ngram down to min_ngram), or [] when none occurred before."""
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
@@ -32,11 +32,14 @@ class NgramIndex:
                 self._last[tuple(tokens[e - n:e])] = e
         self._done = max(self._done, end)
 
-    def draft(self, tokens: list[int], k: int) -> list[int]:
+    def draft(self, tokens: list[int], k: int, known: int | None = None) -> list[int]:
+        """`known`: how many leading tokens are the row's real sequence (default: all). The rest
+        are assumed — a pipelined verify drafts past drafts not verified yet — so they are
+        queried but never indexed (the index only ever holds real n-grams)."""
         T = len(tokens)
         if k <= 0 or T <= self.min_ngram:
             return []
-        self._index_upto(tokens, T)
+        self._index_upto(tokens, T if known is None else min(known, T))
         for n in range(min(self.max_ngram, T - 1), self.min_ngram - 1, -1):
             e = self._last.get(tuple(tokens[T - n:]))
             if e is not None:

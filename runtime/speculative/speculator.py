@@ -11,6 +11,18 @@ fewer than `max_batch`:
    its cache drops the rest (`FullKV.trim_rows`), so the caches — and what the prefix cache
    stores when the row leaves — hold exactly the accepted sequence.
 
+Pipelined verify (`pipeline`, on by default on a GPU): a verify step needs the host between
+steps (how many drafts were accepted decides the next input), so unchained it costs the host's
+graph build *and* the device's run. Right after queuing verify N, the runner builds verify
+N + 1 on N's lazy outputs, assuming every row accepts all its drafts: its first input is N's
+lazy bonus token (the target after the last draft), its drafts are the continuation the
+drafter proposes after N's drafts (proposed k + 1 long: the first stands for the bonus, which is
+not known yet, the rest are N + 1's drafts), and its cache writes follow N's untrimmed
+positions — exactly the caches a full acceptance leaves. If N did accept everything, N + 1 is
+already on the device and becomes the next step; otherwise it is discarded (its positions
+trimmed with N's rejected ones) and the next step drafts afresh. Rows joining or leaving
+discard it first (`settle`). Either way the caches hold exactly the accepted sequence.
+
 Greedy output is therefore the target's own argmax sequence, identical to decoding without
 speculation. Rows with sampling / penalties / logprobs / grammar are not speculated on: a batch
 holding one decodes normally that step (see docs/speculative.md).
@@ -41,7 +53,8 @@ from .prompt_lookup import NgramIndex
 log = logging.getLogger("graphc.speculative")
 
 _UNSEEN = object()
-STAT_KEYS = ("spec_steps", "spec_drafted_tokens", "spec_accepted_tokens", "spec_emitted_tokens")
+STAT_KEYS = ("spec_steps", "spec_drafted_tokens", "spec_accepted_tokens", "spec_emitted_tokens",
+             "spec_pipelined_steps", "spec_pipeline_discards")
 
 
 @attrs.define
@@ -54,6 +67,36 @@ class _RowState:
     steps: int = 0
     paused_until: int = 0  # no drafting until the request has this many output tokens
     misses: int = 0  # consecutive attempts that found no draft
+
+
+@attrs.define
+class _Verify:
+    """A verify forward queued on the device: its rows, their drafts (right-padded to L - 1) and
+    lazy results."""
+
+    rows: list
+    drafts: list
+    L: int
+    targets: mx.array  # int32 [B, L]
+    accepted: mx.array  # int32 [B]
+
+
+@attrs.define
+class _Assumed:
+    """What a drafter sees when it drafts past a verify still in flight: the row's prompt and
+    its output as if every draft were accepted (the bonus token is not known yet)."""
+
+    id: str
+    prompt_ids: list
+    output_ids: list
+    params: object
+
+
+def default_pipeline() -> bool:
+    """Pipelined verify by device. GPU: the host's graph build of the next verify hides behind
+    the device's run of this one (a discarded guess costs device time the host was waiting
+    anyway). CPU: the forward is the cost, so a discarded guess is a whole wasted step."""
+    return mx.default_device() == mx.gpu
 
 
 def default_max_tokens() -> int:
@@ -70,7 +113,7 @@ class Speculator:
 
     def __init__(self, step, *, default: SpecConfig | None = None, max_batch: int = 16,
                  max_tokens: int | None = None, problem: str | None = None, stats: dict | None = None,
-                 min_acceptance: float = 0.15, cooldown: int = 32):
+                 min_acceptance: float = 0.15, cooldown: int = 32, pipeline: bool | None = None):
         # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
         # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
         self.step = getattr(step, "step", step)
@@ -86,6 +129,9 @@ class Speculator:
         self.max_tokens = max_tokens if max_tokens is not None else default_max_tokens()
         self.min_acceptance = min_acceptance
         self.cooldown = cooldown
+        self.pipeline = default_pipeline() if pipeline is None else bool(pipeline)
+        self._inflight: _Verify | None = None  # a pipelined verify, built assuming full acceptance
+        self.eos_token_ids: set = set()  # the Engine's: a row whose drafts hold one may end, so no guess after it
         self.stats = stats if stats is not None else {}
         for k in STAT_KEYS:
             self.stats.setdefault(k, 0)
@@ -167,33 +213,106 @@ class Speculator:
         """Run one verify step for runner's batch, or None when no row drafted (decode normally).
         Returns (request, token, None) per emitted token, rows in batch order."""
         rows = runner.rows
-        if not self.wants(rows):
-            return None
-        k_cap = self._k_cap(rows)
-        drafts = [self._draft(r, k_cap) for r in rows]
-        if not any(drafts):
-            return None
-        L = 1 + max(map(len, drafts))
-        toks = [[r.last_token] + d + [r.last_token] * (L - 1 - len(d)) for r, d in zip(rows, drafts)]
-        inputs = StepInputs(mx.array(toks, dtype=mx.int32), runner.caches, all_positions=True,
-                            options={"draft_lengths": [len(d) for d in drafts]})
-        ctx = self.step.forward(inputs)
-        out = ctx.values[self.node]
-        mx.eval(out.targets, out.accepted)
-        targets, accepted = out.targets.tolist(), out.accepted.tolist()
-        # Keep [last token, accepted drafts] in the caches; the target's next token is not in
-        # them yet (it is the next step's input), exactly as after a plain decode step.
-        for c in runner.caches:
-            c.trim_rows([L - 1 - a for a in accepted])
+        cur, self._inflight = self._inflight, None
+        if cur is not None and [id(r) for r in cur.rows] != [id(r) for r in rows]:
+            self._discard(runner, cur)  # settle() was not called on a membership change: be safe
+            cur = None
+        if cur is None:
+            if not self.wants(rows):
+                return None
+            k_cap = self._k_cap(rows)
+            drafts = [self._draft(r, k_cap) for r in rows]
+            if not any(drafts):
+                return None
+            L = 1 + max(map(len, drafts))
+            first = mx.array([[r.last_token] for r in rows], dtype=mx.int32)
+            cur = self._launch(runner, rows, drafts, L, first)
+        else:
+            self.stats["spec_pipelined_steps"] += 1
+        nxt = self._pipelined(runner, cur) if self.pipeline else None
+        targets, accepted = cur.targets.tolist(), cur.accepted.tolist()
+        full = all(a == cur.L - 1 for a in accepted)
+        if nxt is not None and not full:  # the guess was built on drafts the target rejected
+            self.stats["spec_pipeline_discards"] += 1
+            trims = [nxt.L + cur.L - 1 - a for a in accepted]
+            nxt = None
+        else:
+            # Keep [last token, accepted drafts] in the caches; the target's next token is not in
+            # them yet (it is the next step's input), exactly as after a plain decode step.
+            trims = [cur.L - 1 - a for a in accepted]
+        if any(trims):
+            for c in runner.caches:
+                c.trim_rows(trims)
+        self._inflight = nxt
         runner.steps += 1
         self.stats["spec_steps"] += 1
         emitted = []
-        for r, d, t, a in zip(rows, drafts, targets, accepted):
+        for r, d, t, a in zip(rows, cur.drafts, targets, accepted):
             emitted += [(r, tok, None) for tok in t[: a + 1]]
             if d:
                 self._learn(r, len(d), a)
         self.stats["spec_emitted_tokens"] += len(emitted)
         return emitted
+
+    def _launch(self, runner, rows, drafts, L, first) -> _Verify:
+        """Queue one verify forward: `first` [B, 1] (host or lazy) is each row's input token."""
+        pad = [d + [0] * (L - 1 - len(d)) for d in drafts]
+        toks = mx.concatenate([first, mx.array(pad, dtype=mx.int32)], axis=1) if L > 1 else first
+        inputs = StepInputs(toks, runner.caches, all_positions=True,
+                            options={"draft_lengths": [len(d) for d in drafts]})
+        out = self.step.forward(inputs).values[self.node]
+        mx.async_eval(out.targets, out.accepted)
+        return _Verify(list(rows), drafts, L, out.targets, out.accepted)
+
+    def _pipelined(self, runner, cur: _Verify) -> _Verify | None:
+        """Verify N + 1, queued behind `cur` on the assumption that every row accepts all of its
+        drafts (module docstring), or None when that cannot hold or no row has a guess."""
+        rows = cur.rows
+        if any(len(d) != cur.L - 1 for d in cur.drafts):
+            return None  # a padded row could not accept L - 1 drafts
+        k_cap = self._k_cap(rows)
+        drafts = []
+        for r, d in zip(rows, cur.drafts):
+            st = self._rows.get(r)
+            stops = set(r.params.stop_token_ids or ()) | (set() if r.params.ignore_eos else self.eos_token_ids)
+            if st is None or st.cfg.method == "draft_model" or stops.intersection(d):  # the row may end here
+                drafts.append([])
+                continue
+            n_out = len(r.output_ids) + cur.L  # after this step: its drafts and the bonus token
+            k = min(st.k, r.params.max_tokens - n_out - 1, k_cap)
+            drafts.append(self._guess(r, st, d, k) if k > 0 else [])
+        if not any(drafts):
+            return None
+        L = 1 + max(map(len, drafts))
+        return self._launch(runner, rows, drafts, L, cur.targets[:, cur.L - 1:])
+
+    def _guess(self, req, st: _RowState, assumed: list[int], k: int) -> list[int]:
+        """Up to k drafts for the step after a verify still in flight: the drafter continues the
+        row as if `assumed` were accepted; its first proposal stands for the bonus token."""
+        if self.drafter is not None:
+            view = _Assumed(req.id, req.prompt_ids, req.output_ids + assumed, req.params)
+            out = [int(t) for t in self.drafter(view, k + 1)][: k + 1]
+        else:
+            ctx = req.prompt_ids + req.output_ids
+            out = st.index.draft(ctx + assumed, k + 1, known=len(ctx))
+        return out[1:]
+
+    def _discard(self, runner, v: _Verify) -> None:
+        self.stats["spec_pipeline_discards"] += 1
+        if runner.caches is not None:
+            for c in runner.caches:
+                c.trim_rows([v.L] * c.batch)
+
+    def settle(self, runner) -> None:
+        """Before the batch's rows change (join, leave, preempt): drop a pipelined verify, and
+        its positions from the caches, so they hold exactly the accepted sequence again."""
+        v, self._inflight = self._inflight, None
+        if v is not None:
+            self._discard(runner, v)
+
+    def drop(self) -> None:
+        """Forget a pipelined verify without touching caches (the runner dropped its batch)."""
+        self._inflight = None
 
     def _learn(self, req, drafted: int, accepted: int) -> None:
         st = self._rows.get(req)
