@@ -144,6 +144,10 @@ class CompiledDecode:
             skinny_matmul.load_table(skinny_table)  # a bad table fails here, not in a decode step
         self.matmul = skinny_matmul.matmul if self.skinny else _mlx_matmul
         self._fn = mx.compile(self._traced)
+        # Speculative verify steps (runtime/speculative/): [B, L] tokens, the plan's verify node.
+        self.verify_node = step.outputs.get("verify")
+        self._verify_fn = mx.compile(self._traced_verify)
+        self.verify_steps = 0
         self.compiled_steps = 0
         self.fallback_steps = 0
 
@@ -159,6 +163,52 @@ class CompiledDecode:
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
         return vals, [s.keys for s in shims], [s.values for s in shims]
 
+    def _traced_verify(self, tokens, lengths, idx, left_pad, keys, values):
+        # Query j of a row sees columns left_pad..idx + j: the cache's valid columns and the
+        # verify positions up to its own (causal inside the L new ones).
+        L, C = tokens.shape[1], keys[0].shape[2]
+        cols = mx.arange(C)[None, None]
+        last = (idx + mx.arange(L))[None, :, None]
+        mask = ((cols <= last) & (cols >= left_pad[:, None, None]))[:, None]  # [B, 1, L, C]
+        offset = idx - left_pad
+        # The ragged attention kernel is single-query: verify attends through MLX's masked SDPA.
+        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, None, self.fused, False, self.matmul)
+                 for k, v in zip(keys, values)]
+        ctx = self.step.forward(StepInputs(tokens, shims, all_positions=True, options={"draft_lengths": lengths},
+                                           matmul=self.matmul if self.skinny else None))
+        out = ctx.values[self.verify_node]
+        return out.targets, out.accepted, [s.keys for s in shims], [s.values for s in shims]
+
+    def verify(self, tokens: mx.array, lengths: list, caches: list):
+        """A speculative verify forward, compiled: (targets [B, L], accepted [B]) lazy, the caches
+        advanced by L columns; None where the batch is not eligible (the eager step runs it).
+        One trace per (batch size, L, capacity bucket): the speculator pads L to a few sizes."""
+        B, L = tokens.shape
+        if (self.verify_node is None or (self.max_batch is not None and B > self.max_batch) or not caches
+                or not all(type(c) is FullKV and c.keys is not None for c in caches)):
+            return None
+        self._fit(caches, caches[0].idx + L)
+        first = caches[0]
+        idx = mx.array(first.idx, dtype=mx.int32)
+        left_pad = mx.array(first.left_pad, dtype=mx.int32)
+        targets, accepted, keys, values = self._verify_fn(tokens, mx.array(lengths, dtype=mx.int32), idx, left_pad,
+                                                          [c.keys for c in caches], [c.values for c in caches])
+        for c, k, v in zip(caches, keys, values):
+            c.keys, c.values = k, v
+            c.idx += L
+            c._offset = None
+        self.verify_steps += 1
+        return targets, accepted
+
+    @staticmethod
+    def _fit(caches: list, need: int) -> None:
+        for c in caches:
+            cap = c.keys.shape[2]
+            if cap < need or cap != _bucket(cap):
+                # Grow (or re-round after a filter shifted columns) to a bucketed capacity:
+                # one copy now, then every step writes in place at a fixed shape.
+                _reshape_capacity(c, _bucket(need))
+
     def eligible(self, inputs: StepInputs) -> bool:
         caches = inputs.caches
         if self.max_batch is not None and inputs.tokens.shape[0] > self.max_batch:
@@ -172,13 +222,7 @@ class CompiledDecode:
             return self.step.forward(inputs)
         caches = inputs.caches
         first = caches[0]
-        need = first.idx + 1
-        for c in caches:
-            cap = c.keys.shape[2]
-            if cap < need or cap != _bucket(cap):
-                # Grow (or re-round after a filter shifted columns) to a bucketed capacity:
-                # one copy now, then every step writes in place at a fixed shape.
-                _reshape_capacity(c, _bucket(need))
+        self._fit(caches, first.idx + 1)
         idx = mx.array(first.idx, dtype=mx.int32)
         left_pad = mx.array(first.left_pad, dtype=mx.int32)
         vals, keys, values = self._fn(inputs.tokens, idx, left_pad,
@@ -206,7 +250,7 @@ class CompiledDecode:
 
 
 def _reshape_capacity(c: FullKV, cap: int) -> None:
-    """Copy `c`'s written columns into fresh [B, H, cap, D] buffers (cap >= c.idx + 1)."""
+    """Copy `c`'s written columns into fresh [B, H, cap, D] buffers (cap >= the columns needed)."""
     B, H, _, D = c.keys.shape
     Dv = c.values.shape[3]
     cap = max(cap, _bucket(c.idx + 1))

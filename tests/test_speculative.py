@@ -132,16 +132,19 @@ def test_greedy_identical_with_partly_wrong_drafts(model_dir, arch, graph, lower
     # Fewer forwards than tokens: the accepted drafts came for free.
     assert s["spec_emitted_tokens"] > s["spec_steps"] * 1.5
     assert [r.token_ids for r in eng.generate(prompts, PLAIN)] == [refs[tuple(p)] for p in prompts]
-    if compile:  # the plain steps between verify steps did run compiled, on the trimmed caches
-        assert eng.compiled.decode.compiled_steps > 0
+    if compile:  # the plain steps between verify steps did run compiled, on the trimmed caches,
+        assert eng.compiled.decode.compiled_steps > 0  # and the verify steps ran traced too
+        assert eng.compiled.decode.verify_steps > 0
 
 
-@pytest.mark.parametrize("arch, graph", [("llama", "dense"), ("llama", "dense_noprefix"), ("qwen3", "dense")])
-def test_pipelined_verify_keeps_greedy_output(model_dir, arch, graph):
+@pytest.mark.parametrize("arch, graph, compile", [("llama", "dense", None), ("llama", "dense_noprefix", None),
+                                                   ("qwen3", "dense", None), ("llama", "dense", True)])
+def test_pipelined_verify_keeps_greedy_output(model_dir, arch, graph, compile):
     """Verify N + 1 queued on N's lazy bonus token, assuming full acceptance: kept when N accepted
     everything, discarded (positions trimmed) when it did not; tokens stay the target's own,
     with rows finishing at different lengths (their leaving discards a verify in flight)."""
-    eng = Engine.load(model_dir(arch), graph, prefill_chunk=16, spec_max_tokens=WIDE, spec_pipeline=True)
+    eng = Engine.load(model_dir(arch), graph, prefill_chunk=16, spec_max_tokens=WIDE, spec_pipeline=True,
+                      compile=compile)
     prompts = random_prompts(4, eng.vocab_size, [5, 40, 17, 23], seed=3)
     lengths = [40, 13, 27, 40]
     refs = {tuple(p): reference_greedy(eng.model, p, n) for p, n in zip(prompts, lengths)}
@@ -167,6 +170,8 @@ def test_pipelined_verify_keeps_greedy_output(model_dir, arch, graph):
     assert r.token_ids == refs[tuple(p)]
     steps = s["spec_steps"] - before["spec_steps"]
     assert s["spec_pipelined_steps"] - before["spec_pipelined_steps"] >= steps - 2
+    if compile:
+        assert eng.compiled.decode.verify_steps >= s["spec_steps"] - 2  # traced (padded L), kept exact
 
 
 def test_pipelined_prompt_lookup_matches_plain_decoding(model_dir):

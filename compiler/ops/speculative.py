@@ -63,7 +63,9 @@ def verify(ctx, node, h, tokens):
     L = tokens.shape[1]
     if L == 1:
         return VerifyOutput(targets, mx.zeros((tokens.shape[0],), dtype=mx.int32))
-    n = mx.array(lengths, dtype=mx.int32)[:, None]
+    # An array when the verify forward is traced (runtime/compiled_decode.py): a list would be
+    # baked into the trace as a constant.
+    n = (lengths if isinstance(lengths, mx.array) else mx.array(lengths, dtype=mx.int32))[:, None]
     agree = (targets[:, :-1] == tokens[:, 1:]) & (mx.arange(L - 1)[None] < n)
     accepted = mx.cumprod(agree.astype(mx.int32), axis=1).sum(axis=1).astype(mx.int32)
     return VerifyOutput(targets, accepted)

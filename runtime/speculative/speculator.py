@@ -76,9 +76,14 @@ class _Verify:
 
     rows: list
     drafts: list
-    L: int
+    L: int  # positions written per row: the input token, drafts, padding
     targets: mx.array  # int32 [B, L]
     accepted: mx.array  # int32 [B]
+    held: int = -1  # positions after the input token still in the caches (L - 1 until padding is trimmed)
+
+    def __attrs_post_init__(self):
+        if self.held < 0:
+            self.held = self.L - 1
 
 
 @attrs.define
@@ -117,6 +122,9 @@ class Speculator:
         # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
         # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
         self.step = getattr(step, "step", step)
+        # The compiled decode path (runtime/compiled_decode.py), when the engine compiles decode:
+        # verify forwards then run traced too (padded to a few lengths, see _launch).
+        self.compiled = step if step is not self.step and getattr(step, "verify_node", None) is not None else None
         self.node = self.step.outputs.get("verify")
         self.problem = problem
         if self.node is None and problem is None:
@@ -231,15 +239,15 @@ class Speculator:
             self.stats["spec_pipelined_steps"] += 1
         nxt = self._pipelined(runner, cur) if self.pipeline else None
         targets, accepted = cur.targets.tolist(), cur.accepted.tolist()
-        full = all(a == cur.L - 1 for a in accepted)
-        if nxt is not None and not full:  # the guess was built on drafts the target rejected
+        if nxt is not None and any(a != len(d) for a, d in zip(accepted, cur.drafts)):
+            # The guess was built on drafts the target rejected: drop it with them.
             self.stats["spec_pipeline_discards"] += 1
-            trims = [nxt.L + cur.L - 1 - a for a in accepted]
+            trims = [nxt.L + cur.held - a for a in accepted]
             nxt = None
         else:
             # Keep [last token, accepted drafts] in the caches; the target's next token is not in
             # them yet (it is the next step's input), exactly as after a plain decode step.
-            trims = [cur.L - 1 - a for a in accepted]
+            trims = [cur.held - a for a in accepted]
         if any(trims):
             for c in runner.caches:
                 c.trim_rows(trims)
@@ -256,20 +264,31 @@ class Speculator:
 
     def _launch(self, runner, rows, drafts, L, first) -> _Verify:
         """Queue one verify forward: `first` [B, 1] (host or lazy) is each row's input token."""
+        lengths = [len(d) for d in drafts]
+        res = None
+        if self.compiled is not None:
+            # Traced once per (rows, L, capacity): L is padded up to 2, 3, 5, 9 or 17 positions
+            # (within the verify budget) so a row's adapting k does not retrace every step.
+            Lp = 2 + (1 << (L - 2).bit_length()) - 1 if L > 2 else L
+            L = Lp if Lp * len(rows) <= self.max_tokens else L
         pad = [d + [0] * (L - 1 - len(d)) for d in drafts]
         toks = mx.concatenate([first, mx.array(pad, dtype=mx.int32)], axis=1) if L > 1 else first
-        inputs = StepInputs(toks, runner.caches, all_positions=True,
-                            options={"draft_lengths": [len(d) for d in drafts]})
-        out = self.step.forward(inputs).values[self.node]
-        mx.async_eval(out.targets, out.accepted)
-        return _Verify(list(rows), drafts, L, out.targets, out.accepted)
+        if self.compiled is not None:
+            res = self.compiled.verify(toks, lengths, runner.caches)
+        if res is None:
+            out = self.step.forward(StepInputs(toks, runner.caches, all_positions=True,
+                                               options={"draft_lengths": lengths})).values[self.node]
+            res = out.targets, out.accepted
+        mx.async_eval(*res)
+        return _Verify(list(rows), drafts, L, *res)
 
     def _pipelined(self, runner, cur: _Verify) -> _Verify | None:
         """Verify N + 1, queued behind `cur` on the assumption that every row accepts all of its
         drafts (module docstring), or None when that cannot hold or no row has a guess."""
         rows = cur.rows
-        if any(len(d) != cur.L - 1 for d in cur.drafts):
-            return None  # a padded row could not accept L - 1 drafts
+        D = len(cur.drafts[0])
+        if any(len(d) != D for d in cur.drafts):
+            return None  # full acceptance would leave the rows at different lengths
         k_cap = self._k_cap(rows)
         drafts = []
         for r, d in zip(rows, cur.drafts):
@@ -283,8 +302,12 @@ class Speculator:
             drafts.append(self._guess(r, st, d, k) if k > 0 else [])
         if not any(drafts):
             return None
+        if cur.held > D:  # padding after the drafts (a compiled verify's fixed L): out of the caches first
+            for c in runner.caches:
+                c.trim_rows([cur.held - D] * len(rows))
+            cur.held = D
         L = 1 + max(map(len, drafts))
-        return self._launch(runner, rows, drafts, L, cur.targets[:, cur.L - 1:])
+        return self._launch(runner, rows, drafts, L, cur.targets[:, D:D + 1])
 
     def _guess(self, req, st: _RowState, assumed: list[int], k: int) -> list[int]:
         """Up to k drafts for the step after a verify still in flight: the drafter continues the
