@@ -11,6 +11,9 @@ pipelined by default — a GPU — the same requests unpipelined as a third mode
 (accepted / drafted draft tokens) and tokens per verify step — and a note if the outputs
 differ (they must not: greedy speculative output is the target's own).
 
+With the user-api's compile on (its default) the Engine decodes with compile="auto", so plain
+steps and verify forwards run traced; `--no-compile` measures the eager engine.
+
 Random-weight shapes do not copy their input, so their acceptance is ~0: run it with
 `--model DIR` (or a .gguf file) of a trained model.
 """
@@ -52,7 +55,10 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
     from graphc.runtime import SamplingParams
 
     rows, notes = [], []
-    eng = C.make_engine(model, tokenizer, config, max_batch=max(max(cfg.batches), 1))
+    # compile: the user-api default (--compile) decodes with compile="auto" — plain steps and
+    # verify forwards traced up to 16 rows; --no-compile: eager, the engine's default.
+    auto = "auto" if getattr(cfg, "compile", False) else None
+    eng = C.make_engine(model, tokenizer, config, max_batch=max(max(cfg.batches), 1), compile=auto)
     if eng.speculator.problem:
         notes.append(f"grounded: speculative decoding is off for this model: {eng.speculator.problem}")
         return rows, notes
