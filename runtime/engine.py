@@ -36,7 +36,8 @@ class Engine:
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
                  skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
                  speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
-                 spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None):
+                 spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None,
+                 spec_adaptive: bool | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -101,7 +102,8 @@ class Engine:
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
         self.speculator = self.runner.speculator = _speculator(self, speculative, num_draft_tokens, spec_max_batch,
-                                                               spec_max_tokens, draft_model, spec_pipeline)
+                                                               spec_max_tokens, draft_model, spec_pipeline,
+                                                               spec_adaptive)
 
     @property
     def batch_prefill(self) -> bool:
@@ -438,7 +440,7 @@ class Engine:
 
 
 def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, max_tokens: int | None = None,
-                draft_model=None, pipeline: bool | None = None):
+                draft_model=None, pipeline: bool | None = None, adaptive: bool | None = None):
     """The engine's Speculator (runtime/speculative/): speculative decoding for rows that ask, or
     for every plain greedy row when `speculative` sets a default (a draft model makes
     "draft_model" the default). Off for models whose caches cannot roll back (logged when a
@@ -452,7 +454,7 @@ def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, m
     default = parse_speculative(speculative, num_draft_tokens)
     spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
                       max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats,
-                      pipeline=pipeline)
+                      pipeline=pipeline, adaptive=adaptive)
     spec.eos_token_ids = set(engine.eos_token_ids)
     if default not in (None, "off") and spec.problem:
         logging.getLogger("graphc.engine").warning("speculative=%r is off for this model: %s", speculative,

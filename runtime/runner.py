@@ -83,6 +83,8 @@ class ModelRunner:
         """Run the step's prefill groups (Schedule.groups: (request, n_tokens) chunks; a group of
         several is whole prompts in one left-padded forward). One PrefillDone per chunk, in order."""
         out = []
+        if groups and self.speculator is not None:
+            self.speculator.busy()
         for group in groups:
             if len(group) > 1:
                 reqs = [r for r, _ in group]
@@ -327,6 +329,14 @@ class ModelRunner:
         if not self.rows:
             return []
         spec = self.speculator
+        if spec is not None:
+            spec.begin_cycle()
+        out = self._decode(spec)
+        if spec is not None:
+            spec.end_cycle(len(out))
+        return out
+
+    def _decode(self, spec) -> list[tuple[Request, int, dict | None]]:
         if spec is not None and self.pending is None:
             emitted = spec.step_batch(self)  # a verify step: several tokens per row, or None
             if emitted is not None:

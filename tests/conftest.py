@@ -39,3 +39,13 @@ def client(server):
     import openai
 
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(autouse=True)
+def _speculation_ungated(monkeypatch):
+    """Tests count verify steps: engines built in-process verify whenever a row drafts, instead of
+    letting the measured gate (runtime/speculative/gate.py) pick by this machine's timings.
+    tests/test_spec_gate.py turns it on explicitly."""
+    from graphc.runtime.speculative import speculator
+
+    monkeypatch.setattr(speculator, "default_adaptive", lambda: False)

@@ -107,6 +107,9 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
                "ratios": ratios, "acceptance": acc, "tokens_per_verify_step": per_step,
                "verify_steps": d.get("spec_steps", 0), "pipelined_verify_steps": d.get("spec_pipelined_steps", 0),
                "pipeline_discards": d.get("spec_pipeline_discards", 0),
+               # What the measured gate saw (tokens/s, samples per arm and batch bucket), if on.
+               "gate": ({str(b): {a: list(v) for a, v in arms.items()} for b, arms in eng.speculator.gate.rates().items()}
+                        if eng.speculator.gate is not None else None),
                "new_tokens": sum(map(len, outs["plain"])) / B}
         rows.append(row)
         extra = (f" (unpipelined {stats['unpipelined']['median']:.1f}; {d.get('spec_pipelined_steps', 0)} of "

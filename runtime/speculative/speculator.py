@@ -48,6 +48,7 @@ from graphc.compiler.lower import StepInputs
 
 from ..batch_sampling import needs_sampler
 from .config import OFF, SpecConfig, parse_speculative
+from .gate import ArmGate
 from .prompt_lookup import NgramIndex
 
 log = logging.getLogger("graphc.speculative")
@@ -104,6 +105,12 @@ def default_pipeline() -> bool:
     return mx.default_device() == mx.gpu
 
 
+def default_adaptive() -> bool:
+    """The measured gate (gate.py) is on by default everywhere: what wins depends on the
+    device, the model and the traffic, which the gate measures and no default knows."""
+    return True
+
+
 def default_max_tokens() -> int:
     """Verify positions per forward by device. GPU: a forward over up to ~64 rows costs about
     what one over a few rows does (weight reads dominate). CPU: compute-bound — measured with
@@ -118,7 +125,8 @@ class Speculator:
 
     def __init__(self, step, *, default: SpecConfig | None = None, max_batch: int = 16,
                  max_tokens: int | None = None, problem: str | None = None, stats: dict | None = None,
-                 min_acceptance: float = 0.15, cooldown: int = 32, pipeline: bool | None = None):
+                 min_acceptance: float = 0.15, cooldown: int = 32, pipeline: bool | None = None,
+                 adaptive: bool | None = None):
         # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
         # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
         self.step = getattr(step, "step", step)
@@ -138,6 +146,9 @@ class Speculator:
         self.min_acceptance = min_acceptance
         self.cooldown = cooldown
         self.pipeline = default_pipeline() if pipeline is None else bool(pipeline)
+        # Plain, verify or pipelined per batch-size bucket, by measured tokens/s (gate.py); None:
+        # verify whenever a row drafted (pipelined when `pipeline`).
+        self.gate = ArmGate() if (default_adaptive() if adaptive is None else adaptive) else None
         self._inflight: _Verify | None = None  # a pipelined verify, built assuming full acceptance
         self.eos_token_ids: set = set()  # the Engine's: a row whose drafts hold one may end, so no guess after it
         self.stats = stats if stats is not None else {}
@@ -184,13 +195,37 @@ class Speculator:
             self._rows[req] = st
         return st
 
-    def wants(self, rows) -> bool:
-        """True when the next step may verify drafts: the runner then does not chain into it."""
+    def possible(self, rows) -> bool:
+        """Whether this batch may verify at all (the static rules: docs/speculative.md)."""
         if self.problem is not None or not rows or len(rows) >= self.max_batch or self._k_cap(rows) < 1:
             return False
         if not any((s := self._state(r)) is not None and len(r.output_ids) >= s.paused_until for r in rows):
             return False
         return not any(needs_sampler(r.params) or not r.params.chain_safe for r in rows)
+
+    @property
+    def arms(self) -> tuple:
+        return ("plain", "verify", "pipelined") if self.pipeline else ("plain", "verify")
+
+    def wants(self, rows) -> bool:
+        """True when the next step may verify drafts: the runner then does not chain into it."""
+        if not self.possible(rows):
+            return False
+        return self.gate is None or self.gate.decide(len(rows), self.arms) != "plain"
+
+    # -- the runner's cycle, for the gate ------------------------------------------------
+    def begin_cycle(self) -> None:
+        if self.gate is not None:
+            self.gate.begin()
+
+    def end_cycle(self, tokens: int) -> None:
+        if self.gate is not None:
+            self.gate.tokens(tokens)
+
+    def busy(self) -> None:
+        """The runner did other work this cycle (a prefill): the gate does not time it."""
+        if self.gate is not None:
+            self.gate.dirty()
 
     def _k_cap(self, rows) -> int:
         return self.max_tokens // len(rows) - 1
@@ -226,7 +261,9 @@ class Speculator:
             self._discard(runner, cur)  # settle() was not called on a membership change: be safe
             cur = None
         if cur is None:
-            if not self.wants(rows):
+            if not self.possible(rows):
+                return None
+            if self.gate is not None and self.gate.current(len(rows), self.arms) == "plain":
                 return None
             k_cap = self._k_cap(rows)
             drafts = [self._draft(r, k_cap) for r in rows]
@@ -237,7 +274,11 @@ class Speculator:
             cur = self._launch(runner, rows, drafts, L, first)
         else:
             self.stats["spec_pipelined_steps"] += 1
-        nxt = self._pipelined(runner, cur) if self.pipeline else None
+        if self.gate is None:
+            pipe = self.pipeline
+        else:  # the next cycle's arm; a pipelined one is queued now
+            pipe = self.possible(rows) and self.gate.decide(len(rows), self.arms) == "pipelined"
+        nxt = self._pipelined(runner, cur) if pipe else None
         targets, accepted = cur.targets.tolist(), cur.accepted.tolist()
         if nxt is not None and any(a != len(d) for a, d in zip(accepted, cur.drafts)):
             # The guess was built on drafts the target rejected: drop it with them.
@@ -332,6 +373,7 @@ class Speculator:
         v, self._inflight = self._inflight, None
         if v is not None:
             self._discard(runner, v)
+        self.busy()
 
     def drop(self) -> None:
         """Forget a pipelined verify without touching caches (the runner dropped its batch)."""

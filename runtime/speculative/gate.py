@@ -1,0 +1,132 @@
+"""The measured gate: per batch size, decode plainly, verify, or verify pipelined — whichever
+has been producing tokens fastest on this machine, for this model and this traffic.
+
+Whether speculation pays depends on numbers no static rule knows: the device's cost of a
+k + 1-position forward against a one-position step (on the H200 a quantized model's verify
+cost 2.0–2.4 plain steps, on a 2-core CPU k + 1), the acceptance the traffic gets (grounded
+prompts accept 60–95 % of drafts, random ones ~0), the batch size, and for pipelining how
+often every row accepts everything. So the gate measures instead of predicting.
+
+Each *cycle* is one `ModelRunner.decode` call: its wall time runs to the next call and its
+tokens are those the call returned. A cycle belongs to an *arm* — "plain" (no verify),
+"verify" or "pipelined" (verify steps queued behind each other, speculator.py) — chosen per
+batch-size bucket. Arms run in stretches of `RUN` cycles; the first cycle of a stretch is not
+measured (it pays the switch: the first plain step after a verify is unchained, the first
+pipelined verify has nothing queued yet), and neither is a cycle in which a prompt was
+prefilled or the batch changed (the runner marks those). Per (bucket, arm) the gate keeps
+exponentially weighted sums of tokens and seconds; an arm's rate is their ratio.
+
+Choice: an arm with fewer than `MIN_SAMPLES` measured cycles runs first (plain, verify,
+pipelined, in that order); after that the fastest arm runs, except for one `RUN`-cycle stretch
+of another arm every `EXPLORE_EVERY` cycles (in turn), so a change in traffic is noticed. The
+gate never changes which tokens come out, only how they are computed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+ARMS = ("plain", "verify", "pipelined")
+
+
+def bucket(batch: int) -> int:
+    """Batch-size bucket: 1, 2, 3-4, 5-8, 9-16, ... (the upper bound)."""
+    return 1 << (max(batch, 1) - 1).bit_length()
+
+
+@attrs.define
+class _Arm:
+    tokens: float = 0.0  # exponentially weighted
+    seconds: float = 0.0
+    samples: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@attrs.define
+class _Bucket:
+    arms: dict = attrs.field(factory=lambda: {a: _Arm() for a in ARMS})
+    cycles: int = 0  # measured cycles in this bucket
+    explored: int = 0  # exploration stretches so far (which arm is next in turn)
+
+
+class ArmGate:
+    MIN_SAMPLES = 4
+    RUN = 4
+    EXPLORE_EVERY = 64
+    DECAY = 0.85  # weight of the past per new sample of an arm
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self._buckets: dict[int, _Bucket] = {}
+        self._cur: tuple | None = None  # (arm, bucket, first of its stretch) of the running cycle
+        self._next: tuple | None = None  # the same, decided during this cycle for the next one
+        self._last: tuple | None = None  # (arm, bucket) of the latest choice
+        self._left = 0  # cycles left in the latest choice's stretch
+        self._start: float | None = None
+        self._clean = False
+        self._tokens = 0
+
+    # -- the runner's cycle ----------------------------------------------------------------
+    def begin(self) -> None:
+        """ModelRunner.decode was entered: the previous cycle ends (and is recorded), this one starts."""
+        now = self.clock()
+        if self._start is not None and self._cur is not None and self._clean and not self._cur[2]:
+            seconds = now - self._start
+            if seconds > 0:
+                st = self._buckets[self._cur[1]]
+                a = st.arms[self._cur[0]]
+                a.tokens = a.tokens * self.DECAY + self._tokens
+                a.seconds = a.seconds * self.DECAY + seconds
+                a.samples += 1
+                st.cycles += 1
+        self._start, self._clean, self._tokens = now, True, 0
+        self._cur, self._next = self._next, None
+
+    def dirty(self) -> None:
+        """This cycle also did other work (a prefill, rows joining or leaving): not a sample."""
+        self._clean = False
+
+    def tokens(self, n: int) -> None:
+        """The tokens this cycle's decode returned."""
+        self._tokens += n
+
+    # -- choosing ------------------------------------------------------------------------
+    def current(self, batch: int, available: tuple) -> str:
+        """This cycle's arm (decided during the previous cycle, or now)."""
+        if self._cur is None or self._cur[0] not in available:
+            self._cur = self._choose(batch, available)
+        return self._cur[0]
+
+    def decide(self, batch: int, available: tuple) -> str:
+        """The next cycle's arm, decided once per cycle (a plain step chains into it or not)."""
+        if self._next is None or self._next[0] not in available:
+            self._next = self._choose(batch, available)
+        return self._next[0]
+
+    def _choose(self, batch: int, available: tuple) -> tuple:
+        b = bucket(batch)
+        if self._last is not None and self._last == (self._last[0], b) and self._last[0] in available and self._left > 0:
+            self._left -= 1
+            return self._last[0], b, False
+        st = self._buckets.setdefault(b, _Bucket())
+        arms = [a for a in ARMS if a in available]
+        arm = next((a for a in arms if st.arms[a].samples < self.MIN_SAMPLES), None)
+        if arm is None:
+            arm = max(arms, key=lambda a: st.arms[a].rate)
+            others = [a for a in arms if a != arm]
+            if others and st.cycles >= (st.explored + 1) * self.EXPLORE_EVERY:
+                arm = others[st.explored % len(others)]
+                st.explored += 1
+        first = self._last != (arm, b)
+        self._last, self._left = (arm, b), self.RUN - 1
+        return arm, b, first
+
+    def rates(self) -> dict:
+        """{bucket: {arm: (tokens/s, samples)}}: what the gate has measured (stats, docs)."""
+        return {b: {a: (round(x.rate, 2), x.samples) for a, x in st.arms.items() if x.samples}
+                for b, st in sorted(self._buckets.items()) if st.cycles}
