@@ -259,16 +259,16 @@ def test_inspect_shows_the_verify_node(model_dir):
 
 
 # -- bench ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("pipelined", [False, True])
-def test_bench_grounded_workload_reports_both_modes(tmp_path, monkeypatch, pipelined):
-    """Where verifies are pipelined by default (a GPU; forced here), an unpipelined third mode
-    runs the same speculative requests."""
+@pytest.mark.parametrize("gated", [False, True])
+def test_bench_grounded_workload_reports_both_modes(tmp_path, monkeypatch, gated):
+    """With the measured gate on (the default outside tests), an ungated third mode runs the
+    same speculative requests."""
     import json
 
     from graphc.cli import main as graphc_main
     from graphc.runtime.speculative import speculator
 
-    monkeypatch.setattr(speculator, "default_pipeline", lambda: pipelined)
+    monkeypatch.setattr(speculator, "default_adaptive", lambda: gated)
     out = tmp_path / "grounded.json"
     assert graphc_main(["bench", "--user-api", "--user-workloads", "grounded", "--model", "tiny", "--batches", "1,2",
                         "--long-new", "12", "--short-new", "4", "--user-repeats", "3", "--no-compile", "--json", str(out)]) == 0
@@ -276,11 +276,12 @@ def test_bench_grounded_workload_reports_both_modes(tmp_path, monkeypatch, pipel
     rows = [r for r in res["rows"] if r["workload"] == "grounded"]
     assert [r["batch"] for r in rows] == [1, 2]
     for r in rows:
-        modes = {"plain", "speculative"} | ({"unpipelined"} if pipelined else set())
+        modes = {"plain", "speculative"} | ({"ungated"} if gated else set())
         assert set(r["values"]) == modes and len(r["values"]["plain"]["runs"]) == 3
         assert "speculative/plain" in r["ratios"] and 0 <= r["acceptance"] <= 1
-        assert ("speculative/unpipelined" in r["ratios"]) == pipelined
-        assert (r["pipelined_verify_steps"] > 0) == pipelined
+        assert ("speculative/ungated" in r["ratios"]) == gated and (r["gate"] is not None) == gated
+        if r["verify_steps"]:
+            assert set(r["verify_ms"]) == {"draft", "build", "wait", "post"} and r["verify_ms"]["build"] > 0
     assert not any("differs" in n for n in res["notes"])
 
 

@@ -6,8 +6,8 @@ kind of request prompt lookup is for: the answer copies long runs of its input. 
 times `Engine.generate` on the same prompts with `speculative="off"` and with
 `speculative="prompt_lookup"`, interleaved, `repeats` times each (after one warm-up of
 each), greedy, stopping at EOS or `long_new` tokens. Reported per batch size: generated
-tokens/s (min / median / max), the speculative/plain ratio of medians (and, where verifies are
-pipelined by default — a GPU — the same requests unpipelined as a third mode), the acceptance rate
+tokens/s (min / median / max), the speculative/plain ratio of medians (and, with the measured
+gate on — the default — the same requests ungated as a third mode), the acceptance rate
 (accepted / drafted draft tokens) and tokens per verify step — and a note if the outputs
 differ (they must not: greedy speculative output is the target's own).
 
@@ -64,15 +64,16 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
         return rows, notes
     k = getattr(cfg, "num_draft_tokens", None)
     spec = SamplingParams(max_tokens=cfg.long_new, speculative="prompt_lookup", num_draft_tokens=k)
-    # (params, pipelined verify): where the engine pipelines verifies by default (a GPU), the
-    # same speculative requests also run unpipelined, so the report shows what pipelining buys.
-    modes = {"plain": (SamplingParams(max_tokens=cfg.long_new, speculative="off"), False),
-             "speculative": (spec, eng.speculator.pipeline)}
-    if eng.speculator.pipeline:
-        modes["unpipelined"] = (spec, False)
+    # (params, measured gate on): with the gate on (the default) the same speculative requests
+    # also run ungated — verifying whenever a row drafted — so the report shows what it buys.
+    gate = eng.speculator.gate
+    modes = {"plain": (SamplingParams(max_tokens=cfg.long_new, speculative="off"), gate),
+             "speculative": (spec, gate)}
+    if gate is not None:
+        modes["ungated"] = (spec, None)
 
     def run(name, prompts):
-        p, eng.speculator.pipeline = modes[name]
+        p, eng.speculator.gate = modes[name]
         return eng.generate(prompts, p)
 
     for B in cfg.batches:
@@ -85,9 +86,10 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
                 notes.append(f"grounded B={B}: {name} output differs from plain greedy output")
         tps: dict = {n: [] for n in modes}
         d: dict = {}  # the speculative mode's own counters
+        timing = dict.fromkeys(eng.speculator.timing, 0.0)
         for _ in range(cfg.repeats):
             for name in modes:
-                s0 = dict(eng.stats)
+                s0, h0 = dict(eng.stats), dict(eng.speculator.timing)
                 t0 = time.perf_counter()
                 res = run(name, prompts)
                 tps[name].append(sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0))
@@ -95,27 +97,31 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
                     for key in eng.stats:
                         if key.startswith("spec_"):
                             d[key] = d.get(key, 0) + eng.stats[key] - s0.get(key, 0)
+                    for key in timing:
+                        timing[key] += eng.speculator.timing[key] - h0[key]
         stats = {n: spread(v) for n, v in tps.items()}
         acc = d["spec_accepted_tokens"] / d["spec_drafted_tokens"] if d.get("spec_drafted_tokens") else 0.0
         per_step = d["spec_emitted_tokens"] / d["spec_steps"] if d.get("spec_steps") else 0.0
         ratios = {"speculative/plain": compare(stats["speculative"], stats["plain"], False)}
-        if "unpipelined" in stats:
-            ratios["unpipelined/plain"] = compare(stats["unpipelined"], stats["plain"], False)
-            ratios["speculative/unpipelined"] = compare(stats["speculative"], stats["unpipelined"], False)
+        if "ungated" in stats:
+            ratios["ungated/plain"] = compare(stats["ungated"], stats["plain"], False)
+            ratios["speculative/ungated"] = compare(stats["speculative"], stats["ungated"], False)
         row = {"workload": "grounded", "case": f"B={B}", "batch": B, "unit": "generated tok/s",
                "values": stats, "lower_is_better": False,
                "ratios": ratios, "acceptance": acc, "tokens_per_verify_step": per_step,
                "verify_steps": d.get("spec_steps", 0), "pipelined_verify_steps": d.get("spec_pipelined_steps", 0),
                "pipeline_discards": d.get("spec_pipeline_discards", 0),
+               # host ms per verify step, by part (Speculator.timing)
+               "verify_ms": {key: 1e3 * v / d["spec_steps"] for key, v in timing.items()} if d.get("spec_steps") else None,
                # What the measured gate saw (tokens/s, samples per arm and batch bucket), if on.
-               "gate": ({str(b): {a: list(v) for a, v in arms.items()} for b, arms in eng.speculator.gate.rates().items()}
-                        if eng.speculator.gate is not None else None),
+               "gate": ({str(b): {a: list(v) for a, v in arms.items()} for b, arms in gate.rates().items()}
+                        if gate is not None else None),
                "new_tokens": sum(map(len, outs["plain"])) / B}
         rows.append(row)
-        extra = (f" (unpipelined {stats['unpipelined']['median']:.1f}; {d.get('spec_pipelined_steps', 0)} of "
-                 f"{d.get('spec_steps', 0)} verifies pipelined)" if "unpipelined" in stats else "")
+        extra = f" (ungated {stats['ungated']['median']:.1f})" if "ungated" in stats else ""
         log(f"[user-api] grounded B={B}: plain {stats['plain']['median']:.1f} tok/s, speculative "
             f"{stats['speculative']['median']:.1f} tok/s{extra}, acceptance {acc:.2f}, {per_step:.2f} tokens/verify step")
+    eng.speculator.gate = gate
     del eng
     C.free()
     return rows, notes

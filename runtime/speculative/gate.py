@@ -13,8 +13,9 @@ tokens are those the call returned. A cycle belongs to an *arm* — "plain" (no 
 batch-size bucket. Arms run in stretches of `RUN` cycles; the first cycle of a stretch is not
 measured (it pays the switch: the first plain step after a verify is unchained, the first
 pipelined verify has nothing queued yet), and neither is a cycle in which a prompt was
-prefilled or the batch changed (the runner marks those). Per (bucket, arm) the gate keeps
-exponentially weighted sums of tokens and seconds; an arm's rate is their ratio.
+prefilled or the batch changed (the runner marks those). Per (bucket, arm) the gate keeps the
+last WINDOW cycles' tokens and seconds; an arm's rate is their ratio, leaving out cycles that
+took over 3x the median (a kernel compiled for a new shape, a GC pause).
 
 Choice: an arm with fewer than `MIN_SAMPLES` measured cycles runs first (plain, verify,
 pipelined, in that order); after that the fastest arm runs, except for one `RUN`-cycle stretch
@@ -24,11 +25,13 @@ gate never changes which tokens come out, only how they are computed.
 
 from __future__ import annotations
 
+import collections
 import time
 
 import attrs
 
 ARMS = ("plain", "verify", "pipelined")
+WINDOW = 16  # recent cycles per arm and bucket that its rate is taken over
 
 
 def bucket(batch: int) -> int:
@@ -38,13 +41,21 @@ def bucket(batch: int) -> int:
 
 @attrs.define
 class _Arm:
-    tokens: float = 0.0  # exponentially weighted
-    seconds: float = 0.0
+    recent: collections.deque = attrs.field(factory=lambda: collections.deque(maxlen=WINDOW))  # (tokens, seconds)
     samples: int = 0
 
     @property
     def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        """Tokens per second over the recent cycles, leaving out those that took over 3x the
+        median (a kernel JIT for a new shape, a GC pause): one such outlier would otherwise
+        decide the arm for a long time."""
+        if not self.recent:
+            return 0.0
+        secs = sorted(s for _, s in self.recent)
+        cap = 3 * secs[len(secs) // 2]
+        kept = [(t, s) for t, s in self.recent if s <= cap]
+        total = sum(s for _, s in kept)
+        return sum(t for t, _ in kept) / total if total > 0 else 0.0
 
 
 @attrs.define
@@ -58,7 +69,6 @@ class ArmGate:
     MIN_SAMPLES = 4
     RUN = 4
     EXPLORE_EVERY = 64
-    DECAY = 0.85  # weight of the past per new sample of an arm
 
     def __init__(self, clock=time.perf_counter):
         self.clock = clock
@@ -80,8 +90,7 @@ class ArmGate:
             if seconds > 0:
                 st = self._buckets[self._cur[1]]
                 a = st.arms[self._cur[0]]
-                a.tokens = a.tokens * self.DECAY + self._tokens
-                a.seconds = a.seconds * self.DECAY + seconds
+                a.recent.append((self._tokens, seconds))
                 a.samples += 1
                 st.cycles += 1
         self._start, self._clean, self._tokens = now, True, 0

@@ -39,6 +39,7 @@ back toward num_draft_tokens while whole drafts are accepted and halves when non
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 
 import attrs
@@ -99,10 +100,13 @@ class _Assumed:
 
 
 def default_pipeline() -> bool:
-    """Pipelined verify by device. GPU: the host's graph build of the next verify hides behind
-    the device's run of this one (a discarded guess costs device time the host was waiting
-    anyway). CPU: the forward is the cost, so a discarded guess is a whole wasted step."""
-    return mx.default_device() == mx.gpu
+    """Pipelined verify is opt-in (`spec_pipeline=True`). It hides the device's run of a verify
+    behind the host's build of the next one, so it pays only where that run is long; on the
+    H200 with SmolLM2-135M a verify forward's device time was 0.1-0.5 ms of a 5.5-7 ms
+    host-bound step (docs/bench/proto_verify_cost.py), and pipelined measured 0.73-1.21x
+    unpipelined (run 11): a discarded guess costs a whole host build. On the CPU the forward
+    itself is the cost, so a discarded guess is a wasted step."""
+    return False
 
 
 def default_adaptive() -> bool:
@@ -150,6 +154,10 @@ class Speculator:
         # verify whenever a row drafted (pipelined when `pipeline`).
         self.gate = ArmGate() if (default_adaptive() if adaptive is None else adaptive) else None
         self._inflight: _Verify | None = None  # a pipelined verify, built assuming full acceptance
+        # Host seconds spent in verify steps, by part (the bench reports them per verify step):
+        # draft (the drafter), build (graph + async_eval), wait (until the result is on the
+        # host), post (trims, emitted tokens, per-row learning).
+        self.timing = dict.fromkeys(("draft", "build", "wait", "post"), 0.0)
         self.eos_token_ids: set = set()  # the Engine's: a row whose drafts hold one may end, so no guess after it
         self.stats = stats if stats is not None else {}
         for k in STAT_KEYS:
@@ -265,8 +273,10 @@ class Speculator:
                 return None
             if self.gate is not None and self.gate.current(len(rows), self.arms) == "plain":
                 return None
+            t0 = time.perf_counter()
             k_cap = self._k_cap(rows)
             drafts = [self._draft(r, k_cap) for r in rows]
+            self.timing["draft"] += time.perf_counter() - t0
             if not any(drafts):
                 return None
             L = 1 + max(map(len, drafts))
@@ -279,7 +289,10 @@ class Speculator:
         else:  # the next cycle's arm; a pipelined one is queued now
             pipe = self.possible(rows) and self.gate.decide(len(rows), self.arms) == "pipelined"
         nxt = self._pipelined(runner, cur) if pipe else None
+        t0 = time.perf_counter()
         targets, accepted = cur.targets.tolist(), cur.accepted.tolist()
+        t1 = time.perf_counter()
+        self.timing["wait"] += t1 - t0
         if nxt is not None and any(a != len(d) for a, d in zip(accepted, cur.drafts)):
             # The guess was built on drafts the target rejected: drop it with them.
             self.stats["spec_pipeline_discards"] += 1
@@ -301,10 +314,12 @@ class Speculator:
             if d:
                 self._learn(r, len(d), a)
         self.stats["spec_emitted_tokens"] += len(emitted)
+        self.timing["post"] += time.perf_counter() - t1
         return emitted
 
     def _launch(self, runner, rows, drafts, L, first) -> _Verify:
         """Queue one verify forward: `first` [B, 1] (host or lazy) is each row's input token."""
+        t0 = time.perf_counter()
         lengths = [len(d) for d in drafts]
         res = None
         if self.compiled is not None:
@@ -321,6 +336,7 @@ class Speculator:
                                                options={"draft_lengths": lengths})).values[self.node]
             res = out.targets, out.accepted
         mx.async_eval(*res)
+        self.timing["build"] += time.perf_counter() - t0
         return _Verify(list(rows), drafts, L, *res)
 
     def _pipelined(self, runner, cur: _Verify) -> _Verify | None:
