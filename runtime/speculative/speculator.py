@@ -137,6 +137,9 @@ class Speculator:
         # The compiled decode path (runtime/compiled_decode.py), when the engine compiles decode:
         # verify forwards then run traced too (padded to a few lengths, see _launch).
         self.compiled = step if step is not self.step and getattr(step, "verify_node", None) is not None else None
+        # Pad a verify's positions up to 2, 3, 5, 9 or 17 (within the budget): a traced verify
+        # retraces per L otherwise; see _launch.
+        self.pad_positions = self.compiled is not None
         self.node = self.step.outputs.get("verify")
         self.problem = problem
         if self.node is None and problem is None:
@@ -322,7 +325,7 @@ class Speculator:
         t0 = time.perf_counter()
         lengths = [len(d) for d in drafts]
         res = None
-        if self.compiled is not None:
+        if self.pad_positions:
             # Traced once per (rows, L, capacity): L is padded up to 2, 3, 5, 9 or 17 positions
             # (within the verify budget) so a row's adapting k does not retrace every step.
             Lp = 2 + (1 << (L - 2).bit_length()) - 1 if L > 2 else L
