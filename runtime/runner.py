@@ -333,7 +333,7 @@ class ModelRunner:
             spec.begin_cycle()
         out = self._decode(spec)
         if spec is not None:
-            spec.end_cycle(len(out))
+            spec.end_cycle(out)
         return out
 
     def _decode(self, spec) -> list[tuple[Request, int, dict | None]]:

@@ -157,3 +157,26 @@ def test_engine_gate_with_pipelined_arm_keeps_tokens(model_dir):
     rates = spec.gate.rates()[1]
     assert max(rates, key=lambda a: rates[a][0]) == "pipelined"
     assert eng.stats["spec_pipelined_steps"] > 10 and eng.stats["spec_pipeline_discards"] > 0
+
+
+def test_engine_gate_credits_the_slowest_row(model_dir):
+    """Two rows, one whose drafts are always right and one whose drafts are always wrong; a verify
+    cycle costs 1.2 plain ones. In total tokens verifying wins (~6 tokens per 1.2 s against 2 per
+    1 s), but the second row would get one token per 1.2 s instead of per 1 s: the gate keeps the
+    batch plain, so no request is slowed by its batch-mate's speculation."""
+    eng = _engine_with_costs(model_dir, verify_seconds=1.2)
+    good, bad = list(range(5, 17)) * 3, list(range(30, 41)) * 3
+    refs = {tuple(p): reference_greedy(eng.model, p, 120) for p in (good, bad)}
+
+    def drafter(req, k):
+        ref, n = refs[tuple(req.prompt_ids)], len(req.output_ids)
+        d = ref[n:n + k]
+        return d if req.prompt_ids == good else [(t + 1) % eng.vocab_size for t in d]
+
+    eng.speculator.drafter = drafter
+    eng.speculator.min_acceptance = 0.0  # keep the bad row drafting (no per-row pause)
+    out = eng.generate([good, bad], SamplingParams(max_tokens=120, ignore_eos=True, speculative="prompt_lookup",
+                                                   num_draft_tokens=4))
+    assert [r.token_ids for r in out] == [refs[tuple(good)], refs[tuple(bad)]]
+    rates = eng.speculator.gate.rates()[2]
+    assert rates["plain"][0] > rates["verify"][0]

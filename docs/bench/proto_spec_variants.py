@@ -2,9 +2,11 @@
 shipped, and speculative with the verify's positions padded to 2/3/5/9/17 (fewer distinct
 kernel shapes, so MLX's CUDA graph cache sees fewer topologies). Prints tokens/s min / median /
 max over `repeats` (interleaved, after a warm-up) and the host ms per verify step by part.
-Usage: proto_spec_variants.py MODEL [batch] [repeats] [k]. Env vars such as
+Usage: proto_spec_variants.py MODEL [batch] [repeats] [k]; DEQUANTIZE=1 runs the model's
+weights dequantized to bf16. Env vars such as
 MLX_CUDA_GRAPH_CACHE_SIZE apply to the whole process (run it once per setting)."""
 
+import os
 import statistics
 import sys
 import time
@@ -17,6 +19,12 @@ B = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 reps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 k = int(sys.argv[4]) if len(sys.argv) > 4 else 8
 eng = Engine.load(path, max_batch=max(B, 1), spec_adaptive=False)
+if os.environ.get("DEQUANTIZE"):  # the same weights as bf16 (quantized matmuls at M > 1 cost more host time)
+    import mlx.core as mx
+    from mlx_lm.utils import dequantize_model
+
+    dequantize_model(eng.model)
+    eng.model.set_dtype(mx.bfloat16)
 prompts = grounded_prompts(eng.tokenizer, B, seed=0, vocab=eng.vocab_size)
 spec = SamplingParams(max_tokens=96, speculative="prompt_lookup", num_draft_tokens=k)
 modes = {"plain": (SamplingParams(max_tokens=96, speculative="off"), False), "spec": (spec, False),

@@ -7,8 +7,13 @@ cost 2.0–2.4 plain steps, on a 2-core CPU k + 1), the acceptance the traffic g
 prompts accept 60–95 % of drafts, random ones ~0), the batch size, and for pipelining how
 often every row accepts everything. So the gate measures instead of predicting.
 
-Each *cycle* is one `ModelRunner.decode` call: its wall time runs to the next call and its
-tokens are those the call returned. A cycle belongs to an *arm* — "plain" (no verify),
+Each *cycle* is one `ModelRunner.decode` call: its wall time runs to the next call, and it
+is credited with its rows times the tokens its slowest row got (Speculator.end_cycle). Not the
+total: in a batch where some rows accept long drafts and one accepts none, verifying raises the
+total while that one row gets a token per (dearer) verify step instead of per plain step — on
+the H200 a fixed batch of 16 grounded prompts finished 0.77-0.81x slower that way (run 11),
+its stragglers setting the time. Crediting the slowest row means speculation runs only where
+no request is slowed by it; at batch 1 it is the plain token rate. A cycle belongs to an *arm* — "plain" (no verify),
 "verify" or "pipelined" (verify steps queued behind each other, speculator.py) — chosen per
 batch-size bucket. Arms run in stretches of `RUN` cycles; the first cycle of a stretch is not
 measured (it pays the switch: the first plain step after a verify is unchained, the first

@@ -229,9 +229,16 @@ class Speculator:
         if self.gate is not None:
             self.gate.begin()
 
-    def end_cycle(self, tokens: int) -> None:
-        if self.gate is not None:
-            self.gate.tokens(tokens)
+    def end_cycle(self, out: list) -> None:
+        """`out`: the cycle's (request, token, logprobs) list. The gate is credited with the
+        progress of the batch's *slowest* row times its rows: speculation must not make any
+        request slower, and a row that accepts nothing gets one token from a verify step that
+        costs more than a plain one (gate.py)."""
+        if self.gate is not None and out:
+            per: dict = {}
+            for r, _, _ in out:
+                per[id(r)] = per.get(id(r), 0) + 1
+            self.gate.tokens(len(per) * min(per.values()))
 
     def busy(self) -> None:
         """The runner did other work this cycle (a prefill): the gate does not time it."""
