@@ -2,7 +2,8 @@
 
     decode:
       compile: true            # mx.compile the decode forward on fixed-shape KV (default false;
-                               # auto: compiled for batches up to 16 rows, eager above)
+                               # auto: compiled for batches up to 16 rows, eager above; measured:
+                               # per batch-size bucket, whichever the live decode steps timed faster)
       fuse_projections: true   # the architecture's fused decode block, where its adapter has one
                                # (llama: q/k/v and gate/up as one matmul each; graphc-owned copies
                                # of those weights, the model untouched) (default true)
@@ -52,8 +53,8 @@ def problems(raw) -> list[str]:
         elif k == "skinny_table":
             if v is not None and not isinstance(v, str):
                 out.append(f"decode option 'skinny_table' must be a file path or null, got {v!r}")
-        elif not isinstance(v, bool) and not (k == "compile" and v == "auto"):
-            allowed = "true, false or auto" if k == "compile" else "true or false"
+        elif not isinstance(v, bool) and not (k == "compile" and v in ("auto", "measured")):
+            allowed = "true, false, auto or measured" if k == "compile" else "true or false"
             out.append(f"decode option '{k}' must be {allowed}, got {v!r}")
     return out
 
@@ -74,6 +75,9 @@ def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> t
     if options.get("compile") == "auto":  # where compiled measured slower (docs/performance.md)
         parts.append("compile: auto — only batches up to runtime/compiled_decode.py AUTO_MAX_BATCH rows; "
                      "larger ones run the eager step on the same caches")
+    elif options.get("compile") == "measured":
+        parts.append("compile: measured — per batch-size bucket the compiled and the eager step are timed "
+                     "on the live decode cycles and the faster runs (runtime/measured_gate.py)")
     fused = (applied or {}).get("fused")
     if not options.get("fuse_projections"):
         parts.append("fuse_projections: off")

@@ -116,11 +116,19 @@ class CompiledDecode:
     """
 
     def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False,
-                 max_batch: int | None = None, skinny_table: str | None = None):
+                 max_batch: int | None = None, skinny_table: str | None = None, measured: bool = False):
         # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
         # fuse_projections, attention_kernel, skinny_matmul, skinny_table (the bench's
         # --compile-ablation switches each off through Engine(decode_options=...)).
         self.max_batch = max_batch
+        # compile="measured": per batch-size bucket, the runner's decode cycles are timed and the
+        # faster of the compiled and the eager step runs (runtime/measured_gate.py), so compile
+        # is never kept where it measured slower; None: compiled wherever eligible.
+        self.gate = None
+        if measured:
+            from .measured_gate import ArmGate
+
+            self.gate = ArmGate(arms=("compiled", "eager"))
         self.step = step
         self.hidden_node = step.hidden_node
         self.logits_node = step.logits_node
@@ -213,8 +221,10 @@ class CompiledDecode:
         caches = inputs.caches
         if self.max_batch is not None and inputs.tokens.shape[0] > self.max_batch:
             return False
-        return (inputs.tokens.ndim == 2 and inputs.tokens.shape[1] == 1 and bool(caches)
-                and all(type(c) is FullKV and c.keys is not None for c in caches))
+        if not (inputs.tokens.ndim == 2 and inputs.tokens.shape[1] == 1 and bool(caches)
+                and all(type(c) is FullKV and c.keys is not None for c in caches)):
+            return False
+        return self.gate is None or self.gate.current(inputs.tokens.shape[0], self.gate.arm_names) == "compiled"
 
     def forward(self, inputs: StepInputs) -> StepContext:
         if not self.eligible(inputs):

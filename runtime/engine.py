@@ -56,8 +56,8 @@ class Engine:
         # plan's `compile` pass says what was applied.
         from graphc.compiler.decode_options import resolve
 
-        if compile not in (None, True, False, "auto"):
-            raise ValueError(f"compile must be True, False or 'auto', got {compile!r}")
+        if compile not in (None, True, False, "auto", "measured"):
+            raise ValueError(f"compile must be True, False, 'auto' or 'measured', got {compile!r}")
         self.decode_options = resolve(self.compiled.spec.decode_options,
                                       {**(decode_options or {}), "compile": compile, "skinny_matmul": skinny_gemm})
         if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
@@ -71,13 +71,14 @@ class Engine:
 
             # compile "auto": compiled only for batches where it measured faster than eager
             # (<= AUTO_MAX_BATCH rows); larger batches run the eager step on the same caches.
+            # "measured": every batch-size bucket times both and keeps the faster (measured_gate.py).
             from .compiled_decode import AUTO_MAX_BATCH
 
             o = self.decode_options
             self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
                                                   kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
                                                   max_batch=AUTO_MAX_BATCH if o["compile"] == "auto" else None,
-                                                  skinny_table=o["skinny_table"])
+                                                  skinny_table=o["skinny_table"], measured=o["compile"] == "measured")
         self._show_compile_pass()
         if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
             max_batch, batch_prefill = 1, False

@@ -83,8 +83,8 @@ class ModelRunner:
         """Run the step's prefill groups (Schedule.groups: (request, n_tokens) chunks; a group of
         several is whole prompts in one left-padded forward). One PrefillDone per chunk, in order."""
         out = []
-        if groups and self.speculator is not None:
-            self.speculator.busy()
+        if groups:
+            self._busy()
         for group in groups:
             if len(group) > 1:
                 reqs = [r for r, _ in group]
@@ -206,6 +206,7 @@ class ModelRunner:
 
     # -- decode batch membership ------------------------------------------------------
     def _join_rows(self, reqs: list[Request], caches: list) -> None:
+        self._busy()
         if self.speculator is not None:
             self.speculator.settle(self)  # a pipelined verify assumed the old rows
         if self.caches is None or not self.rows:
@@ -261,6 +262,7 @@ class ModelRunner:
         keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
         if len(keep) == len(self.rows):
             return
+        self._busy()
         if self.speculator is not None:
             self.speculator.settle(self)  # before the rows' KV is stored or filtered
         if self.prefix_io is not None:  # their prompt + output KV into the prefix cache first
@@ -328,18 +330,36 @@ class ModelRunner:
         """
         if not self.rows:
             return []
-        spec = self.speculator
+        # Measured gates time decode cycles (call to call): the speculator's (plain / verify /
+        # pipelined) and compile="measured"'s (compiled / eager); runtime/measured_gate.py.
+        spec, cg = self.speculator, getattr(self.compiled.decode, "gate", None)
         if spec is not None:
             spec.begin_cycle()
+        if cg is not None:
+            cg.begin()
+        self._verified = False
         out = self._decode(spec)
         if spec is not None:
             spec.end_cycle(out)
+        if cg is not None:
+            cg.tokens(len(out))
+            if self._verified:  # a verify step says nothing about the plain step's compile
+                cg.dirty()
         return out
+
+    def _busy(self) -> None:
+        """This decode cycle also prefilled or changed the batch: no gate times it."""
+        if self.speculator is not None:
+            self.speculator.busy()
+        cg = getattr(self.compiled.decode, "gate", None)
+        if cg is not None:
+            cg.dirty()
 
     def _decode(self, spec) -> list[tuple[Request, int, dict | None]]:
         if spec is not None and self.pending is None:
             emitted = spec.step_batch(self)  # a verify step: several tokens per row, or None
             if emitted is not None:
+                self._verified = True
                 return emitted
         cur = self.pending if self.pending is not None else self._launch()
         # Speculative rows need the host between steps (variable acceptance): no chain into them.

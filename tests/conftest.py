@@ -44,7 +44,7 @@ def client(server):
 @pytest.fixture(autouse=True)
 def _speculation_ungated(monkeypatch):
     """Tests count verify steps: engines built in-process verify whenever a row drafts, instead of
-    letting the measured gate (runtime/speculative/gate.py) pick by this machine's timings.
+    letting the measured gate (runtime/measured_gate.py) pick by this machine's timings.
     tests/test_spec_gate.py turns it on explicitly."""
     from graphc.runtime.speculative import speculator
 

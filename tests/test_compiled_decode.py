@@ -66,6 +66,49 @@ def test_auto_compiles_small_batches_only_and_stays_exact(llama, monkeypatch):
     assert d.max_batch == 2 and d.compiled_steps > 0 and d.fallback_steps > 0
 
 
+def _measured_engine(llama, cost: dict, **kw):
+    """compile="measured" with a fake clock: a decode cycle costs cost[arm] seconds (a test cannot
+    rely on this machine's timings)."""
+    eng = Engine.load(llama, prefill_chunk=32, compile="measured", **kw)
+    gate = eng.compiled.decode.gate
+    now = [0.0]
+    gate.clock = lambda: now[0]
+    decode = eng.runner.decode
+
+    def timed():
+        out = decode()
+        now[0] += cost[gate._cur[0]] if gate._cur else 1.0
+        return out
+
+    eng.runner.decode = timed
+    return eng
+
+
+@pytest.mark.parametrize("faster", ["compiled", "eager"])
+def test_measured_compile_keeps_the_faster_step_per_batch_size_and_stays_exact(llama, faster):
+    slower = "eager" if faster == "compiled" else "compiled"
+    eng = _measured_engine(llama, {faster: 1.0, slower: 2.0}, max_batch=2)
+    prompts = random_prompts(3, eng.vocab_size, [5, 40, 17], seed=4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in [150, 110, 60]]
+    res = eng.generate(prompts, params)
+    for p, r, n in zip(prompts, res, [150, 110, 60]):
+        assert r.token_ids == reference_greedy(eng.model, p, n)
+    d = eng.compiled.decode
+    rates = d.gate.rates()
+    assert all(r[faster][0] > r[slower][0] for r in rates.values() if slower in r) and rates
+    runs = {"compiled": d.compiled_steps, "eager": d.fallback_steps}
+    assert runs[faster] > 3 * runs[slower] > 0  # the slower one ran only while exploring
+
+
+def test_measured_compile_is_a_decode_option(llama):
+    from graphc.compiler.decode_options import problems
+
+    assert problems({"compile": "measured"}) == [] and problems({"compile": "sometimes"})
+    eng = Engine.load(llama, compile="measured")
+    line = dict(eng.compiled.decode.plan.passes)["compile"]
+    assert "measured" in line
+
+
 def test_compile_rejects_an_unknown_mode(llama):
     with pytest.raises(ValueError, match="'auto'"):
         Engine.load(llama, compile="fast")

@@ -1,11 +1,11 @@
-"""The measured gate (runtime/speculative/gate.py): per batch-size bucket it runs the arm —
+"""The measured gate (runtime/measured_gate.py): per batch-size bucket it runs the arm —
 plain, verify, pipelined — that produced tokens fastest, explores the others now and then,
 and never changes the tokens."""
 
 from __future__ import annotations
 
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.speculative.gate import ArmGate, bucket
+from graphc.runtime.measured_gate import ArmGate, bucket
 from helpers import reference_greedy
 
 

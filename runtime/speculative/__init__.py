@@ -4,7 +4,6 @@
     prompt_lookup.py n-gram drafting over each row's prompt + output (host-side, plain Python)
     draft_model.py   drafting with a small model of the same tokenizer, on its own per-row caches
     config.py        the `speculative` setting of a request / engine, validated
-    gate.py          the measured gate: plain, verify or pipelined per batch size, by measured tokens/s
     speculator.py    per-batch decision (who drafts, when it is off), the verify step, rollback, stats
 
 The verification itself is the graph's `verify` node (compiler/ops/speculative.py).

@@ -49,7 +49,7 @@ from graphc.compiler.lower import StepInputs
 
 from ..batch_sampling import needs_sampler
 from .config import OFF, SpecConfig, parse_speculative
-from .gate import ArmGate
+from ..measured_gate import ArmGate
 from .prompt_lookup import NgramIndex
 
 log = logging.getLogger("graphc.speculative")
@@ -110,8 +110,8 @@ def default_pipeline() -> bool:
 
 
 def default_adaptive() -> bool:
-    """The measured gate (gate.py) is on by default everywhere: what wins depends on the
-    device, the model and the traffic, which the gate measures and no default knows."""
+    """The measured gate (runtime/measured_gate.py) is on by default everywhere: what wins
+    depends on the device, the model and the traffic, which it measures and no default knows."""
     return True
 
 
@@ -153,8 +153,8 @@ class Speculator:
         self.min_acceptance = min_acceptance
         self.cooldown = cooldown
         self.pipeline = default_pipeline() if pipeline is None else bool(pipeline)
-        # Plain, verify or pipelined per batch-size bucket, by measured tokens/s (gate.py); None:
-        # verify whenever a row drafted (pipelined when `pipeline`).
+        # Plain, verify or pipelined per batch-size bucket, by measured tokens/s
+        # (runtime/measured_gate.py); None: verify whenever a row drafted (pipelined when `pipeline`).
         self.gate = ArmGate() if (default_adaptive() if adaptive is None else adaptive) else None
         self._inflight: _Verify | None = None  # a pipelined verify, built assuming full acceptance
         # Host seconds spent in verify steps, by part (the bench reports them per verify step):
@@ -233,7 +233,7 @@ class Speculator:
         """`out`: the cycle's (request, token, logprobs) list. The gate is credited with the
         progress of the batch's *slowest* row times its rows: speculation must not make any
         request slower, and a row that accepts nothing gets one token from a verify step that
-        costs more than a plain one (gate.py)."""
+        costs more than a plain one (runtime/measured_gate.py)."""
         if self.gate is not None and out:
             per: dict = {}
             for r, _, _ in out:

@@ -1,5 +1,7 @@
 """The measured gate: per batch size, decode plainly, verify, or verify pipelined — whichever
-has been producing tokens fastest on this machine, for this model and this traffic.
+has been producing tokens fastest on this machine, for this model and this traffic. (The same
+gate, with arms "compiled" / "eager", picks the decode step for `compile="measured"`:
+runtime/compiled_decode.py.)
 
 Whether speculation pays depends on numbers no static rule knows: the device's cost of a
 k + 1-position forward against a one-position step (on the H200 a quantized model's verify
@@ -65,7 +67,7 @@ class _Arm:
 
 @attrs.define
 class _Bucket:
-    arms: dict = attrs.field(factory=lambda: {a: _Arm() for a in ARMS})
+    arms: dict  # name -> _Arm
     cycles: int = 0  # measured cycles in this bucket
     explored: int = 0  # exploration stretches so far (which arm is next in turn)
 
@@ -75,8 +77,11 @@ class ArmGate:
     RUN = 4
     EXPLORE_EVERY = 64
 
-    def __init__(self, clock=time.perf_counter):
+    def __init__(self, clock=time.perf_counter, arms: tuple = ARMS):
+        # `arms`: the choices, in the order untried ones are explored (compiled_decode.py's
+        # measured compile uses ("compiled", "eager")).
         self.clock = clock
+        self.arm_names = tuple(arms)
         self._buckets: dict[int, _Bucket] = {}
         self._cur: tuple | None = None  # (arm, bucket, first of its stretch) of the running cycle
         self._next: tuple | None = None  # the same, decided during this cycle for the next one
@@ -127,8 +132,8 @@ class ArmGate:
         if self._last is not None and self._last == (self._last[0], b) and self._last[0] in available and self._left > 0:
             self._left -= 1
             return self._last[0], b, False
-        st = self._buckets.setdefault(b, _Bucket())
-        arms = [a for a in ARMS if a in available]
+        st = self._buckets.get(b) or self._buckets.setdefault(b, _Bucket({a: _Arm() for a in self.arm_names}))
+        arms = [a for a in self.arm_names if a in available]
         arm = next((a for a in arms if st.arms[a].samples < self.MIN_SAMPLES), None)
         if arm is None:
             arm = max(arms, key=lambda a: st.arms[a].rate)
