@@ -132,6 +132,19 @@ def test_sharded_compile_turns_projection_fusion_off():
         _check_options({"compile": True, "decode_options": {"fuse_projections": True}})
 
 
+def test_sharded_engines_take_no_timing_based_decisions():
+    """Ranks replay rank 0's steps from the same state: a choice made by timing could differ."""
+    from graphc.runtime.distributed.load import _check_options
+
+    kw = {}
+    _check_options(kw)
+    assert kw["spec_adaptive"] is False
+    with pytest.raises(ValueError, match="measured"):
+        _check_options({"compile": "measured"})
+    with pytest.raises(ValueError, match="spec_adaptive"):
+        _check_options({"spec_adaptive": True})
+
+
 def test_nccl_launch_turns_cuda_graphs_off(monkeypatch):
     from graphc.runtime.distributed.group import direct_launches_for_nccl
 

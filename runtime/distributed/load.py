@@ -106,7 +106,18 @@ def _start(group, watchdog: Watchdog, loaded, error, graph, timeout, heartbeat_s
 def _check_options(kwargs: dict) -> None:
     """Options a sharded engine takes differently. compile: the decode forward is traced through
     the model's own sharded layers (their all_sums included), so projection fusion, which would
-    read the layers' weights around them, is turned off."""
+    read the layers' weights around them, is turned off. Every rank replays rank 0's steps and
+    must take the same decisions from the same state, so nothing may be chosen by timing: the
+    speculative gate is off and compile="measured" is refused (runtime/measured_gate.py)."""
+    if kwargs.get("compile") == "measured":
+        raise ValueError("compile='measured' is not supported with distributed=True: each rank would time its "
+                         "own steps and could pick another step than rank 0, so their collectives would not "
+                         "match; use compile=True or 'auto'")
+    if kwargs.get("spec_adaptive"):
+        raise ValueError("spec_adaptive is not supported with distributed=True: each rank would time its own "
+                         "steps and could verify where rank 0 does not; leave it unset (verify whenever a row "
+                         "drafted)")
+    kwargs["spec_adaptive"] = False
     if kwargs.get("compile"):
         opts = dict(kwargs.get("decode_options") or {})
         if opts.get("fuse_projections"):
