@@ -81,18 +81,19 @@ def test_buckets_are_measured_apart():
     assert nxt.count("plain") >= 40 - ArmGate.RUN  # at most one exploring stretch
 
 
-def _engine_with_costs(model_dir, verify_seconds: float):
-    """An engine whose gate sees a fake clock: a plain cycle costs 1 s, a verify cycle
-    `verify_seconds` (a test cannot rely on this machine's timings)."""
+def _engine_with_costs(model_dir, verify_seconds: float = 1.0, cost: dict | None = None, pipeline: bool = False):
+    """An engine whose gate sees a fake clock: a cycle costs cost[arm] seconds (default: plain 1 s,
+    verify `verify_seconds`); a test cannot rely on this machine's timings."""
     eng = Engine.load(model_dir("llama"), prefill_chunk=64, spec_max_tokens=64, spec_adaptive=True,
-                      spec_pipeline=False)
+                      spec_pipeline=pipeline)
+    cost = cost or {"plain": 1.0, "verify": verify_seconds}
     spec = eng.speculator
     clock = Clock()
     spec.gate.clock = clock
     end = spec.end_cycle
 
     def end_cycle(tokens):
-        clock.now += verify_seconds if spec.gate._cur and spec.gate._cur[0] != "plain" else 1.0
+        clock.now += cost[spec.gate._cur[0]] if spec.gate._cur else 1.0
         end(tokens)
 
     spec.end_cycle = end_cycle
@@ -129,19 +130,8 @@ def test_engine_gate_keeps_speculation_where_it_wins(model_dir):
 def test_engine_gate_with_pipelined_arm_keeps_tokens(model_dir):
     """Three arms; pipelined cycles cost least: the gate settles there, switching arms (and so
     discarding or skipping pipelined verifies) along the way without changing a token."""
-    eng = Engine.load(model_dir("llama"), prefill_chunk=64, spec_max_tokens=64, spec_adaptive=True,
-                      spec_pipeline=True)
+    eng = _engine_with_costs(model_dir, cost={"plain": 1.0, "verify": 2.0, "pipelined": 1.2}, pipeline=True)
     spec = eng.speculator
-    clock = Clock()
-    spec.gate.clock = clock
-    end = spec.end_cycle
-    cost = {"plain": 1.0, "verify": 2.0, "pipelined": 1.2}
-
-    def end_cycle(tokens):
-        clock.now += cost[spec.gate._cur[0]] if spec.gate._cur else 1.0
-        end(tokens)
-
-    spec.end_cycle = end_cycle
     p = list(range(5, 17)) * 3
     ref = reference_greedy(eng.model, p, 200)
     wrong = {7, 19, 30, 31, 60, 90}  # some drafts rejected: pipelined verifies discarded there
