@@ -364,7 +364,7 @@ class Speculator:
             if st is None or st.cfg.method == "draft_model" or stops.intersection(d):  # the row may end here
                 drafts.append([])
                 continue
-            n_out = len(r.output_ids) + cur.L  # after this step: its drafts and the bonus token
+            n_out = len(r.output_ids) + D + 1  # after this step: its drafts and the bonus token
             k = min(st.k, r.params.max_tokens - n_out - 1, k_cap)
             drafts.append(self._guess(r, st, d, k) if k > 0 else [])
         if not any(drafts):
