@@ -51,7 +51,7 @@ def test_compile_auto_says_which_batches_it_compiles(model_dir):
 
 
 @pytest.mark.parametrize("options, message", [
-    ("{compile: yes please}", "decode option 'compile' must be true, false or auto"),
+    ("{compile: yes please}", "decode option 'compile' must be true, false, auto or measured"),
     ("{compiled: true}", "unknown decode option 'compiled'"),
     ("[compile]", "`decode` must be a mapping"),
 ])
