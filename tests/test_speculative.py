@@ -378,3 +378,36 @@ def test_default_draft_length_follows_the_device(monkeypatch):
     monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
     assert SpecConfig().num_draft_tokens == 8
     assert parse_speculative("prompt_lookup", 3).num_draft_tokens == 3
+
+
+def test_bench_dequantize_measures_the_same_weights_unquantized(model_dir, tmp_path):
+    """`graphc bench --user-api --dequantize`: a quantized folder runs with its weights dequantized
+    (no quantized layer left, the same logits within rounding); a folder that is not quantized is
+    refused with the reason."""
+    import json
+    import shutil
+
+    import mlx.nn as nn
+    import mlx_lm
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    from graphc.runtime.bench.shapes import load_shape
+
+    src = model_dir("llama")
+    model, _ = mlx_lm.load(str(src))
+    config = json.loads((src / "config.json").read_text())
+    model, config = quantize_model(model, config, group_size=32, bits=8)
+    q = tmp_path / "q8"
+    q.mkdir()
+    save_model(q, model)
+    save_config(config, q / "config.json")
+    for f in src.iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+            shutil.copy(f, q / f.name)
+    deq, _, cfg, label = load_shape(str(q), "float32", dequantize=True)
+    assert "quantization" not in cfg and "dequantized to float32" in label
+    assert not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in deq.named_modules())
+    toks = mx.array([[3, 5, 7, 9]])
+    assert mx.allclose(deq(toks), model(toks), atol=1e-3, rtol=1e-3).item()
+    with pytest.raises(SystemExit, match="not quantized"):
+        load_shape(str(src), "float32", dequantize=True)

@@ -17,7 +17,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", default="tiny",
                    help="a shape (tiny, llama-3.2-1b, llama-3.1-8b: random weights in memory) or a model folder")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
-                   help="weights dtype for random shapes")
+                   help="weights dtype for random shapes (and for --dequantize)")
+    p.add_argument("--dequantize", action="store_true",
+                   help="--user-api with a quantized model folder or .gguf: measure it with its weights "
+                        "dequantized to --dtype (the same weights unquantized, e.g. a bf16 stand-in for a "
+                        "model at hand only quantized)")
     p.add_argument("--workloads", default=",".join(WORKLOADS),
                    help=f"comma-separated subset of {','.join(WORKLOADS)}")
     p.add_argument("--batches", type=_ints, default=(1, 8, 32, 64), help="decode batch sizes")
@@ -88,7 +92,7 @@ def cmd_user_api(args) -> int:
                      workloads=wl, compile=args.compile is not False, seed=args.seed,
                      num_draft_tokens=args.num_draft_tokens)
     env = environment()
-    model, tokenizer, config, label = load_shape(args.model, args.dtype, args.seed)
+    model, tokenizer, config, label = load_shape(args.model, args.dtype, args.seed, dequantize=args.dequantize)
     try:
         result = run_user_api(model, tokenizer, config, cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
     except ValueError as e:
@@ -108,6 +112,8 @@ def cmd_bench(args) -> int:
         skinny_matmul.load_table(args.skinny_table)
     if args.user_api:
         return cmd_user_api(args)
+    if args.dequantize:
+        raise SystemExit("graphc bench: --dequantize applies to --user-api runs")
     from .report import plot, tables, write_json
     from .run import WORKLOADS, BenchConfig, run_bench
 

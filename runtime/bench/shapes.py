@@ -104,8 +104,10 @@ def weight_bytes(model) -> int:
     return sum(p.nbytes for _, p in tree_flatten(model.parameters()))
 
 
-def load_shape(name_or_dir: str, dtype: str = "bfloat16", seed: int = 0):
-    """(model, tokenizer, config, label) for a shape name or a model folder."""
+def load_shape(name_or_dir: str, dtype: str = "bfloat16", seed: int = 0, dequantize: bool = False):
+    """(model, tokenizer, config, label) for a shape name or a model folder. `dequantize`: a
+    quantized folder (or .gguf) is measured with its weights dequantized to `dtype` — the same
+    weights unquantized, e.g. a bf16 stand-in for a trained model that is at hand only quantized."""
     if name_or_dir in SHAPES:
         cfg = dict(SHAPES[name_or_dir])
         model = random_model(cfg, getattr(mx, dtype), seed)
@@ -119,4 +121,15 @@ def load_shape(name_or_dir: str, dtype: str = "bfloat16", seed: int = 0):
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(str(path))
-    return model, tokenizer, json.loads((path / "config.json").read_text()), path.name
+    config = json.loads((path / "config.json").read_text())
+    if not dequantize:
+        return model, tokenizer, config, path.name
+    from mlx_lm.utils import dequantize_model
+
+    if "quantization" not in config:
+        raise SystemExit(f"graphc bench: --dequantize: '{name_or_dir}' is not quantized (no `quantization` in its config)")
+    model = dequantize_model(model)
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    config = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config")}
+    return model, tokenizer, config, f"{path.name} (dequantized to {dtype})"
