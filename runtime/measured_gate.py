@@ -1,33 +1,36 @@
-"""The measured gate: per batch size, decode plainly, verify, or verify pipelined — whichever
-has been producing tokens fastest on this machine, for this model and this traffic. (The same
-gate, with arms "compiled" / "eager", picks the decode step for `compile="measured"`:
-runtime/compiled_decode.py.)
+"""The measured gate: per batch-size bucket, the arm whose decode cycles have been producing
+tokens fastest on this machine, for this model and this traffic. Two users:
+
+- the speculator (runtime/speculative/speculator.py): arms "plain", "verify", "pipelined";
+- `compile="measured"` (runtime/compiled_decode.py): arms "compiled", "eager".
 
 Whether speculation pays depends on numbers no static rule knows: the device's cost of a
 k + 1-position forward against a one-position step (on the H200 a quantized model's verify
-cost 2.0–2.4 plain steps, on a 2-core CPU k + 1), the acceptance the traffic gets (grounded
-prompts accept 60–95 % of drafts, random ones ~0), the batch size, and for pipelining how
-often every row accepts everything. So the gate measures instead of predicting.
+cost 2.0–2.4 plain steps, on a 2-core CPU about k + 1), the acceptance the traffic gets
+(grounded prompts accept 60–95 % of drafts, random ones ~0), the batch size, and for
+pipelining how often every row accepts everything. Whether compiling pays moves with the
+model and the batch (docs/performance.md). So the gate measures instead of predicting.
 
-Each *cycle* is one `ModelRunner.decode` call: its wall time runs to the next call, and it
-is credited with its rows times the tokens its slowest row got (Speculator.end_cycle). Not the
-total: in a batch where some rows accept long drafts and one accepts none, verifying raises the
-total while that one row gets a token per (dearer) verify step instead of per plain step — on
-the H200 a fixed batch of 16 grounded prompts finished 0.77-0.81x slower that way (run 11),
-its stragglers setting the time. Crediting the slowest row means speculation runs only where
-no request is slowed by it; at batch 1 it is the plain token rate. A cycle belongs to an *arm* — "plain" (no verify),
-"verify" or "pipelined" (verify steps queued behind each other, speculator.py) — chosen per
-batch-size bucket. Arms run in stretches of `RUN` cycles; the first cycle of a stretch is not
-measured (it pays the switch: the first plain step after a verify is unchained, the first
-pipelined verify has nothing queued yet), and neither is a cycle in which a prompt was
-prefilled or the batch changed (the runner marks those). Per (bucket, arm) the gate keeps the
-last WINDOW cycles' tokens and seconds; an arm's rate is their ratio, leaving out cycles that
-took over 3x the median (a kernel compiled for a new shape, a GC pause).
+Each *cycle* is one `ModelRunner.decode` call; its wall time runs to the next call. The
+speculator credits it with its rows times the tokens its slowest row got
+(Speculator.end_cycle), not the total: in a batch where some rows accept long drafts and one
+accepts none, verifying raises the total while that one row gets a token per (dearer) verify
+step instead of per plain step — on the H200 a fixed batch of 16 grounded prompts finished
+0.57–0.81x slower that way (run 11), its stragglers setting the time. Crediting the slowest row
+means speculation runs only where no request is slowed by it; at batch 1 it is the token
+rate. The compile gate credits every token (both arms emit one per row).
 
-Choice: an arm with fewer than `MIN_SAMPLES` measured cycles runs first (plain, verify,
-pipelined, in that order); after that the fastest arm runs, except for one `RUN`-cycle stretch
-of another arm every `EXPLORE_EVERY` cycles (in turn), so a change in traffic is noticed. The
-gate never changes which tokens come out, only how they are computed.
+Arms run in stretches of `RUN` cycles; the first cycle of a stretch is not measured (it pays
+the switch: the first plain step after a verify is unchained, the first pipelined verify has
+nothing queued yet), and neither is a cycle in which a prompt was prefilled, the batch changed
+or (for the compile gate) a verify ran — the runner marks those. Per (bucket, arm) the gate
+keeps the last WINDOW cycles' tokens and seconds; an arm's rate is their ratio, leaving out
+cycles that took over 3x the median (a kernel compiled for a new shape, a GC pause).
+
+Choice: an arm with fewer than `MIN_SAMPLES` measured cycles runs first (in the order the arms
+are given); after that the fastest arm runs, except for one `RUN`-cycle stretch of another arm
+every `EXPLORE_EVERY` measured cycles (in turn), so a change in traffic is noticed. The gate
+never changes which tokens come out, only how they are computed.
 """
 
 from __future__ import annotations
