@@ -127,6 +127,15 @@ def user_result(tmp_path_factory):
     return json.loads(out.read_text())
 
 
+def test_user_api_compile_measured_contestant(tmp_path):
+    out = tmp_path / "m.json"
+    assert graphc_main(["bench", "--user-api", "--model", "tiny", "--batches", "2", "--prompt-len", "8",
+                        "--short-new", "2", "--long-new", "12", "--user-repeats", "3", "--user-workloads", "decode",
+                        "--compile-measured", "--no-progress", "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())["rows"]
+    assert "graphc_measured" in row["values"] and "graphc_measured/batch_generate" in row["ratios"]
+
+
 def test_user_api_rows_cover_every_workload_batch_and_contestant(user_result):
     rows = user_result["rows"]
     decode = [r for r in rows if r["workload"] == "decode"]

@@ -18,6 +18,8 @@ def add_parser(subparsers) -> None:
                    help="a shape (tiny, llama-3.2-1b, llama-3.1-8b: random weights in memory) or a model folder")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                    help="weights dtype for random shapes (and for --dequantize)")
+    p.add_argument("--compile-measured", action="store_true",
+                   help="--user-api: also measure graphc with compile='measured' (contestant graphc_measured)")
     p.add_argument("--dequantize", action="store_true",
                    help="--user-api with a quantized model folder or .gguf: measure it with its weights "
                         "dequantized to --dtype (the same weights unquantized, e.g. a bf16 stand-in for a "
@@ -90,7 +92,7 @@ def cmd_user_api(args) -> int:
     cfg = UserConfig(batches=args.batches, prompt_len=args.prompt_len, short_new=args.short_new,
                      long_new=args.long_new, repeats=args.user_repeats, prefill_cases=_cases(args.prefill_cases),
                      workloads=wl, compile=args.compile is not False, seed=args.seed,
-                     num_draft_tokens=args.num_draft_tokens)
+                     num_draft_tokens=args.num_draft_tokens, measured=args.compile_measured)
     env = environment()
     model, tokenizer, config, label = load_shape(args.model, args.dtype, args.seed, dequantize=args.dequantize)
     try:

@@ -4,8 +4,9 @@ Where `graphc bench` times decode windows inside a warm engine (GC off, prefill 
 this suite times whole public calls, as an application sees them:
 
 - graphc: `Engine.generate(prompts, SamplingParams(...))` on one Engine kept across calls
-  (defaults otherwise: prefix cache on, default `prefill_chunk`), with `compile=True` and
-  with `compile="auto"` (compiled only up to 16 rows);
+  (defaults otherwise: prefix cache on, default `prefill_chunk`), with `compile=True`,
+  with `compile="auto"` (compiled only up to 16 rows) and, with `--compile-measured`, with
+  `compile="measured"` (compiled or eager per batch size by timing, runtime/measured_gate.py);
 - mlx-lm: `mlx_lm.batch_generate` (with `completion_batch_size` >= the batch, so every row
   decodes together), and a plain loop over the mlx-lm model and its KV cache;
 
@@ -55,6 +56,7 @@ class UserConfig:
     compile: bool = True
     seed: int = 0
     num_draft_tokens: int | None = None  # grounded: k (None: the default)
+    measured: bool = False  # also graphc with compile="measured" (contestant graphc_measured)
 
 
 # -- the contestants, each one public call -----------------------------------------------------
@@ -174,6 +176,7 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     graphc = GraphcUser(model, tokenizer, config)
     compiled = GraphcUser(model, tokenizer, config, compile=True) if cfg.compile else None
     auto = GraphcUser(model, tokenizer, config, compile="auto") if cfg.compile else None
+    measured = GraphcUser(model, tokenizer, config, compile="measured") if cfg.compile and cfg.measured else None
     contestants: dict[str, Callable] = {
         "graphc": lambda ps, n, s=None: graphc.generate(ps, n, s),
         "batch_generate": lambda ps, n, s=None: batch_generate(model, tokenizer, ps, n, s),
@@ -181,6 +184,8 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     if compiled is not None:
         contestants["graphc_compiled"] = lambda ps, n, s=None: compiled.generate(ps, n, s)
         contestants["graphc_auto"] = lambda ps, n, s=None: auto.generate(ps, n, s)
+    if measured is not None:
+        contestants["graphc_measured"] = lambda ps, n, s=None: measured.generate(ps, n, s)
     contestants["plain"] = lambda ps, n, s=None: plain_loop(model, ps, n)
     k = cfg.long_new - cfg.short_new
 
@@ -213,7 +218,7 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                "values": stats, "tok_per_s": {n: B * 1e3 / s["median"] for n, s in stats.items() if s},
                "ratios": {}}
         for base in ("batch_generate", "plain", "graphc"):
-            for g in ("graphc", "graphc_compiled", "graphc_auto"):
+            for g in ("graphc", "graphc_compiled", "graphc_auto", "graphc_measured"):
                 if g != base and g in stats and base in stats:
                     c = compare(stats[g], stats[base])
                     if c:
@@ -266,7 +271,7 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                                         "graphc/plain": compare(stats["graphc"], stats["plain"], lower)}})
             log(f"[user-api] prefill {n}x{L}: TTFT graphc {median(ttft['graphc']):.1f} ms, "
                 f"BatchGenerator {median(ttft['batchgen']):.1f} ms")
-    del graphc, compiled, auto
+    del graphc, compiled, auto, measured
     C.free()
     return {"user_api": attrs.asdict(cfg), "rows": rows, "notes": notes}
 
