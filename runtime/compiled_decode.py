@@ -192,8 +192,7 @@ class CompiledDecode:
         advanced by L columns; None where the batch is not eligible (the eager step runs it).
         One trace per (batch size, L, capacity bucket): the speculator pads L to a few sizes."""
         B, L = tokens.shape
-        if (self.verify_node is None or (self.max_batch is not None and B > self.max_batch) or not caches
-                or not all(type(c) is FullKV and c.keys is not None for c in caches)):
+        if self.verify_node is None or (self.max_batch is not None and B > self.max_batch) or not _fixed(caches):
             return None
         self._fit(caches, caches[0].idx + L)
         first = caches[0]
@@ -221,8 +220,7 @@ class CompiledDecode:
         caches = inputs.caches
         if self.max_batch is not None and inputs.tokens.shape[0] > self.max_batch:
             return False
-        if not (inputs.tokens.ndim == 2 and inputs.tokens.shape[1] == 1 and bool(caches)
-                and all(type(c) is FullKV and c.keys is not None for c in caches)):
+        if not (inputs.tokens.ndim == 2 and inputs.tokens.shape[1] == 1 and _fixed(caches)):
             return False
         return self.gate is None or self.gate.current(inputs.tokens.shape[0], self.gate.arm_names) == "compiled"
 
@@ -257,6 +255,11 @@ class CompiledDecode:
 
     def __call__(self, inputs: StepInputs):
         return self.head(self.forward(inputs))
+
+
+def _fixed(caches: list) -> bool:
+    """Every layer keeps plain FullKV buffers that are already allocated: what a trace can take."""
+    return bool(caches) and all(type(c) is FullKV and c.keys is not None for c in caches)
 
 
 def _reshape_capacity(c: FullKV, cap: int) -> None:

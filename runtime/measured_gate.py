@@ -113,6 +113,12 @@ class ArmGate:
         """This cycle also did other work (a prefill, rows joining or leaving): not a sample."""
         self._clean = False
 
+    @property
+    def measuring(self) -> bool:
+        """Whether the running cycle can become a sample (an arm was chosen for it and it is not
+        the first of its stretch): callers skip counting its tokens otherwise."""
+        return self._cur is not None and not self._cur[2]
+
     def tokens(self, n: int) -> None:
         """The tokens this cycle's decode returned."""
         self._tokens += n
@@ -132,10 +138,12 @@ class ArmGate:
 
     def _choose(self, batch: int, available: tuple) -> tuple:
         b = bucket(batch)
-        if self._last is not None and self._last == (self._last[0], b) and self._last[0] in available and self._left > 0:
-            self._left -= 1
+        if self._last is not None and self._last[1] == b and self._last[0] in available and self._left > 0:
+            self._left -= 1  # the stretch goes on
             return self._last[0], b, False
-        st = self._buckets.get(b) or self._buckets.setdefault(b, _Bucket({a: _Arm() for a in self.arm_names}))
+        if b not in self._buckets:
+            self._buckets[b] = _Bucket({a: _Arm() for a in self.arm_names})
+        st = self._buckets[b]
         arms = [a for a in self.arm_names if a in available]
         arm = next((a for a in arms if st.arms[a].samples < self.MIN_SAMPLES), None)
         if arm is None:

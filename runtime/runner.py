@@ -77,6 +77,7 @@ class ModelRunner:
         # Speculative decoding (runtime/speculative/): set by the Engine when it is available;
         # it runs verify steps instead of plain decode steps for batches it takes.
         self.speculator = None
+        self._verified = False  # the current decode cycle ran a verify step (the measured gates ask)
 
     # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
     def run_prefill(self, groups: list) -> list[PrefillDone]:
@@ -340,7 +341,7 @@ class ModelRunner:
         self._verified = False
         out = self._decode(spec)
         if spec is not None:
-            spec.end_cycle(out)
+            spec.end_cycle(out, self._verified)
         if cg is not None:
             cg.tokens(len(out))
             if self._verified:  # a verify step says nothing about the plain step's compile

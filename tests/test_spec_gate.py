@@ -92,9 +92,9 @@ def _engine_with_costs(model_dir, verify_seconds: float = 1.0, cost: dict | None
     spec.gate.clock = clock
     end = spec.end_cycle
 
-    def end_cycle(tokens):
+    def end_cycle(out, verified):
         clock.now += cost[spec.gate._cur[0]] if spec.gate._cur else 1.0
-        end(tokens)
+        end(out, verified)
 
     spec.end_cycle = end_cycle
     return eng

@@ -411,3 +411,5 @@ def test_bench_dequantize_measures_the_same_weights_unquantized(model_dir, tmp_p
     assert mx.allclose(deq(toks), model(toks), atol=1e-3, rtol=1e-3).item()
     with pytest.raises(SystemExit, match="not quantized"):
         load_shape(str(src), "float32", dequantize=True)
+    with pytest.raises(SystemExit, match="random unquantized"):
+        load_shape("tiny", "float32", dequantize=True)

@@ -112,7 +112,8 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
                "verify_steps": d.get("spec_steps", 0), "pipelined_verify_steps": d.get("spec_pipelined_steps", 0),
                "pipeline_discards": d.get("spec_pipeline_discards", 0),
                # host ms per verify step, by part (Speculator.timing)
-               "verify_ms": {key: 1e3 * v / d["spec_steps"] for key, v in timing.items()} if d.get("spec_steps") else None,
+               "verify_ms": ({key: 1e3 * v / d["spec_steps"] for key, v in timing.items()}
+                             if d.get("spec_steps") else None),
                # What the measured gate saw (tokens/s, samples per arm and batch bucket), if on.
                "gate": ({str(b): {a: list(v) for a, v in arms.items()} for b, arms in gate.rates().items()}
                         if gate is not None else None),
@@ -120,7 +121,8 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
         rows.append(row)
         extra = f" (ungated {stats['ungated']['median']:.1f})" if "ungated" in stats else ""
         log(f"[user-api] grounded B={B}: plain {stats['plain']['median']:.1f} tok/s, speculative "
-            f"{stats['speculative']['median']:.1f} tok/s{extra}, acceptance {acc:.2f}, {per_step:.2f} tokens/verify step")
+            f"{stats['speculative']['median']:.1f} tok/s{extra}, acceptance {acc:.2f}, "
+            f"{per_step:.2f} tokens/verify step")
     eng.speculator.gate = gate
     del eng
     C.free()

@@ -109,6 +109,9 @@ def load_shape(name_or_dir: str, dtype: str = "bfloat16", seed: int = 0, dequant
     quantized folder (or .gguf) is measured with its weights dequantized to `dtype` — the same
     weights unquantized, e.g. a bf16 stand-in for a trained model that is at hand only quantized."""
     if name_or_dir in SHAPES:
+        if dequantize:
+            raise SystemExit(f"graphc bench: --dequantize: the shape '{name_or_dir}' has random unquantized weights; "
+                             "give a quantized model folder or .gguf")
         cfg = dict(SHAPES[name_or_dir])
         model = random_model(cfg, getattr(mx, dtype), seed)
         return model, IdTokenizer(), cfg, name_or_dir
@@ -127,7 +130,8 @@ def load_shape(name_or_dir: str, dtype: str = "bfloat16", seed: int = 0, dequant
     from mlx_lm.utils import dequantize_model
 
     if "quantization" not in config:
-        raise SystemExit(f"graphc bench: --dequantize: '{name_or_dir}' is not quantized (no `quantization` in its config)")
+        raise SystemExit(f"graphc bench: --dequantize: '{name_or_dir}' is not quantized "
+                         "(no `quantization` in its config)")
     model = dequantize_model(model)
     model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())

@@ -14,8 +14,9 @@ class NgramIndex:
     """Per-row index over one growing token sequence.
 
     `draft(tokens, k)`: `tokens` is the row's whole sequence so far (it only ever grows by
-    appending; `known` marks where the real part ends when the tail is assumed). Returns up to k tokens that followed the most recent earlier occurrence of the
-    longest suffix n-gram (max_ngram down to min_ngram), or [] when none occurred before."""
+    appending; `known` marks where the real part ends when the tail is assumed). Returns up to
+    k tokens that followed the most recent earlier occurrence of the longest suffix n-gram
+    (max_ngram down to min_ngram), or [] when none occurred before."""
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 2):
         if not 1 <= min_ngram <= max_ngram:

@@ -229,16 +229,22 @@ class Speculator:
         if self.gate is not None:
             self.gate.begin()
 
-    def end_cycle(self, out: list) -> None:
-        """`out`: the cycle's (request, token, logprobs) list. The gate is credited with the
-        progress of the batch's *slowest* row times its rows: speculation must not make any
-        request slower, and a row that accepts nothing gets one token from a verify step that
-        costs more than a plain one (runtime/measured_gate.py)."""
-        if self.gate is not None and out:
-            per: dict = {}
-            for r, _, _ in out:
-                per[id(r)] = per.get(id(r), 0) + 1
-            self.gate.tokens(len(per) * min(per.values()))
+    def end_cycle(self, out: list, verified: bool) -> None:
+        """`out`: the cycle's (request, token, logprobs) list; `verified`: a verify step made it.
+        The gate is credited with the batch's rows times its *slowest* row's tokens: speculation
+        must not make any request slower, and a row that accepts nothing gets one token from a
+        verify step that costs more than a plain one (runtime/measured_gate.py). A plain step
+        gives every row one token, so it needs no count."""
+        g = self.gate
+        if g is None or not out or not g.measuring:
+            return
+        if not verified:
+            g.tokens(len(out))
+            return
+        per: dict = {}
+        for r, _, _ in out:
+            per[id(r)] = per.get(id(r), 0) + 1
+        g.tokens(len(per) * min(per.values()))
 
     def busy(self) -> None:
         """The runner did other work this cycle (a prefill): the gate does not time it."""
