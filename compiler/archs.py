@@ -62,6 +62,13 @@ class ArchAdapter:
 
         return FusedBlocks.none(self._no_fused_reason(), total=len(self.layers))
 
+    def own_block(self, layer):
+        """`block(layer, x, cache)`: the layer run by graphc on its own weights with its attention
+        through `cache.attend` (contracts/decode_block.py), so a cache can put a kernel there
+        (runtime/kernels/decode_attention.py); None where this architecture has no such block
+        and the layer runs as mlx-lm's own module."""
+        return None
+
     def fused_decode_preview(self) -> str:
         """What `fused_decode` would give, without building any weights (the plan's note)."""
         return f"no fused blocks: {self._no_fused_reason()}"
@@ -79,6 +86,13 @@ class LlamaAdapter(ArchAdapter):
         from .fused_block import llama_blocks
 
         return llama_blocks(self.layers)
+
+    def own_block(self, layer):
+        from .fused_block import llama_block, llama_not_own_block
+
+        if llama_not_own_block(layer) is not None:
+            return None
+        return lambda layer, x, cache: llama_block(layer, None, x, cache)
 
     def fused_decode_preview(self) -> str:
         from .fused_block import llama_unfusable

@@ -54,13 +54,25 @@ class FusedBlocks:
         return out + (f"; others: {self.reason}" if self.reason and len(self.weights) < self.total else "")
 
 
-def llama_unfusable(layer) -> str | None:
-    """Why this layer cannot run as the fused llama block (None when it can)."""
+def llama_not_own_block(layer) -> str | None:
+    """Why graphc cannot run this layer as its own llama block (`llama_block`, attention through
+    `cache.attend`) on the layer's own projections (None when it can)."""
     from mlx_lm.models import llama
 
     a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if type(layer) is not llama.TransformerBlock or type(a) is not llama.Attention or type(m) is not llama.MLP:
         return f"{type(layer).__name__} is not mlx-lm's llama TransformerBlock"
+    if getattr(layer, "use_sliding", False):
+        return "a sliding-window layer"
+    return None
+
+
+def llama_unfusable(layer) -> str | None:
+    """Why this layer cannot run as the fused llama block (None when it can)."""
+    why = llama_not_own_block(layer)
+    if why is not None:
+        return why
+    a, m = layer.self_attn, layer.mlp
     projs = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
     if any(type(p) is not nn.Linear for p in projs):
         return "quantized projections (a fused block needs plain Linear weights)"
@@ -87,20 +99,29 @@ def llama_blocks(layers: list) -> FusedBlocks:
     return FusedBlocks(weights, llama_block, total=len(layers), what="q/k/v + gate/up", reason=reason)
 
 
-def llama_block(layer, w: dict, x: mx.array, cache) -> mx.array:
-    """mlx-lm's llama TransformerBlock with q/k/v and gate/up each as one matmul (same dot products)."""
+def llama_block(layer, w: dict | None, x: mx.array, cache) -> mx.array:
+    """mlx-lm's llama TransformerBlock with its attention through `cache.attend` (a kernel where
+    the cache has one). `w`: fused q/k/v and gate/up matrices (each one matmul, same dot
+    products); None: the layer's own projection modules, quantized or not — every op but the
+    attention is then the one mlx-lm's block runs."""
     a = layer.self_attn
     B, L, _ = x.shape
-    mm = cache.matmul
-    qkv = mm(layer.input_layernorm(x), w["qkv"])
-    q, k, v = mx.split(qkv, w["split"], axis=-1)
+    xn = layer.input_layernorm(x)
+    if w is None:
+        q, k, v = a.q_proj(xn), a.k_proj(xn), a.v_proj(xn)
+    else:
+        q, k, v = mx.split(cache.matmul(xn, w["qkv"]), w["split"], axis=-1)
     q = q.reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)
     k = k.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
     v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
     q = a.rope(q, offset=cache.offset)
     k = a.rope(k, offset=cache.offset)
     k, v = cache.update_and_fetch(k, v)
-    o = cache.attend(q, k, v, a.scale)
-    h = x + mm(o.transpose(0, 2, 1, 3).reshape(B, L, -1), a.o_proj.weight)
+    o = cache.attend(q, k, v, a.scale).transpose(0, 2, 1, 3).reshape(B, L, -1)
+    if w is None:
+        h = x + a.o_proj(o)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+    mm = cache.matmul
+    h = x + mm(o, a.o_proj.weight)
     g, u = mx.split(mm(layer.post_attention_layernorm(h), w["gate_up"]), 2, axis=-1)
     return h + mm(nn.silu(g) * u, layer.mlp.down_proj.weight)

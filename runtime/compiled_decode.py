@@ -47,11 +47,13 @@ class _FixedKV:
 
     Also the cache a fused decode block runs through (contracts/decode_block.py)."""
 
-    def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel, matmul):
+    def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel, matmul, blocks=None):
         self.keys, self.values = keys, values
         self.idx, self.offset, self.mask = idx, offset, mask
         self.start, self.end = start, end  # first valid column per row, one past the last
         self.fused, self.kernel = fused, kernel
+        # {id(layer): block} for unfused layers the kernel serves (decode_attention.kernel_blocks).
+        self.blocks = blocks or {}
         self.matmul = matmul  # x @ w.T for the fused block's projections (MLX's or the skinny kernel)
 
     def update_and_fetch(self, k, v):
@@ -67,6 +69,8 @@ class _FixedKV:
     # Called by the lowering's attention rule in place of `layer(h, mask, cache)`.
     def run_layer(self, layer, h, mask):
         out = self.fused.run(layer, h, self)
+        if out is None and self.kernel and id(layer) in self.blocks:  # e.g. quantized projections
+            out = self.blocks[id(layer)](layer, h, self)
         return layer(h, mask, self) if out is None else out
 
     def attend(self, q, k, v, scale):
@@ -142,6 +146,9 @@ class CompiledDecode:
 
         self.kernel_note = "off" if kernel is False else decode_attention.check()
         self.kernel = self.kernel_note is None
+        # Layers with no fused block (quantized projections) still take the kernel through the
+        # architecture's own block: MLX's attention with an array mask falls back to several kernels.
+        self.blocks = decode_attention.kernel_blocks(step.binding.adapter) if self.kernel else {}
         # The skinny matmul for the fused blocks' projections and the head: CUDA only, and
         # only once it matched MLX's matmul here (runtime/kernels/skinny_matmul.py).
         from .kernels import skinny_matmul
@@ -165,7 +172,7 @@ class CompiledDecode:
         mask = ((cols[None] <= idx) & (cols[None] >= left_pad[:, None]))[:, None, None, :]
         offset = idx - left_pad
         end = (idx + 1).reshape(1)
-        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul)
+        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks)
                  for k, v in zip(keys, values)]
         ctx = self.step.forward(StepInputs(tokens, shims, matmul=self.matmul if self.skinny else None))
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
@@ -179,8 +186,8 @@ class CompiledDecode:
         last = (idx + mx.arange(L))[None, :, None]
         mask = ((cols <= last) & (cols >= left_pad[:, None, None]))[:, None]  # [B, 1, L, C]
         offset = idx - left_pad
-        # The ragged attention kernel is single-query: verify attends through MLX's masked SDPA.
-        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, None, self.fused, False, self.matmul)
+        end = (idx + L).reshape(1)  # the kernel: query j sees columns up to end - L + j = idx + j
+        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks)
                  for k, v in zip(keys, values)]
         ctx = self.step.forward(StepInputs(tokens, shims, all_positions=True, options={"draft_lengths": lengths},
                                            matmul=self.matmul if self.skinny else None))

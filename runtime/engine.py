@@ -455,7 +455,8 @@ def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, m
     default = parse_speculative(speculative, num_draft_tokens)
     spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
                       max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats,
-                      pipeline=pipeline, adaptive=adaptive)
+                      pipeline=pipeline, adaptive=adaptive,
+                      attention_kernel=engine.decode_options["attention_kernel"])
     spec.eos_token_ids = set(engine.eos_token_ids)
     if default not in (None, "off") and spec.problem:
         logging.getLogger("graphc.engine").warning("speculative=%r is off for this model: %s", speculative,

@@ -1,16 +1,23 @@
-"""Ragged decode attention: one query per row over KV columns [start[b], end) — a CUDA kernel.
+"""Ragged attention for decode and verify steps: L new queries per row over KV columns
+[start[b], end - L + 1 + l) for query l — a CUDA kernel.
 
 Why: on MLX's CUDA backend `mx.fast.scaled_dot_product_attention` takes its fused
-one-query kernel only without an array mask; a batch whose rows are left-padded (rows
-join a running batch at different lengths) or a fixed-capacity buffer (the compiled
-decode path) needs a mask, and then MLX falls back to a slower path. This kernel takes
-each row's first valid column and the shared end column instead of a mask, so it reads
-only the columns that hold the row's context.
+one-query kernel only without an array mask and for a single query (a few, in some
+versions); a batch whose rows are left-padded (rows join a running batch at different
+lengths), a fixed-capacity buffer (the compiled decode path) or a speculative verify
+(L = k + 1 causal queries) falls back to a path of several kernels, two of them cuBLAS
+calls that each query cuBLAS's heuristics on the host: on the H200 an L = 9 attention cost
+~175 us of host encode per layer against ~24 us for one query (docs/performance.md, run 12),
+and a verify step is host-bound. This kernel takes each row's first valid column and the
+end column instead of a mask — query l of a row sees the columns before it and itself,
+causal inside the L new ones — so it is one launch per layer and reads only the columns
+that hold the row's context.
 
-It is used only by the compiled decode path, only on CUDA, and only after `check()`
-has compared it with MLX's masked attention on random inputs in this process (bf16
-tolerance); otherwise the masked MLX attention runs. It does not reproduce MLX's
-summation order, so its outputs match to rounding, not bit for bit.
+It is used only on CUDA (the compiled decode path, and speculative verify steps through
+runtime/speculative/verify_layers.py), and only after `check()` has compared it with
+MLX's masked attention on random inputs in this process (bf16 tolerance); otherwise the
+masked MLX attention runs. It does not reproduce MLX's summation order, so its outputs
+match to rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import mlx.core as mx
 from . import Kernel, in_process_check
 
 _SOURCE = r"""
-    // One block per (row, query head); WARPS warps each take KPI consecutive keys per
+    // One block per (row, query head, query position); WARPS warps each take KPI consecutive keys per
     // iteration. All KPI keys' K and V loads are issued before any of them is used, so an
     // iteration waits for one memory round trip, not 2 x KPI of them (a decode step at
     // batch 64 runs thousands of these blocks, each latency-bound).
@@ -28,9 +35,11 @@ _SOURCE = r"""
     constexpr int KPI = 4;
     constexpr int PER = D / 32;
     const int Hq = q_shape[1];
+    const int Lq = q_shape[2];
     const int Hkv = k_shape[1];
     const int C = k_shape[2];
-    const int bh = blockIdx.x;
+    const int bhl = blockIdx.x;  // q and out are [B, Hq, Lq, D] contiguous
+    const int bh = bhl / Lq;
     const int b = bh / Hq;
     const int h = bh % Hq;
     const int kvh = h / (Hq / Hkv);
@@ -38,7 +47,7 @@ _SOURCE = r"""
     const int warp = threadIdx.x >> 5;
     const float sc = scale[0];
 
-    const T* qp = q + (size_t)bh * D + lane * PER;
+    const T* qp = q + (size_t)bhl * D + lane * PER;
     const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
     const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
 
@@ -49,7 +58,7 @@ _SOURCE = r"""
     float m = NEG_INF;
     float l = 0.f;
     const int s = start[b];
-    const int e = end[0];
+    const int e = end[0] - Lq + 1 + (bhl % Lq);  // causal among the Lq new columns
     for (int j0 = s + warp * KPI; j0 < e; j0 += WARPS * KPI) {
       T kk[KPI][PER];
       T vv[KPI][PER];
@@ -104,7 +113,7 @@ _SOURCE = r"""
         for (int i = 0; i < PER; ++i) {
             float o = 0.f;
             for (int w = 0; w < WARPS; ++w) o += sacc[w][lane * PER + i] * f[w];
-            out[(size_t)bh * D + lane * PER + i] = static_cast<T>(o / L);
+            out[(size_t)bhl * D + lane * PER + i] = static_cast<T>(o / L);
         }
     }
 """
@@ -113,16 +122,20 @@ _kernel = Kernel("graphc_ragged_decode_attention", ["q", "k", "v", "start", "end
 
 
 def ragged_attention(q, k, v, start, end, scale: float | mx.array):
-    """q [B, Hq, 1, D]; k, v [B, Hkv, C, D]; start [B] int32; end [1] int32 -> [B, Hq, 1, D]."""
+    """q [B, Hq, L, D]; k, v [B, Hkv, C, D]; start [B] int32; end [1] int32 -> [B, Hq, L, D].
+
+    `end`: one past the last written column; the L queries are the last L columns written
+    (query l sees columns start[b] .. end - L + l)."""
     B, Hq, L, D = q.shape
-    if L != 1 or D % 32 or k.shape[1] == 0 or Hq % k.shape[1]:
-        raise ValueError(f"ragged decode attention takes one query per row and D % 32 == 0, got {q.shape}")
+    if D % 32 or k.shape[1] == 0 or Hq % k.shape[1]:
+        raise ValueError(f"ragged attention needs D % 32 == 0 and query heads a multiple of KV heads, got "
+                         f"q {q.shape}, k {k.shape}")
     if not isinstance(scale, mx.array):
         scale = mx.array([scale], dtype=mx.float32)
     (out,) = _kernel(
         inputs=[q, k, v, start, end, scale],
         template=[("T", q.dtype), ("D", D)],
-        grid=(B * Hq * 128, 1, 1),
+        grid=(B * Hq * L * 128, 1, 1),
         threadgroup=(128, 1, 1),
         output_shapes=[q.shape],
         output_dtypes=[q.dtype],
@@ -131,28 +144,45 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array):
 
 
 def reference(q, k, v, start, end: int, scale: float):
-    C = k.shape[2]
-    cols = mx.arange(C)
-    mask = ((cols[None] < end) & (cols[None] >= start[:, None]))[:, None, None, :]
+    """MLX's masked attention with the kernel's semantics."""
+    L, C = q.shape[2], k.shape[2]
+    cols = mx.arange(C)[None, None]
+    last = (end - L + mx.arange(L))[None, :, None]  # each query's own column
+    mask = ((cols <= last) & (cols >= start[:, None, None]))[:, None]  # [B, 1, L, C]
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
 def _compare(seed: int) -> str | None:
     key = mx.random.key(seed)
-    for (B, Hq, Hkv, C, D, end) in ((3, 8, 2, 64, 64, 50), (5, 32, 8, 256, 128, 200), (2, 4, 4, 512, 128, 511)):
+    for (B, Hq, Hkv, C, D, end, L) in ((3, 8, 2, 64, 64, 50, 1), (5, 32, 8, 256, 128, 200, 1), (2, 4, 4, 512, 128, 511, 1),
+                                       (1, 9, 3, 128, 64, 80, 9), (3, 8, 2, 64, 64, 50, 5), (2, 32, 8, 256, 128, 256, 17)):
         ks = mx.random.split(key, 4)
         key = ks[3]
-        q = mx.random.normal((B, Hq, 1, D), key=ks[0]).astype(mx.bfloat16)
+        q = mx.random.normal((B, Hq, L, D), key=ks[0]).astype(mx.bfloat16)
         k = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
         v = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
-        start = mx.array([(7 * i) % (end - 1) for i in range(B)], dtype=mx.int32)
+        start = mx.array([(7 * i) % (end - L) for i in range(B)], dtype=mx.int32)  # every query sees a column
         got = ragged_attention(q, k, v, start, mx.array([end], dtype=mx.int32), D ** -0.5)
         want = reference(q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32), start, end, D ** -0.5)
         err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
         if not err < 2e-2:
-            return f"kernel differs from masked attention by {err:.3g} at B={B} Hq={Hq} C={C} D={D}"
+            return f"kernel differs from masked attention by {err:.3g} at B={B} Hq={Hq} L={L} C={C} D={D}"
     return None
 
 
 # None when the kernel matches MLX's masked attention on random inputs here; else why not.
 check = in_process_check(_compare)
+
+
+def kernel_blocks(adapter) -> dict:
+    """{id(layer): block} for the layers this kernel can serve: the architecture runs them as its
+    own block (`ArchAdapter.own_block`, attention through `cache.attend`) and their heads fit
+    the kernel (head dim a multiple of 32, query heads a multiple of KV heads)."""
+    out = {}
+    for layer in adapter.layers if adapter is not None else ():
+        block = adapter.own_block(layer)
+        a = getattr(layer, "self_attn", None)
+        hd, hq, hkv = (getattr(a, n, 0) for n in ("head_dim", "n_heads", "n_kv_heads"))
+        if block is not None and hd and hd % 32 == 0 and hkv and hq % hkv == 0:
+            out[id(layer)] = block
+    return out

@@ -51,6 +51,7 @@ from ..batch_sampling import needs_sampler
 from .config import OFF, SpecConfig, parse_speculative
 from ..measured_gate import ArmGate
 from .prompt_lookup import NgramIndex
+from .verify_layers import KernelViews
 
 log = logging.getLogger("graphc.speculative")
 
@@ -130,7 +131,7 @@ class Speculator:
     def __init__(self, step, *, default: SpecConfig | None = None, max_batch: int = 16,
                  max_tokens: int | None = None, problem: str | None = None, stats: dict | None = None,
                  min_acceptance: float = 0.15, cooldown: int = 32, pipeline: bool | None = None,
-                 adaptive: bool | None = None):
+                 adaptive: bool | None = None, attention_kernel: bool = True):
         # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
         # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
         self.step = getattr(step, "step", step)
@@ -141,6 +142,9 @@ class Speculator:
         # retraces per L otherwise; see _launch.
         self.pad_positions = self.compiled is not None
         self.node = self.step.outputs.get("verify")
+        # Eager verify forwards: layers the ragged attention kernel serves run through it (CUDA
+        # only, once it matched MLX here; verify_layers.py); `views.note` says whether and why not.
+        self.views = KernelViews(self.step, enabled=attention_kernel)
         self.problem = problem
         if self.node is None and problem is None:
             self.problem = (f"graph '{self.step.plan.graph}' declares no verify node (add `op: verify` reading the "
@@ -348,7 +352,7 @@ class Speculator:
         if self.compiled is not None:
             res = self.compiled.verify(toks, lengths, runner.caches)
         if res is None:
-            out = self.step.forward(StepInputs(toks, runner.caches, all_positions=True,
+            out = self.step.forward(StepInputs(toks, self.views(runner.caches), all_positions=True,
                                                options={"draft_lengths": lengths})).values[self.node]
             res = out.targets, out.accepted
         mx.async_eval(*res)

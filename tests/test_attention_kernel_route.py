@@ -1,0 +1,95 @@
+"""The ragged attention kernel's route through graphc's own layer blocks (verify steps, and
+unfused layers on the compiled decode path), on the CPU: the CUDA kernel is replaced by its
+MLX reference (runtime/kernels/decode_attention.py `reference`, the same semantics), so
+what is tested is everything around it — which layers take it, the columns and causal
+offsets it is given, left-padded rows — and that greedy tokens stay the target's own."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.kernels import decode_attention as da
+from helpers import random_prompts, reference_greedy
+from test_speculative import WIDE, _oracle
+
+SPEC = SamplingParams(max_tokens=30, ignore_eos=True, speculative="prompt_lookup", num_draft_tokens=4)
+KERNEL_SHAPE = dict(head_dim=32)  # the kernel takes head dims that are multiples of 32
+
+
+@pytest.fixture
+def kernel_on_cpu(monkeypatch):
+    """The kernel 'passes' its check here and runs as its reference; returns the query lengths
+    it was called with."""
+    calls = []
+
+    def kernel(q, k, v, start, end, scale):
+        calls.append(q.shape[2])
+        return da.reference(q, k, v, start, end, scale)
+
+    monkeypatch.setattr(da, "check", lambda seed=0: None)
+    monkeypatch.setattr(da, "ragged_attention", kernel)
+    return calls
+
+
+def test_reference_semantics_are_causal_among_the_new_queries():
+    """Query l of a row sees columns start..end - L + l: the same as a causal forward over the row."""
+    q = mx.random.normal((2, 4, 3, 32), key=mx.random.key(0))
+    k = mx.random.normal((2, 2, 16, 32), key=mx.random.key(1))
+    v = mx.random.normal((2, 2, 16, 32), key=mx.random.key(2))
+    start, end = mx.array([0, 5], dtype=mx.int32), 12
+    got = da.reference(q, k, v, start, mx.array([end], dtype=mx.int32), 0.2)
+    for b in range(2):
+        s = int(start[b])
+        want = mx.fast.scaled_dot_product_attention(q[b:b + 1], k[b:b + 1, :, s:end], v[b:b + 1, :, s:end],
+                                                    scale=0.2, mask="causal")
+        assert mx.allclose(got[b:b + 1], want, atol=1e-5)
+
+
+def test_kernel_blocks_cover_llama_layers_only(model_dir):
+    llama = Engine.load(model_dir("llama", **KERNEL_SHAPE))
+    adapter = llama.compiled.binding.adapter
+    assert set(da.kernel_blocks(adapter)) == {id(layer) for layer in adapter.layers}
+    small = Engine.load(model_dir("llama"))  # head dim 16: MLX's attention
+    assert da.kernel_blocks(small.compiled.binding.adapter) == {}
+    qwen3 = Engine.load(model_dir("qwen3"))
+    assert da.kernel_blocks(qwen3.compiled.binding.adapter) == {}  # no own block for qwen3: MLX's attention
+    assert "off" in qwen3.speculator.views.note
+
+
+def test_views_are_off_without_a_cuda_kernel(model_dir):
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE))
+    assert not eng.speculator.views.on and "not a CUDA device" in eng.speculator.views.note
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE), decode_options={"attention_kernel": False})
+    assert eng.speculator.views.note == "off (decode: {attention_kernel: false})"
+
+
+@pytest.mark.parametrize("graph, compile", [("dense", None), ("dense_noprefix", None), ("dense", True)])
+def test_verify_through_the_kernel_keeps_greedy_tokens(model_dir, kernel_on_cpu, graph, compile):
+    # Rows of different lengths (left-padded, so each row's first column differs) and drafts
+    # that are accepted in full, in part or not at all.
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE), graph, prefill_chunk=16, spec_max_tokens=WIDE,
+                      compile=compile)
+    assert eng.speculator.views.on
+    prompts = random_prompts(4, eng.vocab_size, [5, 40, 17, 23], seed=5)
+    refs = {tuple(p): reference_greedy(eng.model, p, 30) for p in prompts}
+    eng.speculator.drafter = _oracle(refs, eng.vocab_size)
+    out = eng.generate(prompts, SPEC)
+    assert [r.token_ids for r in out] == [refs[tuple(p)] for p in prompts]
+    assert eng.stats["spec_steps"] > 0
+    assert any(n > 1 for n in kernel_on_cpu)  # verify forwards went through the kernel
+    if compile:
+        assert eng.compiled.decode.verify_steps > 0
+
+
+def test_unfused_layers_take_the_kernel_on_the_compiled_path(model_dir, kernel_on_cpu):
+    """Quantized (or, here, unfused) llama layers have no fused block; the compiled decode step
+    still runs their attention in the kernel through the own block, exactly."""
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE), prefill_chunk=16, compile=True,
+                      decode_options={"fuse_projections": False})
+    prompts = random_prompts(3, eng.vocab_size, [9, 30, 4], seed=2)
+    plain = SamplingParams(max_tokens=20, ignore_eos=True)
+    out = eng.generate(prompts, plain)
+    assert [r.token_ids for r in out] == [reference_greedy(eng.model, p, 20) for p in prompts]
+    assert eng.compiled.decode.compiled_steps > 0 and 1 in kernel_on_cpu
