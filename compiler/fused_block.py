@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
 
 
 class FusedBlocks:
@@ -37,7 +38,8 @@ class FusedBlocks:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for w in self.weights.values() for a in w.values() if isinstance(a, mx.array))
+        return sum(a.nbytes for w in self.weights.values() for v in w.values()
+                   for a in (v.arrays() if isinstance(v, _QuantizedRows) else [v] if isinstance(v, mx.array) else []))
 
     def run(self, layer, h: mx.array, cache):
         """The layer's output through its fused block, or None when it has none."""
@@ -74,11 +76,37 @@ def llama_unfusable(layer) -> str | None:
         return why
     a, m = layer.self_attn, layer.mlp
     projs = [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-    if any(type(p) is not nn.Linear for p in projs):
-        return "quantized projections (a fused block needs plain Linear weights)"
     if any("bias" in p for p in projs):
         return "biased projections (the fused block has no bias terms)"
-    return None
+    if all(type(p) is nn.Linear for p in projs):
+        return None
+    if all(type(p) is nn.QuantizedLinear for p in projs):
+        if len({_quant_format(p) for p in projs}) > 1:
+            return "projections quantized with different group sizes, bits or modes"
+        return None
+    return "projections of mixed kinds (plain and quantized)"
+
+
+def _quant_format(p) -> tuple:
+    return p.group_size, p.bits, getattr(p, "mode", "affine")
+
+
+class _QuantizedRows:
+    """Quantized matrices stacked by output rows, multiplied as one: `x @ W.T` for each part's
+    rows, in one quantized matmul (each output row's dot product is its own part's)."""
+
+    def __init__(self, parts: list):
+        self.group_size, self.bits, self.mode = _quant_format(parts[0])
+        self.weight = mx.concatenate([p.weight for p in parts])
+        self.scales = mx.concatenate([p.scales for p in parts])
+        self.biases = mx.concatenate([p.biases for p in parts]) if parts[0].get("biases") is not None else None
+
+    def arrays(self) -> list:
+        return [a for a in (self.weight, self.scales, self.biases) if a is not None]
+
+    def __call__(self, x):
+        return mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
+                                   group_size=self.group_size, bits=self.bits, mode=self.mode)
 
 
 def llama_blocks(layers: list) -> FusedBlocks:
@@ -90,10 +118,14 @@ def llama_blocks(layers: list) -> FusedBlocks:
             reasons.append(why)
             continue
         a, m = layer.self_attn, layer.mlp
-        qkv = mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-        gu = mx.concatenate([m.gate_proj.weight, m.up_proj.weight])
-        mx.eval(qkv, gu)  # materialized now: the model's arrays are only read, never replaced
         nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
+        if type(a.q_proj) is nn.QuantizedLinear:  # stacked quantized rows (same format, checked above)
+            qkv, gu = _QuantizedRows([a.q_proj, a.k_proj, a.v_proj]), _QuantizedRows([m.gate_proj, m.up_proj])
+            mx.eval(*qkv.arrays(), *gu.arrays())
+        else:
+            qkv = mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+            gu = mx.concatenate([m.gate_proj.weight, m.up_proj.weight])
+            mx.eval(qkv, gu)  # materialized now: the model's arrays are only read, never replaced
         weights[id(layer)] = {"qkv": qkv, "gate_up": gu, "split": [nq, nq + nk]}
     reason = "; ".join(sorted(set(reasons))) or None
     return FusedBlocks(weights, llama_block, total=len(layers), what="q/k/v + gate/up", reason=reason)
@@ -110,7 +142,7 @@ def llama_block(layer, w: dict | None, x: mx.array, cache) -> mx.array:
     if w is None:
         q, k, v = a.q_proj(xn), a.k_proj(xn), a.v_proj(xn)
     else:
-        q, k, v = mx.split(cache.matmul(xn, w["qkv"]), w["split"], axis=-1)
+        q, k, v = mx.split(_rows(cache, xn, w["qkv"]), w["split"], axis=-1)
     q = q.reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)
     k = k.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
     v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -121,7 +153,14 @@ def llama_block(layer, w: dict | None, x: mx.array, cache) -> mx.array:
     if w is None:
         h = x + a.o_proj(o)
         return h + layer.mlp(layer.post_attention_layernorm(h))
-    mm = cache.matmul
-    h = x + mm(o, a.o_proj.weight)
-    g, u = mx.split(mm(layer.post_attention_layernorm(h), w["gate_up"]), 2, axis=-1)
-    return h + mm(nn.silu(g) * u, layer.mlp.down_proj.weight)
+    quantized = isinstance(w["qkv"], _QuantizedRows)
+    h = x + (a.o_proj(o) if quantized else cache.matmul(o, a.o_proj.weight))
+    g, u = mx.split(_rows(cache, layer.post_attention_layernorm(h), w["gate_up"]), 2, axis=-1)
+    if quantized:  # mlx-lm's own MLP activation, then its down projection module
+        return h + layer.mlp.down_proj(swiglu(g, u))
+    return h + cache.matmul(nn.silu(g) * u, layer.mlp.down_proj.weight)
+
+
+def _rows(cache, x, w):
+    """x @ W.T for fused rows: one quantized matmul, or the cache's matmul (MLX's or the skinny kernel)."""
+    return w(x) if isinstance(w, _QuantizedRows) else cache.matmul(x, w)

@@ -148,3 +148,29 @@ def test_an_architecture_without_a_fused_block_says_so(model_dir):
     got = [r.token_ids for r in eng.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))]
     assert got == [reference_greedy(eng.model, p, 12) for p in prompts]
     assert d.compiled_steps > 0
+
+
+def test_quantized_llama_fuses_its_quantized_projections(model_dir):
+    """Quantized q/k/v and gate/up (same group size, bits and mode) are stacked into one quantized
+    matmul each: the same per-row dot products, so the tokens are mlx-lm's own."""
+    import json
+
+    import mlx.nn as nn
+    import mlx_lm
+
+    src = model_dir("llama")
+    model, tokenizer = mlx_lm.load(str(src))
+    nn.quantize(model, group_size=32, bits=4)
+    eng = Engine(model, tokenizer, json.loads((src / "config.json").read_text()), compile=True)
+    fused = eng.compiled.decode.fused
+    assert len(fused) == len(model.layers) and fused.nbytes > 0
+    prompts = random_prompts(3, eng.vocab_size, [9, 30, 4], seed=2)
+    got = [r.token_ids for r in eng.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))]
+    assert got == [reference_greedy(model, p, 16) for p in prompts]
+    assert eng.compiled.decode.compiled_steps > 0
+    # Mixed formats are not stacked (a layer whose gate projection says 8 bits).
+    from graphc.compiler.fused_block import llama_unfusable
+
+    layer = model.layers[0]
+    layer.mlp.gate_proj.bits = 8
+    assert llama_unfusable(layer) == "projections quantized with different group sizes, bits or modes"

@@ -126,13 +126,24 @@ blocks = views.blocks
 print(f"graphc verify attention kernel: {views.note}", flush=True)
 prompts = grounded_prompts(eng.tokenizer, 1, seed=0, vocab=eng.vocab_size)
 sp = SamplingParams(max_tokens=96, speculative="prompt_lookup", num_draft_tokens=8)
-modes = {"plain": (SamplingParams(max_tokens=96, speculative="off"), blocks), "spec_kernel": (sp, blocks),
-         "spec_mlx": (sp, {})}
+# SPEC_MODES: which speculative variants run besides plain (kernel, mlx: without the kernel;
+# pause4 / nopause: a row that found no draft 4 times pauses drafting for 4 tokens / never;
+# nocool: no pause after low acceptance). Each is (params, kernel blocks, speculator settings).
+spec = eng.speculator
+base = {"MISS_PAUSE": spec.MISS_PAUSE, "MAX_MISSES": spec.MAX_MISSES, "cooldown": spec.cooldown}
+variants = {"kernel": (blocks, {}), "mlx": ({}, {}), "pause4": (blocks, {"MISS_PAUSE": 4}),
+            "nopause": (blocks, {"MAX_MISSES": 10**9}), "nocool": (blocks, {"cooldown": 0, "MAX_MISSES": 10**9})}
+modes = {"plain": (SamplingParams(max_tokens=96, speculative="off"), blocks, {})}
+for name in os.environ.get("SPEC_MODES", "kernel,mlx").split(","):
+    modes["spec_" + name] = (sp,) + variants[name]
 tps = {m: [] for m in modes}
-acc = {m: dict.fromkeys(("draft", "build", "wait", "post", "encode", "n"), 0.0) for m in modes}
+acc = {m: dict.fromkeys(("draft", "build", "wait", "post", "encode", "n", "tok"), 0.0) for m in modes}
 for r in range(reps + 1):
-    for m, (p, b) in modes.items():
+    for m, (p, b, settings) in modes.items():
         views.blocks = b
+        for k, v in {**base, **settings}.items():
+            setattr(spec, k, v)
+        e_tok = eng.stats["spec_emitted_tokens"]
         t_before, n0, e0 = dict(eng.speculator.timing), eng.stats["spec_steps"], enc["t"]
         t0 = time.perf_counter()
         out = eng.generate(prompts, p)
@@ -143,11 +154,12 @@ for r in range(reps + 1):
                 acc[m][k] += eng.speculator.timing[k] - t_before[k]
             acc[m]["encode"] += enc["t"] - e0
             acc[m]["n"] += eng.stats["spec_steps"] - n0
+            acc[m]["tok"] += eng.stats["spec_emitted_tokens"] - e_tok
 plain = med(tps["plain"])
 for m, v in tps.items():
-    n = acc[m].pop("n")
+    n, tok = acc[m].pop("n"), acc[m].pop("tok")
     per = {k: 1e3 * x / n for k, x in acc[m].items()} if n else {}
     if per:
         per["graph"] = per["build"] - per["encode"]
     print(f"graphc {m}: {min(v):.1f} / {med(v):.1f} / {max(v):.1f} tok/s, x{med(v) / plain:.2f} plain; "
-          f"{int(n)} verifies; ms/verify " + ", ".join(f"{k} {x:.2f}" for k, x in per.items()), flush=True)
+          f"{int(n)} verifies giving {int(tok)} of {96 * reps} tokens; ms/verify " + ", ".join(f"{k} {x:.2f}" for k, x in per.items()), flush=True)
