@@ -22,8 +22,10 @@ rate. The compile gate credits every token (both arms emit one per row).
 
 Arms run in stretches of `RUN` cycles; the first cycle of a stretch is not measured (it pays
 the switch: the first plain step after a verify is unchained, the first pipelined verify has
-nothing queued yet), and neither is a cycle in which a prompt was prefilled, the batch changed
-or (for the compile gate) a verify ran — the runner marks those. Per (bucket, arm) the gate
+nothing queued yet), and neither is a cycle in which a prompt was prefilled, the batch changed,
+(for the speculator) no row had a draft — a plain step whichever arm runs, and counting it
+made the verify arm look as slow as the new text it ran on — or (for the compile gate) a verify
+ran; the runner and the speculator mark those. Per (bucket, arm) the gate
 keeps the last WINDOW cycles' tokens and seconds; an arm's rate is their ratio, leaving out
 cycles that took over 3x the median (a kernel compiled for a new shape, a GC pause).
 

@@ -170,3 +170,27 @@ def test_engine_gate_credits_the_slowest_row(model_dir):
     assert [r.token_ids for r in out] == [refs[tuple(good)], refs[tuple(bad)]]
     rates = eng.speculator.gate.rates()[2]
     assert rates["plain"][0] > rates["verify"][0]
+
+
+def test_engine_gate_does_not_count_steps_without_drafts_against_verify(model_dir):
+    """Stretches of new text (no draft) alternate with copied text (drafts always right). A verify
+    cycle costs 1.5 plain ones and gives 5 tokens; a step without drafts is a plain step whichever
+    arm runs. Counted as verify samples, those steps (1 token per cycle) sank the verify arm's
+    rate in the new-text stretches and the gate ran plain through the copied ones."""
+    eng = _engine_with_costs(model_dir, verify_seconds=1.5)
+    [p] = [list(range(5, 17)) * 3]
+    ref = reference_greedy(eng.model, p, 240)
+
+    def drafter(req, k):
+        n = len(req.output_ids)
+        return ref[n:n + k] if (n // 24) % 2 else []  # 24 tokens copied, then 24 new, ...
+
+    spec = eng.speculator
+    spec.drafter = drafter
+    spec.MAX_MISSES = 10**9  # keep asking for drafts in the new-text stretches
+    [r] = eng.generate([p], SamplingParams(max_tokens=240, ignore_eos=True, speculative="prompt_lookup",
+                                           num_draft_tokens=4))
+    assert r.token_ids == ref
+    rates = spec.gate.rates()[1]
+    assert rates["verify"][0] > rates["plain"][0]
+    assert eng.stats["spec_emitted_tokens"] > 0.4 * 240  # most copied tokens came from verify steps
