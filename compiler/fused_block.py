@@ -6,10 +6,17 @@ one matmul each (4 calls a layer instead of 7) decodes faster. The adapter (comp
 `ArchAdapter.fused_decode`) supplies the block; the compiled decode path
 (runtime/compiled_decode.py) runs it through the cache contract in contracts/decode_block.py.
 
+Quantized projections are stacked the same way when all seven share one format (group size,
+bits, mode): their packed rows, scales and biases concatenate into one quantized matmul.
+
 The fused matrices are graphc's own arrays: the model object and its parameters are left
 exactly as loaded (the uncompiled path, the user's code and `model.parameters()` see what
 they always did). The price is a second copy of the fused projections, which `note` (and so
 `graphc inspect`) states; `decode: {fuse_projections: false}` avoids it.
+
+`llama_block(layer, None, ...)` is the same block on the layer's own projection modules (no
+copies): what a cache with an attention kernel runs a layer through where no fused block is
+held (`ArchAdapter.own_block`; runtime/speculative/verify_layers.py, runtime/compiled_decode.py).
 """
 
 from __future__ import annotations

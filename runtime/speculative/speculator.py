@@ -11,7 +11,7 @@ fewer than `max_batch`:
    its cache drops the rest (`FullKV.trim_rows`), so the caches — and what the prefix cache
    stores when the row leaves — hold exactly the accepted sequence.
 
-Pipelined verify (`pipeline`, on by default on a GPU): a verify step needs the host between
+Pipelined verify (`pipeline`, opt-in: `spec_pipeline=True`): a verify step needs the host between
 steps (how many drafts were accepted decides the next input), so unchained it costs the host's
 graph build *and* the device's run. Right after queuing verify N, the runner builds verify
 N + 1 on N's lazy outputs, assuming every row accepts all its drafts: its first input is N's
