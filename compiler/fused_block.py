@@ -16,7 +16,7 @@ they always did). The price is a second copy of the fused projections, which `no
 
 `llama_block(layer, None, ...)` is the same block on the layer's own projection modules (no
 copies): what a cache with an attention kernel runs a layer through where no fused block is
-held (`ArchAdapter.own_block`; runtime/speculative/verify_layers.py, runtime/compiled_decode.py).
+held (`ArchAdapter.own_block`; runtime/kernel_views.py, runtime/compiled_decode.py).
 """
 
 from __future__ import annotations

@@ -94,6 +94,12 @@ class Engine:
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
+        # Eager decode steps over left-padded rows and verify forwards take the ragged attention
+        # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
+        from .kernel_views import KernelViews
+
+        self.runner.views = KernelViews(getattr(self.compiled.decode, "step", self.compiled.decode),
+                                        enabled=self.decode_options["attention_kernel"])
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=kv_budget_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
@@ -455,8 +461,7 @@ def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, m
     default = parse_speculative(speculative, num_draft_tokens)
     spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
                       max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats,
-                      pipeline=pipeline, adaptive=adaptive,
-                      attention_kernel=engine.decode_options["attention_kernel"])
+                      pipeline=pipeline, adaptive=adaptive, views=engine.runner.views)
     spec.eos_token_ids = set(engine.eos_token_ids)
     if default not in (None, "off") and spec.problem:
         logging.getLogger("graphc.engine").warning("speculative=%r is off for this model: %s", speculative,

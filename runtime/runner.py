@@ -77,6 +77,7 @@ class ModelRunner:
         # Speculative decoding (runtime/speculative/): set by the Engine when it is available;
         # it runs verify steps instead of plain decode steps for batches it takes.
         self.speculator = None
+        self.views = None  # KernelViews (runtime/kernel_views.py), set by the Engine
         self._verified = False  # the current decode cycle ran a verify step (the measured gates ask)
 
     # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
@@ -316,7 +317,10 @@ class ModelRunner:
         step = self.compiled.decode
         toks, sampling = self._next_input()
         key = self._split_key() if sampling is not None else None
-        ctx = step.forward(StepInputs(toks, self.caches, sampling=sampling, key=key))
+        inputs = StepInputs(toks, self.caches, sampling=sampling, key=key)
+        if self.views is not None:  # left-padded rows on an eager step: attention in the kernel
+            inputs.caches = self.views.for_decode(step, inputs)
+        ctx = step.forward(inputs)
         out = step.head(ctx, self._edits(self.rows, ctx, step))
         nxt = sampling.advanced(out.next_tokens) if sampling is not None else None
         launch = Launch(list(self.rows), out.next_tokens, out.logprobs, sampling, nxt)

@@ -93,3 +93,41 @@ def test_unfused_layers_take_the_kernel_on_the_compiled_path(model_dir, kernel_o
     out = eng.generate(prompts, plain)
     assert [r.token_ids for r in out] == [reference_greedy(eng.model, p, 20) for p in prompts]
     assert eng.compiled.decode.compiled_steps > 0 and 1 in kernel_on_cpu
+
+
+def test_left_padded_eager_decode_takes_the_kernel(model_dir, kernel_on_cpu):
+    """Rows of different lengths decode left-padded: on an eager step their attention needs a mask,
+    which sends MLX's CUDA attention to its slow path, so it runs in the kernel; rows that started
+    together (no padding) keep MLX's attention."""
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE), prefill_chunk=16)
+    plain = SamplingParams(max_tokens=12, ignore_eos=True)
+    same = random_prompts(2, eng.vocab_size, [7, 7], seed=4)
+    assert [r.token_ids for r in eng.generate(same, plain)] == [reference_greedy(eng.model, p, 12) for p in same]
+    assert kernel_on_cpu == []  # unpadded: MLX's attention
+    mixed = random_prompts(3, eng.vocab_size, [5, 33, 12], seed=6)
+    assert [r.token_ids for r in eng.generate(mixed, plain)] == [reference_greedy(eng.model, p, 12) for p in mixed]
+    assert kernel_on_cpu and set(kernel_on_cpu) == {1}
+
+
+def test_compiled_steps_keep_their_own_kernel_path(model_dir, kernel_on_cpu):
+    """A padded batch the compiled step takes is not wrapped (its fixed-shape caches have the
+    kernel already); past the compiled batch limit the eager step wraps it."""
+    from graphc.compiler.lower import StepInputs
+
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE), prefill_chunk=16, compile="auto")
+    mixed = random_prompts(3, eng.vocab_size, [5, 33, 12], seed=6)
+    plain = SamplingParams(max_tokens=8, ignore_eos=True)
+    assert [r.token_ids for r in eng.generate(mixed, plain)] == [reference_greedy(eng.model, p, 8) for p in mixed]
+    d, views = eng.compiled.decode, eng.runner.views
+    assert d.compiled_steps > 0
+    from graphc.runtime.cache.full import FullKV
+
+    caches = []
+    for _ in range(2):
+        c = FullKV(2, [0, 3])
+        c.update_and_fetch(mx.zeros((2, 2, 5, 32)), mx.zeros((2, 2, 5, 32)))
+        caches.append(c)
+    inputs = StepInputs(mx.zeros((2, 1), dtype=mx.int32), caches)
+    assert views.for_decode(d, inputs) is caches  # the compiled step takes 2 rows
+    d.max_batch = 1
+    assert all(type(v).__name__ == "_KernelKV" for v in views.for_decode(d, inputs))

@@ -6,7 +6,7 @@
 2. Per-op host cost on this device (build + async_eval of one op, median of 200): matmul at
    M = 1 / 9 (gemv vs cuBLAS), quantized matmul at M = 1 / 9, SDPA at L = 1 / 9.
 3. graphc's Engine, batch 1, the grounded workload: plain, speculative with the verify
-   attention kernel (runtime/speculative/verify_layers.py) and without it, interleaved:
+   attention kernel (runtime/kernel_views.py) and without it, interleaved:
    tokens/s and the ms per verify step split into draft / graph (Python) / encode
    (mx.async_eval) / wait / post.
 Usage: proto_verify_attrib.py MODEL [reps]  (DEQUANTIZE=1: the weights as bf16; PARTS=graphc:

@@ -13,8 +13,8 @@ end column instead of a mask — query l of a row sees the columns before it and
 causal inside the L new ones — so it is one launch per layer and reads only the columns
 that hold the row's context.
 
-It is used only on CUDA (the compiled decode path, and speculative verify steps through
-runtime/speculative/verify_layers.py), and only after `check()` has compared it with
+It is used only on CUDA (the compiled decode path; eager verify forwards and eager decode
+steps over left-padded rows through runtime/kernel_views.py), and only after `check()` has compared it with
 MLX's masked attention on random inputs in this process (bf16 tolerance); otherwise the
 masked MLX attention runs. It does not reproduce MLX's summation order, so its outputs
 match to rounding, not bit for bit.

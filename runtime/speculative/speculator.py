@@ -51,7 +51,6 @@ from ..batch_sampling import needs_sampler
 from .config import OFF, SpecConfig, parse_speculative
 from ..measured_gate import ArmGate
 from .prompt_lookup import NgramIndex
-from .verify_layers import KernelViews
 
 log = logging.getLogger("graphc.speculative")
 
@@ -131,7 +130,7 @@ class Speculator:
     def __init__(self, step, *, default: SpecConfig | None = None, max_batch: int = 16,
                  max_tokens: int | None = None, problem: str | None = None, stats: dict | None = None,
                  min_acceptance: float = 0.15, cooldown: int = 32, pipeline: bool | None = None,
-                 adaptive: bool | None = None, attention_kernel: bool = True):
+                 adaptive: bool | None = None, views=None):
         # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
         # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
         self.step = getattr(step, "step", step)
@@ -143,8 +142,8 @@ class Speculator:
         self.pad_positions = self.compiled is not None
         self.node = self.step.outputs.get("verify")
         # Eager verify forwards: layers the ragged attention kernel serves run through it (CUDA
-        # only, once it matched MLX here; verify_layers.py); `views.note` says whether and why not.
-        self.views = KernelViews(self.step, enabled=attention_kernel)
+        # only, once it matched MLX here; runtime/kernel_views.py, the Engine's); None: MLX's attention.
+        self.views = views
         self.problem = problem
         if self.node is None and problem is None:
             self.problem = (f"graph '{self.step.plan.graph}' declares no verify node (add `op: verify` reading the "
@@ -357,7 +356,8 @@ class Speculator:
         if self.compiled is not None:
             res = self.compiled.verify(toks, lengths, runner.caches)
         if res is None:
-            out = self.step.forward(StepInputs(toks, self.views(runner.caches), all_positions=True,
+            caches = self.views(runner.caches) if self.views is not None else runner.caches
+            out = self.step.forward(StepInputs(toks, caches, all_positions=True,
                                                options={"draft_lengths": lengths})).values[self.node]
             res = out.targets, out.accepted
         mx.async_eval(*res)

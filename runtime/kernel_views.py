@@ -1,13 +1,17 @@
-"""Eager verify forwards with their attention in the ragged kernel (runtime/kernels/decode_attention.py).
+"""Eager forwards with their attention in the ragged kernel (runtime/kernels/decode_attention.py).
 
-Why: a verify forward has L = k + 1 causal queries per row, and MLX's CUDA attention takes
-its fused kernel only for a query or two without an array mask; for L = 9 it falls back
-to several kernels, two of them cuBLAS calls that each ask cuBLAS's heuristics on the host.
-A verify step is host-bound (its device time is a fraction of a millisecond at batch 1), and
-on the H200 that fallback cost ~175 us of host encode per layer against ~24 us for the
-kernel: a third of a SmolLM2 verify step (docs/performance.md, run 12).
+Why: on MLX's CUDA backend `mx.fast.scaled_dot_product_attention` takes a fused kernel for
+one query (or a few) without an array mask. Two eager steps miss it:
 
-How: for one verify forward each layer's `FullKV` is wrapped in a view (`_KernelKV`) that
+- a speculative **verify** forward: L = k + 1 causal queries per row;
+- a **decode step whose rows are left-padded** (rows that joined a running batch at
+  different lengths, which continuous batching makes the common case): an array mask.
+
+Both then fall back to a chain of kernels, two of them cuBLAS calls that each query cuBLAS's
+heuristics on the host; on the H200 that cost ~175 us of host encode per layer against ~24 us
+for the kernel (docs/performance.md, run 12), and small-batch steps are host-bound.
+
+How: for one forward each layer's `FullKV` is wrapped in a view (`_KernelKV`) that
 delegates mlx-lm's cache protocol to it and adds `run_layer` / `attend`
 (contracts/decode_block.py). The fast lowering's attention op (compiler/ops/forward.py)
 then runs every layer the architecture has an own block for (`ArchAdapter.own_block`: the
@@ -15,18 +19,19 @@ llama family's) through that block, whose attention reads the cache's whole buff
 the kernel: each row's first valid column (its left padding) and the columns written so
 far, causal among the L new ones. Layers without one run as mlx-lm's modules, unchanged.
 Every other op is the one mlx-lm's block runs; the attention matches MLX's to rounding (the
-kernel's `check()` compared them in this process before any use).
+kernel's `check()` compared them in this process before any use). Compiled steps
+(runtime/compiled_decode.py) have their own fixed-shape caches and take the kernel there.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from ..cache.full import FullKV
+from .cache.full import FullKV
 
 
 class _KernelKV:
-    """One layer's FullKV as one verify forward sees it."""
+    """One layer's FullKV as one eager forward sees it."""
 
     def __init__(self, inner: FullKV, blocks: dict, start: mx.array):
         self.inner = inner
@@ -44,18 +49,18 @@ class _KernelKV:
         return layer(h, mask, self.inner) if block is None else block(layer, h, self)
 
     def attend(self, q, k, v, scale):
-        from ..kernels.decode_attention import ragged_attention
+        from .kernels.decode_attention import ragged_attention
 
         c = self.inner  # k, v are views of its buffers up to the written columns: read the buffers
         return ragged_attention(q, c.keys, c.values, self.start, mx.array([c.idx], dtype=mx.int32), scale)
 
 
 class KernelViews:
-    """`views(caches)`: the caches one eager verify forward runs on (kernel views, or the caches
+    """`views(caches)`: the caches one eager forward runs on (kernel views, or the caches
     themselves where they cannot take them); `note`: on, or why not (the bench prints it)."""
 
     def __init__(self, step, enabled: bool = True):
-        from ..kernels import decode_attention
+        from .kernels import decode_attention
 
         binding = step.binding
         adapter = getattr(binding, "adapter", None)
@@ -65,7 +70,8 @@ class KernelViews:
         elif binding.lowering != "fast" or adapter is None:
             self.note = "off (the generic lowering runs the model's own forward)"
         elif not (blocks := decode_attention.kernel_blocks(adapter)):
-            self.note = f"off ({type(adapter).__name__} runs no layer of this model as its own block)"
+            self.note = (f"off (no layer fits: {type(adapter).__name__} needs an own block for it and the kernel "
+                         "a head dim that is a multiple of 32)")
         elif (why := decode_attention.check()) is not None:
             self.note = f"off ({why})"
         else:
@@ -81,3 +87,15 @@ class KernelViews:
             return caches
         start = mx.array(caches[0].left_pad, dtype=mx.int32)
         return [_KernelKV(c, self.blocks, start) for c in caches]
+
+    def for_decode(self, step, inputs) -> list:
+        """The caches a plain decode step runs on: views when its rows are left-padded and the
+        step runs eagerly (a compiled step that takes the batch has its own kernel path; rows
+        that started together take MLX's fused one-query kernel, no mask needed)."""
+        caches = inputs.caches
+        if not self.blocks or not caches or type(caches[0]) is not FullKV or not any(caches[0].left_pad):
+            return caches
+        eligible = getattr(step, "eligible", None)  # runtime/compiled_decode.py
+        if eligible is not None and eligible(inputs):
+            return caches
+        return self(caches)
