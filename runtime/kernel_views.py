@@ -30,6 +30,14 @@ import mlx.core as mx
 from .cache.full import FullKV
 
 
+# Padded eager decode steps take the kernel up to this many rows: where the compiled path,
+# which runs the same kernel, measured faster than eager (runtime/compiled_decode.py
+# AUTO_MAX_BATCH). Above it the kernel's per-(row, head) reads of K and V (repeated for each
+# query head of a KV group) have not been measured against MLX's masked path; the eager step
+# itself has not been timed with the kernel yet (docs/bench/proto_padded_decode.py is that run).
+DECODE_MAX_BATCH = 16
+
+
 class _KernelKV:
     """One layer's FullKV as one eager forward sees it."""
 
@@ -89,11 +97,13 @@ class KernelViews:
         return [_KernelKV(c, self.blocks, start) for c in caches]
 
     def for_decode(self, step, inputs) -> list:
-        """The caches a plain decode step runs on: views when its rows are left-padded and the
-        step runs eagerly (a compiled step that takes the batch has its own kernel path; rows
-        that started together take MLX's fused one-query kernel, no mask needed)."""
+        """The caches a plain decode step runs on: views when its rows are left-padded, it has at
+        most DECODE_MAX_BATCH rows and it runs eagerly (a compiled step that takes the batch has
+        its own kernel path; rows that started together take MLX's fused one-query kernel, no
+        mask needed)."""
         caches = inputs.caches
-        if not self.blocks or not caches or type(caches[0]) is not FullKV or not any(caches[0].left_pad):
+        if (not self.blocks or not caches or type(caches[0]) is not FullKV or not any(caches[0].left_pad)
+                or caches[0].batch > DECODE_MAX_BATCH):
             return caches
         eligible = getattr(step, "eligible", None)  # runtime/compiled_decode.py
         if eligible is not None and eligible(inputs):

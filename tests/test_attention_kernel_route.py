@@ -131,3 +131,14 @@ def test_compiled_steps_keep_their_own_kernel_path(model_dir, kernel_on_cpu):
     assert views.for_decode(d, inputs) is caches  # the compiled step takes 2 rows
     d.max_batch = 1
     assert all(type(v).__name__ == "_KernelKV" for v in views.for_decode(d, inputs))
+
+
+def test_padded_decode_views_stop_at_the_batch_limit(model_dir, kernel_on_cpu, monkeypatch):
+    from graphc.runtime import kernel_views
+
+    monkeypatch.setattr(kernel_views, "DECODE_MAX_BATCH", 2)
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE), prefill_chunk=16)
+    mixed = random_prompts(3, eng.vocab_size, [5, 33, 12], seed=6)
+    plain = SamplingParams(max_tokens=6, ignore_eos=True)
+    assert [r.token_ids for r in eng.generate(mixed, plain)] == [reference_greedy(eng.model, p, 6) for p in mixed]
+    assert kernel_on_cpu == []  # three padded rows, over the limit: MLX's attention
