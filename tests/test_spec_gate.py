@@ -194,3 +194,35 @@ def test_engine_gate_does_not_count_steps_without_drafts_against_verify(model_di
     rates = spec.gate.rates()[1]
     assert rates["verify"][0] > rates["plain"][0]
     assert eng.stats["spec_emitted_tokens"] > 0.4 * 240  # most copied tokens came from verify steps
+
+
+def test_close_arms_are_rechecked_sooner():
+    """Two arms within CLOSE of each other: a noisy window can order them wrongly, so the other
+    one is re-checked every EXPLORE_CLOSE cycles; arms far apart every EXPLORE_EVERY."""
+    for verify, every in (((5, 4.0), ArmGate.EXPLORE_CLOSE), ((1, 4.0), ArmGate.EXPLORE_EVERY)):
+        clock = Clock()
+        gate = ArmGate(clock)
+        cost = {"plain": (1, 1.0), "verify": verify}  # verify 1.25 tok/s (close) or 0.25 (far)
+        arms = [_cycle(gate, clock, cost) for _ in range(400)]
+        late = arms[100:]
+        stretches = sum(1 for a, b in zip(late, late[1:]) if a == "plain" and b == "verify")
+        # Stretches of the losing arm, one per `every` measured cycles (about RUN - 1 of each
+        # stretch is measured): 300 cycles hold ~300 / (every + RUN) of them.
+        assert abs(stretches - 300 / (every + ArmGate.RUN)) <= 2, (verify, stretches)
+
+
+def test_a_noisy_wrong_order_is_corrected_within_a_few_stretches():
+    """Verify is truly faster (1.3x), but its first window saw a bad stretch (new text): plain
+    wins at first; the close re-check brings verify back within ~EXPLORE_CLOSE cycles."""
+    clock = Clock()
+    gate = ArmGate(clock)
+    bad = {"plain": (1, 1.0), "verify": (1, 1.2)}  # the first stretches: verify looks slower
+    for _ in range(3 * ArmGate.MIN_SAMPLES + 8):
+        _cycle(gate, clock, bad)
+    rates = gate.rates()[1]
+    assert rates["plain"][0] > rates["verify"][0]
+    good = {"plain": (1, 1.0), "verify": (13, 10.0)}  # verify 1.3 tok/s from now on
+    arms = [_cycle(gate, clock, good) for _ in range(120)]
+    first = arms.index("verify") if "verify" in arms else len(arms)
+    assert first <= ArmGate.EXPLORE_CLOSE + 2 * ArmGate.RUN
+    assert arms[-40:].count("verify") > 30
