@@ -137,6 +137,7 @@ modes = {"plain": (SamplingParams(max_tokens=96, speculative="off"), blocks, {})
 for name in os.environ.get("SPEC_MODES", "kernel,mlx").split(","):
     modes["spec_" + name] = (sp,) + variants[name]
 tps = {m: [] for m in modes}
+toks: dict = {}  # each mode's last output, compared with plain's
 acc = {m: dict.fromkeys(("draft", "build", "wait", "post", "encode", "n", "tok"), 0.0) for m in modes}
 for r in range(reps + 1):
     for m, (p, b, settings) in modes.items():
@@ -148,6 +149,7 @@ for r in range(reps + 1):
         t0 = time.perf_counter()
         out = eng.generate(prompts, p)
         d = time.perf_counter() - t0
+        toks[m] = [o.token_ids for o in out]
         if r:
             tps[m].append(sum(len(o.token_ids) for o in out) / d)
             for k in t_before:
@@ -161,5 +163,6 @@ for m, v in tps.items():
     per = {k: 1e3 * x / n for k, x in acc[m].items()} if n else {}
     if per:
         per["graph"] = per["build"] - per["encode"]
-    print(f"graphc {m}: {min(v):.1f} / {med(v):.1f} / {max(v):.1f} tok/s, x{med(v) / plain:.2f} plain; "
+    same = "same tokens as plain" if toks[m] == toks["plain"] else "TOKENS DIFFER from plain"
+    print(f"graphc {m}: {same}; {min(v):.1f} / {med(v):.1f} / {max(v):.1f} tok/s, x{med(v) / plain:.2f} plain; "
           f"{int(n)} verifies giving {int(tok)} of {96 * reps} tokens; ms/verify " + ", ".join(f"{k} {x:.2f}" for k, x in per.items()), flush=True)
