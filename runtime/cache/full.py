@@ -151,7 +151,9 @@ class FullKV(LayerCache):
         shift = min(self.left_pad) if self.left_pad else 0
         for name in self.PLANES:
             x = getattr(self, name)[idx]
-            setattr(self, name, x[..., shift:, :] if shift else x)
+            # Contiguous, not a view: kernels that read the whole buffer (the ragged attention
+            # kernel, runtime/kernel_views.py) would otherwise copy it on every step.
+            setattr(self, name, mx.contiguous(x[..., shift:, :]) if shift else x)
         if shift:
             self.idx -= shift
             self.left_pad = [p - shift for p in self.left_pad]
