@@ -47,6 +47,17 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+def _launch(*argv, attempts: int = 3) -> subprocess.CompletedProcess:
+    """`mlx.launch -n 2 --backend ring -p PORT argv...`, retried on a fresh port when a port was
+    taken between choosing it and binding it (the ring binds PORT and the ports after it)."""
+    for _ in range(attempts):
+        run = subprocess.run([*LAUNCH, "-n", "2", "--backend", "ring", "-p", str(_free_ports(1)[0]), *argv],
+                             capture_output=True, text=True, timeout=300)
+        if "Couldn't bind socket" not in run.stderr:
+            break
+    return run
+
+
 def _spawn_ranks(tmp_path, argv, n: int = 2, env: dict | None = None) -> list[subprocess.Popen]:
     """What mlx.launch --backend ring does on one host, done by hand so a test can signal one rank.
     `argv`: the command of every rank, or a function of the rank giving each its own."""
@@ -85,9 +96,7 @@ def test_two_ranks_match_one_process(model_dir, tmp_path):
     spec.write_text(json.dumps({"models": models, "engine": {"prefill_chunk": 8}, "prompts": PROMPTS,
                                 "params": PARAMS}))
     out = tmp_path / "out.json"
-    port = _free_ports(1)[0]
-    run = subprocess.run([*LAUNCH, "-n", "2", "--backend", "ring", "-p", str(port), sys.executable, str(WORKER),
-                          str(out), str(spec)], capture_output=True, text=True, timeout=300)
+    run = _launch(sys.executable, str(WORKER), str(out), str(spec))
     assert out.exists(), f"rank 0 wrote no results (launcher exit {run.returncode}):\n{run.stderr[-4000:]}"
     assert "exited with code" not in run.stderr, run.stderr[-4000:]
     got = json.loads(out.read_text())
@@ -112,9 +121,7 @@ def test_two_ranks_compiled_decode_match_one_process(model_dir, tmp_path):
     spec.write_text(json.dumps({"models": [m], "engine": {"prefill_chunk": 8, "compile": True},
                                 "prompts": PROMPTS[:4], "params": PARAMS[:4]}))
     out = tmp_path / "out.json"
-    port = _free_ports(1)[0]
-    run = subprocess.run([*LAUNCH, "-n", "2", "--backend", "ring", "-p", str(port), sys.executable, str(WORKER),
-                          str(out), str(spec)], capture_output=True, text=True, timeout=300)
+    run = _launch(sys.executable, str(WORKER), str(out), str(spec))
     assert out.exists(), f"rank 0 wrote no results (launcher exit {run.returncode}):\n{run.stderr[-4000:]}"
     ref = Engine.load(m, prefill_chunk=8).generate(PROMPTS[:4], [SamplingParams(**p) for p in PARAMS[:4]])
     got = json.loads(out.read_text())[m]
@@ -373,10 +380,8 @@ def test_bench_runs_on_one_process(tmp_path):
 @pytest.mark.slow
 def test_bench_runs_on_two_ranks(tmp_path):
     out = tmp_path / "tp2.json"
-    run = subprocess.run([*LAUNCH, "-n", "2", "--backend", "ring", "-p", str(_free_ports(1)[0]), "--",
-                          sys.executable, "-m", "graphc.runtime.distributed.bench", "--shape", "tiny",
-                          "--dtype", "float32", "--batches", "2", "--warm", "1", "--steps", "2", "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    run = _launch("--", sys.executable, "-m", "graphc.runtime.distributed.bench", "--shape", "tiny",
+                  "--dtype", "float32", "--batches", "2", "--warm", "1", "--steps", "2", "--json", str(out))
     assert out.exists(), run.stderr[-3000:]
     assert json.loads(out.read_text())["tp"] == 2
 
