@@ -160,12 +160,11 @@ def llama_block(layer, w: dict | None, x: mx.array, cache) -> mx.array:
     if w is None:
         h = x + a.o_proj(o)
         return h + layer.mlp(layer.post_attention_layernorm(h))
-    quantized = isinstance(w["qkv"], _QuantizedRows)
+    quantized = isinstance(w["qkv"], _QuantizedRows)  # then o_proj / down_proj run as the model's modules
     h = x + (a.o_proj(o) if quantized else cache.matmul(o, a.o_proj.weight))
     g, u = mx.split(_rows(cache, layer.post_attention_layernorm(h), w["gate_up"]), 2, axis=-1)
-    if quantized:  # mlx-lm's own MLP activation, then its down projection module
-        return h + layer.mlp.down_proj(swiglu(g, u))
-    return h + cache.matmul(nn.silu(g) * u, layer.mlp.down_proj.weight)
+    act = swiglu(g, u)  # mlx-lm's MLP activation
+    return h + (layer.mlp.down_proj(act) if quantized else cache.matmul(act, layer.mlp.down_proj.weight))
 
 
 def _rows(cache, x, w):

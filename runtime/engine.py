@@ -98,8 +98,13 @@ class Engine:
         # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
         from .kernel_views import KernelViews
 
-        self.runner.views = KernelViews(getattr(self.compiled.decode, "step", self.compiled.decode),
-                                        enabled=self.decode_options["attention_kernel"])
+        self.runner.views = views = KernelViews(getattr(self.compiled.decode, "step", self.compiled.decode),
+                                                enabled=self.decode_options["attention_kernel"])
+        if views.on:  # the plan says what runs (graphc inspect)
+            import attrs
+
+            d = self.compiled.decode
+            d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("attention kernel", views.pass_line),))
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=kv_budget_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)

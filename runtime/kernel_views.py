@@ -41,10 +41,11 @@ DECODE_MAX_BATCH = 16
 class _KernelKV:
     """One layer's FullKV as one eager forward sees it."""
 
-    def __init__(self, inner: FullKV, blocks: dict, start: mx.array):
+    def __init__(self, inner: FullKV, blocks: dict, start: mx.array, ends: dict):
         self.inner = inner
         self._blocks = blocks  # {id(layer): block} (decode_attention.kernel_blocks)
         self.start = start  # int32 [B]: each row's first valid column
+        self._ends = ends  # written columns -> int32 [1], one array for all layers of the forward
 
     def __getattr__(self, name):  # mlx-lm's cache protocol: offset, make_mask, state, ...
         return getattr(self.inner, name)
@@ -60,7 +61,10 @@ class _KernelKV:
         from .kernels.decode_attention import ragged_attention
 
         c = self.inner  # k, v are views of its buffers up to the written columns: read the buffers
-        return ragged_attention(q, c.keys, c.values, self.start, mx.array([c.idx], dtype=mx.int32), scale)
+        end = self._ends.get(c.idx)
+        if end is None:
+            end = self._ends[c.idx] = mx.array([c.idx], dtype=mx.int32)
+        return ragged_attention(q, c.keys, c.values, self.start, end, scale)
 
 
 class KernelViews:
@@ -90,11 +94,17 @@ class KernelViews:
     def on(self) -> bool:
         return bool(self.blocks)
 
+    @property
+    def pass_line(self) -> str:
+        """The decode plan's line for it (graphc inspect)."""
+        return (f"eager verify forwards and eager decode steps over up to {DECODE_MAX_BATCH} left-padded rows: "
+                f"attention in the ragged kernel, {self.note} (runtime/kernel_views.py)")
+
     def __call__(self, caches: list) -> list:
         if not self.blocks or not caches or not all(type(c) is FullKV and c.keys is not None for c in caches):
             return caches
-        start = mx.array(caches[0].left_pad, dtype=mx.int32)
-        return [_KernelKV(c, self.blocks, start) for c in caches]
+        start, ends = mx.array(caches[0].left_pad, dtype=mx.int32), {}
+        return [_KernelKV(c, self.blocks, start, ends) for c in caches]
 
     def for_decode(self, step, inputs) -> list:
         """The caches a plain decode step runs on: views when its rows are left-padded, it has at

@@ -142,3 +142,11 @@ def test_padded_decode_views_stop_at_the_batch_limit(model_dir, kernel_on_cpu, m
     plain = SamplingParams(max_tokens=6, ignore_eos=True)
     assert [r.token_ids for r in eng.generate(mixed, plain)] == [reference_greedy(eng.model, p, 6) for p in mixed]
     assert kernel_on_cpu == []  # three padded rows, over the limit: MLX's attention
+
+
+def test_the_decode_plan_says_when_the_kernel_runs(model_dir, kernel_on_cpu):
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE))
+    line = dict(eng.compiled.plan("decode").passes)["attention kernel"]
+    assert "ragged kernel" in line and "on (2 of 2 layers)" in line
+    off = Engine.load(model_dir("llama", **KERNEL_SHAPE), decode_options={"attention_kernel": False})
+    assert "attention kernel" not in dict(off.compiled.plan("decode").passes)
