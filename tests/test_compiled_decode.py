@@ -174,3 +174,48 @@ def test_quantized_llama_fuses_its_quantized_projections(model_dir):
     layer = model.layers[0]
     layer.mlp.gate_proj.bits = 8
     assert llama_unfusable(layer) == "projections quantized with different group sizes, bits or modes"
+
+
+def test_write_columns_scatter_equals_the_slice_update(monkeypatch):
+    """The CUDA write (a scatter at the array column) puts the same values where the slice update does."""
+    import mlx.core as mx
+
+    from graphc.runtime import compiled_decode as cd
+
+    buf = mx.random.normal((3, 2, 16, 8), key=mx.random.key(0))
+    for L in (1, 5):
+        new = mx.random.normal((3, 2, L, 8), key=mx.random.key(L))
+        idx = mx.array(6, dtype=mx.int32)
+        monkeypatch.setattr(cd, "_scatter_writes", lambda: False)
+        want = cd._write_columns(buf, new, idx)
+        monkeypatch.setattr(cd, "_scatter_writes", lambda: True)
+        got = mx.compile(cd._write_columns)(buf, new, idx)
+        assert mx.array_equal(got, want)
+        assert mx.array_equal(got[:, :, 6:6 + L], new) and mx.array_equal(got[:, :, :6], buf[:, :, :6])
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_compiled_steps_with_scatter_writes_stay_exact(llama, monkeypatch, speculative):
+    """The engine with the CUDA KV write forced on: decode through joins, leaves and capacity
+    growth, and compiled verify steps writing L columns, keep the uncompiled engine's tokens."""
+    from graphc.runtime import compiled_decode as cd
+
+    plain = Engine.load(llama, prefill_chunk=32, max_batch=3)
+    prompts = random_prompts(5, plain.vocab_size, [5, 40, 17, 1, 33], seed=4)
+    lens = [150, 20, 70, 5, 40]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lens]
+    want = [r.token_ids for r in plain.generate(prompts, params)]
+    monkeypatch.setattr(cd, "_scatter_writes", lambda: True)
+    comp = Engine.load(llama, prefill_chunk=32, max_batch=3, compile=True)
+    if speculative:
+        from test_speculative import _oracle
+
+        comp.speculator.drafter = _oracle({tuple(p): w for p, w in zip(prompts, want)}, comp.vocab_size)
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, speculative="prompt_lookup", num_draft_tokens=4)
+                  for n in lens]
+    got = [r.token_ids for r in comp.generate(prompts, params)]
+    assert got == want
+    d = comp.compiled.decode
+    assert d.compiled_steps > 0
+    if speculative:
+        assert d.verify_steps > 0
