@@ -2,7 +2,7 @@
 
     decode:
       compile: true            # mx.compile the decode forward on fixed-shape KV (default false;
-                               # auto: compiled for batches up to 16 rows, eager above; measured:
+                               # auto: compiled for batches up to 64 rows, eager above; measured:
                                # per batch-size bucket, whichever the live decode steps timed faster)
       fuse_projections: true   # the architecture's fused decode block, where its adapter has one
                                # (llama: q/k/v and gate/up as one matmul each; graphc-owned copies

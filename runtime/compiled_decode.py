@@ -128,11 +128,15 @@ def _bucket(n: int) -> int:
 
 
 # `Engine(compile="auto")`: batches up to this many rows decode compiled, larger ones eager.
-# On the H200 (docs/performance.md, run 5 and issue 15) the compiled step was faster at
-# batch 1-8 in every run (8B: 6.5-7.0 vs 7.4-8.2 ms at 1, 8.3-9.1 vs 10.8-12.9 at 8), mixed
-# at 32 and slower at 64 (16.0-16.6 vs 9.7-10.9 ms): above 16 rows the eager step, which
-# takes MLX's unmasked fused attention for rows that started together, wins.
-AUTO_MAX_BATCH = 16
+# Until run 14 the limit was 16: the compiled step lost at batch 64 (8B: 16.0-16.6 against
+# 9.7-10.9 ms in run 5) because the K/V write at an array column (then `mx.slice_update`) cost
+# device time in proportion to the whole buffer — 8.5 of the compiled step's 17.2 ms of device
+# time at 8B batch 64 under ncu. With the scatter write (`_write_columns`) the same step has
+# 9.4 ms of device time against eager's 9.9, and per step it ran 7.9-8.2 against 7.8-9.1 ms
+# (8B batch 64), 2.7-4.0 against 3.7-5.8 (1B batch 64), 5.0 against 5.9-6.3 (8B batch 1); through
+# the public API at 8B batch 64 13.6 against eager 15.6 ms (docs/performance.md, run 14). Larger
+# batches have not been measured, so they stay eager; `compile="measured"` decides per batch.
+AUTO_MAX_BATCH = 64
 
 
 class CompiledDecode:

@@ -282,7 +282,34 @@ def test_bench_grounded_workload_reports_both_modes(tmp_path, monkeypatch, gated
         assert ("speculative/ungated" in r["ratios"]) == gated and (r["gate"] is not None) == gated
         if r["verify_steps"]:
             assert set(r["verify_ms"]) == {"draft", "build", "wait", "post"} and r["verify_ms"]["build"] > 0
-    assert not any("differs" in n for n in res["notes"])
+    assert not any("differs" in n or "cold prefill" in n for n in res["notes"])
+
+
+def test_bench_grounded_blames_a_cold_prefill_difference_on_the_cache_not_speculation(tmp_path, monkeypatch):
+    """Outputs are compared at one cache state; a cold plain run that differs from the cached plain
+    run (bf16 rounding of another prefill shape, seen on the H200) gets its own note."""
+    import json
+
+    from graphc.cli import main as graphc_main
+    from graphc.runtime import Engine
+
+    generate, calls = Engine.generate, []
+
+    def first_differs(self, prompts, params=None, *a, **k):
+        res = generate(self, prompts, params, *a, **k)
+        calls.append(1)
+        if len(calls) == 1:  # the cold run
+            import attr
+
+            res = [attr.evolve(r, token_ids=[t ^ 1 for t in r.token_ids]) for r in res]
+        return res
+
+    monkeypatch.setattr(Engine, "generate", first_differs)
+    out = tmp_path / "grounded.json"
+    assert graphc_main(["bench", "--user-api", "--user-workloads", "grounded", "--model", "tiny", "--batches", "1",
+                        "--long-new", "8", "--short-new", "4", "--user-repeats", "3", "--no-compile", "--json", str(out)]) == 0
+    notes = json.loads(out.read_text())["notes"]
+    assert any("cold prefill" in n for n in notes) and not any("differs" in n for n in notes)
 
 
 # -- draft model ---------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
 
     rows, notes = [], []
     # compile: the user-api default (--compile) decodes with compile="auto" — plain steps and
-    # verify forwards traced up to 16 rows; --no-compile: eager, the engine's default.
+    # verify forwards traced up to 64 rows; --no-compile: eager, the engine's default.
     auto = "auto" if getattr(cfg, "compile", False) else None
     eng = C.make_engine(model, tokenizer, config, max_batch=max(max(cfg.batches), 1), compile=auto)
     if eng.speculator.problem:
@@ -78,9 +78,16 @@ def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = pri
 
     for B in cfg.batches:
         prompts = grounded_prompts(tokenizer, B, seed=cfg.seed, vocab=int(config["vocab_size"]))
-        outs = {}
-        for name in modes:  # warm-up (and the prompts into the prefix cache, for all alike)
-            outs[name] = [r.token_ids for r in run(name, prompts)]
+        # A cold plain run first puts the prompts into the prefix cache; then every mode runs once
+        # (warm-up) on the same cached prompts, so outputs are compared at the same cache state.
+        # In bf16 on a GPU a prefix-cache hit alone can change greedy tokens (the prompt's last
+        # positions are computed in a forward of another shape, which rounds differently); that
+        # is reported on its own, not blamed on speculation.
+        cold = [r.token_ids for r in run("plain", prompts)]
+        outs = {name: [r.token_ids for r in run(name, prompts)] for name in modes}
+        if cold != outs["plain"]:
+            notes.append(f"grounded B={B}: plain greedy output changed between a cold prefill and a prefix-cache "
+                         f"hit (float rounding of different prefill shapes, not speculation)")
         for name in modes:
             if outs[name] != outs["plain"]:
                 notes.append(f"grounded B={B}: {name} output differs from plain greedy output")

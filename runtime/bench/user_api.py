@@ -5,7 +5,7 @@ this suite times whole public calls, as an application sees them:
 
 - graphc: `Engine.generate(prompts, SamplingParams(...))` on one Engine kept across calls
   (defaults otherwise: prefix cache on, default `prefill_chunk`), with `compile=True`,
-  with `compile="auto"` (compiled only up to 16 rows) and, with `--compile-measured`, with
+  with `compile="auto"` (compiled only up to 64 rows) and, with `--compile-measured`, with
   `compile="measured"` (compiled or eager per batch size by timing, runtime/measured_gate.py);
 - mlx-lm: `mlx_lm.batch_generate` (with `completion_batch_size` >= the batch, so every row
   decodes together), and a plain loop over the mlx-lm model and its KV cache;
