@@ -112,6 +112,41 @@ def _oracle(refs: dict, vocab: int):
     return draft
 
 
+@pytest.mark.parametrize("shrink", [True, False])
+def test_a_rejected_draft_halves_k_only_where_longer_drafts_cost_more(model_dir, shrink):
+    from graphc.runtime.speculative.config import SpecConfig
+    from graphc.runtime.speculative.prompt_lookup import NgramIndex
+    from graphc.runtime.speculative.speculator import _RowState
+
+    spec = Engine.load(model_dir("llama")).speculator
+    spec.shrink_k = shrink
+
+    class Req:
+        pass
+
+    lookup, drafter = Req(), Req()
+    spec._rows[lookup] = _RowState(SpecConfig(num_draft_tokens=16), NgramIndex(), 16)
+    spec._rows[drafter] = _RowState(SpecConfig(method="draft_model", num_draft_tokens=16), NgramIndex(), 16)
+    spec._learn(lookup, 16, 0)
+    spec._learn(drafter, 16, 0)
+    assert spec._rows[lookup].k == (8 if shrink else 16)
+    assert spec._rows[drafter].k == 8  # a draft model's drafts cost a step each: it always shrinks
+    spec._learn(lookup, 5, 5)  # a whole draft accepted: k grows back toward the most
+    assert spec._rows[lookup].k == (9 if shrink else 16)
+
+
+def test_greedy_identical_when_k_never_shrinks(model_dir):
+    """The GPU policy (k kept at its most after a rejection), run on the CPU: output unchanged."""
+    eng = Engine.load(model_dir("llama"), prefill_chunk=16, spec_max_tokens=WIDE)
+    eng.speculator.shrink_k = False
+    prompts = random_prompts(3, eng.vocab_size, [5, 40, 17], seed=7)
+    refs = {tuple(p): reference_greedy(eng.model, p, 40) for p in prompts}
+    eng.speculator.drafter = _oracle(refs, eng.vocab_size)
+    params = SamplingParams(max_tokens=40, ignore_eos=True, speculative="prompt_lookup", num_draft_tokens=8)
+    assert [r.token_ids for r in eng.generate(prompts, params)] == [refs[tuple(p)] for p in prompts]
+    assert eng.stats["spec_steps"] > 0
+
+
 CASES = [("llama", "dense", "auto", None), ("qwen3", "dense", "auto", None), ("llama", "dense_noprefix", "auto", None),
          ("llama", "dense", "generic", None), ("llama", "dense", "auto", True)]
 
@@ -396,14 +431,17 @@ def test_the_docs_first_example_runs():
 
 
 def test_default_draft_length_follows_the_device(monkeypatch):
-    """k defaults to 8 where a verify forward's cost barely grows with its positions (GPU), 4 on the CPU."""
+    """GPU, where a verify forward's cost barely grows with its positions: prompt lookup drafts up to
+    16 (its drafts cost nothing), a draft model 8 (each draft is a step of it); CPU: 4."""
     import mlx.core as mx
 
     from graphc.runtime.speculative.config import SpecConfig, parse_speculative
 
     assert SpecConfig().num_draft_tokens == 4 and parse_speculative("prompt_lookup").num_draft_tokens == 4
+    assert SpecConfig(method="draft_model").num_draft_tokens == 4
     monkeypatch.setattr(mx, "default_device", lambda: mx.gpu)
-    assert SpecConfig().num_draft_tokens == 8
+    assert SpecConfig().num_draft_tokens == 16 and parse_speculative("prompt_lookup").num_draft_tokens == 16
+    assert SpecConfig(method="draft_model").num_draft_tokens == 8
     assert parse_speculative("prompt_lookup", 3).num_draft_tokens == 3
 
 

@@ -28,7 +28,7 @@ def add_parser(subparsers) -> None:
                         "draft_model with --draft-model; docs/speculative.md)")
     s.add_argument("--draft-model", help="a small model folder or .gguf with the same tokenizer, drafting for "
                                          "speculative decoding")
-    s.add_argument("--num-draft-tokens", type=int, help="draft tokens verified per step with --speculative (default 8 on a GPU, 4 on the CPU)")
+    s.add_argument("--num-draft-tokens", type=int, help="draft tokens verified per step with --speculative (default on a GPU: 16 for prompt lookup, 8 for a draft model; 4 on the CPU)")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's max_position_embeddings)")
     s.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default: context - 1)")
     s.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")

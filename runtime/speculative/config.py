@@ -10,15 +10,22 @@ OFF = "off"
 MAX_DRAFT_TOKENS = 16  # a verify batch writes k + 1 positions; more than this wastes the step
 
 
-def default_num_draft_tokens() -> int:
-    """k when a request or the engine names none. GPU: a verify forward over k + 1 positions at
-    small batches costs about what one position does (launch- and weight-bound), so longer drafts
-    are nearly free; on SmolLM2-135M copying a text (grounded bench, one row, greedy) k = 8 verified
-    5.6 tokens per step against 3.8 for k = 4 (docs/speculative.md). CPU: the verify budget
-    (speculator.default_max_tokens, 4 positions) caps k at 3 anyway."""
+def default_num_draft_tokens(method: str = "prompt_lookup") -> int:
+    """k when a request or the engine names none.
+
+    GPU, prompt lookup: 16. A verify forward over k + 1 positions at small batches costs about
+    what one position does (launch- and host-bound; on the H200 a SmolLM2 verify's device time
+    was 0.1-0.5 ms of a 5.5-10 ms step), and lookup drafts cost nothing, so the longest draft the
+    verify budget allows is the cheapest way through a copied stretch: replaying the grounded
+    bench's answers (docs/bench/proto_draft_policy.py) took 54 verify steps for 384 tokens at
+    k = 16 against 63 at k = 8 (40 against 63 with k kept at 16 after a rejection, see
+    Speculator.shrink_k). GPU, draft model: 8 — each draft token is a step of the draft model.
+    CPU: 4 — the verify budget (speculator.default_max_tokens, 4 positions) caps k at 3 anyway."""
     import mlx.core as mx
 
-    return 8 if mx.default_device() == mx.gpu else 4
+    if mx.default_device() != mx.gpu:
+        return 4
+    return MAX_DRAFT_TOKENS if method == "prompt_lookup" else 8
 
 
 @attrs.frozen
@@ -28,7 +35,8 @@ class SpecConfig:
     draft_model)."""
 
     method: str = "prompt_lookup"
-    num_draft_tokens: int = attrs.field(factory=default_num_draft_tokens)
+    num_draft_tokens: int = attrs.field(
+        default=attrs.Factory(lambda self: default_num_draft_tokens(self.method), takes_self=True))
     max_ngram: int = 4
     min_ngram: int = 2
 

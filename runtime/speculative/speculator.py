@@ -33,7 +33,9 @@ forward is compute-bound and verifying extra positions costs more than it saves;
 draft (a row that finds none 4 times in a row stops looking for 16 tokens, so its plain steps
 chain again), and rows whose drafts keep being rejected (acceptance under `min_acceptance` over the
 last few steps pauses that row's drafting for `cooldown` tokens). A row's k adapts: it grows
-back toward num_draft_tokens while whole drafts are accepted and halves when none is.
+back toward num_draft_tokens while whole drafts are accepted and halves when none is — where a
+longer draft costs more (`shrink_k`: on the CPU, whose verify is compute-bound, and for a draft
+model, whose every draft token is a step); prompt lookup on a GPU keeps k at its most.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class Speculator:
     def __init__(self, step, *, default: SpecConfig | None = None, max_batch: int = 16,
                  max_tokens: int | None = None, problem: str | None = None, stats: dict | None = None,
                  min_acceptance: float = 0.15, cooldown: int = 32, pipeline: bool | None = None,
+                 shrink_k: bool | None = None,
                  adaptive: bool | None = None, views=None):
         # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
         # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
@@ -154,6 +157,13 @@ class Speculator:
         # batch where no row fits 2 positions decodes plainly.
         self.max_tokens = max_tokens if max_tokens is not None else default_max_tokens()
         self.min_acceptance = min_acceptance
+        # Halve a prompt-lookup row's k after a draft the target rejected outright? Only where a
+        # longer draft costs more. On a GPU a verify over 17 positions costs about what one over
+        # 9 does (host-bound), and a k halved after one bad match keeps the next copied stretch's
+        # drafts short for many steps: replaying the grounded bench's answers, keeping k at 16
+        # took 40 verify steps for 384 tokens against 54 when halving
+        # (docs/bench/proto_draft_policy.py). A draft model always shrinks (each draft is a step).
+        self.shrink_k = (mx.default_device() != mx.gpu) if shrink_k is None else shrink_k
         self.cooldown = cooldown
         self.pipeline = default_pipeline() if pipeline is None else bool(pipeline)
         # Plain, verify or pipelined per batch-size bucket, by measured tokens/s
@@ -428,7 +438,7 @@ class Speculator:
             return
         if accepted == drafted:
             st.k = min(st.k + 1, st.cfg.num_draft_tokens)
-        elif accepted == 0:
+        elif accepted == 0 and (self.shrink_k or st.cfg.method == "draft_model"):
             st.k = max(1, st.k // 2)
         st.drafted += drafted
         st.accepted += accepted
