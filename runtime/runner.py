@@ -249,8 +249,7 @@ class ModelRunner:
         toks = out.next_tokens.tolist()
         lps = out.logprobs.to_lists(st) if out.logprobs is not None else [None] * len(reqs)
         if self.prefix_io is not None:
-            for i, r in enumerate(reqs):
-                self.prefix_io.store_prompt_row(r, caches, i)
+            self.prefix_io.store_prompt_rows(reqs, caches)
         self._prefilled_batch = (list(reqs), caches)
         return list(zip(toks, lps))
 

@@ -89,6 +89,62 @@ def test_decode_kv_is_stored_when_a_request_ends(dense_dir):
     assert second.token_ids == reference_greedy(eng.model, follow, 10)
 
 
+def test_a_batch_that_finishes_together_is_stored_together_and_hits(dense_dir, monkeypatch):
+    """Rows leaving in one step go to the pool in one write per layer (PrefixIO._write_rows); each
+    one's next turn then hits its whole first turn and stays exact."""
+    from graphc.runtime.cache.pool import KVPool
+
+    writes = []
+    write = KVPool.write
+    monkeypatch.setattr(KVPool, "write", lambda self, layer, slots, planes: (writes.append(len(slots)),
+                                                                              write(self, layer, slots, planes))[1])
+    eng = Engine.load(dense_dir, prefill_chunk=64, max_total_tokens=2048)
+    prompts = random_prompts(4, 1024, [20, 9, 31, 14], seed=6)
+    firsts = eng.generate(prompts, GREEDY)  # same max_tokens: the four rows leave in one step
+    layers = len(eng.runner.prefix_io.token_layers)
+    # The prompts went in at prefill; on the way out one write per layer holds every row's output.
+    assert writes[-layers:] == [sum(len(f.token_ids) for f in firsts)] * layers
+    assert len(writes) == layers + 2 * layers  # two batched prefills (prompt stores), one store at the end
+    follows = [p + f.token_ids + [7, 8] for p, f in zip(prompts, firsts)]
+    seconds = eng.generate(follows, GREEDY)
+    for p, f, fol, s2 in zip(prompts, firsts, follows, seconds):
+        assert s2.cached_tokens == len(p) + len(f.token_ids)
+        assert s2.token_ids == reference_greedy(eng.model, fol, 10)
+    eng.prefix.check()
+
+
+def test_rows_given_a_slot_twice_in_one_store_are_written_in_order(dense_dir):
+    """If a later row's insert reuses slots an earlier row had just been given (eviction in a full
+    pool), the batched write falls back to row-by-row writes, so the later row's KV wins."""
+    import numpy as np
+
+    from graphc.runtime.prefix_cache import WritePlan
+
+    import mlx.core as mx
+
+    from graphc.runtime.cache.full import FullKV
+
+    eng = Engine.load(dense_dir, prefill_chunk=64, max_total_tokens=1024)
+    io = eng.runner.prefix_io
+    eng.generate(random_prompts(1, 1024, [12], seed=9), GREEDY)  # allocates the pool
+    _, heads, dim = io.pool.planes[io.token_layers[0]][0].shape
+    caches = []
+    for n in range(len(eng.model.layers)):  # a two-row batch cache, different KV per row and layer
+        c = FullKV(2)
+        k = mx.random.normal((2, heads, 6, dim), key=mx.random.key(n))
+        c.update_and_fetch(k, -k)
+        caches.append(c)
+    slots = np.array([5, 6, 7], dtype=np.int32)
+    calls = []
+    write = io.pool.write
+    io.pool.write = lambda layer, s, planes: (calls.append(layer), write(layer, s, planes))[1]
+    io._write_rows([(WritePlan(pool=[(slots, 0, 3)]), 0), (WritePlan(pool=[(slots, 3, 6)]), 1)], caches)
+    assert len(calls) == 2 * len(io.token_layers)  # row by row, not one batched write
+    i = io.token_layers[0]
+    got = np.array(io.pool.gather(i, slots)[0])
+    np.testing.assert_array_equal(got, np.array(caches[i].positions(1, 3, 6)[0]))
+
+
 def test_batched_requests_share_prefixes_under_eviction(dense_dir):
     """A pool of 120 slots for prompts of ~50 tokens: eviction runs while rows decode; exact."""
     prompts = shared_prompts(30, [3, 25, 8, 40, 1, 17], seed=2) + random_prompts(3, 1024, [33, 7, 50], seed=8)

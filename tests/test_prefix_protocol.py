@@ -47,6 +47,25 @@ def test_tokens_capture_a_padded_row_and_restore_it_at_position_zero():
     np.testing.assert_array_equal(np.array(restored.state[1][0]), np.array(v[0, :, 3:7]))
 
 
+@pytest.mark.parametrize("policy_cls", [PoolBackedPolicy, FullPolicy])
+def test_rows_captured_together_equal_each_row_captured_alone(policy_cls):
+    """prefix_capture_rows (one gather per plane for a batch's leaving rows) gives what each row's
+    prefix_capture gives, concatenated; the base class's default (FullPolicy inherits it) too."""
+    policy = policy_cls(SimpleNamespace(kind="full_attention"))
+    if policy_cls is FullPolicy:
+        policy.prefix_capture = PoolBackedPolicy.prefix_capture.__get__(policy)  # FullPolicy keeps no prefixes
+    cache = type(policy.new_cache())(3, [3, 0, 5])  # left-padded rows
+    k, v = kv(9, 2, batch=3)
+    cache.update_and_fetch(k, v)
+    spans = [(2, 0, 4), (0, 1, 6), (1, 7, 9), (0, 0, 1)]
+    got = policy.prefix_capture_rows(cache, spans)
+    want = [np.concatenate([np.array(policy.prefix_capture(cache, r, s, e).arrays[j]) for r, s, e in spans], axis=1)
+            for j in range(2)]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.array(g), w)
+    np.testing.assert_array_equal(np.array(got[0][:, :4]), np.array(k[2, :, 5:9]))
+
+
 def test_a_tail_is_clamped_to_what_the_window_still_holds():
     policy = WindowedPolicy(SimpleNamespace(kind="sliding_attention", window=4))
     cache = policy.new_cache()

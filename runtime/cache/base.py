@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import attrs
+import mlx.core as mx
 
 from .prefix_state import PrefixKind, PrefixState
 
@@ -144,6 +145,15 @@ class CachePolicy:
         Copies what must not keep the batch's buffers alive; never changes `cache`."""
         raise NotImplementedError(f"policy '{self.name}' declares prefix_kind {self.prefix_kind} "
                                   "but does not implement prefix_capture")
+
+    def prefix_capture_rows(self, cache: LayerCache, spans: list) -> tuple:
+        """TOKENS: the planes of several rows' positions at once, each [H, n, ...] with the spans'
+        positions one after the other — what prefix_capture of each (row, start, end) in `spans`
+        gives, concatenated. Rows leaving a batch together are stored with one pool write per
+        layer instead of one per row and layer (runtime/prefix_io.py). This default concatenates
+        prefix_capture's planes; a policy whose cache can gather them in one op overrides it."""
+        parts = [self.prefix_capture(cache, row, start, end).arrays for row, start, end in spans]
+        return parts[0] if len(parts) == 1 else tuple(mx.concatenate(p, axis=1) for p in zip(*parts))
 
     def prefix_restore(self, state: PrefixState) -> LayerCache:
         """A fresh batch-of-one cache holding `state` (its next position is state.end): TOKENS

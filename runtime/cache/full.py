@@ -8,6 +8,7 @@ pays O(log T) reallocations, each O(T) — amortized O(1) per token.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from .base import CachePolicy, LayerCache
 from .registry import register_policy
@@ -197,6 +198,15 @@ class FullKV(LayerCache):
         pool write that consumes them is queued right away)."""
         p = self.left_pad[row]
         return tuple(getattr(self, name)[row, :, p + start:p + end] for name in self.PLANES)
+
+    def positions_rows(self, spans: list) -> tuple:
+        """positions() of several (row, start, end) spans in one gather per plane, each [H, n, ...]
+        with the spans one after the other (a batch's leaving rows go to the pool together)."""
+        rows = np.concatenate([np.full(end - start, row, dtype=np.int32) for row, start, end in spans])
+        cols = np.concatenate([np.arange(self.left_pad[row] + start, self.left_pad[row] + end, dtype=np.int32)
+                               for row, start, end in spans])
+        r, c = mx.array(rows), mx.array(cols)
+        return tuple(getattr(self, name)[r, :, c].swapaxes(0, 1) for name in self.PLANES)
 
     @classmethod
     def restored(cls, planes: tuple) -> "FullKV":

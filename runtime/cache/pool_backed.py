@@ -37,5 +37,8 @@ class PoolBackedPolicy(CachePolicy):
     def prefix_capture(self, cache: FullKV, row: int, start: int, end: int) -> PrefixState:
         return PrefixState(PrefixKind.TOKENS, start, end, cache.positions(row, start, end))
 
+    def prefix_capture_rows(self, cache: FullKV, spans: list) -> tuple:
+        return cache.positions_rows(spans)
+
     def prefix_restore(self, state: PrefixState) -> FullKV:
         return FullKV.restored(state.arrays)

@@ -97,7 +97,8 @@ def _inject(stage, monkeypatch, engine_ref):
     if stage == "cache_write":
         from graphc.runtime.prefix_io import PrefixIO
 
-        wrap(PrefixIO, "_write")
+        wrap(PrefixIO, "_write")  # one row's store (a prompt chunk)
+        wrap(PrefixIO, "_write_rows")  # the rows of a batched prefill, or leaving the batch together
         return lambda p: SamplingParams(max_tokens=8, stop=(POISON,))
     if stage == "detokenize":  # host work after the token: stop strings / incremental text
         from graphc.runtime.text import TextState

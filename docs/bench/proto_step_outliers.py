@@ -1,0 +1,45 @@
+"""Where the public API's steady ms/step and the per-step median part: the slowest decode steps.
+
+`graphc bench --user-api` reports (T(144 new) - T(16 new)) / 128, a mean that includes every
+stall; `python -m graphc.runtime.bench.step_profile` reports per-step medians, which leave stalls
+out. This prints both for one Engine on B fresh 128-token prompts, and the slowest steps with
+their parts (build, submit, wait, engine: see step_profile). Usage:
+proto_step_outliers.py SHAPE B [compile 0|1]   (SHAPE: a bench shape or a model folder)"""
+
+import random
+import statistics
+import sys
+import time
+
+from graphc.runtime.bench.contestants import graphc_params, make_engine
+from graphc.runtime.bench.shapes import load_shape
+from graphc.runtime.bench.step_profile import instrument
+
+model, tok, cfg, label = load_shape(sys.argv[1], "bfloat16")
+B = int(sys.argv[2])
+comp = len(sys.argv) > 3 and sys.argv[3] == "1"
+eng = make_engine(model, tok, cfg, compile=comp)
+rng = random.Random(0)
+
+
+def prompts():
+    return [[rng.randrange(3, eng.vocab_size) for _ in range(128)] for _ in range(B)]
+
+
+eng.generate(prompts(), graphc_params(144))
+t = instrument(eng)
+calls = {}
+for new in (16, 144, 16, 144):
+    t.steps = []
+    t0 = time.perf_counter()
+    eng.generate(prompts(), graphc_params(new))
+    wall = time.perf_counter() - t0
+    st = [s["step"] for s in t.steps]
+    calls.setdefault(new, []).append(wall)
+    print(f"{label} B={B} new={new}: call {wall * 1e3:.0f} ms, {len(st)} decode steps, sum {sum(st) * 1e3:.0f} ms, "
+          f"median {statistics.median(st) * 1e3:.2f} ms, max {max(st) * 1e3:.1f} ms", flush=True)
+steady = [(a - b) * 1e3 / 128 for a, b in zip(calls[144], calls[16])]
+print(f"steady (T144 - T16) / 128: {', '.join(f'{x:.2f}' for x in steady)} ms/step")
+print("slowest steps of the last call (ms):")
+for s in sorted(t.steps, key=lambda s: -s["step"])[:4]:
+    print("  " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in s.items() if not k.startswith("_")))
