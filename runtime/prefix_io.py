@@ -10,10 +10,10 @@ Every layer goes through the prefix protocol (runtime/cache/prefix_state.py):
 the positions chosen by the policy's `prefix_kind` (TOKENS, TAIL, SNAPSHOT).
 
 Cost model. A hit of m tokens costs one gather of m rows per TOKENS layer (and
-`window` rows per TAIL layer) into the working cache; an insert of n new tokens
-one scatter of n rows per layer — for all the rows of one batched prefill, or all the rows
-leaving the decode batch in one step, together (`_write_rows`). Both are a few ops per layer, queued asynchronously;
-decode never touches the pools.
+`window` rows per TAIL layer) into the working cache; an insert of n new tokens one
+scatter of n rows per layer — for all the rows of one batched prefill, or all the rows
+leaving the decode batch in one step, together (`_write_rows`). Both are a few ops per
+layer, queued asynchronously; decode never touches the pools.
 """
 
 from __future__ import annotations
