@@ -6,6 +6,8 @@ Every policy speaks one prefix protocol (runtime/cache/base.py, `CachePolicy`):
     prefix_unsupported()                     why this policy cannot share prefixes (None when it can)
     prefix_tail()                            TAIL only: how many positions before a boundary are kept
     prefix_capture(cache, row, start, end)   -> PrefixState of positions start..end-1 of `row`
+    prefix_capture_rows(cache, spans)        -> TOKENS, optional: several rows' planes at once
+                                                (default: prefix_capture's, concatenated)
     prefix_restore(state)                    -> a fresh batch-of-one LayerCache holding `state`
 
 The three kinds differ only in *which* positions the prefix cache asks for and where it
