@@ -83,6 +83,7 @@ VARIANTS = {
     "k 16, never shrink, ngram 2-6": {"k_max": 16, "shrink": "none", "max_ngram": 6},
     "k 16, never shrink, no miss pause": {"k_max": 16, "shrink": "none", "max_misses": 10 ** 9},
     "k 16, never shrink, miss pause 8": {"k_max": 16, "shrink": "none", "miss_pause": 8},
+    "k 16, never shrink, no cooldown": {"k_max": 16, "shrink": "none", "min_acceptance": 0.0},
 }
 
 if __name__ == "__main__":
