@@ -86,6 +86,22 @@ def test_a_tail_is_clamped_to_what_the_window_still_holds():
         policy.prefix_capture(cache, 0, 13, 17)
 
 
+def test_a_state_counts_its_positions_whether_or_not_the_model_advances_it():
+    """Some recurrent layers call cache.advance(N) (qwen3_next), some never do (mlx-lm's
+    bailing_moe_linear); graphc's attention op calls folded(N) after every forward, so the count
+    the prefix cache checks a snapshot against is right either way, and never doubled."""
+    from graphc.compiler.ops.forward import _folded
+
+    quiet, counting = StateCache(2, 1), StateCache(2, 1)
+    for n in (5, 1, 1):
+        counting.advance(n)  # the model counted
+        _folded([quiet, counting, object()], n)  # caches without folded() are left alone
+    assert quiet.row_length(0) == 7 and counting.row_length(0) == 7
+    policy = SSMStatePolicy(SimpleNamespace(kind="linear_attention", state_size=2))
+    quiet[0] = mx.zeros((1, 3))
+    assert policy.prefix_capture(quiet, 0, 7, 7).end == 7
+
+
 def test_a_snapshot_exists_only_after_the_last_position():
     policy = SSMStatePolicy(SimpleNamespace(kind="linear_attention", state_size=2))
     cache = StateCache(2, 1)

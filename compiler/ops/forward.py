@@ -54,6 +54,23 @@ def attention(ctx, node, h):
     """The decoder stack. Fast path: the layer loop here, masks built once per (layer kind, window)
     from the first such layer's cache. Generic: the model's own forward — to logits when a
     `logits` node reads this one, else to its final (normed) hidden states (embedding graphs)."""
+    out = _decoder(ctx, node, h)
+    _folded(ctx.inputs.caches, h.shape[1])
+    return out
+
+
+def _folded(caches, n: int) -> None:
+    """Tell the caches that count their own positions (runtime/cache/ssm_state.py StateCache) that a
+    forward folded n positions in: some models' recurrent layers never call `cache.advance`
+    (mlx-lm's bailing_moe_linear), and the prefix cache checks a state snapshot's position."""
+    for c in caches:
+        for part in getattr(c, "caches", None) or [c]:
+            f = getattr(part, "folded", None)
+            if f is not None:
+                f(n)
+
+
+def _decoder(ctx, node, h):
     b, inputs = ctx.binding, ctx.inputs
     if _generic(ctx):
         if "logits" in node.consumers or not node.consumers:

@@ -37,6 +37,7 @@ class StateCache(LayerCache, ArraysCache):
         self.lengths = None  # never set: rows are never padded (see module docstring)
         self.left_padding = None
         self.tokens = [0] * batch  # tokens folded into each row's state (host ints)
+        self._advanced = False  # the model called advance() in the forward being built
 
     # -- what the model sees (mlx-lm's ArraysCache protocol) -------------------------
     def __getitem__(self, i):
@@ -47,6 +48,15 @@ class StateCache(LayerCache, ArraysCache):
 
     def advance(self, N: int) -> None:
         self.tokens = [t + N for t in self.tokens]
+        self._advanced = True
+
+    def folded(self, N: int) -> None:
+        """graphc, after every forward over N positions (compiler/ops/forward.py): counts them for
+        models whose layers never call advance (mlx-lm's bailing_moe_linear); a model that did
+        count them is left as it counted."""
+        if not self._advanced:
+            self.tokens = [t + N for t in self.tokens]
+        self._advanced = False
 
     def make_mask(self, N: int, window_size=None, return_array: bool = False):
         return None
