@@ -3,8 +3,10 @@
 mlx-lm keeps this state in an `ArraysCache`: the layer reads and writes `cache[0]` (the
 convolution's last kernel-1 inputs) and `cache[1]` (the recurrent state), reads
 `cache.lengths` (per-row valid lengths, for right-padded batches), calls
-`cache.advance(N)`, and the model builds its mask with `create_ssm_mask` ->
-`cache.make_mask(N)`. `StateCache` is that protocol plus graphc's batching.
+`cache.advance(N)` (most do; bailing_moe_linear does not, so graphc's attention op also calls
+`folded(N)` after every forward and the count is right either way), and the model builds its
+mask with `create_ssm_mask` -> `cache.make_mask(N)`. `StateCache` is that protocol plus
+graphc's batching.
 
 Batching needs no padding here: every row's state is its own [1, ...] slice, whatever its
 length, and graphc prefills one request at a time and decodes one token per row. So
