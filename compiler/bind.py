@@ -68,6 +68,10 @@ class Binding:
     batched: bool = True  # False: exact only one request at a time; the engine runs max_batch=1
     mask_rank: int = 4  # 5: per-row masks as [B, 1, 1, N, T] (attention scores split by KV group)
     wrapper_type: str | None = None  # the multimodal wrapper's type when the text model inside is served
+    # Layers whose caches count the positions a forward folds in (`folded`, runtime/cache/ssm_state.py):
+    # found from the policies on the first forward (compiler/ops/forward.py), so decode steps visit
+    # only those.
+    folding_layers: tuple | None = None
 
 
 def classify_model(model, config: dict) -> list[LayerInfo]:

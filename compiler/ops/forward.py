@@ -55,8 +55,16 @@ def attention(ctx, node, h):
     from the first such layer's cache. Generic: the model's own forward — to logits when a
     `logits` node reads this one, else to its final (normed) hidden states (embedding graphs)."""
     out = _decoder(ctx, node, h)
-    _folded(ctx.inputs.caches, h.shape[1])
+    b = ctx.binding
+    if b.folding_layers is None:  # which layers' policies keep caches that count positions: found once
+        b.folding_layers = tuple(i for i, p in enumerate(b.policies) if _counters(p.new_cache()))
+    if b.folding_layers:
+        _folded([ctx.inputs.caches[i] for i in b.folding_layers], h.shape[1])
     return out
+
+
+def _counters(cache) -> list:
+    return [p for p in getattr(cache, "caches", None) or [cache] if hasattr(p, "folded")]
 
 
 def _folded(caches, n: int) -> None:
@@ -64,10 +72,8 @@ def _folded(caches, n: int) -> None:
     forward folded n positions in: some models' recurrent layers never call `cache.advance`
     (mlx-lm's bailing_moe_linear), and the prefix cache checks a state snapshot's position."""
     for c in caches:
-        for part in getattr(c, "caches", None) or [c]:
-            f = getattr(part, "folded", None)
-            if f is not None:
-                f(n)
+        for part in _counters(c):
+            part.folded(n)
 
 
 def _decoder(ctx, node, h):
