@@ -2,7 +2,8 @@
 
     decode:
       compile: true            # mx.compile the decode forward on fixed-shape KV (default false;
-                               # auto: compiled for batches up to 64 rows, eager above; measured:
+                               # auto: compiled for batches up to 64 rows and 32,768 rows x KV
+                               # columns, eager beyond; measured:
                                # per batch-size bucket, whichever the live decode steps timed faster)
       fuse_projections: true   # the architecture's fused decode block, where its adapter has one
                                # (llama: q/k/v and gate/up as one matmul each; graphc-owned copies
@@ -73,8 +74,8 @@ def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> t
     parts = ["mx.compile of embed/attention/logits on fixed-shape KV (capacity buckets); batches whose caches "
              "are not all plain FullKV run uncompiled; the head ops run as lowered"]
     if options.get("compile") == "auto":  # where compiled measured slower (docs/performance.md)
-        parts.append("compile: auto — only batches up to runtime/compiled_decode.py AUTO_MAX_BATCH rows; "
-                     "larger ones run the eager step on the same caches")
+        parts.append("compile: auto — only batches up to runtime/compiled_decode.py AUTO_MAX_BATCH rows and "
+                     "AUTO_MAX_KV rows x KV capacity; the others run the eager step on the same caches")
     elif options.get("compile") == "measured":
         parts.append("compile: measured — per batch-size bucket the compiled and the eager step are timed "
                      "on the live decode cycles and the faster runs (runtime/measured_gate.py)")

@@ -105,6 +105,12 @@ def _scatter_writes() -> bool:
     return available()
 
 
+def _kernel_layout() -> str:
+    from .kernels.decode_attention import grouped_note
+
+    return grouped_note()
+
+
 def _mlx_matmul(x, w):
     return x @ w.T
 
@@ -138,21 +144,33 @@ def _bucket(n: int) -> int:
 # batches have not been measured, so they stay eager; `compile="measured"` decides per batch.
 AUTO_MAX_BATCH = 64
 
+# ... and only while rows x KV capacity stays within this many columns. A compiled step attends
+# over its fixed-capacity buffers with a mask, so on CUDA its attention is graphc's kernel; the
+# eager step of rows that started together gets MLX's fused one-query kernel, which reads long
+# contexts about twice as fast (H200, docs/bench/proto_gqa_attention.py, run 16, 8B shape: 57
+# against 57 µs a layer at batch 64 and 272 columns, 145 against 89 at 1,040, 513 against 274 at
+# 4,112; batch 16 at 4,112: 144 against 87). At 32 layers that loss passes what compiling saves
+# (~2 ms a step at 8B batch 64) near 64 x 1,024 columns; below 32,768 it is within 0.3 ms.
+AUTO_MAX_KV = 32768
+
 
 class CompiledDecode:
     """Drop-in for the runner's decode `LoweredStep` (forward / head / node names).
 
-    `max_batch`: larger batches run the eager step on the same caches (None: no limit).
-    Both read and write the same `FullKV` buffers, so a batch may cross the limit between
+    `max_batch`: larger batches run the eager step on the same caches (None: no limit);
+    `max_kv`: so do batches whose rows x capacity bucket exceeds it (None: no limit).
+    Both read and write the same `FullKV` buffers, so a batch may cross the limits between
     steps; the compiled side re-buckets the capacity when it takes a batch back.
     """
 
     def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False,
-                 max_batch: int | None = None, skinny_table: str | None = None, measured: bool = False):
+                 max_batch: int | None = None, skinny_table: str | None = None, measured: bool = False,
+                 max_kv: int | None = None):
         # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
         # fuse_projections, attention_kernel, skinny_matmul, skinny_table (the bench's
         # --compile-ablation switches each off through Engine(decode_options=...)).
         self.max_batch = max_batch
+        self.max_kv = max_kv
         # compile="measured": per batch-size bucket, the runner's decode cycles are timed and the
         # faster of the compiled and the eager step runs (runtime/measured_gate.py), so compile
         # is never kept where it measured slower; None: compiled wherever eligible.
@@ -227,7 +245,7 @@ class CompiledDecode:
         advanced by L columns; None where the batch is not eligible (the eager step runs it).
         One trace per (batch size, L, capacity bucket): the speculator pads L to a few sizes."""
         B, L = tokens.shape
-        if self.verify_node is None or (self.max_batch is not None and B > self.max_batch) or not _fixed(caches):
+        if self.verify_node is None or not self._within(B, caches, L) or not _fixed(caches):
             return None
         self._fit(caches, caches[0].idx + L)
         first = caches[0]
@@ -251,11 +269,17 @@ class CompiledDecode:
                 # one copy now, then every step writes in place at a fixed shape.
                 _reshape_capacity(c, _bucket(need))
 
+    def _within(self, B: int, caches: list, L: int) -> bool:
+        """B rows writing L columns fit the `max_batch` and `max_kv` limits."""
+        if self.max_batch is not None and B > self.max_batch:
+            return False
+        return self.max_kv is None or not caches or B * _bucket(caches[0].idx + L) <= self.max_kv
+
     def eligible(self, inputs: StepInputs) -> bool:
         caches = inputs.caches
-        if self.max_batch is not None and inputs.tokens.shape[0] > self.max_batch:
-            return False
         if not (inputs.tokens.ndim == 2 and inputs.tokens.shape[1] == 1 and _fixed(caches)):
+            return False
+        if not self._within(inputs.tokens.shape[0], caches, 1):
             return False
         return self.gate is None or self.gate.current(inputs.tokens.shape[0], self.gate.arm_names) == "compiled"
 
@@ -282,7 +306,7 @@ class CompiledDecode:
     def applied(self) -> dict:
         """What this step switched on, for the plan's `compile` pass (decode_options.compile_pass)."""
         return {"fused_layers": len(self.fused), "fused": self.fused.note,
-                "attention_kernel": "on" if self.kernel else f"off ({self.kernel_note})",
+                "attention_kernel": f"on ({_kernel_layout()})" if self.kernel else f"off ({self.kernel_note})",
                 "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})"}
 
     def head(self, ctx: StepContext, extra_edits=None):

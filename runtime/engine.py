@@ -69,15 +69,17 @@ class Engine:
         elif self.decode_options["compile"]:  # mx.compile the decode forward on fixed-shape KV
             from .compiled_decode import CompiledDecode
 
-            # compile "auto": compiled only for batches where it measured faster than eager
-            # (<= AUTO_MAX_BATCH rows); larger batches run the eager step on the same caches.
+            # compile "auto": compiled only where it measured faster than eager (<= AUTO_MAX_BATCH
+            # rows, rows x KV capacity <= AUTO_MAX_KV); other steps run eager on the same caches.
             # "measured": every batch-size bucket times both and keeps the faster (measured_gate.py).
-            from .compiled_decode import AUTO_MAX_BATCH
+            from .compiled_decode import AUTO_MAX_BATCH, AUTO_MAX_KV
 
             o = self.decode_options
+            auto = o["compile"] == "auto"
             self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
                                                   kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
-                                                  max_batch=AUTO_MAX_BATCH if o["compile"] == "auto" else None,
+                                                  max_batch=AUTO_MAX_BATCH if auto else None,
+                                                  max_kv=AUTO_MAX_KV if auto else None,
                                                   skinny_table=o["skinny_table"], measured=o["compile"] == "measured")
         self._show_compile_pass()
         if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)

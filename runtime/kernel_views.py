@@ -88,7 +88,7 @@ class KernelViews:
             self.note = f"off ({why})"
         else:
             self.blocks = blocks
-            self.note = f"on ({len(blocks)} of {len(adapter.layers)} layers)"
+            self.note = f"on ({len(blocks)} of {len(adapter.layers)} layers, {decode_attention.grouped_note()})"
 
     @property
     def on(self) -> bool:

@@ -147,6 +147,32 @@ def test_padded_decode_views_stop_at_the_batch_limit(model_dir, kernel_on_cpu, m
 def test_the_decode_plan_says_when_the_kernel_runs(model_dir, kernel_on_cpu):
     eng = Engine.load(model_dir("llama", **KERNEL_SHAPE))
     line = dict(eng.compiled.plan("decode").passes)["attention kernel"]
-    assert "ragged kernel" in line and "on (2 of 2 layers)" in line
+    assert "ragged kernel" in line and "on (2 of 2 layers, per query head (not checked))" in line
     off = Engine.load(model_dir("llama", **KERNEL_SHAPE), decode_options={"attention_kernel": False})
     assert "attention kernel" not in dict(off.compiled.plan("decode").passes)
+
+
+def test_the_grouped_kernel_takes_query_groups_it_can_hold():
+    """One block per KV head serves its 2..8 query heads; warps shrink until the combine's shared
+    memory fits; groups of one head (nothing shared) or more than 8 take the per-head kernel."""
+    assert da.grouped_warps(32, 8, 128) == 8  # Llama-3.1-8B: G = 4
+    assert da.grouped_warps(32, 8, 64) == 8  # Llama-3.2-1B
+    assert da.grouped_warps(64, 8, 128) == 4  # G = 8: 8 warps x 8 x 130 x 4 B > 32 KB
+    assert da.grouped_warps(16, 2, 256) == 2  # G = 8, D = 256
+    assert da.grouped_warps(32, 32, 128) == 0  # multi-head attention
+    assert da.grouped_warps(16, 1, 128) == 0  # G = 16
+    assert da.grouped_warps(12, 8, 128) == 0  # not a whole group
+
+
+def test_the_grouped_kernel_runs_only_after_it_matched_here(monkeypatch):
+    """check() compares both kernels with MLX's attention: the per-head one decides whether any
+    kernel runs, the grouped one only whether it replaces the per-head one."""
+    verdicts = {"per_head": None, "grouped": "grouped kernel differs from masked attention by 1"}
+    monkeypatch.setattr(da, "_compare_kind", lambda seed, kind: verdicts[kind])
+    monkeypatch.setattr(da, "_grouped_ok", {"ok": False, "why": "not checked"})
+    assert da._compare(0) is None
+    assert not da._grouped_ok["ok"] and "differs" in da.grouped_note()
+    verdicts["grouped"] = None
+    assert da._compare(0) is None and da._grouped_ok["ok"] and da.grouped_note() == "grouped by KV head"
+    verdicts["per_head"] = "per_head kernel failed: build error"
+    assert da._compare(0) == "per_head kernel failed: build error"

@@ -66,6 +66,52 @@ def test_auto_compiles_small_batches_only_and_stays_exact(llama, monkeypatch):
     assert d.max_batch == 2 and d.compiled_steps > 0 and d.fallback_steps > 0
 
 
+@pytest.mark.parametrize("speculative", [False, True])
+def test_auto_runs_long_contexts_eager_and_stays_exact(llama, monkeypatch, speculative):
+    # compile="auto" also leaves a step eager once rows x KV capacity passes AUTO_MAX_KV (on CUDA
+    # the compiled step's masked attention reads long contexts slower than the eager one). With
+    # the bound at 3 x 128 columns, 3 rows decode compiled up to 128 columns and eager past it;
+    # as rows leave, the remaining ones fit again. Verify steps follow the same bound.
+    from graphc.runtime import compiled_decode
+
+    monkeypatch.setattr(compiled_decode, "AUTO_MAX_KV", 3 * 128)
+    auto = Engine.load(llama, prefill_chunk=32, max_batch=3, compile="auto")
+    prompts = random_prompts(4, auto.vocab_size, [5, 40, 17, 9], seed=6)
+    lens = [230, 150, 30, 60]
+    want = [reference_greedy(auto.model, p, n) for p, n in zip(prompts, lens)]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lens]
+    if speculative:
+        from test_speculative import _oracle
+
+        auto.speculator.drafter = _oracle({tuple(p): w for p, w in zip(prompts, want)}, auto.vocab_size)
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, speculative="prompt_lookup", num_draft_tokens=4)
+                  for n in lens]
+    assert [r.token_ids for r in auto.generate(prompts, params)] == want
+    d = auto.compiled.decode
+    assert d.max_kv == 3 * 128
+    if speculative:  # some verify forwards compiled, the long ones eager
+        assert auto.speculator.stats["spec_steps"] > d.verify_steps > 0
+    else:
+        assert d.compiled_steps > 0 and d.fallback_steps > 0
+
+
+def test_the_kv_bound_counts_rows_times_the_capacity_bucket(llama):
+    eng = Engine.load(llama, compile="auto")
+    d = eng.compiled.decode
+
+    class _C:  # what `_within` reads of a cache: the written columns
+        def __init__(self, idx):
+            self.idx = idx
+
+    d.max_batch, d.max_kv = 64, 4 * 256
+    assert d._within(4, [_C(255)], 1)  # 256 columns: bucket 256, 4 x 256 fits
+    assert not d._within(4, [_C(256)], 1)  # 257: bucket 512
+    assert d._within(2, [_C(500)], 9)  # 509: bucket 512, 2 rows
+    assert not d._within(65, [_C(1)], 1)  # over max_batch
+    d.max_kv = None
+    assert d._within(64, [_C(10_000)], 1)
+
+
 def _measured_engine(llama, cost: dict, **kw):
     """compile="measured" with a fake clock: a decode cycle costs cost[arm] seconds (a test cannot
     rely on this machine's timings)."""

@@ -6,6 +6,7 @@ out. This prints both for one Engine on B fresh 128-token prompts, and the slowe
 their parts (build, submit, wait, engine: see step_profile). Usage:
 proto_step_outliers.py SHAPE B [compile 0|1]   (SHAPE: a bench shape or a model folder)"""
 
+import gc
 import random
 import statistics
 import sys
@@ -28,16 +29,31 @@ def prompts():
 
 eng.generate(prompts(), graphc_params(144))
 t = instrument(eng)
+pauses = []  # (generation, seconds) of every garbage collection during a call
+_gc_t0 = [0.0]
+
+
+def _gc_cb(phase, info):
+    if phase == "start":
+        _gc_t0[0] = time.perf_counter()
+    else:
+        pauses.append((info["generation"], time.perf_counter() - _gc_t0[0]))
+
+
+gc.callbacks.append(_gc_cb)
 calls = {}
 for new in (16, 144, 16, 144):
     t.steps = []
+    pauses.clear()
     t0 = time.perf_counter()
     eng.generate(prompts(), graphc_params(new))
     wall = time.perf_counter() - t0
     st = [s["step"] for s in t.steps]
     calls.setdefault(new, []).append(wall)
     print(f"{label} B={B} new={new}: call {wall * 1e3:.0f} ms, {len(st)} decode steps, sum {sum(st) * 1e3:.0f} ms, "
-          f"median {statistics.median(st) * 1e3:.2f} ms, max {max(st) * 1e3:.1f} ms", flush=True)
+          f"median {statistics.median(st) * 1e3:.2f} ms, max {max(st) * 1e3:.1f} ms; GC: "
+          + ", ".join(f"gen{g} x{sum(1 for x, _ in pauses if x == g)} {sum(d for x, d in pauses if x == g) * 1e3:.1f} ms "
+                      f"(max {max((d for x, d in pauses if x == g), default=0) * 1e3:.1f})" for g in (0, 1, 2)), flush=True)
 steady = [(a - b) * 1e3 / 128 for a, b in zip(calls[144], calls[16])]
 print(f"steady (T144 - T16) / 128: {', '.join(f'{x:.2f}' for x in steady)} ms/step")
 print("slowest steps of the last call (ms):")

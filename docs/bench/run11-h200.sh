@@ -27,6 +27,6 @@ measured)
     timeout 330 $B --model llama-3.1-8b --batches 1,64 --user-workloads decode --compile-measured --json $OUT/measured-8b-$2.json 2>&1 | grep "^|" | tail -6
     timeout 200 $B --model llama-3.2-1b --batches 1,64 --user-workloads decode --compile-measured --json $OUT/measured-1b-$2.json 2>&1 | grep "^|" | tail -6 ;;
 table)
-    timeout 200 $B --model llama-3.1-8b --batches 1,64 --user-workloads decode,sampled --json $OUT/ua-8b-$2.json 2>&1 | grep "^|" | tail -12
-    timeout 150 $B --model llama-3.2-1b --batches 1,64 --user-workloads decode,sampled --json $OUT/ua-1b-$2.json 2>&1 | grep "^|" | tail -12 ;;
+    timeout 330 $B --model llama-3.1-8b --batches 1,64 --user-workloads decode,sampled --json $OUT/ua-8b-$2.json 2>&1 | grep "^|" | tail -12
+    timeout 220 $B --model llama-3.2-1b --batches 1,64 --user-workloads decode,sampled --json $OUT/ua-1b-$2.json 2>&1 | grep "^|" | tail -12 ;;
 esac

@@ -118,20 +118,174 @@ _SOURCE = r"""
     }
 """
 
-_kernel = Kernel("graphc_ragged_decode_attention", ["q", "k", "v", "start", "end", "scale"], ["out"], _SOURCE)
+_INPUTS = ["q", "k", "v", "start", "end", "scale"]
+_kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
+
+# The same attention with one block per (row, KV head, query position) serving all G query heads
+# of that KV group: each K and V column is read once per group instead of once per query head
+# (the per-head kernel took 2.3 of the compiled Llama-3.1-8B batch-64 step's 9.4 ms of device
+# time under ncu, docs/performance.md, run 14). Each lane holds D/32 dims of G queries; WARPS
+# warps split the keys, KPI keys per warp per iteration. Measured on the H200
+# (docs/bench/proto_gqa_attention.py, run 16): 1.2-1.4x the per-head kernel at 8B batch 16-64 for
+# one query, 1.4-2.2x for 9 (verify), even at batch 1. Splitting the keys over more blocks
+# (flash-decoding, a second combine launch) was slower at every shape tried, so it is not here.
+_GROUPED_SOURCE = r"""
+    constexpr int KPI = 4;
+    constexpr int PER = D / 32;
+    const int Hq = q_shape[1];
+    const int Lq = q_shape[2];
+    const int Hkv = k_shape[1];
+    const int C = k_shape[2];
+    int blk = blockIdx.x;  // (b, kvh, l)
+    const int ql = blk % Lq;
+    blk /= Lq;
+    const int kvh = blk % Hkv;
+    const int b = blk / Hkv;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const float sc = scale[0];
+
+    const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
+    const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
+    float qv[G][PER];
+    float acc[G][PER];
+    float m[G];
+    float lsum[G];
+    const float NEG_INF = __int_as_float(0xff800000);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const T* qp = q + ((size_t)(b * Hq + kvh * G + g) * Lq + ql) * D + lane * PER;
+#pragma unroll
+      for (int i = 0; i < PER; ++i) { qv[g][i] = static_cast<float>(qp[i]) * sc; acc[g][i] = 0.f; }
+      m[g] = NEG_INF;
+      lsum[g] = 0.f;
+    }
+    const int s = start[b];
+    const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
+    for (int j0 = s + warp * KPI; j0 < e; j0 += WARPS * KPI) {
+      T kk[KPI][PER];
+      T vv[KPI][PER];
+#pragma unroll
+      for (int u = 0; u < KPI; ++u) {
+        const size_t j = (size_t)min(j0 + u, e - 1);  // past the end: a valid column, weight 0
+#pragma unroll
+        for (int i = 0; i < PER; ++i) { kk[u][i] = kp[j * D + i]; vv[u][i] = vp[j * D + i]; }
+      }
+      float d[G][KPI];
+#pragma unroll
+      for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int u = 0; u < KPI; ++u) {
+          float t = 0.f;
+#pragma unroll
+          for (int i = 0; i < PER; ++i) t += qv[g][i] * static_cast<float>(kk[u][i]);
+          d[g][u] = t;
+        }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int u = 0; u < KPI; ++u) d[g][u] += __shfl_xor_sync(0xffffffff, d[g][u], o);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float mn = m[g];
+#pragma unroll
+        for (int u = 0; u < KPI; ++u) {
+          if (j0 + u >= e) d[g][u] = NEG_INF;
+          mn = fmaxf(mn, d[g][u]);
+        }
+        const float c = expf(m[g] - mn);  // m = -inf on the first keys: c = 0; mn is finite (j0 < e)
+        lsum[g] *= c;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) acc[g][i] *= c;
+#pragma unroll
+        for (int u = 0; u < KPI; ++u) {
+          const float p = expf(d[g][u] - mn);
+          lsum[g] += p;
+#pragma unroll
+          for (int i = 0; i < PER; ++i) acc[g][i] += p * static_cast<float>(vv[u][i]);
+        }
+        m[g] = mn;
+      }
+    }
+    __shared__ float sm[WARPS][G];
+    __shared__ float sl[WARPS][G];
+    __shared__ float sacc[WARPS][G][D];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = lsum[g]; }
+#pragma unroll
+      for (int i = 0; i < PER; ++i) sacc[warp][g][lane * PER + i] = acc[g][i];
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += WARPS) {  // warp w combines query heads w, w + WARPS, ...
+      float M = NEG_INF;
+      for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w][g]);
+      float L = 0.f;
+      float f[WARPS];
+      for (int w = 0; w < WARPS; ++w) { f[w] = (sl[w][g] > 0.f) ? expf(sm[w][g] - M) : 0.f; L += sl[w][g] * f[w]; }
+      const size_t bhl = (size_t)(b * Hq + kvh * G + g) * Lq + ql;
+      for (int i = 0; i < PER; ++i) {
+        float o = 0.f;
+        for (int w = 0; w < WARPS; ++w) o += sacc[w][g][lane * PER + i] * f[w];
+        out[bhl * D + lane * PER + i] = static_cast<T>(o / L);
+      }
+    }
+"""
+
+_grouped = Kernel("graphc_grouped_decode_attention", _INPUTS, ["out"], _GROUPED_SOURCE)
+
+# Shared memory the grouped kernel's final combine may use (static, well under 48 KB).
+_GROUPED_SMEM = 32 * 1024
 
 
-def ragged_attention(q, k, v, start, end, scale: float | mx.array):
+# The grouped kernel's verdict, set by `check()` (which runs before any trace uses the kernels).
+_grouped_ok = {"ok": False, "why": "not checked"}
+
+
+def grouped_warps(Hq: int, Hkv: int, D: int) -> int:
+    """Warps per block for the grouped kernel at these heads, or 0 where it does not apply:
+    a group of one query head (nothing to share), more than 8 query heads per KV head (its
+    registers), or a combine that would not fit in _GROUPED_SMEM."""
+    G = Hq // Hkv if Hkv else 0
+    if G < 2 or G > 8 or Hq % Hkv:
+        return 0
+    for warps in (8, 4, 2):
+        if warps * G * (D + 2) * 4 <= _GROUPED_SMEM:
+            return warps
+    return 0
+
+
+def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | None = None):
     """q [B, Hq, L, D]; k, v [B, Hkv, C, D]; start [B] int32; end [1] int32 -> [B, Hq, L, D].
 
     `end`: one past the last written column; the L queries are the last L columns written
-    (query l sees columns start[b] .. end - L + l)."""
+    (query l sees columns start[b] .. end - L + l). `kind`: "grouped" (one block per KV group),
+    "per_head" (one block per query head), or None: grouped wherever it applies and passed
+    `check()` here."""
     B, Hq, L, D = q.shape
-    if D % 32 or k.shape[1] == 0 or Hq % k.shape[1]:
+    Hkv = k.shape[1]
+    if D % 32 or Hkv == 0 or Hq % Hkv:
         raise ValueError(f"ragged attention needs D % 32 == 0 and query heads a multiple of KV heads, got "
                          f"q {q.shape}, k {k.shape}")
     if not isinstance(scale, mx.array):
         scale = mx.array([scale], dtype=mx.float32)
+    warps = grouped_warps(Hq, Hkv, D)
+    if kind is None:
+        kind = "grouped" if warps and _grouped_ok["ok"] else "per_head"
+    if kind == "grouped":
+        if not warps:
+            raise ValueError(f"the grouped kernel does not take q {q.shape}, k {k.shape}")
+        (out,) = _grouped(
+            inputs=[q, k, v, start, end, scale],
+            template=[("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("WARPS", warps)],
+            grid=(B * Hkv * L * warps * 32, 1, 1),
+            threadgroup=(warps * 32, 1, 1),
+            output_shapes=[q.shape],
+            output_dtypes=[q.dtype],
+        )
+        return out
     (out,) = _kernel(
         inputs=[q, k, v, start, end, scale],
         template=[("T", q.dtype), ("D", D)],
@@ -152,22 +306,43 @@ def reference(q, k, v, start, end: int, scale: float):
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
-def _compare(seed: int) -> str | None:
+def _compare_kind(seed: int, kind: str) -> str | None:
     key = mx.random.key(seed)
     for (B, Hq, Hkv, C, D, end, L) in ((3, 8, 2, 64, 64, 50, 1), (5, 32, 8, 256, 128, 200, 1), (2, 4, 4, 512, 128, 511, 1),
-                                       (1, 9, 3, 128, 64, 80, 9), (3, 8, 2, 64, 64, 50, 5), (2, 32, 8, 256, 128, 256, 17)):
+                                       (1, 9, 3, 128, 64, 80, 9), (3, 8, 2, 64, 64, 50, 5), (2, 32, 8, 256, 128, 256, 17),
+                                       (2, 16, 2, 96, 128, 90, 3)):
         ks = mx.random.split(key, 4)
         key = ks[3]
+        if kind == "grouped" and not grouped_warps(Hq, Hkv, D):
+            continue
         q = mx.random.normal((B, Hq, L, D), key=ks[0]).astype(mx.bfloat16)
         k = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
         v = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
         start = mx.array([(7 * i) % (end - L) for i in range(B)], dtype=mx.int32)  # every query sees a column
-        got = ragged_attention(q, k, v, start, mx.array([end], dtype=mx.int32), D ** -0.5)
         want = reference(q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32), start, end, D ** -0.5)
+        got = ragged_attention(q, k, v, start, mx.array([end], dtype=mx.int32), D ** -0.5, kind=kind)
         err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
         if not err < 2e-2:
-            return f"kernel differs from masked attention by {err:.3g} at B={B} Hq={Hq} L={L} C={C} D={D}"
+            return f"{kind} kernel differs from masked attention by {err:.3g} at B={B} Hq={Hq} L={L} C={C} D={D}"
     return None
+
+
+def _compare(seed: int) -> str | None:
+    """The per-head kernel must match (else no kernel is used); the grouped one is used where
+    it also matches, and its verdict is kept for `ragged_attention` (`grouped_note()`)."""
+    why = _compare_kind(seed, "per_head")
+    if why is None:
+        try:
+            g = _compare_kind(seed, "grouped")
+        except Exception as e:  # noqa: BLE001 - a build failure leaves the per-head kernel in use
+            g = f"grouped kernel failed: {type(e).__name__}: {e}"
+        _grouped_ok.update(ok=g is None, why=g or "")
+    return why
+
+
+def grouped_note() -> str:
+    """On, or why the per-head kernel serves every shape (after `check()`)."""
+    return "grouped by KV head" if _grouped_ok["ok"] else f"per query head ({_grouped_ok['why']})"
 
 
 # None when the kernel matches MLX's masked attention on random inputs here; else why not.
