@@ -45,6 +45,8 @@ calls = {}
 for new in (16, 144, 16, 144):
     t.steps = []
     pauses.clear()
+    pio = eng.runner.prefix_io
+    grows0, bytes0 = (pio.pool.grows, pio.nbytes) if pio is not None else (0, 0)
     t0 = time.perf_counter()
     eng.generate(prompts(), graphc_params(new))
     wall = time.perf_counter() - t0
@@ -53,7 +55,9 @@ for new in (16, 144, 16, 144):
     print(f"{label} B={B} new={new}: call {wall * 1e3:.0f} ms, {len(st)} decode steps, sum {sum(st) * 1e3:.0f} ms, "
           f"median {statistics.median(st) * 1e3:.2f} ms, max {max(st) * 1e3:.1f} ms; GC: "
           + ", ".join(f"gen{g} x{sum(1 for x, _ in pauses if x == g)} {sum(d for x, d in pauses if x == g) * 1e3:.1f} ms "
-                      f"(max {max((d for x, d in pauses if x == g), default=0) * 1e3:.1f})" for g in (0, 1, 2)), flush=True)
+                      f"(max {max((d for x, d in pauses if x == g), default=0) * 1e3:.1f})" for g in (0, 1, 2))
+          + (f"; prefix pool grew {pio.pool.grows - grows0}x, {bytes0 / 2**30:.2f} -> {pio.nbytes / 2**30:.2f} GiB"
+             if pio is not None else ""), flush=True)
 steady = [(a - b) * 1e3 / 128 for a, b in zip(calls[144], calls[16])]
 print(f"steady (T144 - T16) / 128: {', '.join(f'{x:.2f}' for x in steady)} ms/step")
 print("slowest steps of the last call (ms):")
