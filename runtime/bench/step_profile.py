@@ -36,10 +36,12 @@ PARTS = ("build", "submit", "wait", "engine", "step")
 
 
 class _Timer:
-    """Per-step sums of the parts, keyed by decode step index."""
+    """Per-step sums of the parts, keyed by decode step index; `other`: the wall time of each
+    engine step that decoded nothing (admission and prefill only)."""
 
     def __init__(self):
         self.steps: list[dict] = []
+        self.other: list[float] = []
         self.cur: dict = {}
 
     def add(self, part: str, dt: float):
@@ -49,6 +51,8 @@ class _Timer:
         if decoded:
             self.cur["step"] = wall
             self.steps.append(self.cur)
+        else:
+            self.other.append(wall)
         self.cur = {}
 
 

@@ -26,6 +26,19 @@ import mlx.core as mx
 
 from . import Kernel, in_process_check
 
+# Both kernels' key loop opens the same way: WARPS warps take KPI consecutive keys per
+# iteration over [s, e), all KPI keys' K and V loaded into kk / vv before any is used.
+_KEY_LOOP = r"""    for (int j0 = s + warp * KPI; j0 < e; j0 += WARPS * KPI) {
+      T kk[KPI][PER];
+      T vv[KPI][PER];
+#pragma unroll
+      for (int u = 0; u < KPI; ++u) {
+        const size_t j = (size_t)min(j0 + u, e - 1);  // past the end: a valid column, weight 0
+#pragma unroll
+        for (int i = 0; i < PER; ++i) { kk[u][i] = kp[j * D + i]; vv[u][i] = vp[j * D + i]; }
+      }
+"""
+
 _SOURCE = r"""
     // One block per (row, query head, query position); WARPS warps each take KPI consecutive keys per
     // iteration. All KPI keys' K and V loads are issued before any of them is used, so an
@@ -59,16 +72,7 @@ _SOURCE = r"""
     float l = 0.f;
     const int s = start[b];
     const int e = end[0] - Lq + 1 + (bhl % Lq);  // causal among the Lq new columns
-    for (int j0 = s + warp * KPI; j0 < e; j0 += WARPS * KPI) {
-      T kk[KPI][PER];
-      T vv[KPI][PER];
-#pragma unroll
-      for (int u = 0; u < KPI; ++u) {
-        const size_t j = (size_t)min(j0 + u, e - 1);  // past the end: a valid column, weight 0
-#pragma unroll
-        for (int i = 0; i < PER; ++i) { kk[u][i] = kp[j * D + i]; vv[u][i] = vp[j * D + i]; }
-      }
-      float d[KPI];
+@KEYS@      float d[KPI];
 #pragma unroll
       for (int u = 0; u < KPI; ++u) {
         d[u] = 0.f;
@@ -118,6 +122,7 @@ _SOURCE = r"""
     }
 """
 
+_SOURCE = _SOURCE.replace("@KEYS@", _KEY_LOOP)
 _INPUTS = ["q", "k", "v", "start", "end", "scale"]
 _kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
 
@@ -126,8 +131,8 @@ _kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
 # (the per-head kernel took 2.3 of the compiled Llama-3.1-8B batch-64 step's 9.4 ms of device
 # time under ncu, docs/performance.md, run 14). Each lane holds D/32 dims of G queries; WARPS
 # warps split the keys, KPI keys per warp per iteration. Measured on the H200
-# (docs/bench/proto_gqa_attention.py, run 16): 1.2-1.4x the per-head kernel at 8B batch 16-64 for
-# one query, 1.4-2.2x for 9 (verify), even at batch 1. Splitting the keys over more blocks
+# (docs/bench/proto_gqa_attention.py, run 16): 1.1-1.8x the per-head kernel at 8B batch 16-64 for
+# one query (1.2-1.35x at 272 columns), 1.4-2.4x for 9 (verify), 1.2-1.5x for 9 at batch 1. Splitting the keys over more blocks
 # (flash-decoding, a second combine launch) was slower at every shape tried, so it is not here.
 _GROUPED_SOURCE = r"""
     constexpr int KPI = 4;
@@ -162,16 +167,7 @@ _GROUPED_SOURCE = r"""
     }
     const int s = start[b];
     const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
-    for (int j0 = s + warp * KPI; j0 < e; j0 += WARPS * KPI) {
-      T kk[KPI][PER];
-      T vv[KPI][PER];
-#pragma unroll
-      for (int u = 0; u < KPI; ++u) {
-        const size_t j = (size_t)min(j0 + u, e - 1);  // past the end: a valid column, weight 0
-#pragma unroll
-        for (int i = 0; i < PER; ++i) { kk[u][i] = kp[j * D + i]; vv[u][i] = vp[j * D + i]; }
-      }
-      float d[G][KPI];
+@KEYS@      float d[G][KPI];
 #pragma unroll
       for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -234,6 +230,7 @@ _GROUPED_SOURCE = r"""
     }
 """
 
+_GROUPED_SOURCE = _GROUPED_SOURCE.replace("@KEYS@", _KEY_LOOP)
 _grouped = Kernel("graphc_grouped_decode_attention", _INPUTS, ["out"], _GROUPED_SOURCE)
 
 # Shared memory the grouped kernel's final combine may use (static, well under 48 KB).
