@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
+
 
 def _model_dir(args) -> Path:
     if args.model:
@@ -42,7 +44,7 @@ def cmd_generate(args) -> int:
 
     # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
     engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering,
-                         distributed=launched())
+                         distributed=launched(), compile=COMPILE_FLAG[args.compile])
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
@@ -152,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefill-chunk", type=int, default=2048)
     g.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     g.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
+    g.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
     g.set_defaults(func=cmd_generate)
 
     i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")

@@ -28,6 +28,14 @@ DECODE_OPTIONS = {
 }
 
 
+# The command line's `--compile` (graphc serve / generate): its words and the Engine's `compile=`.
+COMPILE_FLAG = {"graph": None, "off": False, "on": True, "auto": "auto", "measured": "measured"}
+COMPILE_FLAG_HELP = ("decode under mx.compile: on, off, auto (compiled up to 64 rows and 32,768 rows x KV columns, "
+                     "eager beyond: the fastest setting measured on the H200, docs/performance.md; the fused "
+                     "projections cost memory, docs/graph-format.md), measured (per batch size, whichever "
+                     "timed faster); default: what the graph's `decode:` section says (off)")
+
+
 def defaults() -> dict:
     return {k: d for k, (d, _) in DECODE_OPTIONS.items()}
 

@@ -264,3 +264,30 @@ def test_compiled_steps_with_scatter_writes_stay_exact(llama, monkeypatch, specu
     assert d.compiled_steps > 0
     if speculative:
         assert d.verify_steps > 0
+
+
+@pytest.mark.parametrize("flag,want", [("graph", False), ("off", False), ("on", True), ("auto", "auto"),
+                                       ("measured", "measured")])
+def test_serve_compile_flag_reaches_the_engine(llama, flag, want):
+    """`graphc serve --compile auto`: the flag's word becomes the Engine's compile= (default: the graph's)."""
+    import argparse
+
+    from graphc.runtime.server.cli import add_parser, config_from_args
+    from graphc.runtime.server.state import load_engine
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    eng = load_engine(config_from_args(parser.parse_args(["serve", "--model", str(llama), "--compile", flag])))
+    assert eng.decode_options["compile"] == want
+    assert isinstance(eng.compiled.decode, CompiledDecode) == bool(want)
+    if want == "auto":
+        assert eng.compiled.decode.max_kv is not None
+
+
+def test_generate_compile_flag_runs_compiled(llama, capsys):
+    from graphc.cli.main import main
+
+    assert main(["generate", "hi", "--model", str(llama), "--max-tokens", "3", "--compile", "on"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["generate", "hi", "--model", str(llama), "--max-tokens", "3"]) == 0
+    assert capsys.readouterr().out == plain  # greedy: compiled and eager give the same text

@@ -7,6 +7,8 @@ import os
 import signal
 import sys
 
+from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
+
 from .config import ServerConfig
 
 
@@ -29,6 +31,7 @@ def add_parser(subparsers) -> None:
     s.add_argument("--draft-model", help="a small model folder or .gguf with the same tokenizer, drafting for "
                                          "speculative decoding")
     s.add_argument("--num-draft-tokens", type=int, help="draft tokens verified per step with --speculative (default on a GPU: 16 for prompt lookup, 8 for a draft model; 4 on the CPU)")
+    s.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's max_position_embeddings)")
     s.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default: context - 1)")
     s.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
@@ -56,7 +59,7 @@ def config_from_args(args) -> ServerConfig:
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
         max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,
-        shutdown_timeout=args.shutdown_timeout)
+        shutdown_timeout=args.shutdown_timeout, compile=COMPILE_FLAG[args.compile])
 
 
 def _exit_early(sig, frame) -> None:

@@ -28,6 +28,7 @@ class ServerConfig:
     num_draft_tokens: int | None = None  # k for that default (None: the method's default)
     draft_model: str | None = None  # a small model of the same tokenizer drafting for method "draft_model"
     distributed: bool = False  # tensor parallel over mlx.launch's world group (docs/distributed.md)
+    compile: bool | str | None = None  # Engine(compile=): True / False / "auto" / "measured"; None = the graph's
 
     # limits
     max_model_len: int | None = None  # context; default: config.json's max_position_embeddings

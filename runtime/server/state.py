@@ -27,6 +27,8 @@ log = logging.getLogger("graphc.server")
 def load_engine(c: ServerConfig, **kwargs) -> Engine:
     """The engine `c` asks for (every rank of a distributed server loads it the same way)."""
     extra = {"kv_budget_tokens": c.kv_budget_tokens} if c.kv_budget_tokens is not None else {}
+    if c.compile is not None:
+        extra["compile"] = c.compile
     if c.speculative is not None:  # the default for requests without a `speculative` field
         extra.update(speculative=c.speculative, num_draft_tokens=c.num_draft_tokens)
     if c.draft_model is not None:  # its drafts become the default unless --speculative says otherwise
