@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run 17 (nvidia-h200, then nvidia-h200-x2 if lent): what session 23 (run 16) left open. Needs mlx
+# (CUDA) + graphc on PYTHONPATH and $OUT.
+#   probe TAG : why the second pair of 144-token calls runs 400-550 ms slower at 8B batch 64 compiled
+#               (proto_step_outliers.py with 3 pairs: admission steps, engine part, time outside
+#               steps, GC, pool growth and MLX memory per call; ~2 min), then the 1B batch-64 sampled
+#               row (sampling <= 5 % over greedy is the open goal there; ~1 min)
+#   table TAG : the issue-15 user-API table (run11-h200.sh table; the grouped attention kernel and
+#               the AUTO_MAX_KV bound are in since run 16; ~7 min: give it its own call)
+#   tp ROUND  : on nvidia-h200-x2, run 8's TP table again (run8-tp.sh round): compiled TP=2 measured
+#               13.7-15.7 ms in run 8, before run 14 fixed the compiled K/V write (8.7 of 17.2 ms of
+#               device time at 8B batch 64 then); ~6 min
+set -u
+D="$(dirname "$0")"
+case "$1" in
+probe)
+  timeout 150 python3 "$D/proto_step_outliers.py" llama-3.1-8b 64 1 3 2>&1 | tee $OUT/outliers-$2.log
+  timeout 120 python3 -m graphc.cli bench --user-api --no-progress --model llama-3.2-1b --batches 64 \
+      --user-workloads sampled --json $OUT/ua-1b-sampled-$2.json 2>&1 | grep "^|\|note" | tee $OUT/ua-1b-sampled-$2.log ;;
+table)
+  bash "$D/run11-h200.sh" table "$2" ;;
+tp)
+  bash "$D/run8-tp.sh" round "$2" ;;
+esac
