@@ -96,7 +96,7 @@ class PrefixCache:
         self.n_snapshots = 0
         self.n_boundaries = 0  # nodes whose window is kept
         self.holds: dict[str, Hold] = {}
-        self.counters = {"queries": 0, "hits": 0, "hit_tokens": 0, "inserted_tokens": 0,
+        self.counters = {"queries": 0, "hits": 0, "hit_tokens": 0, "declined_hits": 0, "inserted_tokens": 0,
                          "evicted_tokens": 0, "window_tombstones": 0, "snapshot_evictions": 0}
 
     @property
@@ -107,9 +107,11 @@ class PrefixCache:
     def admitted(self, req) -> bool:
         return req.id in self.holds
 
-    def admit(self, req) -> int:
+    def admit(self, req, min_hit: int = 1) -> int:
         """Match the longest usable cached prefix of `req`'s prompt and lock it. Returns the prompt
-        tokens the hit restores (the scheduler records them in req.prefilled / cached_tokens)."""
+        tokens the hit restores (the scheduler records them in req.prefilled / cached_tokens).
+        A hit shorter than `min_hit` tokens is declined (0: the prompt is computed whole; the
+        scheduler asks for that when the request can join a batched prefill instead)."""
         if req.id in self.holds:
             raise ValueError(f"request '{req.id}' was admitted already; release it before admitting it again")
         hold = self.holds[req.id] = Hold()
@@ -120,6 +122,9 @@ class PrefixCache:
         path, m0 = self.tree.match(tokens)
         m = self._usable(path, min(m0, len(tokens) - 1))
         if m <= 0:
+            return 0
+        if m < min_hit:
+            self.counters["declined_hits"] += 1
             return 0
         node = next(n for n in path if n.end >= m)  # holds position m-1
         self.tree.lock(node)

@@ -101,7 +101,7 @@ class Scheduler:
             if self.prefix is not None and req.status is Status.WAITING and not self.prefix.admitted(req):
                 if self.prefix.should_wait(req, [r for r, _ in chunks]):
                     break
-                req.prefilled = req.cached_tokens = self.prefix.admit(req)
+                req.prefilled = req.cached_tokens = self.prefix.admit(req, self._min_hit(req, chunks))
                 cached += req.cached_tokens
             if req.prefilled == req.cached_tokens and not self.fits(req, chunks):
                 break  # no room for its KV yet: it waits (and nothing overtakes it)
@@ -135,6 +135,21 @@ class Scheduler:
         req.prefilled = end
         if req.status is Status.WAITING:
             req.status = Status.PREFILLING
+
+    # A prefix hit shorter than this is declined when the request can join a batched prefill
+    # instead: restoring it would run the rest of the prompt as a forward of its own, while
+    # recomputing a few cached tokens inside the batch costs almost nothing. Bursts of prompts
+    # that share only a chat template's header or a BOS token stay batched (the same 32 tokens
+    # as the prefix cache's MIN_GAIN for waiting on a sibling's prefill).
+    SHORT_HIT = 32
+
+    def _min_hit(self, req, chunks: list) -> int:
+        """The shortest prefix hit worth taking for `req` this step (see SHORT_HIT)."""
+        alone = not chunks and len(self.waiting) < 2
+        if (alone or not self.batch_prefill or len(req.context_ids) > self.prefill_chunk
+                or req.params.prompt_logprobs is not None):
+            return 1
+        return self.SHORT_HIT
 
     def group_prefill(self, chunks: list) -> list[list]:
         """Consecutive chunks that are whole prompts with nothing cached (and no prompt logprobs)

@@ -99,12 +99,14 @@ def test_a_batch_that_finishes_together_is_stored_together_and_hits(dense_dir, m
     monkeypatch.setattr(KVPool, "write", lambda self, layer, slots, planes: (writes.append(len(slots)),
                                                                               write(self, layer, slots, planes))[1])
     eng = Engine.load(dense_dir, prefill_chunk=64, max_total_tokens=2048)
-    prompts = random_prompts(4, 1024, [20, 9, 31, 14], seed=6)
+    # Turns of 33+ tokens: a burst's shorter hits are declined for a batched prefill (test below).
+    prompts = random_prompts(4, 1024, [30, 23, 41, 24], seed=6)
     firsts = eng.generate(prompts, GREEDY)  # same max_tokens: the four rows leave in one step
     layers = len(eng.runner.prefix_io.token_layers)
     # The prompts went in at prefill; on the way out one write per layer holds every row's output.
     assert writes[-layers:] == [sum(len(f.token_ids) for f in firsts)] * layers
-    assert len(writes) == layers + 2 * layers  # two batched prefills (prompt stores), one store at the end
+    assert writes[:layers] == [sum(map(len, prompts))] * layers  # one batched prefill stores every prompt
+    assert len(writes) == 2 * layers  # ... and one store at the end
     follows = [p + f.token_ids + [7, 8] for p, f in zip(prompts, firsts)]
     seconds = eng.generate(follows, GREEDY)
     for p, f, fol, s2 in zip(prompts, firsts, follows, seconds):
@@ -304,3 +306,31 @@ def test_random_adds_aborts_and_steps_keep_answers_exact_and_books_balanced(mode
     eng.prefix.flush()
     eng.prefix.check()
     assert eng.cache_stats()["pool_used"] == 0 and eng.cache_stats().get("window_used", 0) == 0
+
+
+@pytest.mark.parametrize("header,declined", [(12, True), (40, False)])
+def test_a_burst_sharing_a_short_header_stays_batched(dense_dir, header, declined):
+    """A burst of prompts that share a cached header: a hit shorter than Scheduler.SHORT_HIT (a
+    chat template's header, a BOS token) is declined, so the burst is prefilled in batched
+    forwards instead of one forward per prompt; a longer hit is kept. Tokens stay exact."""
+    eng = Engine.load(dense_dir, prefill_chunk=256, max_total_tokens=4096)
+    head = random_prompts(1, 1024, [header], seed=11)[0]
+    eng.generate([head + [5, 6, 7]], GREEDY)  # stores the header
+    forwards = {"batched": 0, "alone": 0}
+    pb, pc = eng.runner.prefill_batch, eng.runner.prefill_chunk
+    eng.runner.prefill_batch = lambda reqs: (forwards.__setitem__("batched", forwards["batched"] + 1), pb(reqs))[1]
+    eng.runner.prefill_chunk = lambda req, n: (forwards.__setitem__("alone", forwards["alone"] + 1), pc(req, n))[1]
+    prompts = [head + t for t in random_prompts(6, 1024, [9, 17, 5, 30, 12, 21], seed=12)]
+    res = eng.generate(prompts, GREEDY)
+    for p, r in zip(prompts, res):
+        assert r.token_ids == reference_greedy(eng.model, p, 10)
+    hits = [r.cached_tokens for r in res]
+    if declined:  # 12 < SHORT_HIT (32) <= 40
+        assert hits == [0] * 6 and forwards == {"batched": 1, "alone": 0}
+        assert eng.cache_stats()["declined_hits"] == 6
+    else:
+        assert all(h >= header for h in hits) and forwards["alone"] == 6
+    # Alone (no burst), even a short hit is taken: nothing to batch with.
+    [one] = eng.generate([head + [9, 9, 9, 9]], GREEDY)
+    assert one.cached_tokens >= header
+    eng.prefix.check()
