@@ -26,7 +26,16 @@ import mlx.core as mx
 
 from . import Kernel, in_process_check
 
-# Both kernels' key loop opens the same way: WARPS warps take KPI consecutive keys per
+# Both kernels read the same shapes ...
+_SHAPES = r"""    constexpr int KPI = 4;
+    constexpr int PER = D / 32;
+    const int Hq = q_shape[1];
+    const int Lq = q_shape[2];
+    const int Hkv = k_shape[1];
+    const int C = k_shape[2];
+"""
+
+# ... and their key loop opens the same way: WARPS warps take KPI consecutive keys per
 # iteration over [s, e), all KPI keys' K and V loaded into kk / vv before any is used.
 _KEY_LOOP = r"""    for (int j0 = s + warp * KPI; j0 < e; j0 += WARPS * KPI) {
       T kk[KPI][PER];
@@ -45,13 +54,7 @@ _SOURCE = r"""
     // iteration waits for one memory round trip, not 2 x KPI of them (a decode step at
     // batch 64 runs thousands of these blocks, each latency-bound).
     constexpr int WARPS = 4;
-    constexpr int KPI = 4;
-    constexpr int PER = D / 32;
-    const int Hq = q_shape[1];
-    const int Lq = q_shape[2];
-    const int Hkv = k_shape[1];
-    const int C = k_shape[2];
-    const int bhl = blockIdx.x;  // q and out are [B, Hq, Lq, D] contiguous
+@SHAPES@    const int bhl = blockIdx.x;  // q and out are [B, Hq, Lq, D] contiguous
     const int bh = bhl / Lq;
     const int b = bh / Hq;
     const int h = bh % Hq;
@@ -122,7 +125,7 @@ _SOURCE = r"""
     }
 """
 
-_SOURCE = _SOURCE.replace("@KEYS@", _KEY_LOOP)
+_SOURCE = _SOURCE.replace("@SHAPES@", _SHAPES).replace("@KEYS@", _KEY_LOOP)
 _INPUTS = ["q", "k", "v", "start", "end", "scale"]
 _kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
 
@@ -135,13 +138,7 @@ _kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
 # one query (1.2-1.35x at 272 columns), 1.4-2.4x for 9 (verify), 1.2-1.5x for 9 at batch 1. Splitting the keys over more blocks
 # (flash-decoding, a second combine launch) was slower at every shape tried, so it is not here.
 _GROUPED_SOURCE = r"""
-    constexpr int KPI = 4;
-    constexpr int PER = D / 32;
-    const int Hq = q_shape[1];
-    const int Lq = q_shape[2];
-    const int Hkv = k_shape[1];
-    const int C = k_shape[2];
-    int blk = blockIdx.x;  // (b, kvh, l)
+@SHAPES@    int blk = blockIdx.x;  // (b, kvh, l)
     const int ql = blk % Lq;
     blk /= Lq;
     const int kvh = blk % Hkv;
@@ -230,7 +227,7 @@ _GROUPED_SOURCE = r"""
     }
 """
 
-_GROUPED_SOURCE = _GROUPED_SOURCE.replace("@KEYS@", _KEY_LOOP)
+_GROUPED_SOURCE = _GROUPED_SOURCE.replace("@SHAPES@", _SHAPES).replace("@KEYS@", _KEY_LOOP)
 _grouped = Kernel("graphc_grouped_decode_attention", _INPUTS, ["out"], _GROUPED_SOURCE)
 
 # Shared memory the grouped kernel's final combine may use (static, well under 48 KB).
