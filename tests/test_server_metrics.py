@@ -34,7 +34,8 @@ def test_metrics_is_prometheus_text(server, client):
         assert name in declared, name
     if server.state.aengine.snapshot.cache.get("enabled"):
         for name in ("graphc_kv_pool_used_slots", "graphc_kv_pool_total_slots", "graphc_kv_pool_usage_ratio",
-                     "graphc_prefix_cache_tree_tokens", "graphc_prefix_cache_hits_total"):
+                     "graphc_prefix_cache_tree_tokens", "graphc_prefix_cache_hits_total",
+                     "graphc_prefix_cache_declined_hits_total"):
             assert name in declared, name
     assert declared["graphc_generation_tokens_total"] == "counter"
     assert declared["graphc_requests_running"] == "gauge"

@@ -65,6 +65,9 @@ class ServerMetrics:
             metric("graphc_prefix_cache_queries_total", "counter", "Prefix lookups.", [(m, c.get("queries", 0))])
             metric("graphc_prefix_cache_hits_total", "counter", "Prefix lookups that matched something.",
                    [(m, c.get("hits", 0))])
+            metric("graphc_prefix_cache_declined_hits_total", "counter",
+                   "Hits shorter than 32 tokens declined so that a burst's prompt joins a batched prefill.",
+                   [(m, c.get("declined_hits", 0))])
             metric("graphc_prefix_cache_evicted_tokens_total", "counter", "Tokens evicted from the tree (LRU).",
                    [(m, c.get("evicted_tokens", 0))])
         if s.kv_budget is not None:
