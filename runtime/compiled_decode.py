@@ -105,12 +105,6 @@ def _scatter_writes() -> bool:
     return available()
 
 
-def _kernel_layout() -> str:
-    from .kernels.decode_attention import grouped_note
-
-    return grouped_note()
-
-
 def _mlx_matmul(x, w):
     return x @ w.T
 
@@ -305,8 +299,10 @@ class CompiledDecode:
 
     def applied(self) -> dict:
         """What this step switched on, for the plan's `compile` pass (decode_options.compile_pass)."""
+        from .kernels.decode_attention import grouped_note
+
         return {"fused_layers": len(self.fused), "fused": self.fused.note,
-                "attention_kernel": f"on ({_kernel_layout()})" if self.kernel else f"off ({self.kernel_note})",
+                "attention_kernel": f"on ({grouped_note()})" if self.kernel else f"off ({self.kernel_note})",
                 "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})"}
 
     def head(self, ctx: StepContext, extra_edits=None):

@@ -146,9 +146,8 @@ class Scheduler:
     def _min_hit(self, req, chunks: list) -> int:
         """The shortest prefix hit worth taking for `req` this step (see SHORT_HIT)."""
         alone = not chunks and len(self.waiting) < 2
-        if (alone or not self.batch_prefill or len(req.context_ids) > self.prefill_chunk
-                or req.params.prompt_logprobs is not None):
-            return 1
+        if alone or not self.batch_prefill or len(req.context_ids) > self.prefill_chunk:
+            return 1  # nothing to batch with, or it could not join a batched forward anyway
         return self.SHORT_HIT
 
     def group_prefill(self, chunks: list) -> list[list]:

@@ -284,10 +284,17 @@ def test_serve_compile_flag_reaches_the_engine(llama, flag, want):
         assert eng.compiled.decode.max_kv is not None
 
 
-def test_generate_compile_flag_runs_compiled(llama, capsys):
+def test_generate_compile_flag_runs_compiled(llama, capsys, monkeypatch):
+    """`graphc generate --compile on` decodes through the compiled step, with the eager text."""
     from graphc.cli.main import main
 
+    engines = []
+    load = Engine.load.__func__
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **k: engines.append(load(cls, *a, **k))
+                                                    or engines[-1]))
     assert main(["generate", "hi", "--model", str(llama), "--max-tokens", "3", "--compile", "on"]) == 0
-    plain = capsys.readouterr().out
+    compiled = capsys.readouterr().out
     assert main(["generate", "hi", "--model", str(llama), "--max-tokens", "3"]) == 0
-    assert capsys.readouterr().out == plain  # greedy: compiled and eager give the same text
+    assert capsys.readouterr().out == compiled  # greedy: compiled and eager give the same text
+    assert engines[0].compiled.decode.compiled_steps > 0
+    assert not isinstance(engines[1].compiled.decode, CompiledDecode)
