@@ -42,7 +42,7 @@ class SamplingState:
 class SamplerCache:
     """Builds SamplingTensors for a row list, reusing the last one while the rows are the same."""
 
-    def __init__(self, vocab_size: int, eos_token_ids=(), edits: tuple | None = "all"):
+    def __init__(self, vocab_size: int, eos_token_ids=(), edits: tuple | None = "all", kernel: bool = False):
         from .plan_contract import EDIT_KINDS
 
         self.vocab_size = vocab_size
@@ -51,6 +51,7 @@ class SamplerCache:
         # those. None (no logit_edits node) carries none; "all" (the default) every kind.
         self.edits = EDIT_KINDS if edits == "all" else tuple(edits or ())
         self._restrict = not set(EDIT_KINDS) <= set(self.edits)
+        self.kernel = kernel  # the top-ranks CUDA kernel where it applies (decode: sampling_kernel)
         self._rows: list = []  # the rows _st was built for (held, so identity comparison is sound)
         self._st: SamplingTensors | None = None
 
@@ -65,7 +66,8 @@ class SamplerCache:
             params = [restrict(p, self.edits) for p in params]
         st = None
         if any(needs_sampler(p) for p in params):
-            st = SamplingTensors.build(params, self.vocab_size, eos_token_ids=self.eos_token_ids, validate=False)
+            st = SamplingTensors.build(params, self.vocab_size, eos_token_ids=self.eos_token_ids, validate=False,
+                                       top_ranks_kernel=self.kernel)
         # Both together, after a build that may raise (a bad row, see runtime/fault.py): a failed
         # build must not leave the previous rows paired with no tensors.
         self._st, self._rows = st, list(rows)

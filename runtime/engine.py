@@ -96,7 +96,8 @@ class Engine:
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
         self._leaving: list | None = None  # rows ending in the decode step being postprocessed
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
-                                  vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed)
+                                  vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed,
+                                  sampling_kernel=self._sampling_kernel())
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
         # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
         from .kernel_views import KernelViews
@@ -119,6 +120,22 @@ class Engine:
         self.speculator = self.runner.speculator = _speculator(self, speculative, num_draft_tokens, spec_max_batch,
                                                                spec_max_tokens, draft_model, spec_pipeline,
                                                                spec_adaptive)
+
+    def _sampling_kernel(self) -> bool:
+        """Whether sampled steps may search their candidates in the top-ranks kernel (CUDA, after
+        it matched MLX bit for bit here); on CUDA the decode plan says which (graphc inspect)."""
+        from .kernels import available, top_ranks
+
+        on = bool(self.decode_options["sampling_kernel"])
+        if not available():
+            return on  # FusedRows asks the check, which answers "not a CUDA device": MLX's ops run
+        line = top_ranks.note() if on else "off (decode: {sampling_kernel: false})"
+        import attrs
+
+        d = self.compiled.decode
+        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (
+            ("sampling kernel", f"candidate search of fused sampled steps: {line}"),))
+        return on
 
     @property
     def batch_prefill(self) -> bool:

@@ -47,13 +47,14 @@ class Launch:
 
 class ModelRunner:
     def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
-                 vocab_size: int | None = None, eos_token_ids=(), seed: int | None = None):
+                 vocab_size: int | None = None, eos_token_ids=(), seed: int | None = None,
+                 sampling_kernel: bool = False):
         self.compiled = compiled
         # What runs is read from the lowered plans: which edits the sampler tensors carry,
         # whether host edits are computed, whether decode steps may chain.
         plan = compiled.decode.plan
         self.sampler = SamplerCache(vocab_size or int(compiled.binding.config["vocab_size"]), eos_token_ids,
-                                    edits=plan.edits)
+                                    edits=plan.edits, kernel=sampling_kernel)
         self.host_edit_kinds = tuple(e for e in (plan.edits or ()) if e in HOST_EDITS)
         # Rows without a seed draw noise from this key, split at every graph build.
         self._key = mx.random.key(seed if seed is not None else int.from_bytes(__import__("os").urandom(4), "little"))

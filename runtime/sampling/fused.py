@@ -50,6 +50,8 @@ class FusedRows:
     seeding           'all' | 'none' | 'mixed'
     seed_state        uint32 [B] the murmur state after the row's two seed words (noise.py's
                       key layout), computed once: a step absorbs only the position
+    kernel            host flag: the first K ranks come from the CUDA top-ranks kernel
+                      (runtime/kernels/top_ranks.py; bit for bit MLX's search, checked here)
     """
 
     width: int
@@ -62,11 +64,14 @@ class FusedRows:
     use_min_p: bool
     seeding: str
     seed_state: mx.array
+    kernel: bool = False
 
     @classmethod
     def build(cls, kinds, groups, batch_size: int, has_seed: np.ndarray, seed_lo: mx.array,
-              seed_hi: mx.array) -> "FusedRows | None":
-        """From the grouped form (tensors.py): None unless every row is greedy or candidates."""
+              seed_hi: mx.array, vocab_size: int = 0, kernel: bool = False) -> "FusedRows | None":
+        """From the grouped form (tensors.py): None unless every row is greedy or candidates.
+        ``kernel``: take the top-ranks kernel where it applies (CUDA, this width and vocabulary,
+        and it matched MLX in this process)."""
         from .tensors import CANDIDATES, GREEDY
 
         if not set(kinds) <= {GREEDY, CANDIDATES} or CANDIDATES not in kinds:
@@ -94,12 +99,24 @@ class FusedRows:
             use_min_p=cand.use_min_p,
             seeding=ALL if has_seed.all() else NONE if not has_seed.any() else MIXED,
             seed_state=_absorb(seed_lo, seed_hi),
+            kernel=kernel and top_ranks_usable(vocab_size, cand.width),
         )
 
 
+def top_ranks_usable(vocab_size: int, width: int) -> bool:
+    """The top-ranks kernel takes this search and passed its check here (False off CUDA)."""
+    from ..kernels import top_ranks
+
+    return top_ranks.layout(vocab_size, width) is not None and top_ranks.check() is None
+
+
 def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, key, *,
-           width, use_top_k, use_top_p, use_min_p, seeding):
-    sid, sv = decode_neg_keys(first_rank_neg_keys(x, width))  # [B, K] in rank order
+           width, use_top_k, use_top_p, use_min_p, seeding, kernel):
+    if kernel:  # one launch, the same keys bit for bit (runtime/kernels/top_ranks.py)
+        from ..kernels.top_ranks import first_rank_neg_keys as search
+    else:
+        search = first_rank_neg_keys
+    sid, sv = decode_neg_keys(search(x, width))  # [B, K] in rank order
     h = seed_state
     if seeding != ALL:  # the words noise_state (select.py) draws for rows without a seed
         rnd = mx.random.split(key, x.shape[0])
@@ -133,7 +150,7 @@ def fused_select(logits: mx.array, st, positions: mx.array, key: mx.array | None
         h = fresh if seeding == NONE else mx.where(st.has_seed, h, fresh)
         seeding = ALL
     fn = _compiled(COMPILE, width=f.width, use_top_k=f.use_top_k, use_top_p=f.use_top_p,
-                   use_min_p=f.use_min_p, seeding=seeding)
+                   use_min_p=f.use_min_p, seeding=seeding, kernel=f.kernel)
     return fn(logits, f.inv_temperature, f.top_k, f.top_p, f.log_min_p, h, st.has_seed, positions,
               _NO_KEY if key is None else key)
 

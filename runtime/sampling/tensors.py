@@ -158,6 +158,7 @@ class SamplingTensors:
         eos_token_ids: Sequence[int] | Sequence[Sequence[int]] = (),
         logits_processors: Sequence[Sequence[LogitsProcessor] | None] | None = None,
         validate: bool = True,
+        top_ranks_kernel: bool = False,
     ) -> "SamplingTensors":
         """Build from one params object per row.
 
@@ -166,6 +167,8 @@ class SamplingTensors:
         logits_processors: per row, None or a list of host callables
           ``(token_ids_so_far: mx.array int32 [n], logits: mx.array [1, V]) -> [1, V]``.
           Any such row makes the batch not chain-safe.
+        top_ranks_kernel: the fused selection's candidate search may run as one CUDA kernel
+          (runtime/kernels/top_ranks.py; the graph's `decode: {sampling_kernel: ...}`).
         """
         B, V = len(params), int(vocab_size)
         if B == 0:
@@ -257,7 +260,7 @@ class SamplingTensors:
             has_seed=mx.array(has_seed),
             groups=tuple(groups),
             inverse_perm=inverse_perm,
-            fused=_fused_rows(kinds, groups, B, has_seed, seed_lo, seed_hi),
+            fused=_fused_rows(kinds, groups, B, has_seed, seed_lo, seed_hi, V, top_ranks_kernel),
             repetition_penalty=mx.array(rep),
             frequency_penalty=mx.array(freq),
             presence_penalty=mx.array(pres),
@@ -301,7 +304,7 @@ class SamplingTensors:
         return {
             "batch_size": self.batch_size,
             "vocab_size": self.vocab_size,
-            "fused": {"width": self.fused.width, "seeding": self.fused.seeding} if self.fused is not None else None,
+            "fused": {"width": self.fused.width, "seeding": self.fused.seeding, "kernel": self.fused.kernel} if self.fused is not None else None,
             "groups": [
                 {
                     "kind": g.kind,
@@ -319,12 +322,12 @@ class SamplingTensors:
         }
 
 
-def _fused_rows(kinds, groups, B: int, has_seed, seed_lo, seed_hi):
+def _fused_rows(kinds, groups, B: int, has_seed, seed_lo, seed_hi, V: int, kernel: bool):
     if not FUSED:
         return None
     from .fused import FusedRows  # fused.py imports select.py, which imports this module
 
-    return FusedRows.build(kinds, groups, B, has_seed, seed_lo, seed_hi)
+    return FusedRows.build(kinds, groups, B, has_seed, seed_lo, seed_hi, V, kernel)
 
 
 def _make_group(kind: str, rows: list[int], params, V: int, inv_t: np.ndarray, whole: bool) -> RowGroup:

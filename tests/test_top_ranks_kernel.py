@@ -1,0 +1,120 @@
+"""The top-ranks kernel (runtime/kernels/top_ranks.py) on the CPU: which shapes it takes, that its
+three-stage algorithm (block keys, the K best blocks, their tokens' keys) finds exactly the ranks
+MLX's candidate search finds — emulated here in numpy with the kernel's own block width, which
+need not be select.BLOCK — and its route: a fused sampled step takes it only when asked and when
+its check passed, picks the same tokens, and the engine's plan and `decode:` option say so. The
+CUDA source itself is compared with MLX bit for bit by `check()` on the GPU before any use."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.kernels import top_ranks as TR
+from graphc.runtime.sampling import SamplingTensors, select_tokens
+from graphc.runtime.sampling import fused as F
+from graphc.runtime.sampling.select import first_rank_neg_keys
+
+
+def test_the_kernel_takes_the_shapes_it_can_hold():
+    assert TR.layout(128256, 64) == (32, 4096)  # Llama 3: 4,008 blocks of 32, 2,048 candidates
+    assert TR.layout(128256, 128) == (32, 4096)
+    assert TR.layout(151936, 64) == (64, 4096)  # Qwen: 4,748 blocks of 32 would not fit
+    assert TR.layout(262144, 64) == (64, 4096)
+    assert TR.layout(1000, 16) == (32, 32)  # 32 blocks, the last one partial
+    assert TR.layout(128256, 256) is None  # 256 x 32 candidate keys > CAP
+    assert TR.layout(128256, 48) is None  # K is a power of two
+    assert TR.layout(100, 16) is None  # fewer blocks than ranks
+    assert TR.layout(16, 16) is None and TR.layout(128256, 8) is None
+
+
+def _order(bits: np.ndarray) -> np.ndarray:
+    b = np.where(bits == 0x80000000, 0, bits).astype(np.uint32)
+    return np.where(b >> 31 == 1, ~b, b | np.uint32(0x80000000)).astype(np.uint32)
+
+
+def _kernel_in_numpy(x: np.ndarray, K: int) -> np.ndarray:
+    """The CUDA source's stages, row by row (float32 logits)."""
+    B, V = x.shape
+    bk, p = TR.layout(V, K)
+    out = np.zeros((B, K), np.uint64)
+    for r in range(B):
+        o = _order(x[r].view(np.uint32))
+        g = -(-V // bk)
+        blocks = np.zeros(p, np.uint64)  # padding keys 0
+        for j in range(g):
+            blocks[j] = (np.uint64(o[j * bk:(j + 1) * bk].max()) << np.uint64(32)) | np.uint64(0xFFFFFFFF - j)
+        top = [0xFFFFFFFF - int(k & 0xFFFFFFFF) for k in np.sort(blocks)[::-1][:K]]
+        cand = np.zeros(K * bk, np.uint64)
+        for c in range(K * bk):
+            t = top[c // bk] * bk + c % bk
+            if t < V:
+                cand[c] = (np.uint64(o[t]) << np.uint64(32)) | np.uint64(0xFFFFFFFF - t)
+        out[r] = ~np.sort(cand)[::-1][:K]
+    return out
+
+
+@pytest.mark.parametrize("V,K,ties", [(1000, 16, False), (5000, 32, True), (9000, 64, False), (4100, 16, True)])
+def test_the_kernel_algorithm_finds_the_first_ranks(V, K, ties):
+    rng = np.random.default_rng(V + K)
+    x = rng.normal(0, 3, (3, V)).astype(np.float32)
+    if ties:  # few distinct values, -0.0 beside +0.0: the order falls to the ids
+        x = np.round(x) * np.where(np.arange(V) % 3 == 0, -1, 1).astype(np.float32)
+    x[:, rng.integers(0, V, V // 10)] = -np.inf
+    want = np.array(first_rank_neg_keys(mx.array(x), K))
+    assert np.array_equal(_kernel_in_numpy(x, K), want)
+
+
+def test_off_cuda_the_sampled_step_keeps_mlx_search():
+    st = SamplingTensors.build([SamplingParams(temperature=0.8, top_k=50)] * 2, 128256, top_ranks_kernel=True)
+    assert TR.check() == "not a CUDA device" and st.fused.kernel is False
+    assert "not a CUDA device" in TR.note()
+
+
+@pytest.fixture
+def kernel_on_cpu(monkeypatch):
+    """The kernel 'passes' its check and runs as MLX's search; returns the (rows, K) it was asked for."""
+    calls = []
+
+    def kernel(x, width):
+        calls.append((x.shape[0], width))
+        return first_rank_neg_keys(x, width)
+
+    monkeypatch.setattr(TR, "check", lambda seed=0: None)
+    monkeypatch.setattr(TR, "first_rank_neg_keys", kernel)
+    F._compiled.cache_clear()  # traces keyed on the kernel flag must see the stand-in
+    yield calls
+    F._compiled.cache_clear()
+
+
+def test_a_fused_step_takes_the_kernel_only_when_asked(kernel_on_cpu):
+    params = [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=3),
+              SamplingParams(temperature=1.2, top_k=20)]
+    x = mx.random.normal((3, 4096), key=mx.random.key(0)).astype(mx.bfloat16)
+    pos, key = mx.array([4, 9, 2], dtype=mx.int32), mx.random.key(1)
+    off = SamplingTensors.build(params, 4096)
+    on = SamplingTensors.build(params, 4096, top_ranks_kernel=True)
+    assert off.fused.kernel is False and on.fused.kernel is True
+    assert on.describe()["fused"]["kernel"] is True
+    want = select_tokens(x, off, pos, key).tolist()
+    assert kernel_on_cpu == []
+    assert select_tokens(x, on, pos, key).tolist() == want
+    assert kernel_on_cpu == [(3, 64)]  # one search for the whole batch, K = 64 for top_k 50
+
+
+def test_the_engine_option_reaches_the_sampler_and_the_plan(model_dir, monkeypatch):
+    d = model_dir("llama")
+    assert Engine.load(d).runner.sampler.kernel is True  # the default: asked for, used where it applies
+    off = Engine.load(d, decode_options={"sampling_kernel": False})
+    assert off.runner.sampler.kernel is False
+    assert "sampling kernel" not in dict(off.compiled.plan("decode").passes)  # off CUDA: no line
+    # on CUDA the plan says whether it runs, and why not
+    monkeypatch.setattr("graphc.runtime.kernels.available", lambda: True)
+    monkeypatch.setattr(TR, "check", lambda seed=0: "top-ranks kernel differs from MLX's candidate search")
+    assert off._sampling_kernel() is False
+    assert "off (decode: {sampling_kernel: false})" in dict(off.compiled.plan("decode").passes)["sampling kernel"]
+    on = Engine.load(d)
+    on._sampling_kernel()
+    assert "off (top-ranks kernel differs" in dict(on.compiled.plan("decode").passes)["sampling kernel"]
