@@ -75,23 +75,26 @@ def test_off_cuda_the_sampled_step_keeps_mlx_search():
 
 @pytest.fixture
 def kernel_on_cpu(monkeypatch):
-    """The kernel 'passes' its check and runs as MLX's search; returns the (rows, K) it was asked for."""
+    """The kernel 'passes' its check and runs as its MLX reference; returns the (rows, K) it was asked for."""
     calls = []
 
-    def kernel(x, width):
+    def kernel(x, width, inv_t, h, positions):
         calls.append((x.shape[0], width))
-        return first_rank_neg_keys(x, width)
+        return TR.reference(x, width, inv_t, h, positions)
 
     monkeypatch.setattr(TR, "check", lambda seed=0: None)
-    monkeypatch.setattr(TR, "first_rank_neg_keys", kernel)
+    monkeypatch.setattr(TR, "candidates", kernel)
     F._compiled.cache_clear()  # traces keyed on the kernel flag must see the stand-in
     yield calls
     F._compiled.cache_clear()
 
 
-def test_a_fused_step_takes_the_kernel_only_when_asked(kernel_on_cpu):
-    params = [SamplingParams(), SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=3),
-              SamplingParams(temperature=1.2, top_k=20)]
+@pytest.mark.parametrize("seeds", [(None, 3, None), (1, 3, 5), (None, None, None)])
+def test_a_fused_step_takes_the_kernel_only_when_asked(kernel_on_cpu, seeds):
+    """With the kernel's outputs (here its reference), the rest of the step (filters, the logs of
+    the noise, Gumbel-max) picks what the step without it picks, seeded or not."""
+    params = [SamplingParams(seed=seeds[0]), SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=seeds[1]),
+              SamplingParams(temperature=1.2, top_k=20, min_p=0.05, seed=seeds[2])]
     x = mx.random.normal((3, 4096), key=mx.random.key(0)).astype(mx.bfloat16)
     pos, key = mx.array([4, 9, 2], dtype=mx.int32), mx.random.key(1)
     off = SamplingTensors.build(params, 4096)

@@ -3,7 +3,7 @@
 1. check(): the kernel's keys against MLX's, bit for bit, on random and tie-heavy logits.
 2. Selection alone at [B, 128256] bf16, top-k 50 + top-p 0.9 + T 0.8 (K = 64): median ms of
    evaluated calls and host µs to build, for greedy argmax, the fused selection with MLX's
-   search and with the kernel, and the search alone both ways.
+   ops and with the kernel, and the candidate stage alone both ways.
 3. Through the public API: two Engines on one model, the kernel on (default) and off
    (`decode_options={"sampling_kernel": False}`); per repeat, each engine runs a sampled and a
    greedy pair of calls (16 and 144 new tokens on B fresh 128-token prompts): steady ms/step
@@ -23,7 +23,7 @@ from graphc.runtime.bench.contestants import graphc_params, make_engine
 from graphc.runtime.bench.shapes import load_shape
 from graphc.runtime.kernels import top_ranks
 from graphc.runtime import SamplingParams
-from graphc.runtime.sampling.select import first_rank_neg_keys, select_tokens
+from graphc.runtime.sampling.select import select_tokens
 from graphc.runtime.sampling.tensors import SamplingTensors
 
 SAMPLING = dict(temperature=0.8, top_p=0.9, top_k=50)
@@ -52,6 +52,7 @@ for B in (1, 16, 64):
     mx.eval(x)
     pos = mx.arange(B, dtype=mx.int32) + 100
     key = mx.random.key(1)
+    inv_t, h = mx.full((B,), 1.25, mx.float32), mx.arange(B, dtype=mx.uint32) * 7919
     sts = {k: SamplingTensors.build([SamplingParams(**SAMPLING)] * B, V, top_ranks_kernel=k) for k in (False, True)}
     assert sts[True].fused.kernel == (top_ranks.check() is None)
     same = mx.array_equal(select_tokens(x, sts[False], pos, key), select_tokens(x, sts[True], pos, key)).item()
@@ -59,8 +60,8 @@ for B in (1, 16, 64):
         "greedy argmax": lambda: mx.argmax(x, axis=-1),
         "fused selection, MLX search": lambda: select_tokens(x, sts[False], pos, key),
         "fused selection, kernel": lambda: select_tokens(x, sts[True], pos, key),
-        "search alone, MLX": lambda: first_rank_neg_keys(x, 64),
-        "search alone, kernel": lambda: top_ranks.first_rank_neg_keys(x, 64),
+        "candidates alone, MLX": lambda: top_ranks.reference(x, 64, inv_t, h, pos),
+        "candidates alone, kernel": lambda: top_ranks.candidates(x, 64, inv_t, h, pos),
     }
     for name, fn in rows.items():
         if "kernel" in name and top_ranks.check() is not None:

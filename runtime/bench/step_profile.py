@@ -141,6 +141,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--skip", type=int, default=16, help="first decode steps left out (warm-up, joins)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--engine-kw", default="{}", help='JSON of extra Engine options, e.g. {"compile": true}')
+    ap.add_argument("--sampling", default="{}", help='JSON of SamplingParams fields for every request, e.g. '
+                    '{"temperature": 0.8, "top_p": 0.9, "top_k": 50} (default: greedy)')
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -151,12 +153,12 @@ def main(argv=None) -> dict:
     eng = make_engine(model, tokenizer, config, **json.loads(args.engine_kw))
     rng = random.Random(0)
     vocab = eng.vocab_size
-    out = {"model": label, "engine_kw": json.loads(args.engine_kw), "runs": []}
+    out = {"model": label, "engine_kw": json.loads(args.engine_kw), "sampling": json.loads(args.sampling), "runs": []}
     for B in args.batch:
         def prompts():
             return [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(B)]
 
-        params = graphc_params(args.new)
+        params = graphc_params(args.new, json.loads(args.sampling))
         eng.generate(prompts(), params)  # warm-up: kernels built, pool allocated
         timer = instrument(eng)
         for r in range(args.repeats):

@@ -1,26 +1,36 @@
-"""The first K ranks of every logits row in one launch — the candidate search of a sampled step.
+"""The first K ranks of every logits row, with their scaled logits and noise, in one launch: the
+candidate stage of a fused sampled step.
 
-What it computes is exactly `sampling.select.first_rank_neg_keys(x, K)`: for each row of x
-[B, V], the K largest rank keys `(order(float32 logit) << 32) | (0xFFFFFFFF - id)` (the rank
-order of docs/sampling.md: logit descending, lower id first on ties), bit-inverted and in
-ascending order, uint64 [B, K]. Keys are integers and unique per row, so the answer is one
-bit pattern: the kernel must match MLX's ops bit for bit, not to rounding, and `check()`
-compares them that way (ties included: bf16 logits at V = 128k have many).
+For each row of x [B, V] it computes what sampling/fused.py computes with MLX's ops before the
+filters (top-k / top-p / min-p) and the Gumbel-max:
 
-Why: on MLX's CUDA backend the same search is a chain of about eight launches per step (a max
-per block, the block keys, a partition over [B, V / 32] block keys, a gather, the token keys,
-a partition over [B, 32 K], a sort, a slice), each encoded on the host; at batch 64 a sampled
-decode step cost 8-30 % more than a greedy one in runs 6-16 (docs/performance.md), the issue's
-goal being 5 %. Here one block of 512 threads per row does it all in shared memory:
+  ids  int32 [B, K]    the first K ranks' token ids, in rank order (logit descending, lower id
+                       first on ties: `select.first_rank_neg_keys` and `decode_neg_keys`)
+  s    float32 [B, K]  their logits times the row's 1 / T
+  u    float32 [B, K]  their uniform noise (noise.py: murmur of the row state, the position and
+                       the id; u = clip((float(h) + 0.5) * 2**-32, 2**-32, 1 - 2**-24))
+
+All of it is integer work or one correctly rounded float operation each (`__fmul_rn`,
+`__fadd_rn`, `__uint2float_rn`), so the outputs are bit patterns that must equal MLX's, not
+approximations; `check()` compares them that way (ties included: bf16 logits at V = 128k have
+many). What follows them stays in MLX's ops (select.choose: exp, the prefix scan, the logs of
+the Gumbel noise), so a seeded row draws the same token with or without the kernel.
+
+Why: on MLX's CUDA backend the same work was about 18 launches per step (a max per block, the
+block keys, a partition over [B, V / 32] block keys, a gather, the token keys, a partition over
+[B, 32 K], a sort, the id and value decoding, the scaling, four murmur kernels), each encoded on
+the host, and a batch-64 decode step is bound by that host encode: a sampled step cost ~0.3 ms
+(+9 %) more than a greedy one at Llama-3.2-1B batch 64 (docs/performance.md, run 17). Here one
+block of 512 threads per row does it in shared memory:
 
   1. the best token of every BK-token block as a key (order(max), 0xFFFFFFFF - block index);
   2. a bitonic sort of those block keys: the first K blocks hold the first K ranks
      (select._block_candidates says why; the proof does not depend on BK);
-  3. the K * BK tokens of those blocks as rank keys, a bitonic sort, the first K written out.
+  3. the K * BK tokens of those blocks as rank keys, a bitonic sort, the first K decoded.
 
-It runs only on CUDA, inside the fused selection (sampling/fused.py), for shapes `fits()`
-takes, and only after `check()` matched it with MLX's ops in this process; otherwise the MLX
-ops run. NaN logits may rank differently (MLX's max propagates a NaN whatever its sign bit).
+It runs only on CUDA, inside the fused selection, for shapes `layout()` takes, and only after
+`check()` matched it with MLX's ops in this process; otherwise MLX's ops run. NaN logits may
+rank differently (MLX's max propagates a NaN whatever its sign bit).
 """
 
 from __future__ import annotations
@@ -39,6 +49,16 @@ __device__ __forceinline__ unsigned int graphc_order_bits(float f) {
   unsigned int b = __float_as_uint(f);
   if (b == 0x80000000u) b = 0u;
   return (b >> 31) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ unsigned int graphc_absorb(unsigned int h, unsigned int w) {
+  // murmur.murmur_absorb: one 4-byte block of MurmurHash3_x86_32's body
+  unsigned int k = w * 0xCC9E2D51u;
+  k = (k << 15) | (k >> 17);
+  k *= 0x1B873593u;
+  h ^= k;
+  h = (h << 13) | (h >> 19);
+  return h * 5u + 0xE6546B64u;
 }
 
 __device__ __forceinline__ void graphc_sort_desc(unsigned long long* s, int n) {
@@ -99,10 +119,26 @@ _SOURCE = r"""
     }
     __syncthreads();
     graphc_sort_desc(s, N);
-    if (threadIdx.x < K) out[(size_t)row * K + threadIdx.x] = ~s[threadIdx.x];
+    if (threadIdx.x < K) {
+      // decode (select.decode_neg_keys), scale (one rounding), noise (noise.py's key layout)
+      const unsigned long long key = s[threadIdx.x];
+      const int id = (int)(0xFFFFFFFFu - (unsigned int)(key & 0xFFFFFFFFull));
+      const unsigned int o = (unsigned int)(key >> 32);
+      const float v = __uint_as_float((o >> 31) ? (o & 0x7FFFFFFFu) : ~o);
+      const size_t at = (size_t)row * K + threadIdx.x;
+      ids[at] = id;
+      scaled[at] = __fmul_rn(v, inv_t[row]);
+      unsigned int hh = graphc_absorb(graphc_absorb(h[row], (unsigned int)pos[row]), (unsigned int)id);
+      hh ^= 12u;  // murmur finalize over the 12-byte key
+      hh ^= hh >> 16; hh *= 0x85EBCA6Bu; hh ^= hh >> 13; hh *= 0xC2B2AE35u; hh ^= hh >> 16;
+      const float two32 = __uint_as_float(0x2F800000u);  // 2**-32
+      const float uu = __fmul_rn(__fadd_rn(__uint2float_rn(hh), 0.5f), two32);
+      u[at] = fminf(fmaxf(uu, two32), __uint_as_float(0x3F7FFFFFu));  // [2**-32, 1 - 2**-24]
+    }
 """
 
-_kernel = Kernel("graphc_top_ranks", ["x"], ["out"], _SOURCE.replace("CAP", str(CAP)), header=_HEADER)
+_kernel = Kernel("graphc_top_ranks", ["x", "inv_t", "h", "pos"], ["ids", "scaled", "u"], _SOURCE.replace("CAP", str(CAP)),
+                 header=_HEADER)
 
 
 def _pow2(n: int) -> int:
@@ -122,12 +158,10 @@ def layout(v: int, width: int) -> tuple[int, int] | None:
     return None
 
 
-def fits(x_shape, width: int) -> bool:
-    return len(x_shape) == 2 and layout(x_shape[-1], width) is not None
-
-
-def first_rank_neg_keys(x: mx.array, width: int) -> mx.array:
-    """The kernel's `select.first_rank_neg_keys(x, width)`: uint64 [B, width] (see the module doc)."""
+def candidates(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions: mx.array):
+    """(ids, s, u) of the first ``width`` ranks of every row of x [B, V] (see the module doc).
+    inv_t float32 [B]: 1 / T per row; h uint32 [B]: the row's noise state before the position
+    (seed words absorbed); positions int [B]: where the chosen token goes."""
     b, v = x.shape
     lay = layout(v, width)
     if lay is None:
@@ -135,42 +169,59 @@ def first_rank_neg_keys(x: mx.array, width: int) -> mx.array:
     bk, p = lay
     if x.dtype not in (mx.bfloat16, mx.float16, mx.float32):
         x = x.astype(mx.float32)
-    (out,) = _kernel(
-        inputs=[x],
+    def as_(a, dt):
+        return a if a.dtype == dt else a.astype(dt)
+
+    return _kernel(
+        inputs=[x, as_(inv_t, mx.float32), as_(h, mx.uint32), as_(positions, mx.int32)],
         template=[("T", x.dtype), ("K", width), ("BK", bk), ("P", p)],
         grid=(b * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),
-        output_shapes=[(b, width)],
-        output_dtypes=[mx.uint64],
+        output_shapes=[(b, width)] * 3,
+        output_dtypes=[mx.int32, mx.float32, mx.float32],
     )
-    return out
+
+
+def reference(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions: mx.array):
+    """The same three arrays from MLX's ops: what the fused selection computes without the kernel."""
+    from ..sampling.murmur import murmur_absorb
+    from ..sampling.noise import uniform_noise
+    from ..sampling.select import decode_neg_keys, first_rank_neg_keys
+
+    ids, sv = decode_neg_keys(first_rank_neg_keys(x, width))
+    state = murmur_absorb(h, positions.astype(mx.uint32))
+    return ids, sv.astype(mx.float32) * inv_t[:, None], uniform_noise(state, ids)
 
 
 def _compare(seed: int) -> str | None:
-    from ..sampling.select import first_rank_neg_keys as reference
-
     key = mx.random.key(seed)
     cases = ((64, 128256, 64, mx.bfloat16, 1.0), (3, 128256, 16, mx.float32, 1.0), (5, 32000, 128, mx.bfloat16, 1.0),
              (2, 151936, 64, mx.bfloat16, 1.0), (4, 50000, 32, mx.float16, 1.0), (2, 1000, 16, mx.float32, 1.0),
              # few distinct values: ties everywhere, decided by the id
              (8, 128256, 64, mx.bfloat16, 0.0))
     for (B, V, K, dt, spread) in cases:
-        k1, k2, key = mx.random.split(key, 3)
+        k1, k2, k3, k4, key = mx.random.split(key, 5)
         if spread:
             x = (3.0 * mx.random.normal((B, V), key=k1)).astype(dt)
         else:  # and -0.0 next to +0.0, which rank as equals
             x = mx.random.randint(-4, 4, (B, V), key=k1).astype(dt) * mx.where(mx.arange(V) % 3 == 0, -1, 1).astype(dt)
         # masked tokens (-inf)
         x = mx.where(mx.random.uniform(shape=(B, V), key=k2) < 0.1, mx.array(float("-inf"), dt), x)
-        want = reference(x, K)
-        got = first_rank_neg_keys(x, K)
-        if not mx.array_equal(got, want).item():
-            bad = int(mx.sum(got != want).item())
-            return f"top-ranks kernel differs from MLX's candidate search in {bad} keys at B={B} V={V} K={K} {dt}"
+        inv_t = 1.0 / mx.random.uniform(0.1, 3.0, (B,), key=k3)
+        h = mx.random.randint(0, 2**31 - 1, (B,), key=k4).astype(mx.uint32) * 3  # the whole uint32 range
+        pos = mx.random.randint(0, 100000, (B,), key=k4)
+        want = reference(x, K, inv_t, h, pos)
+        got = candidates(x, K, inv_t, h, pos)
+        for name, g, w in zip(("ids", "scaled logits", "noise"), got, want):
+            if g.dtype == mx.float32:
+                g, w = g.view(mx.uint32), w.view(mx.uint32)
+            if not mx.array_equal(g, w).item():
+                bad = int(mx.sum(g != w).item())
+                return f"top-ranks kernel differs from MLX in {bad} {name} at B={B} V={V} K={K} {dt}"
     return None
 
 
-# None when the kernel matched MLX's candidate search bit for bit on random logits here; else why not.
+# None when the kernel matched MLX's ops bit for bit on random logits here; else why not.
 check = in_process_check(_compare)
 
 

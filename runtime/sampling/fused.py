@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from .murmur import murmur_absorb
-from .select import _filtered, decode_neg_keys, first_rank_neg_keys
+from .select import _filtered, choose, decode_neg_keys, first_rank_neg_keys, rank_masks
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
 _absorb = mx.compile(murmur_absorb, shapeless=True)  # elementwise: one kernel, once per batch composition
@@ -50,8 +50,11 @@ class FusedRows:
     seeding           'all' | 'none' | 'mixed'
     seed_state        uint32 [B] the murmur state after the row's two seed words (noise.py's
                       key layout), computed once: a step absorbs only the position
-    kernel            host flag: the first K ranks come from the CUDA top-ranks kernel
-                      (runtime/kernels/top_ranks.py; bit for bit MLX's search, checked here)
+    kernel            host flag: the first K ranks, their scaled logits and noise come from the
+                      CUDA top-ranks kernel (runtime/kernels/top_ranks.py; bit for bit MLX's
+                      ops, checked here)
+    masks             (rank < top_k [B, K], top_k - 1 [B, 1], zeros [B, 1]): select.rank_masks,
+                      built here once instead of in every step
     """
 
     width: int
@@ -64,6 +67,7 @@ class FusedRows:
     use_min_p: bool
     seeding: str
     seed_state: mx.array
+    masks: tuple  # select.rank_masks(top_k, K): fixed while the rows are
     kernel: bool = False
 
     @classmethod
@@ -88,10 +92,12 @@ class FusedRows:
         top_p[rows] = np.array(cand.top_p)
         log_min_p[rows] = np.array(cand.log_min_p)
         any_greedy = len(rows) < batch_size
+        top_k_arr = mx.array(top_k)
+        n = min(cand.width, vocab_size) if vocab_size else cand.width  # the ranks a step gets
         return cls(
             width=cand.width,
             inv_temperature=mx.array(inv_t),
-            top_k=mx.array(top_k),
+            top_k=top_k_arr,
             top_p=mx.array(top_p),
             log_min_p=mx.array(log_min_p),
             use_top_k=cand.use_top_k or any_greedy,
@@ -99,6 +105,7 @@ class FusedRows:
             use_min_p=cand.use_min_p,
             seeding=ALL if has_seed.all() else NONE if not has_seed.any() else MIXED,
             seed_state=_absorb(seed_lo, seed_hi),
+            masks=rank_masks(top_k_arr, n),
             kernel=kernel and top_ranks_usable(vocab_size, cand.width),
         )
 
@@ -110,21 +117,24 @@ def top_ranks_usable(vocab_size: int, width: int) -> bool:
     return top_ranks.layout(vocab_size, width) is not None and top_ranks.check() is None
 
 
-def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, key, *,
+def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, key, keep_k, k_last, zero, *,
            width, use_top_k, use_top_p, use_min_p, seeding, kernel):
-    if kernel:  # one launch, the same keys bit for bit (runtime/kernels/top_ranks.py)
-        from ..kernels.top_ranks import first_rank_neg_keys as search
-    else:
-        search = first_rank_neg_keys
-    sid, sv = decode_neg_keys(search(x, width))  # [B, K] in rank order
+    masks = (keep_k, k_last, zero)
     h = seed_state
     if seeding != ALL:  # the words noise_state (select.py) draws for rows without a seed
         rnd = mx.random.split(key, x.shape[0])
         fresh = murmur_absorb(rnd[:, 0], rnd[:, 1])
         h = fresh if seeding == NONE else mx.where(has_seed, h, fresh)
+    if kernel:  # one launch for the ranks, their scaled logits and their noise, bit for bit MLX's
+        from ..kernels import top_ranks
+
+        sid, s, u = top_ranks.candidates(x, width, inv_t, h, positions)
+        return choose(s, sid, -mx.log(-mx.log(u)), top_k, top_p, log_min_p,  # noise.gumbel_noise's logs
+                      use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)
+    sid, sv = decode_neg_keys(first_rank_neg_keys(x, width))  # [B, K] in rank order
     state = murmur_absorb(h, positions.astype(mx.uint32))
     return _filtered(sv, sid, inv_t, top_k, top_p, log_min_p, state,
-                     use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p)
+                     use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)
 
 
 # mx.compile keeps one trace per input shape / dtype under each static configuration, so a
@@ -152,7 +162,7 @@ def fused_select(logits: mx.array, st, positions: mx.array, key: mx.array | None
     fn = _compiled(COMPILE, width=f.width, use_top_k=f.use_top_k, use_top_p=f.use_top_p,
                    use_min_p=f.use_min_p, seeding=seeding, kernel=f.kernel)
     return fn(logits, f.inv_temperature, f.top_k, f.top_p, f.log_min_p, h, st.has_seed, positions,
-              _NO_KEY if key is None else key)
+              _NO_KEY if key is None else key, *f.masks)
 
 
 _NO_KEY = mx.random.key(0)  # a placeholder input when every row is seeded (never read)

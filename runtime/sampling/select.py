@@ -198,14 +198,30 @@ def _plain(x, inv_t, log_min_p, state, *, use_min_p: bool):
     return mx.argmax(score, axis=-1).astype(mx.int32)
 
 
-def _filtered(sv, sid, inv_t, top_k, top_p, log_min_p, state, *, use_top_k, use_top_p, use_min_p):
-    b, n = sv.shape
+def _filtered(sv, sid, inv_t, top_k, top_p, log_min_p, state, *, use_top_k, use_top_p, use_min_p, masks=None):
     s = sv.astype(mx.float32) * inv_t[:, None]
+    return choose(s, sid, gumbel_noise(state, sid), top_k, top_p, log_min_p,
+                  use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)
+
+
+def rank_masks(top_k: mx.array, n: int) -> tuple:
+    """What `choose` derives from top_k alone, for rows whose top_k does not change between steps:
+    (rank < top_k: bool [b, n], top_k - 1 clipped to the width: int32 [b, 1], zeros [b, 1])."""
+    k = mx.minimum(top_k, n)[:, None]
+    return const_arange(n, mx.int32)[None] < k, k - 1, mx.zeros((top_k.shape[0], 1), mx.float32)
+
+
+def choose(s, sid, g, top_k, top_p, log_min_p, *, use_top_k, use_top_p, use_min_p, masks=None):
+    """The kept ranks (top-k, top-p, min-p) and Gumbel-max over them: the chosen ids int32 [b].
+    ``s`` [b, n] float32: the first n ranks' logits / T, in rank order; ``sid`` their ids;
+    ``g`` their Gumbel noise; ``masks``: `rank_masks(top_k, n)` computed once per batch (the
+    fused path: three launches fewer a step), else derived here."""
+    b, n = s.shape
     s0 = s[:, :1]
     keep = None
-    k = mx.minimum(top_k, n)[:, None]
+    keep_k, k_last, zero = masks if masks is not None else rank_masks(top_k, n)
     if use_top_k:
-        keep = const_arange(n, mx.int32)[None] < k
+        keep = keep_k
     if use_top_p:
         p = mx.exp(s - s0)
         if keep is not None:
@@ -213,15 +229,15 @@ def _filtered(sv, sid, inv_t, top_k, top_p, log_min_p, state, *, use_top_k, use_
         c = mx.cumsum(p, axis=-1)
         # Z is read from the same scan as the prefix sums, so the two paths
         # (K-wide and V-wide rows share the first K prefix sums) agree bit for bit.
-        z = mx.take_along_axis(c, k - 1, axis=-1)
-        excl = mx.concatenate([mx.zeros((b, 1), mx.float32), c[:, :-1]], axis=1)
+        z = mx.take_along_axis(c, k_last, axis=-1)
+        excl = mx.concatenate([zero, c[:, :-1]], axis=1)
         tp = top_p[:, None]
         kp = (excl < tp * z) | (tp >= 1.0)
         keep = kp if keep is None else keep & kp
     if use_min_p:
         km = (s - s0) >= log_min_p[:, None]
         keep = km if keep is None else keep & km
-    score = s + gumbel_noise(state, sid)
+    score = s + g
     if keep is not None:
         score = mx.where(keep, score, _NEG_INF)
     j = mx.argmax(score, axis=-1)[:, None]
