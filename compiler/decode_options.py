@@ -12,8 +12,8 @@
       skinny_matmul: false     # CUDA: the 2..64-row matmul kernel, once it matched MLX (default false)
       skinny_table: null       # a tuned launch table for it (`python -m graphc.runtime.kernels.tune
                                # --table FILE`); null: the built-in heuristic
-      sampling_kernel: true    # CUDA: a sampled step's candidate search (first K ranks) as one
-                               # kernel, once it matched MLX bit for bit (default true)
+      sampling_kernel: true    # CUDA: a sampled step's candidate stage (first K ranks, 1/T, noise)
+                               # as one kernel, once it matched MLX bit for bit (default true)
 
 `Engine(compile=..., skinny_gemm=..., decode_options=...)` may override any of them; the
 decode plan's passes (`graphc inspect`) show what was applied and, when it was not, why.
@@ -27,7 +27,7 @@ DECODE_OPTIONS = {
     "attention_kernel": (True, "CUDA: the ragged decode-attention kernel"),
     "skinny_matmul": (False, "CUDA: the 2..64-row matmul kernel"),
     "skinny_table": (None, "a tuned launch table (JSON) for the skinny matmul; null: the built-in heuristic"),
-    "sampling_kernel": (True, "CUDA: the sampled step's candidate search (first K ranks) as one kernel"),
+    "sampling_kernel": (True, "CUDA: the sampled step's candidate stage (first K ranks, 1/T, noise) as one kernel"),
 }
 
 

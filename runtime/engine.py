@@ -122,8 +122,9 @@ class Engine:
                                                                spec_adaptive)
 
     def _sampling_kernel(self) -> bool:
-        """Whether sampled steps may search their candidates in the top-ranks kernel (CUDA, after
-        it matched MLX bit for bit here); on CUDA the decode plan says which (graphc inspect)."""
+        """Whether fused sampled steps may run their candidate stage (first K ranks, 1/T, noise) in
+        the top-ranks kernel (CUDA, once it matched MLX bit for bit here); on CUDA the decode plan
+        says which (graphc inspect)."""
         from .kernels import available, top_ranks
 
         on = bool(self.decode_options["sampling_kernel"])
@@ -134,7 +135,7 @@ class Engine:
 
         d = self.compiled.decode
         d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (
-            ("sampling kernel", f"candidate search of fused sampled steps: {line}"),))
+            ("sampling kernel", f"candidate stage of fused sampled steps: {line}"),))
         return on
 
     @property

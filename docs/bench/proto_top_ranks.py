@@ -23,6 +23,7 @@ from graphc.runtime.bench.contestants import graphc_params, make_engine
 from graphc.runtime.bench.shapes import load_shape
 from graphc.runtime.kernels import top_ranks
 from graphc.runtime import SamplingParams
+from graphc.runtime.sampling.bench_sampling import _host_us, _time
 from graphc.runtime.sampling.select import select_tokens
 from graphc.runtime.sampling.tensors import SamplingTensors
 
@@ -30,19 +31,8 @@ SAMPLING = dict(temperature=0.8, top_p=0.9, top_k=50)
 
 
 def timed(fn, iters=50):
-    for _ in range(5):
-        mx.eval(fn())
-    ts = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        ts.append(time.perf_counter() - t0)
-    hs = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        fn()
-        hs.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3, statistics.median(hs) * 1e6
+    """(median ms of evaluated calls, median µs to build one): bench_sampling's timers."""
+    return _time(fn, iters, warmup=5) * 1e3, _host_us(fn, 20)
 
 
 print("check:", top_ranks.check() or "matched MLX bit for bit", flush=True)

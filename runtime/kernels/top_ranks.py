@@ -228,4 +228,4 @@ check = in_process_check(_compare)
 def note() -> str:
     """On, or why not (after `check()`); for the plan and the bench."""
     why = check()
-    return "on (one launch per step, runtime/kernels/top_ranks.py)" if why is None else f"off ({why})"
+    return "on (one launch a step, runtime/kernels/top_ranks.py)" if why is None else f"off ({why})"

@@ -167,7 +167,7 @@ class SamplingTensors:
         logits_processors: per row, None or a list of host callables
           ``(token_ids_so_far: mx.array int32 [n], logits: mx.array [1, V]) -> [1, V]``.
           Any such row makes the batch not chain-safe.
-        top_ranks_kernel: the fused selection's candidate search may run as one CUDA kernel
+        top_ranks_kernel: the fused selection's candidate stage may run as one CUDA kernel
           (runtime/kernels/top_ranks.py; the graph's `decode: {sampling_kernel: ...}`).
         """
         B, V = len(params), int(vocab_size)
