@@ -141,6 +141,10 @@ _kernel = Kernel("graphc_top_ranks", ["x", "inv_t", "h", "pos"], ["ids", "scaled
                  header=_HEADER)
 
 
+def _as(a: mx.array, dtype) -> mx.array:
+    return a if a.dtype == dtype else a.astype(dtype)  # no cast node when it already is
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -169,11 +173,8 @@ def candidates(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions:
     bk, p = lay
     if x.dtype not in (mx.bfloat16, mx.float16, mx.float32):
         x = x.astype(mx.float32)
-    def as_(a, dt):
-        return a if a.dtype == dt else a.astype(dt)
-
     return _kernel(
-        inputs=[x, as_(inv_t, mx.float32), as_(h, mx.uint32), as_(positions, mx.int32)],
+        inputs=[x, _as(inv_t, mx.float32), _as(h, mx.uint32), _as(positions, mx.int32)],
         template=[("T", x.dtype), ("K", width), ("BK", bk), ("P", p)],
         grid=(b * THREADS, 1, 1),
         threadgroup=(THREADS, 1, 1),
