@@ -8,7 +8,10 @@
 #   table TAG : the issue-15 user-API table (run11-h200.sh table; the grouped attention kernel and
 #               the AUTO_MAX_KV bound are in since run 16; ~7 min: give it its own call)
 #   sampling TAG: per-step profile (step_profile.py) of greedy, sampled with the top-ranks kernel and
-#               sampled with MLX's search (decode: {sampling_kernel: false}), 1B and 8B batch 64
+#               sampled with MLX's ops (decode: {sampling_kernel: false}), 1B and 8B batch 64 (~6 min;
+#               run 17 measured it before the kernel's final version: the open question of issue 15's
+#               sampling goal). On a fresh machine run `python3 docs/bench/proto_top_ranks.py` first
+#               (~1 min: it builds the kernels; its 90 s limit in 17c was too short on a slow machine)
 #   prefill TAG : the cold-prefill rows (32 x 2,048 and 1 x 8,192 tokens), 8B and 1B
 #   tp ROUND  : on nvidia-h200-x2, run 8's TP table again (run8-tp.sh round): compiled TP=2 measured
 #               13.7-15.7 ms in run 8, before run 14 fixed the compiled K/V write (8.7 of 17.2 ms of
