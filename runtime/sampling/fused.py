@@ -31,6 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from .murmur import murmur_absorb
+from .noise import gumbel_from_uniform
 from .select import _filtered, choose, decode_neg_keys, first_rank_neg_keys, rank_masks
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
@@ -72,7 +73,7 @@ class FusedRows:
 
     @classmethod
     def build(cls, kinds, groups, batch_size: int, has_seed: np.ndarray, seed_lo: mx.array,
-              seed_hi: mx.array, vocab_size: int = 0, kernel: bool = False) -> "FusedRows | None":
+              seed_hi: mx.array, vocab_size: int, kernel: bool = False) -> "FusedRows | None":
         """From the grouped form (tensors.py): None unless every row is greedy or candidates.
         ``kernel``: take the top-ranks kernel where it applies (CUDA, this width and vocabulary,
         and it matched MLX in this process)."""
@@ -93,7 +94,7 @@ class FusedRows:
         log_min_p[rows] = np.array(cand.log_min_p)
         any_greedy = len(rows) < batch_size
         top_k_arr = mx.array(top_k)
-        n = min(cand.width, vocab_size) if vocab_size else cand.width  # the ranks a step gets
+        n = min(cand.width, vocab_size)  # the ranks a step gets
         return cls(
             width=cand.width,
             inv_temperature=mx.array(inv_t),
@@ -129,7 +130,7 @@ def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, k
         from ..kernels import top_ranks
 
         sid, s, u = top_ranks.candidates(x, width, inv_t, h, positions)
-        return choose(s, sid, -mx.log(-mx.log(u)), top_k, top_p, log_min_p,  # noise.gumbel_noise's logs
+        return choose(s, sid, gumbel_from_uniform(u), top_k, top_p, log_min_p,
                       use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)
     sid, sv = decode_neg_keys(first_rank_neg_keys(x, width))  # [B, K] in rank order
     state = murmur_absorb(h, positions.astype(mx.uint32))

@@ -76,9 +76,14 @@ def uniform_noise(state: mx.array, token_ids: mx.array) -> mx.array:
 
 def gumbel_noise(state: mx.array, token_ids: mx.array) -> mx.array:
     """Standard Gumbel noise, float32 ``[b, n]``, for ``state [b]`` and ``token_ids [b, n]``."""
+    return gumbel_from_uniform(uniform_noise(state, token_ids))
+
+
+def gumbel_from_uniform(u: mx.array) -> mx.array:
+    """-log(-log(u)): the Gumbel noise of uniform noise ``u`` (also of the top-ranks kernel's u)."""
     # The two logs stay outside the compiled kernel: mlx's unfused log is
     # vectorised and was faster than the fused version on CPU.
-    return -mx.log(-mx.log(uniform_noise(state, token_ids)))
+    return -mx.log(-mx.log(u))
 
 
 def gumbel_noise_py(seed: int, position: int, token_id: int) -> float:
