@@ -165,14 +165,108 @@ def test_the_grouped_kernel_takes_query_groups_it_can_hold():
 
 
 def test_the_grouped_kernel_runs_only_after_it_matched_here(monkeypatch):
-    """check() compares both kernels with MLX's attention: the per-head one decides whether any
-    kernel runs, the grouped one only whether it replaces the per-head one."""
-    verdicts = {"per_head": None, "grouped": "grouped kernel differs from masked attention by 1"}
+    """check() compares every kernel with MLX's attention: the per-head one decides whether any
+    kernel runs, the grouped and vec ones only whether they replace it; the note says which
+    serves and why one does not."""
+    verdicts = {"per_head": None, "grouped": "grouped kernel differs from masked attention by 1",
+                "vec": "vec kernel differs from masked attention by 2"}
     monkeypatch.setattr(da, "_compare_kind", lambda seed, kind: verdicts[kind])
     monkeypatch.setattr(da, "_grouped_ok", {"ok": False, "why": "not checked"})
+    monkeypatch.setattr(da, "_vec_ok", {"ok": False, "why": "not checked"})
     assert da._compare(0) is None
-    assert not da._grouped_ok["ok"] and "differs" in da.grouped_note()
+    assert not da._grouped_ok["ok"] and "differs" in da.grouped_note() and "vec kernel off" in da.grouped_note()
     verdicts["grouped"] = None
-    assert da._compare(0) is None and da._grouped_ok["ok"] and da.grouped_note() == "grouped by KV head"
+    assert da._compare(0) is None and da._grouped_ok["ok"] and not da._vec_ok["ok"]
+    assert da.grouped_note().startswith("grouped by KV head; vec kernel off (vec kernel differs")
+    verdicts["vec"] = None
+    assert da._compare(0) is None and da._vec_ok["ok"] and da.grouped_note().startswith("vec:")
     verdicts["per_head"] = "per_head kernel failed: build error"
     assert da._compare(0) == "per_head kernel failed: build error"
+
+
+def test_the_vec_kernel_takes_heads_whose_rows_split_into_16_byte_loads():
+    """A key row is D / (16 / itemsize) lanes of one 16-byte load each, a power of two up to a
+    warp; a lane holds its dims of the whole query group (G x 8 <= 32 in bf16)."""
+    assert da.vec_fits(32, 8, 128, 2) and da.vec_fits(32, 8, 64, 2)  # Llama-3.1-8B, Llama-3.2-1B
+    assert da.vec_fits(32, 32, 128, 2)  # multi-head attention: groups of one
+    assert not da.vec_fits(64, 8, 128, 2)  # G = 8 in bf16: 64 dims of registers per lane
+    assert da.vec_fits(64, 8, 128, 4)  # ... 32 in float32
+    assert not da.vec_fits(32, 8, 96, 2)  # 12 lanes per key
+    assert not da.vec_fits(12, 8, 128, 2)  # not a whole group
+    assert da.vec_config(8, 4, 128) == (16, 2)  # batch 1: many warps per block
+    assert da.vec_config(8, 8, 128) == (8, 2)  # 16 wanted, 8 fit the combine's shared memory
+    assert da.vec_config(64 * 8, 4, 128) == (4, 4)
+
+
+def _vec_emulated(q, k, v, start, end, scale, warps, kpl, itemsize=2):
+    """The vec kernel's algorithm in numpy, one block at a time: which lane group of which warp
+    takes which key, each group's online softmax, the merges of a warp's groups and of the
+    warps. (The CUDA source itself is compared with MLX by `check()` on the device.)"""
+    import numpy as np
+
+    q, k, v = (np.asarray(x, dtype=np.float32) for x in (q, k, v))
+    B, Hq, L, D = q.shape
+    Hkv = k.shape[1]
+    G, lpk = Hq // Hkv, D // (16 // itemsize)
+    gpw = 32 // lpk
+    stride = warps * gpw
+    out = np.zeros_like(q)
+
+    def merge(a, b):  # (m, l, acc) of two lane groups -> one
+        M = max(a[0], b[0])
+        fa = 0.0 if a[0] == -np.inf else np.exp(a[0] - M)
+        fb = 0.0 if b[0] == -np.inf else np.exp(b[0] - M)
+        return M, a[1] * fa + b[1] * fb, a[2] * fa + b[2] * fb
+
+    for b in range(B):
+        for kvh in range(Hkv):
+            for ql in range(L):
+                s, e = int(start[b]), end - L + 1 + ql
+                for g in range(G):
+                    qv = q[b, kvh * G + g, ql] * scale
+                    per_warp = []
+                    for w in range(warps):
+                        groups = [(-np.inf, 0.0, np.zeros(D, np.float32)) for _ in range(gpw)]
+                        for jw in range(s + w * gpw, e, stride * kpl):
+                            for grp in range(gpw):
+                                m, l, acc = groups[grp]
+                                js = [jw + grp + u * stride for u in range(kpl)]
+                                d = [float(qv @ k[b, kvh, min(j, e - 1)]) if j < e else -np.inf for j in js]
+                                mn = max([m] + d)
+                                if mn == -np.inf:
+                                    continue
+                                c = np.exp(m - mn)
+                                l, acc = l * c, acc * c
+                                for j, dj in zip(js, d):
+                                    p = np.exp(dj - mn)
+                                    l, acc = l + p, acc + p * v[b, kvh, min(j, e - 1)]
+                                groups[grp] = (mn, l, acc)
+                        o = 1
+                        while o < gpw:  # the shuffles over lanes lpk * o apart
+                            groups = [merge(groups[i], groups[i ^ o]) for i in range(gpw)]
+                            o *= 2
+                        per_warp.append(groups[0])
+                    M = max(m for m, _, _ in per_warp)
+                    f = [np.exp(m - M) if l > 0 else 0.0 for m, l, _ in per_warp]
+                    Lsum = sum(l * fw for (_, l, _), fw in zip(per_warp, f))
+                    out[b, kvh * G + g, ql] = sum(acc * fw for (_, _, acc), fw in zip(per_warp, f)) / Lsum
+    return out
+
+
+@pytest.mark.parametrize("warps,kpl,D,L,start", [(4, 4, 128, 1, [0, 3]), (8, 2, 64, 1, [5, 0]), (2, 1, 64, 3, [0, 9]),
+                                                  (16, 2, 32, 1, [1, 2])])
+def test_the_vec_kernels_algorithm_takes_every_column_once(warps, kpl, D, L, start):
+    """Every column of [start, end - L + 1 + l) is taken by exactly one lane group, the rest
+    weigh nothing: the emulation equals MLX's masked attention (in float32) for contexts
+    shorter than, equal to and longer than a block's trip."""
+    import numpy as np
+
+    B, Hq, Hkv, C = 2, 8, 2, 96
+    for end in (L + 9, 40, 96):
+        q = mx.random.normal((B, Hq, L, D), key=mx.random.key(end))
+        k = mx.random.normal((B, Hkv, C, D), key=mx.random.key(end + 1))
+        v = mx.random.normal((B, Hkv, C, D), key=mx.random.key(end + 2))
+        st = mx.array(start, dtype=mx.int32)
+        want = da.reference(q, k, v, st, end, D ** -0.5)
+        got = _vec_emulated(q, k, v, start, end, D ** -0.5, warps, kpl)
+        assert np.allclose(got, np.asarray(want), atol=1e-4), (warps, kpl, D, L, end)

@@ -230,12 +230,195 @@ _GROUPED_SOURCE = r"""
 _GROUPED_SOURCE = _GROUPED_SOURCE.replace("@SHAPES@", _SHAPES).replace("@KEYS@", _KEY_LOOP)
 _grouped = Kernel("graphc_grouped_decode_attention", _INPUTS, ["out"], _GROUPED_SOURCE)
 
+# The grouped kernel again, laid out for memory-level parallelism (the "vec" kernel). The grouped
+# kernel's lanes each hold D/32 dims of a key and load them as D/32 two-byte loads, four keys per
+# warp per trip to memory; at Llama-3.1-8B batch 64 and 272 columns it read its 36 MB per layer
+# at ~0.6 TB/s (57 µs, docs/performance.md run 16) — latency-bound, not bandwidth-bound. Here a
+# key is held by LPK = D / VEC lanes, each loading VEC = 16 / sizeof(T) consecutive elements as
+# one 16-byte load, so a warp loads 32 / LPK whole keys per instruction (consecutive keys:
+# 512 contiguous bytes), KPL of them per lane per trip; the dot products reduce over the LPK
+# lanes of a key only. Each lane group keeps its own online softmax; the groups of a warp are
+# merged with shuffles, the warps through shared memory as in the grouped kernel. WARPS and KPL
+# (keys per lane per trip) are template arguments (`vec_config` picks them from the number of
+# blocks).
+_VEC_SOURCE = r"""
+@SHAPES@    constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte load
+    constexpr int LPK = D / VEC;           // lanes per key
+    constexpr int GPW = 32 / LPK;          // keys one warp-wide load covers
+    constexpr int STRIDE = WARPS * GPW;    // keys one block-wide load covers
+    int blk = blockIdx.x;  // (b, kvh, l)
+    const int ql = blk % Lq;
+    blk /= Lq;
+    const int kvh = blk % Hkv;
+    const int b = blk / Hkv;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int sub = lane % LPK;  // this lane's VEC dims of a key: sub * VEC ..
+    const int grp = lane / LPK;  // which of the warp's GPW keys
+    const float sc = scale[0];
+
+    const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + sub * VEC;
+    const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + sub * VEC;
+    // 16-byte loads need 16-byte addresses; a view at an odd offset takes the element loads.
+    const bool aligned = ((reinterpret_cast<unsigned long long>(kp) | reinterpret_cast<unsigned long long>(vp)) & 15) == 0;
+    float qv[G][VEC];
+    float acc[G][VEC];
+    float m[G];
+    float lsum[G];
+    const float NEG_INF = __int_as_float(0xff800000);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const T* qp = q + ((size_t)(b * Hq + kvh * G + g) * Lq + ql) * D + sub * VEC;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) { qv[g][i] = static_cast<float>(qp[i]) * sc; acc[g][i] = 0.f; }
+      m[g] = NEG_INF;
+      lsum[g] = 0.f;
+    }
+    const int s = start[b];
+    const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
+    for (int jw = s + warp * GPW; jw < e; jw += STRIDE * KPL) {  // warp-uniform: shuffles below
+      uint4 kr[KPL];
+      uint4 vr[KPL];
+#pragma unroll
+      for (int u = 0; u < KPL; ++u) {
+        const size_t j = (size_t)min(jw + grp + u * STRIDE, e - 1);  // past the end: a valid column, weight 0
+        if (aligned) {
+          kr[u] = *reinterpret_cast<const uint4*>(kp + j * D);
+          vr[u] = *reinterpret_cast<const uint4*>(vp + j * D);
+        } else {
+          T* kt = reinterpret_cast<T*>(&kr[u]);
+          T* vt = reinterpret_cast<T*>(&vr[u]);
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) { kt[i] = kp[j * D + i]; vt[i] = vp[j * D + i]; }
+        }
+      }
+      float d[G][KPL];
+#pragma unroll
+      for (int u = 0; u < KPL; ++u) {
+        const T* ke = reinterpret_cast<const T*>(&kr[u]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          float t = 0.f;
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) t += qv[g][i] * static_cast<float>(ke[i]);
+          d[g][u] = t;
+        }
+      }
+#pragma unroll
+      for (int o = LPK / 2; o > 0; o >>= 1)  // sum over the LPK lanes of each key
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+          for (int u = 0; u < KPL; ++u) d[g][u] += __shfl_xor_sync(0xffffffff, d[g][u], o);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float mn = m[g];
+#pragma unroll
+        for (int u = 0; u < KPL; ++u) {
+          if (jw + grp + u * STRIDE >= e) d[g][u] = NEG_INF;
+          mn = fmaxf(mn, d[g][u]);
+        }
+        if (mn == NEG_INF) continue;  // this lane group has had no valid key yet
+        const float c = expf(m[g] - mn);  // m = -inf on a group's first keys: c = 0
+        lsum[g] *= c;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[g][i] *= c;
+#pragma unroll
+        for (int u = 0; u < KPL; ++u) {
+          const float p = expf(d[g][u] - mn);
+          const T* ve = reinterpret_cast<const T*>(&vr[u]);
+          lsum[g] += p;
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) acc[g][i] += p * static_cast<float>(ve[i]);
+        }
+        m[g] = mn;
+      }
+    }
+    // Merge the warp's GPW lane groups (lanes LPK apart hold the same dims).
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float mo = __shfl_xor_sync(0xffffffff, m[g], o);
+        const float lo = __shfl_xor_sync(0xffffffff, lsum[g], o);
+        const float M = fmaxf(m[g], mo);
+        const float fs = (m[g] == NEG_INF) ? 0.f : expf(m[g] - M);
+        const float fo = (mo == NEG_INF) ? 0.f : expf(mo - M);
+        lsum[g] = lsum[g] * fs + lo * fo;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          const float ao = __shfl_xor_sync(0xffffffff, acc[g][i], o);
+          acc[g][i] = acc[g][i] * fs + ao * fo;
+        }
+        m[g] = M;
+      }
+    }
+    __shared__ float sm[WARPS][G];
+    __shared__ float sl[WARPS][G];
+    __shared__ float sacc[WARPS][G][D];
+    if (grp == 0) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = lsum[g]; }
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) sacc[warp][g][sub * VEC + i] = acc[g][i];
+      }
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += WARPS) {  // warp w combines query heads w, w + WARPS, ...
+      float M = NEG_INF;
+      for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w][g]);
+      float L = 0.f;
+      float f[WARPS];
+      for (int w = 0; w < WARPS; ++w) { f[w] = (sl[w][g] > 0.f) ? expf(sm[w][g] - M) : 0.f; L += sl[w][g] * f[w]; }
+      const size_t bhl = (size_t)(b * Hq + kvh * G + g) * Lq + ql;
+      for (int i = lane; i < D; i += 32) {
+        float o = 0.f;
+        for (int w = 0; w < WARPS; ++w) o += sacc[w][g][i] * f[w];
+        out[bhl * D + i] = static_cast<T>(o / L);
+      }
+    }
+"""
+
+_VEC_SOURCE = _VEC_SOURCE.replace("@SHAPES@", _SHAPES)
+_vec = Kernel("graphc_vec_decode_attention", _INPUTS, ["out"], _VEC_SOURCE)
+
 # Shared memory the grouped kernel's final combine may use (static, well under 48 KB).
 _GROUPED_SMEM = 32 * 1024
 
 
-# The grouped kernel's verdict, set by `check()` (which runs before any trace uses the kernels).
+# The grouped and vec kernels' verdicts, set by `check()` (which runs before any trace uses the kernels).
 _grouped_ok = {"ok": False, "why": "not checked"}
+_vec_ok = {"ok": False, "why": "not checked"}
+
+# (fewest blocks, warps per block, keys per lane per trip) for the vec kernel, first match wins:
+# few blocks (batch 1) need many warps each to have enough loads in flight; many blocks (batch
+# 64 x 8 KV heads) fill the device with small ones.
+VEC_CONFIG = ((256, 4, 4), (64, 8, 4), (0, 16, 2))
+
+
+def vec_fits(Hq: int, Hkv: int, D: int, itemsize: int) -> bool:
+    """Whether the vec kernel takes these heads: whole query groups of at most 8 heads, a key
+    row split into 16-byte pieces over a power-of-two number of lanes (D = 32, 64, 128 or 256
+    in bf16), and per lane a query group's dims in registers (G x 16 / itemsize <= 32)."""
+    vec = 16 // itemsize if itemsize in (2, 4) else 0
+    if not vec or not Hkv or Hq % Hkv or not 1 <= Hq // Hkv <= 8 or D % vec:
+        return False
+    lpk = D // vec
+    return lpk <= 32 and 32 % lpk == 0 and (Hq // Hkv) * vec <= 32
+
+
+# Static shared memory the vec kernel's combine may use (the limit is 48 KB): 16 warps at G = 4, D = 128.
+_VEC_SMEM = 40 * 1024
+
+
+def vec_config(blocks: int, G: int, D: int) -> tuple[int, int]:
+    """(warps, keys per lane per trip) for `blocks` blocks; warps shrink until the combine's
+    shared memory fits."""
+    warps, kpl = next((w, k) for least, w, k in VEC_CONFIG if blocks >= least)
+    while warps > 1 and warps * G * (D + 2) * 4 > _VEC_SMEM:
+        warps //= 2
+    return warps, kpl
 
 
 def grouped_warps(Hq: int, Hkv: int, D: int) -> int:
@@ -251,13 +434,15 @@ def grouped_warps(Hq: int, Hkv: int, D: int) -> int:
     return 0
 
 
-def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | None = None):
+def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | None = None,
+                     config: tuple[int, int] | None = None):
     """q [B, Hq, L, D]; k, v [B, Hkv, C, D]; start [B] int32; end [1] int32 -> [B, Hq, L, D].
 
     `end`: one past the last written column; the L queries are the last L columns written
-    (query l sees columns start[b] .. end - L + l). `kind`: "grouped" (one block per KV group),
-    "per_head" (one block per query head), or None: grouped wherever it applies and passed
-    `check()` here."""
+    (query l sees columns start[b] .. end - L + l). `kind`: "vec" (one block per KV group,
+    16-byte loads), "grouped" (one block per KV group), "per_head" (one block per query head),
+    or None: the first of those that applies and passed `check()` here. `config`: the vec
+    kernel's (warps, keys per lane per trip), else `vec_config`'s choice."""
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
     if D % 32 or Hkv == 0 or Hq % Hkv:
@@ -267,7 +452,24 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | N
         scale = mx.array([scale], dtype=mx.float32)
     warps = grouped_warps(Hq, Hkv, D)
     if kind is None:
-        kind = "grouped" if warps and _grouped_ok["ok"] else "per_head"
+        if _vec_ok["ok"] and vec_fits(Hq, Hkv, D, q.dtype.size):
+            kind = "vec"
+        else:
+            kind = "grouped" if warps and _grouped_ok["ok"] else "per_head"
+    if kind == "vec":
+        if not vec_fits(Hq, Hkv, D, q.dtype.size):
+            raise ValueError(f"the vec kernel does not take q {q.shape} {q.dtype}, k {k.shape}")
+        G = Hq // Hkv
+        w, kpl = config or vec_config(B * Hkv * L, G, D)
+        (out,) = _vec(
+            inputs=[q, k, v, start, end, scale],
+            template=[("T", q.dtype), ("D", D), ("G", G), ("WARPS", w), ("KPL", kpl)],
+            grid=(B * Hkv * L * w * 32, 1, 1),
+            threadgroup=(w * 32, 1, 1),
+            output_shapes=[q.shape],
+            output_dtypes=[q.dtype],
+        )
+        return out
     if kind == "grouped":
         if not warps:
             raise ValueError(f"the grouped kernel does not take q {q.shape}, k {k.shape}")
@@ -309,15 +511,22 @@ def _compare_kind(seed: int, kind: str) -> str | None:
         key = ks[3]
         if kind == "grouped" and not grouped_warps(Hq, Hkv, D):
             continue
+        if kind == "vec" and not vec_fits(Hq, Hkv, D, 2):
+            continue
         q = mx.random.normal((B, Hq, L, D), key=ks[0]).astype(mx.bfloat16)
         k = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
         v = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
         start = mx.array([(7 * i) % (end - L) for i in range(B)], dtype=mx.int32)  # every query sees a column
         want = reference(q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32), start, end, D ** -0.5)
-        got = ragged_attention(q, k, v, start, mx.array([end], dtype=mx.int32), D ** -0.5, kind=kind)
-        err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
-        if not err < 2e-2:
-            return f"{kind} kernel differs from masked attention by {err:.3g} at B={B} Hq={Hq} L={L} C={C} D={D}"
+        # The vec kernel is compared in every configuration VEC_CONFIG can pick.
+        configs = sorted({vec_config(n, Hq // Hkv, D) for n, _, _ in VEC_CONFIG}) if kind == "vec" else [None]
+        for config in configs:
+            got = ragged_attention(q, k, v, start, mx.array([end], dtype=mx.int32), D ** -0.5, kind=kind, config=config)
+            err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
+            if not err < 2e-2:
+                at = f" (warps, keys per lane {config})" if config else ""
+                return (f"{kind} kernel{at} differs from masked attention by {err:.3g} at B={B} Hq={Hq} L={L} C={C} "
+                        f"D={D}")
     return None
 
 
@@ -326,17 +535,22 @@ def _compare(seed: int) -> str | None:
     it also matches, and its verdict is kept for `ragged_attention` (`grouped_note()`)."""
     why = _compare_kind(seed, "per_head")
     if why is None:
-        try:
-            g = _compare_kind(seed, "grouped")
-        except Exception as e:  # noqa: BLE001 - a build failure leaves the per-head kernel in use
-            g = f"grouped kernel failed: {type(e).__name__}: {e}"
-        _grouped_ok.update(ok=g is None, why=g or "")
+        for kind, verdict in (("grouped", _grouped_ok), ("vec", _vec_ok)):
+            try:
+                g = _compare_kind(seed, kind)
+            except Exception as e:  # noqa: BLE001 - a build failure leaves the per-head kernel in use
+                g = f"{kind} kernel failed: {type(e).__name__}: {e}"
+            verdict.update(ok=g is None, why=g or "")
     return why
 
 
 def grouped_note() -> str:
-    """On, or why the per-head kernel serves every shape (after `check()`)."""
-    return "grouped by KV head" if _grouped_ok["ok"] else f"per query head ({_grouped_ok['why']})"
+    """Which kernel serves grouped heads, or why the per-head kernel serves every shape (after
+    `check()`)."""
+    if _vec_ok["ok"]:
+        return "vec: grouped by KV head, 16-byte loads"
+    note = "grouped by KV head" if _grouped_ok["ok"] else f"per query head ({_grouped_ok['why']})"
+    return note + (f"; vec kernel off ({_vec_ok['why']})" if _vec_ok["why"] and _vec_ok["why"] != "not checked" else "")
 
 
 # None when the kernel matches MLX's masked attention on random inputs here; else why not.
