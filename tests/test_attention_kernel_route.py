@@ -179,7 +179,7 @@ def test_the_grouped_kernel_runs_only_after_it_matched_here(monkeypatch):
     assert da._compare(0) is None and da._grouped_ok["ok"] and not da._vec_ok["ok"]
     assert da.grouped_note().startswith("grouped by KV head; vec kernel off (vec kernel differs")
     verdicts["vec"] = None
-    assert da._compare(0) is None and da._vec_ok["ok"] and da.grouped_note().startswith("vec:")
+    assert da._compare(0) is None and da._vec_ok["ok"] and da.grouped_note().startswith("vec from 64 blocks")
     verdicts["per_head"] = "per_head kernel failed: build error"
     assert da._compare(0) == "per_head kernel failed: build error"
 
@@ -193,9 +193,9 @@ def test_the_vec_kernel_takes_heads_whose_rows_split_into_16_byte_loads():
     assert da.vec_fits(64, 8, 128, 4)  # ... 32 in float32
     assert not da.vec_fits(32, 8, 96, 2)  # 12 lanes per key
     assert not da.vec_fits(12, 8, 128, 2)  # not a whole group
-    assert da.vec_config(8, 4, 128) == (16, 2)  # batch 1: many warps per block
-    assert da.vec_config(8, 8, 128) == (8, 2)  # 16 wanted, 8 fit the combine's shared memory
+    assert da.vec_config(8, 4, 128) == (8, 4)  # batch 1: more warps per block
     assert da.vec_config(64 * 8, 4, 128) == (4, 4)
+    assert da.vec_config(8, 8, 256) == (4, 4)  # 8 wanted, 4 fit the combine's shared memory
 
 
 def _vec_emulated(q, k, v, start, end, scale, warps, kpl, itemsize=2):
@@ -270,3 +270,29 @@ def test_the_vec_kernels_algorithm_takes_every_column_once(warps, kpl, D, L, sta
         want = da.reference(q, k, v, st, end, D ** -0.5)
         got = _vec_emulated(q, k, v, start, end, D ** -0.5, warps, kpl)
         assert np.allclose(got, np.asarray(want), atol=1e-4), (warps, kpl, D, L, end)
+
+
+def test_the_vec_kernel_serves_from_64_blocks_in_the_configuration_the_sweep_chose(monkeypatch):
+    """Past check(): one query at batch 1 takes the grouped kernel (the vec one was slower there
+    through the API), batch 8 and 9 queries at batch 1 the vec kernel with 8 warps, batch 16
+    and more with 4; the launch covers every (row, KV head, query) with one block."""
+    calls = []
+
+    def recorder(name):
+        def run(**kw):
+            calls.append((name, dict(kw["template"]), kw["grid"][0] // kw["threadgroup"][0]))
+            return [mx.zeros(kw["output_shapes"][0], dtype=kw["output_dtypes"][0])]
+        return run
+
+    monkeypatch.setattr(da, "_vec_ok", {"ok": True, "why": ""})
+    monkeypatch.setattr(da, "_grouped_ok", {"ok": True, "why": ""})
+    monkeypatch.setattr(da, "_vec", recorder("vec"))
+    monkeypatch.setattr(da, "_grouped", recorder("grouped"))
+    start, end = mx.zeros((64,), dtype=mx.int32), mx.array([100], dtype=mx.int32)
+    for B, L in ((1, 1), (8, 1), (1, 9), (16, 1), (64, 1)):
+        q = mx.zeros((B, 32, L, 128), dtype=mx.bfloat16)
+        kv = mx.zeros((B, 8, 256, 128), dtype=mx.bfloat16)
+        da.ragged_attention(q, kv, kv, start[:B], end, 0.1)
+    got = [(name, t.get("WARPS"), t.get("KPL"), blocks) for name, t, blocks in calls]
+    assert got == [("grouped", 8, None, 8), ("vec", 8, 4, 64), ("vec", 8, 4, 72), ("vec", 4, 4, 128),
+                   ("vec", 4, 4, 512)]

@@ -13,10 +13,14 @@ end column instead of a mask — query l of a row sees the columns before it and
 causal inside the L new ones — so it is one launch per layer and reads only the columns
 that hold the row's context.
 
-It is used only on CUDA (the compiled decode path; eager verify forwards and eager decode
-steps over left-padded rows through runtime/kernel_views.py), and only after `check()` has compared it with
-MLX's masked attention on random inputs in this process (bf16 tolerance); otherwise the
-masked MLX attention runs. It does not reproduce MLX's summation order, so its outputs
+Three kernels share those semantics: one block per query head (any head layout), one block
+per KV group serving its query heads (grouped-query attention), and the vec kernel, the grouped
+one with each key row loaded as 16-byte pieces by a few lanes (from VEC_MIN_BLOCKS blocks up,
+where it was faster on the H200). It is used only on CUDA (the compiled decode path; eager
+verify forwards and eager decode steps over left-padded rows through runtime/kernel_views.py),
+and only after `check()` has compared each kernel with MLX's masked attention on random inputs
+in this process (bf16 tolerance; the vec kernel in every configuration VEC_CONFIG can pick);
+otherwise the masked MLX attention runs. It does not reproduce MLX's summation order, so its outputs
 match to rounding, not bit for bit.
 """
 
@@ -391,10 +395,14 @@ _GROUPED_SMEM = 32 * 1024
 _grouped_ok = {"ok": False, "why": "not checked"}
 _vec_ok = {"ok": False, "why": "not checked"}
 
-# (fewest blocks, warps per block, keys per lane per trip) for the vec kernel, first match wins:
-# few blocks (batch 1) need many warps each to have enough loads in flight; many blocks (batch
-# 64 x 8 KV heads) fill the device with small ones.
-VEC_CONFIG = ((256, 4, 4), (64, 8, 4), (0, 16, 2))
+# (fewest blocks, warps per block, keys per lane per trip) for the vec kernel, first match wins,
+# from the H200 sweep of run 18 (docs/performance.md): 4 x 4 was the fastest configuration at
+# every batch of 16 rows and more (128+ blocks at 8 KV heads), 8 x 4 at batch 1 for 9 queries.
+VEC_CONFIG = ((128, 4, 4), (0, 8, 4))
+# Fewer blocks than this (one query at batches under 8, at 8 KV heads) take the grouped kernel:
+# through the public API the vec kernel was 1-2 % slower there (run 18: Llama-3.2-1B batch 1,
+# slower in 5 of 5 paired repeats).
+VEC_MIN_BLOCKS = 64
 
 
 def vec_fits(Hq: int, Hkv: int, D: int, itemsize: int) -> bool:
@@ -452,7 +460,7 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | N
         scale = mx.array([scale], dtype=mx.float32)
     warps = grouped_warps(Hq, Hkv, D)
     if kind is None:
-        if _vec_ok["ok"] and vec_fits(Hq, Hkv, D, q.dtype.size):
+        if _vec_ok["ok"] and vec_fits(Hq, Hkv, D, q.dtype.size) and B * Hkv * L >= VEC_MIN_BLOCKS:
             kind = "vec"
         else:
             kind = "grouped" if warps and _grouped_ok["ok"] else "per_head"
@@ -548,7 +556,7 @@ def grouped_note() -> str:
     """Which kernel serves grouped heads, or why the per-head kernel serves every shape (after
     `check()`)."""
     if _vec_ok["ok"]:
-        return "vec: grouped by KV head, 16-byte loads"
+        return f"vec from {VEC_MIN_BLOCKS} blocks (rows x KV heads x queries), grouped below"
     note = "grouped by KV head" if _grouped_ok["ok"] else f"per query head ({_grouped_ok['why']})"
     return note + (f"; vec kernel off ({_vec_ok['why']})" if _vec_ok["why"] and _vec_ok["why"] != "not checked" else "")
 
