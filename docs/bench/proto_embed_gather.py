@@ -8,12 +8,11 @@ runs), the same on [B] tokens, `mx.take` on flat tokens, and a one-hot-free row 
 (`mx.take` of rows through `reshape`); then the same through `mx.compile`. If a lookup costs
 ~250 µs here while its 512 KB of rows need ~1 µs, the step has a cheap win.
 Usage: proto_embed_gather.py [VOCAB] [HIDDEN] [BATCHES]   (default 128256 4096 1,64)"""
-import statistics
 import sys
-import time
 
 import mlx.core as mx
 import mlx.nn as nn
+from graph_timer import timed  # docs/bench/graph_timer.py
 
 V = int(sys.argv[1]) if len(sys.argv) > 1 else 128256
 Hd = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
@@ -22,17 +21,6 @@ emb = nn.Embedding(V, Hd)
 emb.weight = (0.02 * mx.random.normal((V, Hd))).astype(mx.bfloat16)
 mx.eval(emb.weight)
 
-
-def timed(fn, reps=15):
-    mx.eval(fn())
-    ts = []
-    for _ in range(reps):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        mx.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6 / 32
 
 
 for B in batches:

@@ -8,13 +8,12 @@ rows that started together gets); for L > 1 with the causal array mask. Also pri
 difference of each kernel from MLX's masked attention in float32.
 Usage: proto_gqa_attention.py [SHAPES] [BATCHES] [CONTEXTS] [LS]
   e.g. proto_gqa_attention.py 8b,1b 1,16,64 272,1040,4112 1,9"""
-import statistics
 import sys
-import time
 
 import mlx.core as mx
 
 from graphc.runtime.kernels import decode_attention as da
+from graph_timer import timed  # docs/bench/graph_timer.py
 
 SHAPES = {"8b": (32, 8, 128), "1b": (32, 8, 64)}  # query heads, KV heads, head dim
 shapes = (sys.argv[1] if len(sys.argv) > 1 else "8b,1b").split(",")
@@ -23,17 +22,6 @@ contexts = [int(x) for x in (sys.argv[3] if len(sys.argv) > 3 else "272,1040,411
 lengths = [int(x) for x in (sys.argv[4] if len(sys.argv) > 4 else "1,9").split(",")]
 print("check():", da.check(), "| grouped:", da.grouped_note(), flush=True)
 
-
-def timed(fn, reps=15):
-    mx.eval(fn())
-    ts = []
-    for _ in range(reps):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        mx.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6 / 32
 
 
 for shape in shapes:

@@ -25,22 +25,12 @@ import time
 import mlx.core as mx
 
 from graphc.runtime.kernels import decode_attention as da
+from graph_timer import timed  # docs/bench/graph_timer.py
 
 print("check():", da.check(), "| serving:", da.grouped_note(), flush=True)
 CONFIGS = [(4, 2), (4, 4), (4, 8), (8, 2), (8, 4), (16, 2), (16, 4)]
 HEADS = {"8b": (32, 8, 128), "1b": (32, 8, 64)}  # query heads, KV heads, head dim
 
-
-def timed(fn, reps=15):
-    mx.eval(fn())
-    ts = []
-    for _ in range(reps):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        mx.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e6 / 32
 
 
 CASES = [("8b", L, B, ctx) for L in (1, 9) for B in (1, 16, 64) for ctx in (272, 1040)]

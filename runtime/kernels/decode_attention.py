@@ -133,6 +133,66 @@ _SOURCE = _SOURCE.replace("@SHAPES@", _SHAPES).replace("@KEYS@", _KEY_LOOP)
 _INPUTS = ["q", "k", "v", "start", "end", "scale"]
 _kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
 
+# The grouped and vec kernels open the same way: one block per (row, KV head, query position)
+# serving the G query heads of that KV group; @LANES@ sets `off`, the first of the @N@ dims of a
+# key (and of each query) that this lane holds ...
+_GROUP_OPEN = _SHAPES + r"""    int blk = blockIdx.x;  // (b, kvh, l)
+    const int ql = blk % Lq;
+    blk /= Lq;
+    const int kvh = blk % Hkv;
+    const int b = blk / Hkv;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const float sc = scale[0];
+@LANES@
+    const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + off;
+    const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + off;
+    float qv[G][@N@];
+    float acc[G][@N@];
+    float m[G];
+    float lsum[G];
+    const float NEG_INF = __int_as_float(0xff800000);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const T* qp = q + ((size_t)(b * Hq + kvh * G + g) * Lq + ql) * D + off;
+#pragma unroll
+      for (int i = 0; i < @N@; ++i) { qv[g][i] = static_cast<float>(qp[i]) * sc; acc[g][i] = 0.f; }
+      m[g] = NEG_INF;
+      lsum[g] = 0.f;
+    }
+    const int s = start[b];
+    const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
+"""
+
+# ... and close the same way: each warp's (max, sum, weighted values) per query head go to shared
+# memory (from the lanes where @WRITER@), and warp w combines query heads w, w + WARPS, ...
+_GROUP_CLOSE = r"""    __shared__ float sm[WARPS][G];
+    __shared__ float sl[WARPS][G];
+    __shared__ float sacc[WARPS][G][D];
+    if (@WRITER@) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = lsum[g]; }
+#pragma unroll
+        for (int i = 0; i < @N@; ++i) sacc[warp][g][off + i] = acc[g][i];
+      }
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += WARPS) {
+      float M = NEG_INF;
+      for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w][g]);
+      float L = 0.f;
+      float f[WARPS];
+      for (int w = 0; w < WARPS; ++w) { f[w] = (sl[w][g] > 0.f) ? expf(sm[w][g] - M) : 0.f; L += sl[w][g] * f[w]; }
+      const size_t bhl = (size_t)(b * Hq + kvh * G + g) * Lq + ql;
+      for (int i = lane; i < D; i += 32) {
+        float o = 0.f;
+        for (int w = 0; w < WARPS; ++w) o += sacc[w][g][i] * f[w];
+        out[bhl * D + i] = static_cast<T>(o / L);
+      }
+    }
+"""
+
 # The same attention with one block per (row, KV head, query position) serving all G query heads
 # of that KV group: each K and V column is read once per group instead of once per query head
 # (the per-head kernel took 2.3 of the compiled Llama-3.1-8B batch-64 step's 9.4 ms of device
@@ -142,33 +202,7 @@ _kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
 # one query (1.2-1.35x at 272 columns), 1.4-2.4x for 9 (verify), 1.2-1.5x for 9 at batch 1. Splitting the keys over more blocks
 # (flash-decoding, a second combine launch) was slower at every shape tried, so it is not here.
 _GROUPED_SOURCE = r"""
-@SHAPES@    int blk = blockIdx.x;  // (b, kvh, l)
-    const int ql = blk % Lq;
-    blk /= Lq;
-    const int kvh = blk % Hkv;
-    const int b = blk / Hkv;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const float sc = scale[0];
-
-    const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
-    const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
-    float qv[G][PER];
-    float acc[G][PER];
-    float m[G];
-    float lsum[G];
-    const float NEG_INF = __int_as_float(0xff800000);
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const T* qp = q + ((size_t)(b * Hq + kvh * G + g) * Lq + ql) * D + lane * PER;
-#pragma unroll
-      for (int i = 0; i < PER; ++i) { qv[g][i] = static_cast<float>(qp[i]) * sc; acc[g][i] = 0.f; }
-      m[g] = NEG_INF;
-      lsum[g] = 0.f;
-    }
-    const int s = start[b];
-    const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
-@KEYS@      float d[G][KPI];
+@OPEN@@KEYS@      float d[G][KPI];
 #pragma unroll
       for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -206,32 +240,11 @@ _GROUPED_SOURCE = r"""
         m[g] = mn;
       }
     }
-    __shared__ float sm[WARPS][G];
-    __shared__ float sl[WARPS][G];
-    __shared__ float sacc[WARPS][G][D];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = lsum[g]; }
-#pragma unroll
-      for (int i = 0; i < PER; ++i) sacc[warp][g][lane * PER + i] = acc[g][i];
-    }
-    __syncthreads();
-    for (int g = warp; g < G; g += WARPS) {  // warp w combines query heads w, w + WARPS, ...
-      float M = NEG_INF;
-      for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w][g]);
-      float L = 0.f;
-      float f[WARPS];
-      for (int w = 0; w < WARPS; ++w) { f[w] = (sl[w][g] > 0.f) ? expf(sm[w][g] - M) : 0.f; L += sl[w][g] * f[w]; }
-      const size_t bhl = (size_t)(b * Hq + kvh * G + g) * Lq + ql;
-      for (int i = 0; i < PER; ++i) {
-        float o = 0.f;
-        for (int w = 0; w < WARPS; ++w) o += sacc[w][g][lane * PER + i] * f[w];
-        out[bhl * D + lane * PER + i] = static_cast<T>(o / L);
-      }
-    }
-"""
+@CLOSE@"""
 
-_GROUPED_SOURCE = _GROUPED_SOURCE.replace("@SHAPES@", _SHAPES).replace("@KEYS@", _KEY_LOOP)
+_GROUPED_SOURCE = (_GROUPED_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@KEYS@", _KEY_LOOP)
+                   .replace("@CLOSE@", _GROUP_CLOSE).replace("@N@", "PER").replace("@WRITER@", "true")
+                   .replace("@LANES@", "    const int off = lane * PER;  // this lane's PER dims of every key"))
 _grouped = Kernel("graphc_grouped_decode_attention", _INPUTS, ["out"], _GROUPED_SOURCE)
 
 # The grouped kernel again, laid out for memory-level parallelism (the "vec" kernel). The grouped
@@ -246,40 +259,12 @@ _grouped = Kernel("graphc_grouped_decode_attention", _INPUTS, ["out"], _GROUPED_
 # (keys per lane per trip) are template arguments (`vec_config` picks them from the number of
 # blocks).
 _VEC_SOURCE = r"""
-@SHAPES@    constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte load
+    constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte load
     constexpr int LPK = D / VEC;           // lanes per key
     constexpr int GPW = 32 / LPK;          // keys one warp-wide load covers
     constexpr int STRIDE = WARPS * GPW;    // keys one block-wide load covers
-    int blk = blockIdx.x;  // (b, kvh, l)
-    const int ql = blk % Lq;
-    blk /= Lq;
-    const int kvh = blk % Hkv;
-    const int b = blk / Hkv;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int sub = lane % LPK;  // this lane's VEC dims of a key: sub * VEC ..
-    const int grp = lane / LPK;  // which of the warp's GPW keys
-    const float sc = scale[0];
-
-    const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + sub * VEC;
-    const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + sub * VEC;
-    // 16-byte loads need 16-byte addresses; a view at an odd offset takes the element loads.
+@OPEN@    // 16-byte loads need 16-byte addresses; a view at an odd offset takes the element loads.
     const bool aligned = ((reinterpret_cast<unsigned long long>(kp) | reinterpret_cast<unsigned long long>(vp)) & 15) == 0;
-    float qv[G][VEC];
-    float acc[G][VEC];
-    float m[G];
-    float lsum[G];
-    const float NEG_INF = __int_as_float(0xff800000);
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const T* qp = q + ((size_t)(b * Hq + kvh * G + g) * Lq + ql) * D + sub * VEC;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) { qv[g][i] = static_cast<float>(qp[i]) * sc; acc[g][i] = 0.f; }
-      m[g] = NEG_INF;
-      lsum[g] = 0.f;
-    }
-    const int s = start[b];
-    const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
     for (int jw = s + warp * GPW; jw < e; jw += STRIDE * KPL) {  // warp-uniform: shuffles below
       uint4 kr[KPL];
       uint4 vr[KPL];
@@ -357,34 +342,12 @@ _VEC_SOURCE = r"""
         m[g] = M;
       }
     }
-    __shared__ float sm[WARPS][G];
-    __shared__ float sl[WARPS][G];
-    __shared__ float sacc[WARPS][G][D];
-    if (grp == 0) {
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = lsum[g]; }
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) sacc[warp][g][sub * VEC + i] = acc[g][i];
-      }
-    }
-    __syncthreads();
-    for (int g = warp; g < G; g += WARPS) {  // warp w combines query heads w, w + WARPS, ...
-      float M = NEG_INF;
-      for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w][g]);
-      float L = 0.f;
-      float f[WARPS];
-      for (int w = 0; w < WARPS; ++w) { f[w] = (sl[w][g] > 0.f) ? expf(sm[w][g] - M) : 0.f; L += sl[w][g] * f[w]; }
-      const size_t bhl = (size_t)(b * Hq + kvh * G + g) * Lq + ql;
-      for (int i = lane; i < D; i += 32) {
-        float o = 0.f;
-        for (int w = 0; w < WARPS; ++w) o += sacc[w][g][i] * f[w];
-        out[bhl * D + i] = static_cast<T>(o / L);
-      }
-    }
-"""
+@CLOSE@"""
 
-_VEC_SOURCE = _VEC_SOURCE.replace("@SHAPES@", _SHAPES)
+_VEC_SOURCE = (_VEC_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@CLOSE@", _GROUP_CLOSE).replace("@N@", "VEC")
+               .replace("@WRITER@", "grp == 0").replace("@LANES@", """    const int sub = lane % LPK;  // this lane's VEC dims of a key: sub * VEC ..
+    const int grp = lane / LPK;  // which of the warp's GPW keys
+    const int off = sub * VEC;"""))
 _vec = Kernel("graphc_vec_decode_attention", _INPUTS, ["out"], _VEC_SOURCE)
 
 # Shared memory the grouped kernel's final combine may use (static, well under 48 KB).
