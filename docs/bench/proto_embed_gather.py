@@ -12,7 +12,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-from graph_timer import timed  # docs/bench/graph_timer.py
+from kernel_bench import timed  # docs/bench/kernel_bench.py
 
 V = int(sys.argv[1]) if len(sys.argv) > 1 else 128256
 Hd = int(sys.argv[2]) if len(sys.argv) > 2 else 4096

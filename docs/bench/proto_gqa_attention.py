@@ -13,7 +13,7 @@ import sys
 import mlx.core as mx
 
 from graphc.runtime.kernels import decode_attention as da
-from graph_timer import timed  # docs/bench/graph_timer.py
+from kernel_bench import attention_case, timed  # docs/bench/kernel_bench.py
 
 SHAPES = {"8b": (32, 8, 128), "1b": (32, 8, 64)}  # query heads, KV heads, head dim
 shapes = (sys.argv[1] if len(sys.argv) > 1 else "8b,1b").split(",")
@@ -29,28 +29,8 @@ for shape in shapes:
     for L in lengths:
         for B in batches:
             for ctx in contexts:
-                C = -(-ctx // 256) * 256
-                qs = [mx.random.normal((B, Hq, L, D), key=mx.random.key(i)).astype(mx.bfloat16) for i in range(8)]
-                kb = [mx.random.normal((B, Hkv, C, D), key=mx.random.key(100 + i)).astype(mx.bfloat16) for i in range(8)]
-                vb = [mx.random.normal((B, Hkv, C, D), key=mx.random.key(200 + i)).astype(mx.bfloat16) for i in range(8)]
-                start = mx.array([(5 * i) % 17 for i in range(B)], dtype=mx.int32)
-                end = mx.array([ctx], dtype=mx.int32)
-                scale = D ** -0.5
-                mx.eval(qs, kb, vb, start)
-                cols = mx.arange(C)[None, None]
-                last = (ctx - L + mx.arange(L))[None, :, None]
-                mask = ((cols <= last) & (cols >= start[:, None, None]))[:, None]
-                kslice = [x[:, :, :ctx] for x in kb]
-                vslice = [x[:, :, :ctx] for x in vb]
-                mx.eval(kslice, vslice)
-
-                def mlx_fast():
-                    if L == 1:
-                        return [mx.fast.scaled_dot_product_attention(qs[i % 8], kslice[i % 8], vslice[i % 8], scale=scale)
-                                for i in range(32)]
-                    return [mx.fast.scaled_dot_product_attention(qs[i % 8], kb[i % 8], vb[i % 8], scale=scale, mask=mask)
-                            for i in range(32)]
-
+                c = attention_case(Hq, Hkv, D, L, B, ctx)
+                qs, kb, vb, start, end, scale = c.qs, c.kb, c.vb, c.start, c.end, c.scale
                 want = da.reference(qs[0].astype(mx.float32), kb[0].astype(mx.float32), vb[0].astype(mx.float32),
                                     start, ctx, scale)
                 errs, row = {}, {}
@@ -63,9 +43,9 @@ for shape in shapes:
                     except Exception as e:  # noqa: BLE001
                         errs[kind], row[kind] = float("nan"), float("nan")
                         print(f"  {kind} failed: {type(e).__name__}: {e}", flush=True)
-                row["mlx"] = timed(mlx_fast)
+                row["mlx"] = timed(c.mlx_fast)
                 print(f"{shape} L={L} B={B:3d} ctx={ctx:5d} | " + "  ".join(f"{n} {v:.1f}" for n, v in row.items())
                       + f" µs | per-head/grouped {row['per_head'] / row['grouped']:.2f}x MLX/grouped "
                       f"{row['mlx'] / row['grouped']:.2f}x | max err " + " ".join(f"{n} {v:.1e}" for n, v in errs.items()),
                       flush=True)
-                del qs, kb, vb, kslice, vslice
+                del c

@@ -25,7 +25,7 @@ import time
 import mlx.core as mx
 
 from graphc.runtime.kernels import decode_attention as da
-from graph_timer import timed  # docs/bench/graph_timer.py
+from kernel_bench import attention_case, timed  # docs/bench/kernel_bench.py
 
 print("check():", da.check(), "| serving:", da.grouped_note(), flush=True)
 CONFIGS = [(4, 2), (4, 4), (4, 8), (8, 2), (8, 4), (16, 2), (16, 4)]
@@ -38,17 +38,8 @@ CASES += [("1b", 1, B, ctx) for B in (1, 64) for ctx in (272, 1040)]
 if da.check() is None and len(sys.argv) < 3:
     for shape, L, B, ctx in CASES:
         Hq, Hkv, D = HEADS[shape]
-        C = -(-ctx // 256) * 256
-        qs = [mx.random.normal((B, Hq, L, D), key=mx.random.key(i)).astype(mx.bfloat16) for i in range(8)]
-        kb = [mx.random.normal((B, Hkv, C, D), key=mx.random.key(100 + i)).astype(mx.bfloat16) for i in range(8)]
-        vb = [mx.random.normal((B, Hkv, C, D), key=mx.random.key(200 + i)).astype(mx.bfloat16) for i in range(8)]
-        start = mx.array([(5 * i) % 17 for i in range(B)], dtype=mx.int32)
-        end = mx.array([ctx], dtype=mx.int32)
-        scale = D ** -0.5
-        cols = mx.arange(C)[None, None]
-        mask = ((cols <= (ctx - L + mx.arange(L))[None, :, None]) & (cols >= start[:, None, None]))[:, None]
-        ks, vs = [x[:, :, :ctx] for x in kb], [x[:, :, :ctx] for x in vb]
-        mx.eval(qs, kb, vb, start, ks, vs)
+        c = attention_case(Hq, Hkv, D, L, B, ctx)
+        qs, kb, vb, start, end, scale = c.qs, c.kb, c.vb, c.start, c.end, c.scale
         want = da.reference(qs[0].astype(mx.float32), kb[0].astype(mx.float32), vb[0].astype(mx.float32),
                             start, ctx, scale)
 
@@ -56,14 +47,7 @@ if da.check() is None and len(sys.argv) < 3:
             return lambda: [da.ragged_attention(qs[i % 8], kb[i % 8], vb[i % 8], start, end, scale, kind=kind,
                                                 config=config) for i in range(32)]
 
-        def mlx_fast():
-            if L == 1:
-                return [mx.fast.scaled_dot_product_attention(qs[i % 8], ks[i % 8], vs[i % 8], scale=scale)
-                        for i in range(32)]
-            return [mx.fast.scaled_dot_product_attention(qs[i % 8], kb[i % 8], vb[i % 8], scale=scale, mask=mask)
-                    for i in range(32)]
-
-        row = {"grouped": timed(run("grouped")), "mlx": timed(mlx_fast)}
+        row = {"grouped": timed(run("grouped")), "mlx": timed(c.mlx_fast)}
         errs = {}
         for cfg in CONFIGS:
             name = f"vec{cfg[0]}x{cfg[1]}"
@@ -78,7 +62,7 @@ if da.check() is None and len(sys.argv) < 3:
         print(f"{shape} L={L} B={B:3d} ctx={ctx:5d} | " + " ".join(f"{n} {v:.1f}" for n, v in row.items())
               + f" µs | best {best} ({row['grouped'] / row[best]:.2f}x grouped, {row['mlx'] / row[best]:.2f}x MLX); "
               f"auto vec{auto[0]}x{auto[1]} | max err {max(errs.values()):.1e}", flush=True)
-        del qs, kb, vb, ks, vs
+        del c, qs, kb, vb
 
 if len(sys.argv) < 3 or da.check() is not None:
     sys.exit(0)
