@@ -21,3 +21,29 @@ def test_step_profile_splits_steps(tmp_path):
         # the parts are pieces of the step: none of their medians exceeds the median step
         assert parts["build"] <= parts["step"] and parts["submit"] <= parts["step"], parts
     assert run["plain"]["engine"] == 0.0
+
+
+def test_paired_mode_alternates_greedy_and_sampled_calls_on_one_engine(tmp_path, monkeypatch):
+    """--paired: one ratio of per-step medians per pair, after one warm-up call of each kind,
+    the order flipping every pair so drift falls on both."""
+    from graphc.runtime import Engine
+
+    order = []
+    real = Engine.generate
+
+    def generate(self, prompts, params):
+        order.append("sampled" if params.temperature else "greedy")
+        return real(self, prompts, params)
+
+    monkeypatch.setattr(Engine, "generate", generate)
+    out = tmp_path / "p.json"
+    res = step_profile.main(["--model", "tiny", "--batch", "2", "--prompt-len", "8", "--new", "12", "--skip", "2",
+                             "--repeats", "3", "--paired", '{"temperature": 0.8, "top_k": 20}', "--json", str(out)])
+    assert json.loads(out.read_text()) == res
+    (pairs,) = res["pairs"]
+    assert order == ["greedy", "sampled"] + ["greedy", "sampled", "sampled", "greedy", "greedy", "sampled"]
+    assert len(pairs["greedy"]) == len(pairs["sampled"]) == len(pairs["ratio"]) == 3
+    for g, s, r in zip(pairs["greedy"], pairs["sampled"], pairs["ratio"]):
+        assert g > 0 and s > 0 and abs(r - s / g) < 1e-3
+    lo, mid, hi = pairs["ratio_min_median_max"]
+    assert lo <= mid <= hi and mid == sorted(pairs["ratio"])[1]

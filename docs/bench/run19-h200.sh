@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Run 19 (nvidia-h200): what run 18 left open, in the order to run it. Needs mlx (CUDA) + graphc on
 # PYTHONPATH and $OUT. Each mode is one device call (~ minutes given).
-#   probe TAG      : the 1B batch-64 sampled / greedy pair with 9 interleaved repeats
-#                    (proto_top_ranks.py; the <= 5 % goal needs a spread under 5 %; in 18b it did
-#                    not finish in 180 s on a fresh machine: give it 240), then an ncu profile of
-#                    4 steady 8B batch-64 compiled steps (proto_kernel_profile.py, as run 14): which
-#                    op is the 218-301 µs `mlx::gather` (not the embedding lookup alone: 18b)
+#   probe TAG      : what sampling costs per step at batch 64, 1B then 8B, `compile="auto"`:
+#                    step_profile.py --paired (greedy and sampled calls alternated on one Engine,
+#                    9 pairs, a ratio of per-step medians each: the <= 5 % goal needs a spread
+#                    under 5 %, which the call-level bench has not given; ~3 min), then an ncu
+#                    profile of 4 steady 8B batch-64 compiled steps with grid sizes (proto_kernel_
+#                    profile.py, as run 14): which op is the 218-301 µs `mlx::gather` (not the
+#                    embedding lookup alone: 18b; ~3 min)
 #   spec GGUF TAG  : the grounded speculative row at batch 1 (run15-h200.sh spec: eager k = 16,
 #                    eager k = 8, compile "auto"; the GGUF travels as .gpu-wheels/g1 + g2 over two
 #                    calls: `cat /root/w/gg.aa .gpu-wheels/g2/gg.ab > /root/smol.gguf`; ~4 min). Not
@@ -15,7 +17,11 @@ set -u
 D="$(dirname "$0")"
 case "$1" in
 probe)
-  timeout 240 python3 "$D/proto_top_ranks.py" llama-3.2-1b 64 9 2>&1 | tee $OUT/sampled-1b64-$2.log
+  S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
+  for m in llama-3.2-1b llama-3.1-8b; do
+    timeout 150 python3 -m graphc.runtime.bench.step_profile --model $m --batch 64 --repeats 9 --paired "$S" \
+        --engine-kw '{"compile": "auto"}' --json $OUT/paired-$m-$2.json 2>&1 | grep "^B=\|Error" | tee -a $OUT/paired-$2.log
+  done
   # the grid size of each launch tells what array the gather fills (one thread per output element)
   timeout 200 ncu --profile-from-start off --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size \
       --csv --page raw --log-file $OUT/k8b64-compiled-$2.csv \

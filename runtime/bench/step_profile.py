@@ -18,6 +18,11 @@ zero is host-bound: the GPU finished before the host asked; then only less host 
 
 The timers wrap methods of the runner and add a few µs per step; the ms/step they report is
 compared with an untimed `generate` call in the same process.
+
+`--paired SAMPLING_JSON` measures what sampling costs per step instead: greedy and sampled
+calls alternate on one Engine and each pair gives a ratio of per-step medians, e.g.
+  python -m graphc.runtime.bench.step_profile --model llama-3.2-1b --batch 64 --repeats 9 \
+      --paired '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
 """
 
 from __future__ import annotations
@@ -130,6 +135,42 @@ def summarize(rows: list[dict]) -> dict:
     return {p: round(median(r.get(p, 0.0) for r in rows) * 1e3, 3) for p in PARTS} | {"steps": len(rows)}
 
 
+def paired(eng, rng, vocab: int, B: int, args, sampling: dict) -> dict:
+    """Greedy and sampled calls of B fresh prompts alternated on one Engine, `args.repeats` pairs:
+    each call's median steady step (ms) and each pair's sampled / greedy ratio. A per-step median
+    leaves out admission steps and stalls, which the call-level (T144 - T16) / 128 of
+    `graphc bench --user-api` carries; that is what makes a 5 % difference resolvable."""
+    from .contestants import graphc_params
+
+    kinds = {"greedy": graphc_params(args.new), "sampled": graphc_params(args.new, sampling)}
+
+    def call(kind):
+        eng.generate([[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(B)], kinds[kind])
+
+    for kind in kinds:  # warm-up: kernels built, traces, pool allocated
+        call(kind)
+    timer = instrument(eng)
+    res = {"batch": B, "greedy": [], "sampled": [], "ratio": []}
+    try:
+        for r in range(args.repeats):
+            for kind in (("greedy", "sampled") if r % 2 == 0 else ("sampled", "greedy")):
+                gc.collect()
+                timer.steps = []
+                call(kind)
+                res[kind].append(summarize(timer.steps[args.skip:])["step"])
+            res["ratio"].append(round(res["sampled"][-1] / res["greedy"][-1], 4))
+            print(f"B={B:3d} pair {r}: greedy {res['greedy'][-1]:.3f} ms/step, sampled {res['sampled'][-1]:.3f}, "
+                  f"sampled / greedy {res['ratio'][-1]:.3f}", flush=True)
+    finally:
+        del eng.step, eng.runner._launch, eng.runner.decode  # back to the class methods
+        del eng.runner.compiled.decode.forward, eng.runner.compiled.decode.head
+    rs = sorted(res["ratio"])
+    res["ratio_min_median_max"] = [rs[0], round(median(rs), 4), rs[-1]]
+    print(f"B={B:3d} sampled / greedy per-step median over {len(rs)} pairs: min {rs[0]:.3f} / median {median(rs):.3f} "
+          f"/ max {rs[-1]:.3f}", flush=True)
+    return res
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m graphc.runtime.bench.step_profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,6 +184,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--engine-kw", default="{}", help='JSON of extra Engine options, e.g. {"compile": true}')
     ap.add_argument("--sampling", default="{}", help='JSON of SamplingParams fields for every request, e.g. '
                     '{"temperature": 0.8, "top_p": 0.9, "top_k": 50} (default: greedy)')
+    ap.add_argument("--paired", metavar="SAMPLING_JSON",
+                    help="instead of the split against the plain loop: alternate greedy calls and calls with these "
+                    "SamplingParams fields on one Engine (the order flips every repeat, so drift falls on both) and "
+                    "report each call's per-step median and the sampled / greedy ratio of each pair")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -154,6 +199,13 @@ def main(argv=None) -> dict:
     rng = random.Random(0)
     vocab = eng.vocab_size
     out = {"model": label, "engine_kw": json.loads(args.engine_kw), "sampling": json.loads(args.sampling), "runs": []}
+    if args.paired:
+        out["paired"] = json.loads(args.paired)
+        out["pairs"] = [paired(eng, rng, vocab, B, args, out["paired"]) for B in args.batch]
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1)
+        return out
     for B in args.batch:
         def prompts():
             return [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(B)]
