@@ -154,6 +154,9 @@ def test_user_api_rows_cover_every_workload_batch_and_contestant(user_result):
         runs = zip(r["values"]["graphc"]["runs"], r["values"]["graphc_greedy"]["runs"])
         want = [s / g for s, g in runs if s > 0 and g > 0]
         assert r["sampled_over_greedy"]["graphc"].get("runs", []) == want
+        # and one ratio of the long calls' median decode steps per repeat
+        per_step = r["sampled_over_greedy_per_step"]["graphc"]
+        assert len(per_step["runs"]) == 3 and all(x > 0 for x in per_step["runs"])
     prefill = [r for r in rows if r["workload"] == "prefill"]
     assert {(r["case"], r["unit"]) for r in prefill} == {(c, u) for c in ("2x24", "1x40")
                                                           for u in ("TTFT ms (median)", "prompt tok/s")}

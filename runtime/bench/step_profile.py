@@ -108,6 +108,12 @@ def instrument(engine) -> _Timer:
     return t
 
 
+def uninstrument(engine) -> None:
+    """Remove `instrument`'s wrappers: the engine's methods are its classes' again."""
+    del engine.step, engine.runner._launch, engine.runner.decode
+    del engine.runner.compiled.decode.forward, engine.runner.compiled.decode.head
+
+
 def plain_loop(model, prompts, new: int, skip: int) -> list[dict]:
     """mlx-lm's plain loop with the same split (build, submit, wait; no engine part)."""
     from .contestants import _plain_prefill
@@ -162,8 +168,7 @@ def paired(eng, rng, vocab: int, B: int, args, sampling: dict) -> dict:
             print(f"B={B:3d} pair {r}: greedy {res['greedy'][-1]:.3f} ms/step, sampled {res['sampled'][-1]:.3f}, "
                   f"sampled / greedy {res['ratio'][-1]:.3f}", flush=True)
     finally:
-        del eng.step, eng.runner._launch, eng.runner.decode  # back to the class methods
-        del eng.runner.compiled.decode.forward, eng.runner.compiled.decode.head
+        uninstrument(eng)
     rs = sorted(res["ratio"])
     res["ratio_min_median_max"] = [rs[0], round(median(rs), 4), rs[-1]]
     print(f"B={B:3d} sampled / greedy per-step median over {len(rs)} pairs: min {rs[0]:.3f} / median {median(rs):.3f} "
@@ -226,8 +231,7 @@ def main(argv=None) -> dict:
             print(f"B={B:3d} r{r}  " + "  ".join(
                 f"{who}: " + " ".join(f"{k} {d[k]:.2f}" for k in PARTS) for who, d in (("graphc", g), ("plain", p))),
                 flush=True)
-        del eng.step, eng.runner._launch, eng.runner.decode  # back to the class methods
-        del eng.runner.compiled.decode.forward, eng.runner.compiled.decode.head
+        uninstrument(eng)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

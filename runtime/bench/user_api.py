@@ -18,6 +18,9 @@ decode   steady ms/step = (T(long new tokens) - T(short new tokens)) / (long - s
 sampled  the sampled case also runs graphc greedy on the same Engine right after each sampled
          repeat (`graphc_greedy`), so every repeat gives one sampled / greedy ratio measured
          back to back: `sampled_over_greedy` is their min / median / max (1.05 = 5 % over greedy).
+         The same calls also give `sampled_over_greedy_per_step`: the ratio of the long calls'
+         median decode steps (step_profile's timers on graphc's Engine), which leaves out the
+         admission steps and stalls a whole call carries.
 prefill  cold prompts, one new token each: median time to first token over the requests
          and prompt tok/s (prompt tokens / wall), graphc against BatchGenerator (what
          `batch_generate` drives, with its defaults) and a plain per-request mlx-lm prefill.
@@ -38,6 +41,7 @@ import attrs
 import mlx.core as mx
 
 from . import contestants as C
+from .step_profile import instrument, uninstrument
 
 now = time.perf_counter
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
@@ -202,16 +206,28 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
         for _, name, s_ in runs:  # warm-up as long as the long call: kernels, every compiled trace, cache growth
             contestants[name](_fresh(rng, B, cfg.prompt_len, vocab), cfg.long_new, s_)
         steady: dict = {n: [] for n in names}
-        for r in range(cfg.repeats):
-            for label, name, s_ in runs:  # interleaved, so drift spreads over every contestant
-                t_s, (_, got_s) = _timed(lambda: contestants[name](_fresh(rng, B, cfg.prompt_len, vocab),
-                                                                   cfg.short_new, s_))
-                t_l, (_, got_l) = _timed(lambda: contestants[name](_fresh(rng, B, cfg.prompt_len, vocab),
-                                                                   cfg.long_new, s_))
-                if got_l != B * cfg.long_new or got_s != B * cfg.short_new:
-                    notes.append(f"{label} B={B}: generated {got_s} / {got_l} tokens instead of "
-                                 f"{B * cfg.short_new} / {B * cfg.long_new} (a stop token?)")
-                steady[label].append((t_l - t_s) * 1e3 / k)
+        # sampled: the median decode step of graphc's long calls, sampled and greedy
+        timer = instrument(graphc.engine) if samp is not None else None
+        per_step: dict = {"graphc": [], "graphc_greedy": []}
+        try:
+            for r in range(cfg.repeats):
+                for label, name, s_ in runs:  # interleaved, so drift spreads over every contestant
+                    t_s, (_, got_s) = _timed(lambda: contestants[name](_fresh(rng, B, cfg.prompt_len, vocab),
+                                                                       cfg.short_new, s_))
+                    if timer is not None:
+                        timer.steps = []
+                    t_l, (_, got_l) = _timed(lambda: contestants[name](_fresh(rng, B, cfg.prompt_len, vocab),
+                                                                       cfg.long_new, s_))
+                    if timer is not None and label in per_step:
+                        steps = timer.steps[min(16, cfg.long_new // 4):]  # past the admission and first steps
+                        per_step[label].append(median(st["step"] for st in steps) * 1e3 if steps else None)
+                    if got_l != B * cfg.long_new or got_s != B * cfg.short_new:
+                        notes.append(f"{label} B={B}: generated {got_s} / {got_l} tokens instead of "
+                                     f"{B * cfg.short_new} / {B * cfg.long_new} (a stop token?)")
+                    steady[label].append((t_l - t_s) * 1e3 / k)
+        finally:
+            if timer is not None:
+                uninstrument(graphc.engine)
         stats = {n: spread(v) for n, v in steady.items()}
         what = "sampled" if samp else "decode"
         row = {"workload": what, "case": f"B={B}", "batch": B, "unit": "ms/step (steady)",
@@ -229,6 +245,8 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
             pairs = [s_ / g_ if s_ > 0 and g_ > 0 else None
                      for s_, g_ in zip(steady["graphc"], steady["graphc_greedy"])]
             row["sampled_over_greedy"] = {"graphc": spread(pairs)}
+            row["sampled_over_greedy_per_step"] = {"graphc": spread(
+                [s_ / g_ if s_ and g_ else None for s_, g_ in zip(per_step["graphc"], per_step["graphc_greedy"])])}
             row["overhead"] = {"graphc": stats["graphc"]["median"] / stats["graphc_greedy"]["median"]}
         rows.append(row)
         log(f"[user-api] {what} B={B}: " + ", ".join(f"{n} {s['median']:.2f} ms" for n, s in stats.items() if s))
@@ -301,9 +319,12 @@ def user_tables(result: dict) -> str:
             cells.append("; ".join(rat))
             if w == "sampled":
                 paired = r.get("sampled_over_greedy", {})
+                per_step = r.get("sampled_over_greedy_per_step", {})
                 cells.append("; ".join(
                     f"{k} {v:.3f}" + (f" (paired {paired[k]['min']:.3f} / **{paired[k]['median']:.3f}** / "
                                       f"{paired[k]['max']:.3f})" if paired.get(k) else "")
+                    + (f", per step {per_step[k]['min']:.3f} / **{per_step[k]['median']:.3f}** / "
+                       f"{per_step[k]['max']:.3f}" if per_step.get(k) else "")
                     for k, v in r.get("overhead", {}).items()))
             if w == "grounded":
                 cells[-1] += (f"; acceptance {r['acceptance']:.2f}, {r['tokens_per_verify_step']:.2f} tok/verify step, "
