@@ -201,7 +201,7 @@ def _compare(seed: int) -> str | None:
              # few distinct values: ties everywhere, decided by the id
              (8, 128256, 64, mx.bfloat16, 0.0))
     for (B, V, K, dt, spread) in cases:
-        k1, k2, k3, k4, key = mx.random.split(key, 5)
+        k1, k2, k3, k4, k5, key = mx.random.split(key, 6)
         if spread:
             x = (3.0 * mx.random.normal((B, V), key=k1)).astype(dt)
         else:  # and -0.0 next to +0.0, which rank as equals
@@ -210,7 +210,7 @@ def _compare(seed: int) -> str | None:
         x = mx.where(mx.random.uniform(shape=(B, V), key=k2) < 0.1, mx.array(float("-inf"), dt), x)
         inv_t = 1.0 / mx.random.uniform(0.1, 3.0, (B,), key=k3)
         h = mx.random.randint(0, 2**31 - 1, (B,), key=k4).astype(mx.uint32) * 3  # the whole uint32 range
-        pos = mx.random.randint(0, 100000, (B,), key=k4)
+        pos = mx.random.randint(0, 100000, (B,), key=k5)
         want = reference(x, K, inv_t, h, pos)
         got = candidates(x, K, inv_t, h, pos)
         for name, g, w in zip(("ids", "scaled logits", "noise"), got, want):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 
 from graphc.runtime.async_engine import EngineSnapshot
+from graphc.runtime.scheduler import Scheduler
 
 
 class ServerMetrics:
@@ -66,7 +67,8 @@ class ServerMetrics:
             metric("graphc_prefix_cache_hits_total", "counter", "Prefix lookups that matched something.",
                    [(m, c.get("hits", 0))])
             metric("graphc_prefix_cache_declined_hits_total", "counter",
-                   "Hits shorter than 32 tokens declined so that a burst's prompt joins a batched prefill.",
+                   f"Hits shorter than {Scheduler.SHORT_HIT} tokens declined so that a burst's prompt joins a "
+                   "batched prefill.",
                    [(m, c.get("declined_hits", 0))])
             metric("graphc_prefix_cache_evicted_tokens_total", "counter", "Tokens evicted from the tree (LRU).",
                    [(m, c.get("evicted_tokens", 0))])
