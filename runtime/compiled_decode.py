@@ -244,7 +244,7 @@ class CompiledDecode:
         self._fit(caches, caches[0].idx + L)
         first = caches[0]
         idx = mx.array(first.idx, dtype=mx.int32)
-        left_pad = mx.array(first.left_pad, dtype=mx.int32)
+        left_pad = first.left_pad_array()  # on the device already: no page migration a step
         targets, accepted, keys, values = self._verify_fn(tokens, mx.array(lengths, dtype=mx.int32), idx, left_pad,
                                                           [c.keys for c in caches], [c.values for c in caches])
         for c, k, v in zip(caches, keys, values):
@@ -285,7 +285,7 @@ class CompiledDecode:
         first = caches[0]
         self._fit(caches, first.idx + 1)
         idx = mx.array(first.idx, dtype=mx.int32)
-        left_pad = mx.array(first.left_pad, dtype=mx.int32)
+        left_pad = first.left_pad_array()  # on the device already: no page migration a step
         vals, keys, values = self._fn(inputs.tokens, idx, left_pad,
                                       [c.keys for c in caches], [c.values for c in caches])
         for c, k, v in zip(caches, keys, values):

@@ -103,7 +103,7 @@ class KernelViews:
     def __call__(self, caches: list) -> list:
         if not self.blocks or not caches or not all(type(c) is FullKV and c.keys is not None for c in caches):
             return caches
-        start, ends = mx.array(caches[0].left_pad, dtype=mx.int32), {}
+        start, ends = caches[0].left_pad_array(), {}
         return [_KernelKV(c, self.blocks, start, ends) for c in caches]
 
     def for_decode(self, step, inputs) -> list:

@@ -13,6 +13,9 @@
 #                    calls: `cat /root/w/gg.aa .gpu-wheels/g2/gg.ab > /root/smol.gguf`; ~4 min). Not
 #                    measured since run 16 (1.96-2.16x); the vec kernel now serves its verify steps.
 #   table TAG      : the issue-15 user-API table a fifth time (~7 min: its own call)
+#   gather TAG     : (19b on) the probe's ncu profile again, after FullKV.left_pad_array: is the 200-224 µs
+#                    gather of 19a gone? (~3 min)
+#   host TAG       : docs/bench/proto_host_arrays.py: what a fresh host-made array costs a GPU kernel
 set -u
 D="$(dirname "$0")"
 case "$1" in
@@ -28,6 +31,13 @@ probe)
       python3 "$D/proto_kernel_profile.py" llama-3.1-8b 64 '{"compile": true}' 16 4 2>&1 | grep "profiled"
   python3 "$D/proto_kernel_profile.py" --sum $OUT/k8b64-compiled-$2.csv 4 | head -14 | tee $OUT/k8b64-compiled-$2.txt
   grep -i "gather" $OUT/k8b64-compiled-$2.csv | head -8 | tee $OUT/k8b64-gather-$2.txt ;;
+gather)
+  timeout 200 ncu --profile-from-start off --metrics gpu__time_duration.sum,launch__grid_size \
+      --csv --page raw --log-file $OUT/k8b64-compiled-$2.csv \
+      python3 "$D/proto_kernel_profile.py" llama-3.1-8b 64 '{"compile": true}' 16 4 2>&1 | grep "profiled"
+  python3 "$D/proto_kernel_profile.py" --sum $OUT/k8b64-compiled-$2.csv 4 | head -16 | tee $OUT/k8b64-compiled-$2.txt ;;
+host)
+  (cd "$D" && timeout 150 python3 proto_host_arrays.py 40 2>&1 | tee $OUT/host-arrays-$2.log) ;;
 spec)
   bash "$D/run15-h200.sh" spec "$2" "$3" ;;
 table)

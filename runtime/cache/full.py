@@ -16,6 +16,26 @@ from .registry import register_policy
 MIN_CAPACITY = 64
 
 
+def _on_device(ints: list[int]) -> mx.array:
+    """int32 [B] of `ints`, one array per distinct value for all layers (a batch's caches share it).
+
+    On MLX's CUDA backend an array made on the host lives in managed memory, and the first GPU
+    kernel that reads it after the CPU wrote it migrates its page: ~100 µs for 64 int32s (run 19,
+    docs/bench/proto_host_arrays.py; arrays of at most 8 bytes come from a pool the GPU reads in
+    place). Made once per batch composition and reused, the array stays on the device, so a decode
+    step reads no fresh host array (run 19a's 200-224 µs "gather" at 8B batch 64)."""
+    key = tuple(ints)
+    hit = _DEVICE_INTS.get(key)
+    if hit is None:
+        if len(_DEVICE_INTS) >= 16:  # a few compositions alive at once (the batch, a verify, a joiner)
+            _DEVICE_INTS.pop(next(iter(_DEVICE_INTS)))
+        hit = _DEVICE_INTS[key] = mx.array(ints, dtype=mx.int32)
+    return hit
+
+
+_DEVICE_INTS: dict[tuple, mx.array] = {}
+
+
 class FullKV(LayerCache):
     # Arrays laid out [B, H, T, ...]: every batching op (grow, filter, extend, extract)
     # applies to each. A subclass that stores more per token (quantization scales, see
@@ -32,6 +52,24 @@ class FullKV(LayerCache):
         self.idx = 0  # columns written (padding included)
         self._offset = None
 
+    # Each row's left padding: a host list (what batching edits), and the same as a device array
+    # made once per value (left_pad_array; assigning the list drops it).
+    @property
+    def left_pad(self) -> list[int]:
+        return self._left_pad
+
+    @left_pad.setter
+    def left_pad(self, pads: list[int]) -> None:
+        self._left_pad = pads
+        self._left_pad_dev = None
+
+    def left_pad_array(self) -> mx.array:
+        """int32 [B] on the device: what a step's arrays (masks, offsets, the kernels' first
+        valid column) are built from, never a fresh host array per step (see _on_device)."""
+        if self._left_pad_dev is None:
+            self._left_pad_dev = _on_device(self._left_pad)
+        return self._left_pad_dev
+
     # -- what the model sees -------------------------------------------------
     @property
     def batch(self) -> int:
@@ -42,7 +80,7 @@ class FullKV(LayerCache):
         if not any(self.left_pad):
             return self.idx
         if self._offset is None:
-            self._offset = mx.array([self.idx - p for p in self.left_pad], dtype=mx.int32)
+            self._offset = self.idx - self.left_pad_array()
         return self._offset
 
     def row_length(self, row: int) -> int:
@@ -94,7 +132,7 @@ class FullKV(LayerCache):
         if not padded:
             return mask
         # Never a row's own left padding.
-        pad = mx.array(self.left_pad, dtype=mx.int32)[:, None, None, None]
+        pad = self.left_pad_array()[:, None, None, None]
         return _batch_rank(mask[None, None] & (mx.arange(self.idx + N) >= pad), self)
 
     # -- the rest of mlx-lm's cache protocol, for model code that reads it ---------------------
@@ -115,7 +153,7 @@ class FullKV(LayerCache):
 
     @property
     def left_padding(self) -> mx.array:
-        return mx.array(self.left_pad, dtype=mx.int32)
+        return self.left_pad_array()
 
     # -- speculative decoding: remove rejected positions (runtime/speculative/) ----------
     def trim_rows(self, counts: list[int]) -> None:

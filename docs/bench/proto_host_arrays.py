@@ -1,0 +1,50 @@
+"""What a fresh host-made array costs a GPU kernel on MLX's CUDA backend, per step.
+
+MLX allocates an array made on the host (``mx.array(list)``, from numpy) in CUDA managed memory
+(arrays of at most 8 bytes come from a small pool the GPU reads in place), and a GPU kernel's
+first touch of such a page after the CPU wrote it migrates the page. Run 19a's ncu profile of an
+8B batch-64 compiled step has one 200-224 µs embedding gather per step, which the same lookup on
+device-made tokens does not cost (18-26 µs, run 18b). This times, one evaluated op at a time
+(median µs over N), an op on device-made inputs against the same op on a fresh host-made input:
+
+  lookup  the embedding lookup of B tokens in a 128,256 x 4,096 bf16 table
+  add     an int32 add on B values (the per-op floor)
+
+for B = 1 (4 bytes: the small pool) and 64 (256 bytes: managed memory), and a host array
+reused (made once) against one made every iteration.
+Usage: proto_host_arrays.py [N]"""
+import statistics
+import sys
+import time
+
+import mlx.core as mx
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+V, H = 128256, 4096
+table = (0.02 * mx.random.normal((V, H))).astype(mx.bfloat16)
+mx.eval(table)
+
+
+def timed(make, op):
+    ts = []
+    for i in range(N + 5):
+        x = make(i)
+        t0 = time.perf_counter()
+        mx.eval(op(x))
+        ts.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(ts[5:])
+
+
+for B in (1, 64):
+    dev = [mx.random.randint(0, V, (B,), key=mx.random.key(i)).astype(mx.int32) for i in range(N + 5)]
+    mx.eval(dev)
+    host_lists = [[int(t) for t in d.tolist()] for d in dev]
+    once = mx.array(host_lists[0], dtype=mx.int32)
+    makes = {
+        "device-made": lambda i: dev[i],
+        "host-made, fresh": lambda i: mx.array(host_lists[i], dtype=mx.int32),
+        "host-made once, reused": lambda i: once,
+    }
+    for op_name, op in (("lookup", lambda t: table[t]), ("add", lambda t: t + 1)):
+        for name, make in makes.items():
+            print(f"B={B:3d} {op_name:6s} {name:24s} {timed(make, op):8.1f} µs", flush=True)

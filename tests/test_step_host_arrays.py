@@ -1,0 +1,77 @@
+"""A decode step reads no array made on the host in that step, where a batch's rows are unchanged.
+
+On MLX's CUDA backend a host-made array of more than 8 bytes lives in managed memory and the first
+GPU kernel that reads it migrates its page (~100 µs for 64 int32s; docs/performance.md, run 19).
+The rows' left padding is the per-row array a step needs: FullKV keeps it on the device, made once
+per value and shared by every layer's cache, and the compiled step and the kernel views take that
+array instead of building one from the host list each step.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.cache.full import FullKV
+from helpers import random_prompts
+
+
+def _filled(pads: list[int], idx: int = 6) -> FullKV:
+    c = FullKV(len(pads), pads)
+    k = mx.random.normal((len(pads), 2, idx, 4))
+    c.append({"keys": k, "values": k + 1})
+    return c
+
+
+def test_left_pad_array_is_made_once_per_value_and_shared_by_layers():
+    a, b = _filled([0, 2, 1]), _filled([0, 2, 1])
+    arr = a.left_pad_array()
+    assert arr is a.left_pad_array() is b.left_pad_array()  # one array for every layer
+    assert arr.dtype == mx.int32 and arr.tolist() == [0, 2, 1]
+    assert a.offset.tolist() == [6, 4, 5] and a.left_padding is arr
+
+
+@pytest.mark.parametrize("edit", ["filter", "extend", "trim_rows", "assign", "iadd"])
+def test_left_pad_array_follows_every_edit_of_the_padding(edit):
+    c = _filled([0, 2, 1])
+    before = c.left_pad_array()
+    if edit == "filter":
+        c.filter([1, 2])
+    elif edit == "extend":
+        c.extend(_filled([0], idx=3))
+    elif edit == "trim_rows":
+        c.trim_rows([1, 2, 1])
+    elif edit == "assign":
+        c.left_pad = [3, 3, 3]
+    else:
+        c.left_pad += [4]
+    assert c.left_pad_array().tolist() == list(c.left_pad)
+    assert c.left_pad_array() is not before
+    if edit != "iadd":  # an in-place list edit is seen through the setter `+=` calls
+        pads = np.array(c.left_pad)
+        want = c.idx - pads if pads.any() else c.idx
+        assert np.array_equal(np.array(c.offset), want)
+
+
+def test_the_compiled_step_takes_one_left_pad_array_per_batch_composition(model_dir):
+    eng = Engine.load(model_dir("llama"), compile=True, max_batch=2, prefill_chunk=32)
+    d = eng.compiled.decode
+    seen: dict[tuple, set] = {}
+    keep = []  # holds every array seen, so that an id is never reused by a later one
+    inner = d._fn
+
+    def spy(tokens, idx, left_pad, keys, values):
+        keep.append(left_pad)
+        seen.setdefault(tuple(np.array(left_pad).tolist()), set()).add(id(left_pad))
+        return inner(tokens, idx, left_pad, keys, values)
+
+    d._fn = spy
+    prompts = random_prompts(4, eng.vocab_size, [5, 19, 11, 3], seed=5)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 12, 25, 8)]
+    eng.generate(prompts, params)
+    assert d.compiled_steps > 10 and seen
+    assert any(any(k) for k in seen)  # rows of different lengths: padded compositions ran
+    # Each padding value was one array, however many steps and layers read it.
+    assert all(len(ids) == 1 for ids in seen.values()), seen
