@@ -75,3 +75,32 @@ def test_the_compiled_step_takes_one_left_pad_array_per_batch_composition(model_
     assert any(any(k) for k in seen)  # rows of different lengths: padded compositions ran
     # Each padding value was one array, however many steps and layers read it.
     assert all(len(ids) == 1 for ids in seen.values()), seen
+
+
+def test_windowed_offsets_of_rows_at_different_positions_come_from_one_device_array(monkeypatch):
+    from graphc.runtime.cache import device_ints, windowed
+    from graphc.runtime.cache.windowed import WindowedKV
+
+    made = []  # the values on_device had to make (not already on the device)
+
+    def counting(ints):
+        if tuple(ints) not in device_ints._MADE:
+            made.append(tuple(ints))
+        return device_ints.on_device(ints)
+
+    monkeypatch.setattr(windowed, "on_device", counting)
+    device_ints._MADE.clear()
+
+    H, D, window = 2, 4, 4
+    a, b = WindowedKV(window), WindowedKV(window)
+    a.update_and_fetch(mx.zeros((1, H, 20, D)), mx.zeros((1, H, 20, D)))
+    b.update_and_fetch(mx.zeros((1, H, 2, D)), mx.zeros((1, H, 2, D)))
+    a.extend(b)
+    for step in range(12):  # past the window: the ring shifts pos0 of both rows alike
+        want = [a.row_length(r) for r in range(a.batch)]
+        assert want == [20 + step, 2 + step]
+        off = a.offset
+        assert off.tolist() == want
+        a.update_and_fetch(mx.zeros((2, H, 1, D)), mx.zeros((2, H, 1, D)))
+    # The rows differ by 18 at every step, ring shifts included: one device array, made once.
+    assert made == [(0, -18)]

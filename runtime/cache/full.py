@@ -11,29 +11,10 @@ import mlx.core as mx
 import numpy as np
 
 from .base import CachePolicy, LayerCache
+from .device_ints import on_device
 from .registry import register_policy
 
 MIN_CAPACITY = 64
-
-
-def _on_device(ints: list[int]) -> mx.array:
-    """int32 [B] of `ints`, one array per distinct value for all layers (a batch's caches share it).
-
-    On MLX's CUDA backend an array made on the host lives in managed memory, and the first GPU
-    kernel that reads it after the CPU wrote it migrates its page: ~100 µs for 64 int32s (run 19,
-    docs/bench/proto_host_arrays.py; arrays of at most 8 bytes come from a pool the GPU reads in
-    place). Made once per batch composition and reused, the array stays on the device, so a decode
-    step reads no fresh host array (run 19a's 200-224 µs "gather" at 8B batch 64)."""
-    key = tuple(ints)
-    hit = _DEVICE_INTS.get(key)
-    if hit is None:
-        if len(_DEVICE_INTS) >= 16:  # a few compositions alive at once (the batch, a verify, a joiner)
-            _DEVICE_INTS.pop(next(iter(_DEVICE_INTS)))
-        hit = _DEVICE_INTS[key] = mx.array(ints, dtype=mx.int32)
-    return hit
-
-
-_DEVICE_INTS: dict[tuple, mx.array] = {}
 
 
 class FullKV(LayerCache):
@@ -65,9 +46,9 @@ class FullKV(LayerCache):
 
     def left_pad_array(self) -> mx.array:
         """int32 [B] on the device: what a step's arrays (masks, offsets, the kernels' first
-        valid column) are built from, never a fresh host array per step (see _on_device)."""
+        valid column) are built from, never a fresh host array per step (cache/device_ints.py)."""
         if self._left_pad_dev is None:
-            self._left_pad_dev = _on_device(self._left_pad)
+            self._left_pad_dev = on_device(self._left_pad)
         return self._left_pad_dev
 
     # -- what the model sees -------------------------------------------------

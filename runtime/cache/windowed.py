@@ -27,6 +27,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .base import CachePolicy, LayerCache
+from .device_ints import on_device
 from .full import _batch_rank
 from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
@@ -53,11 +54,13 @@ class WindowedKV(LayerCache):
 
     @property
     def offset(self):
-        offs = [p + self.idx for p in self.pos0]
-        if all(o == offs[0] for o in offs):
-            return offs[0]
+        base = self.pos0[0] + self.idx if self.pos0 else self.idx
+        if all(p == self.pos0[0] for p in self.pos0):
+            return base
         if self._offset is None:
-            self._offset = mx.array(offs, dtype=mx.int32)
+            # Rows differ by pos0[b] - pos0[0], which only batching edits change (a ring shift
+            # moves every row alike): a device array made once per value, plus a scalar.
+            self._offset = on_device([p - self.pos0[0] for p in self.pos0]) + base
         return self._offset
 
     def row_length(self, row: int) -> int:

@@ -1,0 +1,28 @@
+"""Small per-row int arrays that a decode step reads, kept on the device.
+
+On MLX's CUDA backend an array made on the host (``mx.array(list)``) lives in managed memory,
+and the first GPU kernel that reads it after the CPU wrote it migrates its page: ~100 µs for 64
+int32s, while an array made once and reused costs nothing more than a device-made one (run 19,
+docs/bench/proto_host_arrays.py; arrays of at most 8 bytes come from a pool the GPU reads in
+place, so batch 1 never pays). The caches' per-row values (left padding, position bases) change
+only when the batch's rows do, so each value is made once here and every layer shares it.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+
+def on_device(ints: list[int]) -> mx.array:
+    """int32 [len(ints)] holding `ints`: the same array for the same values (a few kept), so a
+    step that needs a batch's per-row values reads one made when the rows last changed."""
+    key = tuple(ints)
+    hit = _MADE.get(key)
+    if hit is None:
+        if len(_MADE) >= 16:  # a few compositions alive at once (the batch, a verify, a joiner)
+            _MADE.pop(next(iter(_MADE)))
+        hit = _MADE[key] = mx.array(ints, dtype=mx.int32)
+    return hit
+
+
+_MADE: dict[tuple, mx.array] = {}
