@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Run 20 (nvidia-h200): what run 19 left open, one mode per device call, in this order. Needs mlx
+# (CUDA) + graphc on PYTHONPATH and $OUT. Run 19 lost its 8B table row and its speculative row to
+# time limits on a fresh machine (the first process builds every kernel), so the calls are small.
+#   gather TAG     : run19-h200.sh gather: the ncu profile of an 8B batch-64 compiled step after
+#                    FullKV.left_pad_array; is the 174-224 µs embedding gather of 19a gone? (~3 min;
+#                    also builds the Llama kernels into MLX's PTX cache for the calls after it)
+#   table8b TAG    : the issue-15 table, 8B, batches 1 and 64, decode and sampled (~5 min)
+#   table1b TAG    : the same at 1B (~2.5 min)
+#   spec GGUF TAG  : the GGUF converted first (graphc's import, cached), then the grounded row at
+#                    batch 1, eager and compile "auto" (run19's `spec` without k = 8; ~4 min).
+#                    The GGUF travels as .gpu-wheels/g1 + g2 over two calls.
+#   paired TAG     : run19-h200.sh probe's paired sampling ratio, 1B then 8B, 9 pairs each, with
+#                    room for all nine at 1B (19a cut it at seven)
+#   ptx            : MLX's PTX cache (/tmp/mlx/*/ptx) as $OUT/ptx.tgz, to carry to the next fresh
+#                    machine with MLX_PTX_CACHE_DIR (skips the NVRTC builds) when it is small enough
+set -u
+D="$(dirname "$0")"
+U="python3 -m graphc.cli bench --user-api --no-progress --user-workloads decode,sampled --batches 1,64"
+G="python3 -m graphc.cli bench --user-api --no-progress --user-workloads grounded --batches 1 --long-new 96 --short-new 8 --user-repeats 3"
+case "$1" in
+gather)
+  bash "$D/run19-h200.sh" gather "$2" ;;
+table8b)
+  timeout 420 $U --model llama-3.1-8b --json $OUT/ua-8b-$2.json 2>&1 | grep "^|\|rror" | tail -12 | tee $OUT/table-8b-$2.log ;;
+table1b)
+  timeout 300 $U --model llama-3.2-1b --json $OUT/ua-1b-$2.json 2>&1 | grep "^|\|rror" | tail -12 | tee $OUT/table-1b-$2.log ;;
+spec)
+  python3 -c "from graphc.compiler.gguf import resolve_model_path as r; print(r('$2'))" 2>&1 | tail -1
+  timeout 200 $G --model "$2" --no-compile --json $OUT/grounded-eager-$3.json 2>&1 | grep "^| B\|^note\|rror" | tee $OUT/spec-$3.log
+  timeout 200 $G --model "$2" --json $OUT/grounded-auto-$3.json 2>&1 | grep "^| B\|^note\|rror" | tee -a $OUT/spec-$3.log ;;
+paired)
+  S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
+  for m in llama-3.2-1b llama-3.1-8b; do
+    timeout 240 python3 -m graphc.runtime.bench.step_profile --model $m --batch 64 --repeats 9 --paired "$S" \
+        --engine-kw '{"compile": "auto"}' --json $OUT/paired-$m-$2.json 2>&1 | grep "^B=\|Error" | tee -a $OUT/paired-$2.log
+  done ;;
+ptx)
+  du -sh /tmp/mlx/*/ptx && tar czf $OUT/ptx.tgz -C /tmp/mlx . && ls -la $OUT/ptx.tgz ;;
+esac
