@@ -104,3 +104,15 @@ def test_windowed_offsets_of_rows_at_different_positions_come_from_one_device_ar
         a.update_and_fetch(mx.zeros((2, H, 1, D)), mx.zeros((2, H, 1, D)))
     # The rows differ by 18 at every step, ring shifts included: one device array, made once.
     assert made == [(0, -18)]
+
+
+def test_on_device_keeps_a_bounded_number_of_values():
+    from graphc.runtime.cache import device_ints
+
+    device_ints._MADE.clear()
+    first = device_ints.on_device([1, 2, 3])
+    for i in range(40):
+        assert device_ints.on_device([i, i + 1]).tolist() == [i, i + 1]
+    assert len(device_ints._MADE) <= 16
+    again = device_ints.on_device([1, 2, 3])  # evicted long ago: made afresh, same values
+    assert again is not first and again.tolist() == [1, 2, 3]

@@ -20,7 +20,10 @@ def on_device(ints: list[int]) -> mx.array:
     hit = _MADE.get(key)
     if hit is None:
         if len(_MADE) >= 16:  # a few compositions alive at once (the batch, a verify, a joiner)
-            _MADE.pop(next(iter(_MADE)))
+            try:  # the oldest; engines on other threads may be dropping one too
+                _MADE.pop(next(iter(_MADE)), None)
+            except (StopIteration, RuntimeError):
+                pass
         hit = _MADE[key] = mx.array(ints, dtype=mx.int32)
     return hit
 
