@@ -11,7 +11,8 @@ device-made tokens does not cost (18-26 µs, run 18b). This times, one evaluated
   add     an int32 add on B values (the per-op floor)
 
 for B = 1 (4 bytes: the small pool) and 64 (256 bytes: managed memory), and a host array
-reused (made once) against one made every iteration.
+reused (made once) against one made every iteration; and, for a verify step's 8-16 drafts, one
+host array against the same values as 8-byte pieces joined on the device.
 Usage: proto_host_arrays.py [N]"""
 import statistics
 import sys
@@ -35,6 +36,11 @@ def timed(make, op):
     return statistics.median(ts[5:])
 
 
+def pieces(vals):
+    """The same int32s as arrays of 8 bytes each (MLX's small pool), joined on the device."""
+    return mx.concatenate([mx.array(vals[i:i + 2], dtype=mx.int32) for i in range(0, len(vals), 2)])
+
+
 for B in (1, 64):
     dev = [mx.random.randint(0, V, (B,), key=mx.random.key(i)).astype(mx.int32) for i in range(N + 5)]
     mx.eval(dev)
@@ -48,3 +54,11 @@ for B in (1, 64):
     for op_name, op in (("lookup", lambda t: table[t]), ("add", lambda t: t + 1)):
         for name, make in makes.items():
             print(f"B={B:3d} {op_name:6s} {name:24s} {timed(make, op):8.1f} µs", flush=True)
+
+# A verify step's drafts are host data every step (8-16 tokens at batch 1): one array of them
+# migrates; the same values as 8-byte pieces come from the small pool and are joined on the device.
+for n in (8, 16):
+    vals = [[(i * 31 + j) % V for j in range(n)] for i in range(N + 5)]
+    for name, make in (("one host array", lambda i: mx.array(vals[i], dtype=mx.int32)),
+                       ("8-byte pieces, joined", lambda i: pieces(vals[i]))):
+        print(f"n={n:3d} add    {name:24s} {timed(make, lambda t: t + 1):8.1f} µs", flush=True)

@@ -12,6 +12,8 @@
 #                    The GGUF travels as .gpu-wheels/g1 + g2 over two calls.
 #   paired TAG     : run19-h200.sh probe's paired sampling ratio, 1B then 8B, 9 pairs each, with
 #                    room for all nine at 1B (19a cut it at seven)
+#   host TAG       : run19-h200.sh host: proto_host_arrays.py, now also a verify step's drafts as one
+#                    host array against 8-byte pieces (MLX's small pool) joined on the device (~1 min)
 #   ptx            : MLX's PTX cache (/tmp/mlx/*/ptx) as $OUT/ptx.tgz, to carry to the next fresh
 #                    machine with MLX_PTX_CACHE_DIR (skips the NVRTC builds) when it is small enough
 set -u
@@ -35,6 +37,8 @@ paired)
     timeout 240 python3 -m graphc.runtime.bench.step_profile --model $m --batch 64 --repeats 9 --paired "$S" \
         --engine-kw '{"compile": "auto"}' --json $OUT/paired-$m-$2.json 2>&1 | grep "^B=\|Error" | tee -a $OUT/paired-$2.log
   done ;;
+host)
+  bash "$D/run19-h200.sh" host "$2" ;;
 ptx)
   du -sh /tmp/mlx/*/ptx && tar czf $OUT/ptx.tgz -C /tmp/mlx . && ls -la $OUT/ptx.tgz ;;
 esac
