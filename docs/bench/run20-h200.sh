@@ -5,6 +5,9 @@
 #   gather TAG     : run19-h200.sh gather: the ncu profile of an 8B batch-64 compiled step after
 #                    FullKV.left_pad_array; is the 174-224 µs embedding gather of 19a gone? (~3 min;
 #                    also builds the Llama kernels into MLX's PTX cache for the calls after it)
+#   cause TAG      : docs/bench/proto_gather_cause.py: the lookup alone, after a 16 GB matmul stream
+#                    (TLB), into a buffer the host just read (managed memory recycled), and after the
+#                    stream with all rows in one page (~1 min)
 #   table8b TAG    : the issue-15 table, 8B, batches 1 and 64, decode and sampled (~5 min)
 #   table1b TAG    : the same at 1B (~2.5 min)
 #   spec GGUF TAG  : the GGUF converted first (graphc's import, cached), then the grounded row at
@@ -23,6 +26,8 @@ G="python3 -m graphc.cli bench --user-api --no-progress --user-workloads grounde
 case "$1" in
 gather)
   bash "$D/run19-h200.sh" gather "$2" ;;
+cause)
+  (cd "$D" && timeout 200 python3 proto_gather_cause.py 30 16 2>&1 | tee $OUT/gather-cause-$2.log) ;;
 table8b)
   timeout 420 $U --model llama-3.1-8b --json $OUT/ua-8b-$2.json 2>&1 | grep "^|\|rror" | tail -12 | tee $OUT/table-8b-$2.log ;;
 table1b)
