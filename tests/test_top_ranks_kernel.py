@@ -121,3 +121,89 @@ def test_the_engine_option_reaches_the_sampler_and_the_plan(model_dir, monkeypat
     on = Engine.load(d)
     on._sampling_kernel()
     assert "off (top-ranks kernel differs" in dict(on.compiled.plan("decode").passes)["sampling kernel"]
+
+
+def _radix_first_k(keys: np.ndarray, k: int) -> np.ndarray:
+    """graphc_top_select (the "select" variant's CUDA function) step by step: 8 passes of a 256-bin
+    histogram over the keys under the prefix found so far, the bin holding the need-th key from
+    the top, then the keys at or above the k-th, placed by rank."""
+    keys = keys.astype(np.uint64)
+    prefix, mask, need = 0, 0, k
+    for shift in range(56, -1, -8):
+        under = keys[(keys & np.uint64(mask)) == np.uint64(prefix)]
+        hist = np.bincount(((under >> np.uint64(shift)) & np.uint64(0xFF)).astype(np.int64), minlength=256)
+        above, b = 0, 255
+        while above + hist[b] < need:
+            above += hist[b]
+            b -= 1
+        need -= above
+        prefix |= b << shift
+        mask |= 0xFF << shift
+    sel = keys[keys >= np.uint64(prefix)]
+    assert len(sel) == k  # unique keys: exactly k at or above the k-th
+    out = np.zeros(k, np.uint64)
+    for key in sel:
+        out[int(np.sum(sel > key))] = key
+    return out
+
+
+@pytest.mark.parametrize("n,k,pad", [(4096, 64, 88), (2048, 64, 0), (32, 16, 0), (1024, 256, 500), (4096, 16, 4000)])
+def test_the_radix_select_gives_the_sorted_first_k(n, k, pad):
+    rng = np.random.default_rng(n + k)
+    # few distinct high words (bf16 logits tie often): the low words (the ids) decide
+    hi = rng.integers(0, 6, n).astype(np.uint64) + np.uint64(0x7F000000)
+    keys = (hi << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - rng.permutation(n).astype(np.uint64))
+    keys[n - pad:] = 0  # padding keys
+    assert np.array_equal(_radix_first_k(keys, k), np.sort(keys)[::-1][:k])
+
+
+def test_the_kernel_algorithm_with_the_radix_select_finds_the_first_ranks():
+    rng = np.random.default_rng(7)
+    x = np.round(rng.normal(0, 3, (2, 5000))).astype(np.float32)  # ties everywhere
+    x[:, rng.integers(0, 5000, 500)] = -np.inf
+    want = np.array(first_rank_neg_keys(mx.array(x), 32))
+    # _kernel_in_numpy's stages with the select in place of both sorts
+    B, V, K = 2, 5000, 32
+    bk, p = TR.layout(V, K)
+    for r in range(B):
+        o = _order(x[r].view(np.uint32))
+        g = -(-V // bk)
+        blocks = np.zeros(p, np.uint64)
+        for j in range(g):
+            blocks[j] = (np.uint64(o[j * bk:(j + 1) * bk].max()) << np.uint64(32)) | np.uint64(0xFFFFFFFF - j)
+        top = [0xFFFFFFFF - int(b & 0xFFFFFFFF) for b in _radix_first_k(blocks, K)]
+        cand = np.zeros(K * bk, np.uint64)
+        for c in range(K * bk):
+            t = top[c // bk] * bk + c % bk
+            if t < V:
+                cand[c] = (np.uint64(o[t]) << np.uint64(32)) | np.uint64(0xFFFFFFFF - t)
+        assert np.array_equal(~_radix_first_k(cand, K), want[r])
+
+
+def test_check_takes_the_select_variant_first_and_falls_back_to_the_sort(monkeypatch):
+    import graphc.runtime.kernels as K
+
+    monkeypatch.setattr(K, "available", lambda: True)
+    results = {"select": None, "sort": None}
+    monkeypatch.setattr(TR, "_compare", lambda seed, variant: results[variant])
+    assert TR._compare_variants(0) is None and TR.chosen() == "select"
+    monkeypatch.setattr(TR, "check", lambda seed=0: None)  # (check() keeps its first answer per seed)
+    assert TR.note().startswith("on (radix select")
+    results["select"] = "top-ranks kernel (select) differs from MLX in 3 ids"
+    assert TR._compare_variants(1) is None and TR.chosen() == "sort"
+    assert "radix select off: top-ranks kernel (select) differs" in TR.note()
+    results["sort"] = "top-ranks kernel (sort) differs from MLX in 1 noise"
+    why = TR._compare_variants(2)
+    assert "(sort) differs" in why and "(select) differs" in why
+    monkeypatch.setattr(TR, "_compare", lambda seed, variant: 1 / 0 if variant == "select" else None)
+    assert TR._compare_variants(3) is None and TR.chosen() == "sort"  # a build failure of one variant
+    assert "ZeroDivisionError" in TR._chosen["select"]
+    TR._chosen.update(variant="sort", select="not checked")
+
+
+def test_both_variants_are_one_kernel_source_with_their_own_first_k():
+    sel, srt = TR._variant_source("select"), TR._variant_source("sort")
+    assert sel.count("graphc_top_select(s, P, K") == 1 and sel.count("graphc_top_select(s, N, K") == 1
+    assert srt.count("graphc_sort_desc(s, P)") == 1 and srt.count("graphc_sort_desc(s, N)") == 1
+    assert "FIRST_K" not in sel + srt and "SHARED_EXTRA" not in sel + srt
+    assert TR._kernels["select"].spec["name"] != TR._kernels["sort"].spec["name"]

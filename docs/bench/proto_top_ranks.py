@@ -1,9 +1,10 @@
 """The top-ranks kernel (runtime/kernels/top_ranks.py) against MLX's candidate search, on CUDA.
 
-1. check(): the kernel's keys against MLX's, bit for bit, on random and tie-heavy logits.
+1. check(): the kernel's keys against MLX's, bit for bit, on random and tie-heavy logits; then
+   each variant (radix select, bitonic sort) on its own.
 2. Selection alone at [B, 128256] bf16, top-k 50 + top-p 0.9 + T 0.8 (K = 64): median ms of
    evaluated calls and host µs to build, for greedy argmax, the fused selection with MLX's
-   ops and with the kernel, and the candidate stage alone both ways.
+   ops and with the kernel, and the candidate stage alone both ways and per matching variant.
 3. Through the public API: two Engines on one model, the kernel on (default) and off
    (`decode_options={"sampling_kernel": False}`); per repeat, each engine runs a sampled and a
    greedy pair of calls (16 and 144 new tokens on B fresh 128-token prompts): steady ms/step
@@ -35,7 +36,10 @@ def timed(fn, iters=50):
     return _time(fn, iters, warmup=5) * 1e3, _host_us(fn, 20)
 
 
-print("check:", top_ranks.check() or "matched MLX bit for bit", flush=True)
+print("check:", top_ranks.check() or "matched MLX bit for bit", "| runs:", top_ranks.note(), flush=True)
+# each variant against MLX on its own (check() stops at the first that matches)
+verdicts = {v: top_ranks._compare(0, v) for v in top_ranks._VARIANTS} if top_ranks.check() is None else {}
+print("variants:", verdicts or "-", flush=True)
 V = 128256
 for B in (1, 16, 64):
     x = (3 * mx.random.normal((B, V))).astype(mx.bfloat16)
@@ -52,6 +56,8 @@ for B in (1, 16, 64):
         "fused selection, kernel": lambda: select_tokens(x, sts[True], pos, key),
         "candidates alone, MLX": lambda: top_ranks.reference(x, 64, inv_t, h, pos),
         "candidates alone, kernel": lambda: top_ranks.candidates(x, 64, inv_t, h, pos),
+        **{f"candidates alone, kernel {v}": (lambda v=v: top_ranks.candidates(x, 64, inv_t, h, pos, variant=v))
+           for v in verdicts if verdicts[v] is None},
     }
     for name, fn in rows.items():
         if "kernel" in name and top_ranks.check() is not None:

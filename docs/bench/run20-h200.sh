@@ -8,6 +8,9 @@
 #   cause TAG      : docs/bench/proto_gather_cause.py: the lookup alone, after a 16 GB matmul stream
 #                    (TLB), into a buffer the host just read (managed memory recycled), and after the
 #                    stream with all rows in one page (~1 min)
+#   topranks TAG   : docs/bench/proto_top_ranks.py (selection alone, ~1 min): does the radix-select
+#                    variant of the top-ranks kernel (new after run 19, never run on a GPU) match MLX,
+#                    and what does its candidate stage cost against the bitonic sort's?
 #   table8b TAG    : the issue-15 table, 8B, batches 1 and 64, decode and sampled (~5 min)
 #   table1b TAG    : the same at 1B (~2.5 min)
 #   spec GGUF TAG  : the GGUF converted first (graphc's import, cached), then the grounded row at
@@ -28,6 +31,8 @@ gather)
   bash "$D/run19-h200.sh" gather "$2" ;;
 cause)
   (cd "$D" && timeout 200 python3 proto_gather_cause.py 30 16 2>&1 | tee $OUT/gather-cause-$2.log) ;;
+topranks)
+  timeout 200 python3 "$D/proto_top_ranks.py" 2>&1 | tee $OUT/top-ranks-$2.log ;;
 table8b)
   timeout 420 $U --model llama-3.1-8b --json $OUT/ua-8b-$2.json 2>&1 | grep "^|\|rror" | tail -12 | tee $OUT/table-8b-$2.log ;;
 table1b)

@@ -24,9 +24,14 @@ the host, and a batch-64 decode step is bound by that host encode: a sampled ste
 block of 512 threads per row does it in shared memory:
 
   1. the best token of every BK-token block as a key (order(max), 0xFFFFFFFF - block index);
-  2. a bitonic sort of those block keys: the first K blocks hold the first K ranks
+  2. the K largest block keys: the first K blocks hold the first K ranks
      (select._block_candidates says why; the proof does not depend on BK);
-  3. the K * BK tokens of those blocks as rank keys, a bitonic sort, the first K decoded.
+  3. the K * BK tokens of those blocks as rank keys, the K largest, decoded.
+
+"The K largest" of stages 2 and 3 comes in two variants (`_VARIANTS`): a radix select of the
+K-th key (8 histogram passes of 8 bits), then each of the K keys at or above it placed by its
+rank; or a bitonic sort of all of them (the first kernel, 78 passes at 4,096 keys). `check()`
+tries the select first and falls back to the sort; `note()` says which runs.
 
 It runs only on CUDA, inside the fused selection, for shapes `layout()` takes, and only after
 `check()` matched it with MLX's ops in this process; otherwise MLX's ops run. NaN logits may
@@ -76,6 +81,76 @@ __device__ __forceinline__ void graphc_sort_desc(unsigned long long* s, int n) {
     }
   }
 }
+
+__device__ __forceinline__ void graphc_top_select(unsigned long long* s, const int n, const int k,
+                                                  unsigned long long* sel, unsigned int* hist,
+                                                  unsigned long long* sh_key, int* sh_int) {
+  // s[0, k) := the k largest keys of s[0, n), descending. Keys are unique but for zero padding,
+  // which ranks below every real key, and there are at least k real keys (layout() sees to it).
+  // 1. radix select of the k-th largest key, 8 bits a pass from the top: a 256-bin histogram of
+  //    the keys that share the bits found so far, then the bin that holds the k-th of them
+  unsigned long long prefix = 0ull, mask = 0ull;
+  int need = k;  // the rank of the k-th key among the keys under `prefix`
+  const int lane = threadIdx.x & 31;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0u;
+    __syncthreads();
+    for (int i0 = 0; i0 < n; i0 += blockDim.x) {  // every thread takes every trip: whole warps below
+      const int i = i0 + threadIdx.x;
+      int bin = -1;
+      if (i < n) {
+        const unsigned long long key = s[i];
+        if ((key & mask) == prefix) bin = (int)((key >> shift) & 0xFFull);
+      }
+      const unsigned int same = __match_any_sync(__activemask(), bin);  // one atomic per bin a warp
+      if (bin >= 0 && lane == __ffs(same) - 1) atomicAdd(&hist[bin], (unsigned int)__popc(same));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      // lane l holds bins 255 - 8l down to 248 - 8l; a scan over the lanes finds the bin
+      unsigned int c = 0u;
+      for (int j = 0; j < 8; ++j) c += hist[255 - 8 * lane - j];
+      unsigned int cum = c;
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned int t = __shfl_up_sync(0xFFFFFFFFu, cum, o);
+        if (lane >= o) cum += t;
+      }
+      const unsigned int hit = __ballot_sync(0xFFFFFFFFu, cum >= (unsigned int)need);
+      if (lane == __ffs(hit) - 1) {
+        unsigned int above = cum - c;
+        int b = 255 - 8 * lane;
+        // within this lane's 8 bins by the scan; the bound only keeps a broken invariant in range
+        while (b > 248 - 8 * lane && above + hist[b] < (unsigned int)need) above += hist[b--];
+        sh_int[0] = need - (int)above;
+        sh_key[0] = prefix | ((unsigned long long)b << shift);
+      }
+    }
+    __syncthreads();
+    need = sh_int[0];
+    prefix = sh_key[0];
+    mask |= 0xFFull << shift;
+    __syncthreads();  // all read before the next pass writes them
+  }
+  // 2. the keys at or above the k-th: exactly k (unique keys), in no order yet
+  if (threadIdx.x == 0) sh_int[1] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const unsigned long long key = s[i];
+    if (key >= prefix) {
+      const int at = atomicAdd(&sh_int[1], 1);
+      if (at < k) sel[at] = key;  // exactly k when keys are unique; never past sel[k)
+    }
+  }
+  __syncthreads();
+  // 3. each one's place is the number of larger ones
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    const unsigned long long key = sel[i];
+    int r = 0;
+    for (int j = 0; j < k; ++j) r += sel[j] > key;
+    s[r] = key;
+  }
+  __syncthreads();
+}
 """
 
 _SOURCE = r"""
@@ -87,6 +162,7 @@ _SOURCE = r"""
     const T* xr = x + (size_t)row * V;
     __shared__ unsigned long long s[CAP];
     __shared__ int top[K];
+    SHARED_EXTRA
 
     // 1. block keys; a thread takes whole blocks so its BK loads are independent of each other
     for (int j = threadIdx.x; j < P; j += blockDim.x) {
@@ -106,7 +182,7 @@ _SOURCE = r"""
     }
     __syncthreads();
     // 2. the K best blocks
-    graphc_sort_desc(s, P);
+    FIRST_K(P);
     if (threadIdx.x < K) top[threadIdx.x] = (int)(0xFFFFFFFFu - (unsigned int)(s[threadIdx.x] & 0xFFFFFFFFull));
     __syncthreads();
     // 3. their tokens' rank keys (consecutive threads read consecutive tokens), the K best
@@ -118,7 +194,7 @@ _SOURCE = r"""
                      : 0ull;
     }
     __syncthreads();
-    graphc_sort_desc(s, N);
+    FIRST_K(N);
     if (threadIdx.x < K) {
       // decode (select.decode_neg_keys), scale (one rounding), noise (noise.py's key layout)
       const unsigned long long key = s[threadIdx.x];
@@ -137,8 +213,25 @@ _SOURCE = r"""
     }
 """
 
-_kernel = Kernel("graphc_top_ranks", ["x", "inv_t", "h", "pos"], ["ids", "scaled", "u"], _SOURCE.replace("CAP", str(CAP)),
-                 header=_HEADER)
+# How s[0, K) gets the K largest keys of s[0, n), in order, at stages 2 and 3: a bitonic sort of
+# all n (the first kernel), or a radix select of the K-th key and a rank of the K at or above it
+# (fewer passes over shared memory: 8 histogram passes against 78 sort passes at n = 4,096).
+_VARIANTS = {
+    "sort": ("", "graphc_sort_desc(s, {n})"),
+    "select": ("__shared__ unsigned long long sel[K]; __shared__ unsigned int hist[256]; "
+               "__shared__ unsigned long long sh_key[1]; __shared__ int sh_int[2];",
+               "graphc_top_select(s, {n}, K, sel, hist, sh_key, sh_int)"),
+}
+
+
+def _variant_source(name: str) -> str:
+    extra, first_k = _VARIANTS[name]
+    src = _SOURCE.replace("CAP", str(CAP)).replace("SHARED_EXTRA", extra)
+    return src.replace("FIRST_K(P)", first_k.format(n="P")).replace("FIRST_K(N)", first_k.format(n="N"))
+
+
+_kernels = {name: Kernel(f"graphc_top_ranks_{name}", ["x", "inv_t", "h", "pos"], ["ids", "scaled", "u"],
+                         _variant_source(name), header=_HEADER) for name in _VARIANTS}
 
 
 def _as(a: mx.array, dtype) -> mx.array:
@@ -162,10 +255,12 @@ def layout(v: int, width: int) -> tuple[int, int] | None:
     return None
 
 
-def candidates(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions: mx.array):
+def candidates(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions: mx.array,
+               variant: str | None = None):
     """(ids, s, u) of the first ``width`` ranks of every row of x [B, V] (see the module doc).
     inv_t float32 [B]: 1 / T per row; h uint32 [B]: the row's noise state before the position
-    (seed words absorbed); positions int [B]: where the chosen token goes."""
+    (seed words absorbed); positions int [B]: where the chosen token goes. ``variant``: "sort"
+    or "select" (_VARIANTS); None takes the one `check()` chose."""
     b, v = x.shape
     lay = layout(v, width)
     if lay is None:
@@ -173,7 +268,7 @@ def candidates(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions:
     bk, p = lay
     if x.dtype not in (mx.bfloat16, mx.float16, mx.float32):
         x = x.astype(mx.float32)
-    return _kernel(
+    return _kernels[variant or chosen()](
         inputs=[x, _as(inv_t, mx.float32), _as(h, mx.uint32), _as(positions, mx.int32)],
         template=[("T", x.dtype), ("K", width), ("BK", bk), ("P", p)],
         grid=(b * THREADS, 1, 1),
@@ -194,7 +289,7 @@ def reference(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions: 
     return ids, sv.astype(mx.float32) * inv_t[:, None], uniform_noise(state, ids)
 
 
-def _compare(seed: int) -> str | None:
+def _compare(seed: int, variant: str) -> str | None:
     key = mx.random.key(seed)
     cases = ((64, 128256, 64, mx.bfloat16, 1.0), (3, 128256, 16, mx.float32, 1.0), (5, 32000, 128, mx.bfloat16, 1.0),
              (2, 151936, 64, mx.bfloat16, 1.0), (4, 50000, 32, mx.float16, 1.0), (2, 1000, 16, mx.float32, 1.0),
@@ -212,21 +307,52 @@ def _compare(seed: int) -> str | None:
         h = mx.random.randint(0, 2**31 - 1, (B,), key=k4).astype(mx.uint32) * 3  # the whole uint32 range
         pos = mx.random.randint(0, 100000, (B,), key=k5)
         want = reference(x, K, inv_t, h, pos)
-        got = candidates(x, K, inv_t, h, pos)
+        got = candidates(x, K, inv_t, h, pos, variant=variant)
         for name, g, w in zip(("ids", "scaled logits", "noise"), got, want):
             if g.dtype == mx.float32:
                 g, w = g.view(mx.uint32), w.view(mx.uint32)
             if not mx.array_equal(g, w).item():
                 bad = int(mx.sum(g != w).item())
-                return f"top-ranks kernel differs from MLX in {bad} {name} at B={B} V={V} K={K} {dt}"
+                return f"top-ranks kernel ({variant}) differs from MLX in {bad} {name} at B={B} V={V} K={K} {dt}"
     return None
 
 
-# None when the kernel matched MLX's ops bit for bit on random logits here; else why not.
-check = in_process_check(_compare)
+_chosen: dict = {"variant": "sort", "select": "not checked"}  # what check() found
+
+
+def _compare_variants(seed: int) -> str | None:
+    """The radix-select kernel where it matches MLX; else the sorting one; else why neither."""
+    def tried(variant):
+        try:
+            return _compare(seed, variant)
+        except Exception as e:  # noqa: BLE001 - a build failure of one variant leaves the other
+            return f"top-ranks kernel ({variant}) failed: {type(e).__name__}: {e}"
+
+    why_select = tried("select")
+    _chosen["select"] = why_select
+    if why_select is None:
+        _chosen["variant"] = "select"
+        return None
+    _chosen["variant"] = "sort"
+    why_sort = tried("sort")
+    return None if why_sort is None else f"{why_sort}; {why_select}"
+
+
+# None when a variant of the kernel matched MLX's ops bit for bit on random logits here; else why
+# not. It also picks the variant candidates() runs (chosen()).
+check = in_process_check(_compare_variants)
+
+
+def chosen() -> str:
+    """The variant `check()` found matching: "select" first, else "sort" (before a check: "sort")."""
+    return _chosen["variant"]
 
 
 def note() -> str:
     """On, or why not (after `check()`); for the plan and the bench."""
     why = check()
-    return "on (one launch a step, runtime/kernels/top_ranks.py)" if why is None else f"off ({why})"
+    if why is not None:
+        return f"off ({why})"
+    if chosen() == "select":
+        return "on (radix select, one launch a step, runtime/kernels/top_ranks.py)"
+    return f"on (bitonic sort, one launch a step; radix select off: {_chosen['select']})"
