@@ -185,11 +185,12 @@ _SOURCE = r"""
     FIRST_K(P);
     if (threadIdx.x < K) top[threadIdx.x] = (int)(0xFFFFFFFFu - (unsigned int)(s[threadIdx.x] & 0xFFFFFFFFull));
     __syncthreads();
-    // 3. their tokens' rank keys (consecutive threads read consecutive tokens), the K best
+    // 3. their tokens' rank keys (consecutive threads read consecutive tokens), the K best; a
+    //    token outside [0, V) is padding (never read), whatever stage 2 left in `top`
     constexpr int N = K * BK;
     for (int c = threadIdx.x; c < N; c += blockDim.x) {
       const int t = top[c / BK] * BK + (c % BK);
-      s[c] = (t < V) ? (((unsigned long long)graphc_order_bits(static_cast<float>(xr[t])) << 32) |
+      s[c] = (t >= 0 && t < V) ? (((unsigned long long)graphc_order_bits(static_cast<float>(xr[t])) << 32) |
                         (unsigned long long)(0xFFFFFFFFu - (unsigned int)t))
                      : 0ull;
     }
