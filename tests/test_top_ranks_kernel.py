@@ -205,5 +205,6 @@ def test_both_variants_are_one_kernel_source_with_their_own_first_k():
     sel, srt = TR._variant_source("select"), TR._variant_source("sort")
     assert sel.count("graphc_top_select(s, P, K") == 1 and sel.count("graphc_top_select(s, N, K") == 1
     assert srt.count("graphc_sort_desc(s, P)") == 1 and srt.count("graphc_sort_desc(s, N)") == 1
-    assert "FIRST_K" not in sel + srt and "SHARED_EXTRA" not in sel + srt
+    assert "FIRST_K" not in sel + srt and "SHARED_EXTRA" not in sel + srt and "BLOCK_MAX" not in sel + srt
+    assert "uint4" in sel and "uint4" not in srt  # 16-byte loads in stage 1: the new variant only
     assert TR._kernels["select"].spec["name"] != TR._kernels["sort"].spec["name"]

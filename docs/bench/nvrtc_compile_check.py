@@ -3,9 +3,13 @@ CUDA source edited on a machine that cannot run it (check() on the GPU still dec
 variant serves). Each variant is wrapped in a stand-in of the signature mx.fast.cuda_kernel builds
 and compiled for sm_90 at three template configurations.
 
-  pip download --no-deps nvidia-cuda-nvrtc-cu12 -d /tmp/nvrtc
-  python -m zipfile -e /tmp/nvrtc/nvidia_cuda_nvrtc_cu12-*.whl /tmp/nvrtc/x
-  python docs/bench/nvrtc_compile_check.py /tmp/nvrtc/x/nvidia/cuda_nvrtc/lib/libnvrtc.so.12
+  pip download --no-deps nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 -d /tmp/nvrtc
+  for w in /tmp/nvrtc/*.whl; do python -m zipfile -e $w /tmp/nvrtc/x; done
+  python docs/bench/nvrtc_compile_check.py /tmp/nvrtc/x/nvidia/cuda_nvrtc/lib/libnvrtc.so.12 \
+      /tmp/nvrtc/x/nvidia/cuda_runtime/include
+
+The second argument (the CUDA runtime's headers, for cuda_bf16.h / cuda_fp16.h) adds the bf16 and
+f16 instantiations the engine runs; without it only float is compiled.
 
 Prints OK or the compiler's log per variant and configuration; exits 1 on any failure."""
 import ctypes
@@ -14,12 +18,14 @@ import sys
 from graphc.runtime.kernels import top_ranks as T
 
 lib = ctypes.CDLL(sys.argv[1])
+include = sys.argv[2] if len(sys.argv) > 2 else None
+dtypes = ["float"] + (["__nv_bfloat16", "__half"] if include else [])
 
 
 def compile_src(src: str, name: str) -> tuple[int, str]:
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None) == 0
-    opts = [b"--gpu-architecture=compute_90", b"-std=c++17"]
+    opts = [b"--gpu-architecture=compute_90", b"-std=c++17"] + ([f"-I{include}".encode()] if include else [])
     r = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     n = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
@@ -31,17 +37,19 @@ def compile_src(src: str, name: str) -> tuple[int, str]:
 failed = 0
 for variant in T._VARIANTS:
     body = T._variant_source(variant)
-    for K, BK, P in ((64, 32, 4096), (16, 32, 32), (256, 16, 4096)):
-        sig = "const float*, const float*, const unsigned int*, const int*, int*, float*, float*, const int*"
-        src = T._HEADER + f"""
+    for dt in dtypes:
+        for K, BK, P in ((64, 32, 4096), (16, 32, 32), (128, 32, 4096), (64, 64, 4096)):
+            sig = f"const {dt}*, const float*, const unsigned int*, const int*, int*, float*, float*, const int*"
+            src = ("#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" if include else "") + T._HEADER + f"""
 template <typename T, int K, int BK, int P>
 __global__ void kern(const T* x, const float* inv_t, const unsigned int* h, const int* pos,
                      int* ids, float* scaled, float* u, const int* x_shape) {{
 {body}
 }}
-template __global__ void kern<float, {K}, {BK}, {P}>({sig});
+template __global__ void kern<{dt}, {K}, {BK}, {P}>({sig});
 """
-        r, log = compile_src(src, f"top_ranks_{variant}.cu")
-        failed += r != 0
-        print(f"{variant:6s} K={K:3d} BK={BK:3d} P={P:5d}", "OK" if r == 0 else f"FAILED\n{log}", flush=True)
+            r, log = compile_src(src, f"top_ranks_{variant}.cu")
+            failed += r != 0
+            print(f"{variant:6s} {dt:14s} K={K:3d} BK={BK:3d} P={P:5d}", "OK" if r == 0 else f"FAILED\n{log}",
+                  flush=True)
 sys.exit(1 if failed else 0)
