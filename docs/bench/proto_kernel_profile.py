@@ -8,7 +8,9 @@ One Engine, B fresh prompts of 128 tokens; a warm-up generate (kernels built, ca
 grown), then a second generate whose decode steps `first`..`first + steps` run between
 cudaProfilerStart and cudaProfilerStop (the runner's decode is wrapped), so the capture holds
 steady decode steps only. `--sum` aggregates ncu's CSV: device µs per step by kernel name.
-Usage: proto_kernel_profile.py SHAPE B ENGINE_KW_JSON [first steps] | --sum CSV [steps]
+Usage: proto_kernel_profile.py SHAPE B ENGINE_KW_JSON [first steps [SAMPLING_JSON]] | --sum CSV [steps]
+SAMPLING_JSON (e.g. '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}') profiles sampled steps:
+against a greedy profile, the kernels a sampled step adds.
 """
 
 import ctypes
@@ -68,10 +70,11 @@ shape, B = sys.argv[1], int(sys.argv[2])
 kw = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
 first = int(sys.argv[4]) if len(sys.argv) > 4 else 16
 steps = int(sys.argv[5]) if len(sys.argv) > 5 else 4
+sampling = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
 model, tok, cfg, label = load_shape(shape, "bfloat16")
 eng = make_engine(model, tok, cfg, **kw)
 prompts = [[3 + (i * 131 + j * 7) % (eng.vocab_size - 3) for j in range(128)] for i in range(B)]
-eng.generate(prompts, graphc_params(first + steps + 8))
+eng.generate(prompts, graphc_params(first + steps + 8, sampling))
 lib = cudart()
 print(f"{label} B={B} {kw}: cudart {'found' if lib else 'NOT found'}", flush=True)
 runner = eng.runner
@@ -96,5 +99,5 @@ def wrapped(*a, **k):
 
 runner.decode = wrapped
 prompts = [[3 + (i * 137 + j * 11) % (eng.vocab_size - 3) for j in range(128)] for i in range(B)]
-eng.generate(prompts, graphc_params(first + steps + 8))
-print(f"{label} B={B} {kw}: {steps} profiled decode steps, {seen['t'] * 1e3 / steps:.1f} ms/step under the profiler", flush=True)
+eng.generate(prompts, graphc_params(first + steps + 8, sampling))
+print(f"{label} B={B} {kw} {sampling or 'greedy'}: {steps} profiled decode steps, {seen['t'] * 1e3 / steps:.1f} ms/step under the profiler", flush=True)

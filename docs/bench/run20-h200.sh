@@ -11,6 +11,8 @@
 #   topranks TAG   : docs/bench/proto_top_ranks.py (selection alone, ~1 min): does the radix-select
 #                    variant of the top-ranks kernel (new after run 19, never run on a GPU) match MLX,
 #                    and what does its candidate stage cost against the bitonic sort's?
+#   sampledk TAG   : ncu of 4 steady 8B batch-64 compile=True steps, sampled (T 0.8, top-p 0.9, top-k 50)
+#                    against the greedy profile of `gather`: the kernels a sampled step adds (~3 min)
 #   table8b TAG    : the issue-15 table, 8B, batches 1 and 64, decode and sampled (~5 min)
 #   table1b TAG    : the same at 1B (~2.5 min)
 #   spec GGUF TAG  : the GGUF converted first (graphc's import, cached), then the grounded row at
@@ -33,6 +35,12 @@ cause)
   (cd "$D" && timeout 200 python3 proto_gather_cause.py 30 16 2>&1 | tee $OUT/gather-cause-$2.log) ;;
 topranks)
   timeout 200 python3 "$D/proto_top_ranks.py" 2>&1 | tee $OUT/top-ranks-$2.log ;;
+sampledk)
+  timeout 200 ncu --profile-from-start off --metrics gpu__time_duration.sum,launch__grid_size \
+      --csv --page raw --log-file $OUT/k8b64-sampled-$2.csv \
+      python3 "$D/proto_kernel_profile.py" llama-3.1-8b 64 '{"compile": true}' 16 4 \
+      '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}' 2>&1 | grep "profiled"
+  python3 "$D/proto_kernel_profile.py" --sum $OUT/k8b64-sampled-$2.csv 4 | head -30 | tee $OUT/k8b64-sampled-$2.txt ;;
 table8b)
   timeout 420 $U --model llama-3.1-8b --json $OUT/ua-8b-$2.json 2>&1 | grep "^|\|rror" | tail -12 | tee $OUT/table-8b-$2.log ;;
 table1b)
