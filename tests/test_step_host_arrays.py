@@ -106,6 +106,31 @@ def test_windowed_offsets_of_rows_at_different_positions_come_from_one_device_ar
     assert made == [(0, -18)]
 
 
+def test_a_padded_windowed_mask_reads_one_device_array_while_the_padding_holds(monkeypatch):
+    from graphc.runtime.cache import device_ints, windowed
+    from graphc.runtime.cache.windowed import WindowedKV
+
+    made = []
+
+    def counting(ints):
+        if tuple(ints) not in device_ints._MADE:
+            made.append(tuple(ints))
+        return device_ints.on_device(ints)
+
+    monkeypatch.setattr(windowed, "on_device", counting)
+    device_ints._MADE.clear()
+    H, D, window = 2, 4, 8
+    a, b = WindowedKV(window), WindowedKV(window)
+    a.update_and_fetch(mx.zeros((1, H, 6, D)), mx.zeros((1, H, 6, D)))
+    b.update_and_fetch(mx.zeros((1, H, 2, D)), mx.zeros((1, H, 2, D)))
+    a.extend(b)  # the short row is left-padded by 4 columns
+    for _ in range(2):  # still padded: the long row has not filled the window yet
+        m = a.make_mask(1)
+        assert m.shape == (2, 1, 1, a.idx + 1) and m[1].sum().item() == a.row_length(1) + 1
+        a.update_and_fetch(mx.zeros((2, H, 1, D)), mx.zeros((2, H, 1, D)))
+    assert len(made) == 1  # the padding array, made at the first step only
+
+
 def test_on_device_keeps_a_bounded_number_of_values():
     from graphc.runtime.cache import device_ints
 

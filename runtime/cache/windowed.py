@@ -143,7 +143,7 @@ class WindowedKV(LayerCache):
         k = mx.arange(s, end)[None]
         mask = (q >= k) & (q < k + w)
         if padded:
-            lo_a = mx.array(lo, dtype=mx.int32)[:, None, None, None]
+            lo_a = on_device(lo)[:, None, None, None]  # the same values step after step: one array
             mask = _batch_rank(mask[None, None] & (k[None, None] >= lo_a), self)
         return mask
 
