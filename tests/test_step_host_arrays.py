@@ -77,19 +77,26 @@ def test_the_compiled_step_takes_one_left_pad_array_per_batch_composition(model_
     assert all(len(ids) == 1 for ids in seen.values()), seen
 
 
-def test_windowed_offsets_of_rows_at_different_positions_come_from_one_device_array(monkeypatch):
+@pytest.fixture
+def made(monkeypatch):
+    """The values the windowed cache's on_device calls had to make (not already on the device)."""
     from graphc.runtime.cache import device_ints, windowed
-    from graphc.runtime.cache.windowed import WindowedKV
 
-    made = []  # the values on_device had to make (not already on the device)
+    out = []
 
     def counting(ints):
         if tuple(ints) not in device_ints._MADE:
-            made.append(tuple(ints))
+            out.append(tuple(ints))
         return device_ints.on_device(ints)
 
     monkeypatch.setattr(windowed, "on_device", counting)
     device_ints._MADE.clear()
+    return out
+
+
+def test_windowed_offsets_of_rows_at_different_positions_come_from_one_device_array(made):
+    from graphc.runtime.cache.windowed import WindowedKV
+
 
     H, D, window = 2, 4, 4
     a, b = WindowedKV(window), WindowedKV(window)
@@ -106,19 +113,9 @@ def test_windowed_offsets_of_rows_at_different_positions_come_from_one_device_ar
     assert made == [(0, -18)]
 
 
-def test_a_padded_windowed_mask_reads_one_device_array_while_the_padding_holds(monkeypatch):
-    from graphc.runtime.cache import device_ints, windowed
+def test_a_padded_windowed_mask_reads_one_device_array_while_the_padding_holds(made):
     from graphc.runtime.cache.windowed import WindowedKV
 
-    made = []
-
-    def counting(ints):
-        if tuple(ints) not in device_ints._MADE:
-            made.append(tuple(ints))
-        return device_ints.on_device(ints)
-
-    monkeypatch.setattr(windowed, "on_device", counting)
-    device_ints._MADE.clear()
     H, D, window = 2, 4, 8
     a, b = WindowedKV(window), WindowedKV(window)
     a.update_and_fetch(mx.zeros((1, H, 6, D)), mx.zeros((1, H, 6, D)))
