@@ -31,6 +31,9 @@ def test_left_pad_array_is_made_once_per_value_and_shared_by_layers():
     assert arr is a.left_pad_array() is b.left_pad_array()  # one array for every layer
     assert arr.dtype == mx.int32 and arr.tolist() == [0, 2, 1]
     assert a.offset.tolist() == [6, 4, 5] and a.left_padding is arr
+    assert a.offset is b.offset  # the step's offsets: one lazy array for every layer, not an op each
+    b.append({"keys": mx.zeros((3, 2, 1, 4)), "values": mx.zeros((3, 2, 1, 4))})
+    assert b.offset.tolist() == [7, 5, 6] and b.offset is not a.offset  # a later column: its own
 
 
 @pytest.mark.parametrize("edit", ["filter", "extend", "trim_rows", "assign", "iadd"])
@@ -108,6 +111,9 @@ def test_windowed_offsets_of_rows_at_different_positions_come_from_one_device_ar
         assert want == [20 + step, 2 + step]
         off = a.offset
         assert off.tolist() == want
+        twin = WindowedKV(window)  # another layer's cache of the same rows, same step
+        twin.pos0, twin.idx = list(a.pos0), a.idx
+        assert twin.offset is off
         a.update_and_fetch(mx.zeros((2, H, 1, D)), mx.zeros((2, H, 1, D)))
     # The rows differ by 18 at every step, ring shifts included: one device array, made once.
     assert made == [(0, -18)]

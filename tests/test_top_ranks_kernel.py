@@ -35,8 +35,13 @@ def _order(bits: np.ndarray) -> np.ndarray:
     return np.where(b >> 31 == 1, ~b, b | np.uint32(0x80000000)).astype(np.uint32)
 
 
-def _kernel_in_numpy(x: np.ndarray, K: int) -> np.ndarray:
-    """The CUDA source's stages, row by row (float32 logits)."""
+def _sorted_first_k(keys: np.ndarray, k: int) -> np.ndarray:
+    return np.sort(keys)[::-1][:k]
+
+
+def _kernel_in_numpy(x: np.ndarray, K: int, first_k=_sorted_first_k) -> np.ndarray:
+    """The CUDA source's stages, row by row (float32 logits); `first_k(keys, k)`: the k largest
+    keys in descending order, as the "sort" variant takes them (or _radix_first_k: "select")."""
     B, V = x.shape
     bk, p = TR.layout(V, K)
     out = np.zeros((B, K), np.uint64)
@@ -46,13 +51,13 @@ def _kernel_in_numpy(x: np.ndarray, K: int) -> np.ndarray:
         blocks = np.zeros(p, np.uint64)  # padding keys 0
         for j in range(g):
             blocks[j] = (np.uint64(o[j * bk:(j + 1) * bk].max()) << np.uint64(32)) | np.uint64(0xFFFFFFFF - j)
-        top = [0xFFFFFFFF - int(k & 0xFFFFFFFF) for k in np.sort(blocks)[::-1][:K]]
+        top = [0xFFFFFFFF - int(k & 0xFFFFFFFF) for k in first_k(blocks, K)]
         cand = np.zeros(K * bk, np.uint64)
         for c in range(K * bk):
             t = top[c // bk] * bk + c % bk
             if t < V:
                 cand[c] = (np.uint64(o[t]) << np.uint64(32)) | np.uint64(0xFFFFFFFF - t)
-        out[r] = ~np.sort(cand)[::-1][:K]
+        out[r] = ~first_k(cand, K)
     return out
 
 
@@ -162,22 +167,7 @@ def test_the_kernel_algorithm_with_the_radix_select_finds_the_first_ranks():
     x = np.round(rng.normal(0, 3, (2, 5000))).astype(np.float32)  # ties everywhere
     x[:, rng.integers(0, 5000, 500)] = -np.inf
     want = np.array(first_rank_neg_keys(mx.array(x), 32))
-    # _kernel_in_numpy's stages with the select in place of both sorts
-    B, V, K = 2, 5000, 32
-    bk, p = TR.layout(V, K)
-    for r in range(B):
-        o = _order(x[r].view(np.uint32))
-        g = -(-V // bk)
-        blocks = np.zeros(p, np.uint64)
-        for j in range(g):
-            blocks[j] = (np.uint64(o[j * bk:(j + 1) * bk].max()) << np.uint64(32)) | np.uint64(0xFFFFFFFF - j)
-        top = [0xFFFFFFFF - int(b & 0xFFFFFFFF) for b in _radix_first_k(blocks, K)]
-        cand = np.zeros(K * bk, np.uint64)
-        for c in range(K * bk):
-            t = top[c // bk] * bk + c % bk
-            if t < V:
-                cand[c] = (np.uint64(o[t]) << np.uint64(32)) | np.uint64(0xFFFFFFFF - t)
-        assert np.array_equal(~_radix_first_k(cand, K), want[r])
+    assert np.array_equal(_kernel_in_numpy(x, 32, _radix_first_k), want)
 
 
 def test_check_takes_the_select_variant_first_and_falls_back_to_the_sort(monkeypatch):

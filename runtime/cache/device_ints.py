@@ -29,3 +29,20 @@ def on_device(ints: list[int]) -> mx.array:
 
 
 _MADE: dict[tuple, mx.array] = {}
+
+
+def offsets(arr: mx.array, base: int, sign: int) -> mx.array:
+    """``base + sign * arr``: a step's per-row offsets from a per-row device array. Every layer's
+    cache asks for the same one in a step (they share ``arr``), so it is built once and the
+    layers get that lazy array, not one op each."""
+    global _last
+    key = (id(arr), base, sign)
+    last = _last  # one read: an engine on another thread may replace it meanwhile
+    if last is not None and last[0] == key:
+        return last[2]
+    out = base + arr if sign > 0 else base - arr
+    _last = (key, arr, out)  # arr held: its id is not reused while it is part of the key
+    return out
+
+
+_last: tuple | None = None

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from .base import CachePolicy, LayerCache
-from .device_ints import on_device
+from .device_ints import offsets, on_device
 from .registry import register_policy
 
 MIN_CAPACITY = 64
@@ -61,7 +61,7 @@ class FullKV(LayerCache):
         if not any(self.left_pad):
             return self.idx
         if self._offset is None:
-            self._offset = self.idx - self.left_pad_array()
+            self._offset = offsets(self.left_pad_array(), self.idx, -1)  # shared by the step's layers
         return self._offset
 
     def row_length(self, row: int) -> int:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .base import CachePolicy, LayerCache
-from .device_ints import on_device
+from .device_ints import offsets, on_device
 from .full import _batch_rank
 from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
@@ -59,8 +59,9 @@ class WindowedKV(LayerCache):
             return base
         if self._offset is None:
             # Rows differ by pos0[b] - pos0[0], which only batching edits change (a ring shift
-            # moves every row alike): a device array made once per value, plus a scalar.
-            self._offset = on_device([p - self.pos0[0] for p in self.pos0]) + base
+            # moves every row alike): a device array made once per value, plus a scalar, once a
+            # step for all layers.
+            self._offset = offsets(on_device([p - self.pos0[0] for p in self.pos0]), base, 1)
         return self._offset
 
     def row_length(self, row: int) -> int:
