@@ -37,8 +37,18 @@ def timed(fn, iters=50):
 
 
 print("check:", top_ranks.check() or "matched MLX bit for bit", "| runs:", top_ranks.note(), flush=True)
+
+
+def verdict(v):
+    """None when variant v matches MLX; else why not (a failed build or launch included)."""
+    try:
+        return top_ranks._compare(0, v)
+    except Exception as e:  # noqa: BLE001 - one variant's launch failure must not end the probe
+        return f"{type(e).__name__}: {e}"
+
+
 # each variant against MLX on its own (check() stops at the first that matches)
-verdicts = {v: top_ranks._compare(0, v) for v in top_ranks._VARIANTS} if top_ranks.check() is None else {}
+verdicts = {v: verdict(v) for v in top_ranks._VARIANTS} if top_ranks.check() is None else {}
 print("variants:", verdicts or "-", flush=True)
 V = 128256
 for B in (1, 16, 64):

@@ -147,6 +147,9 @@ __device__ __forceinline__ void graphc_top_select(unsigned long long* s, const i
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
     const unsigned long long key = sel[i];
     int r = 0;
+    // not unrolled whole: with k a template constant nvcc kept all of sel[] in registers (147 at
+    // k = 64, 255 at 128: no launch of 512 threads; run 20a). Now 32-34 (nvrtc_compile_check.py)
+#pragma unroll 4
     for (int j = 0; j < k; ++j) r += sel[j] > key;
     s[r] = key;
   }
