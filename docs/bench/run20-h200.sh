@@ -22,6 +22,9 @@
 #                    room for all nine at 1B (19a cut it at seven)
 #   host TAG       : run19-h200.sh host: proto_host_arrays.py, now also a verify step's drafts as one
 #                    host array against 8-byte pieces (MLX's small pool) joined on the device (~1 min)
+#   kvwrite TAG    : docs/bench/proto_kv_write_fused.py at B 64/16/1 and capacity 256 (and 64 x 1,024):
+#                    one step's K/V column writes as two scatters, one scatter into a joined K/V
+#                    buffer, scatters on flat views, and setitem (~30 s; run 20d)
 #   ptx            : MLX's PTX cache (/tmp/mlx/*/ptx) as $OUT/ptx.tgz, to carry to the next fresh
 #                    machine with MLX_PTX_CACHE_DIR (skips the NVRTC builds) when it is small enough
 set -u
@@ -57,6 +60,9 @@ paired)
   done ;;
 host)
   bash "$D/run19-h200.sh" host "$2" ;;
+kvwrite)
+  (cd "$D" && for a in "64 256" "64 1024" "16 256" "1 256"; do timeout 60 python3 proto_kv_write_fused.py $a; done) \
+      2>&1 | tee $OUT/kv-write-fused-$2.log ;;
 ptx)
   du -sh /tmp/mlx/*/ptx && tar czf $OUT/ptx.tgz -C /tmp/mlx . && ls -la $OUT/ptx.tgz ;;
 esac
