@@ -25,6 +25,9 @@
 #   kvwrite TAG    : docs/bench/proto_kv_write_fused.py at B 64/16/1 and capacity 256 (and 64 x 1,024):
 #                    one step's K/V column writes as two scatters, one scatter into a joined K/V
 #                    buffer, scatters on flat views, and setitem (~30 s; run 20d)
+#   nsys TAG       : Nsight Systems over 8 steady 8B batch-64 compile=True steps (CUDA graphs traced
+#                    per node): each kernel's real duration, without ncu's serialisation, locked
+#                    clocks and cache flushes, which inflate small kernels (the embedding lookup?)
 #   ptx            : MLX's PTX cache (/tmp/mlx/*/ptx) as $OUT/ptx.tgz, to carry to the next fresh
 #                    machine with MLX_PTX_CACHE_DIR (skips the NVRTC builds) when it is small enough
 set -u
@@ -60,6 +63,14 @@ paired)
   done ;;
 host)
   bash "$D/run19-h200.sh" host "$2" ;;
+nsys)
+  command -v nsys || { echo "no nsys on this machine"; ls /usr/local/cuda*/bin /opt/nvidia 2>&1 | head; exit 0; }
+  timeout 300 nsys profile --capture-range=cudaProfilerApi --capture-range-end=stop --cuda-graph-trace=node \
+      -t cuda -o /tmp/k8b64 -f true python3 "$D/proto_kernel_profile.py" llama-3.1-8b 64 '{"compile": true}' 16 8 \
+      2>&1 | grep "profiled\|rror"
+  nsys stats -q --report cuda_gpu_kern_sum --format csv -o $OUT/nsys-k8b64-$2 /tmp/k8b64.nsys-rep
+  nsys stats -q --report cuda_gpu_trace --format csv -o $OUT/nsys-trace-k8b64-$2 /tmp/k8b64.nsys-rep
+  head -c 3000 $OUT/nsys-k8b64-$2*.csv ;;
 kvwrite)
   (cd "$D" && for a in "64 256" "64 1024" "16 256" "1 256"; do timeout 60 python3 proto_kv_write_fused.py $a; done) \
       2>&1 | tee $OUT/kv-write-fused-$2.log ;;

@@ -83,17 +83,16 @@ LLAMA_LAYOUTS = {
     "smollm2-1.7b": (32, 32, 64, 2048, 8192, 49152),
     "small-32k": (8, 4, 32, 256, 768, 32000),  # runtime/bench/shapes.py
 }
-# decode_attention._compare_kind's (query heads, KV heads, head dim): check() launches these on
-# the GPU before the kernel is used, so they must launch too.
-ATTENTION_CHECK_HEADS = ((8, 2, 64), (32, 8, 128), (4, 4, 128), (9, 3, 64), (16, 2, 128))
+# check()'s (query heads, KV heads, head dim): it launches these on the GPU before the kernel is
+# used, so they must launch too.
+ATTENTION_CHECK_HEADS = tuple(sorted({(hq, hkv, d) for (_, hq, hkv, _, d, _, _) in da.CHECK_CASES}))
 
 # Vocabularies the top-ranks kernel ranks (it serves every model's sampled steps): Llama 2 /
 # TinyLlama, Phi-3, Mistral v0.3, SmolLM2, Llama 3, Qwen 2.5 / 3, Gemma 2 / 3; 1,000 and 50,000
-# are top_ranks._compare's cases.
+# are top_ranks.CHECK_CASES' vocabularies.
 VOCABS = (1000, 32000, 32064, 32768, 49152, 50000, 128256, 151936, 152064, 256000, 262144, 262208)
-# top_ranks._compare's (vocabulary, width, dtype): check() launches these on the GPU
-TOP_RANKS_CHECK_CASES = ((128256, 64, mx.bfloat16), (128256, 16, mx.float32), (32000, 128, mx.bfloat16),
-                         (151936, 64, mx.bfloat16), (50000, 32, mx.float16), (1000, 16, mx.float32))
+# check()'s (vocabulary, width, dtype): it launches these on the GPU
+TOP_RANKS_CHECK_CASES = tuple(dict.fromkeys((V, K, dt) for (_, V, K, dt, _) in tr.CHECK_CASES))
 WIDTHS = tuple(1 << i for i in range(4, tr.MAX_WIDTH.bit_length()))  # layout() takes powers of two
 
 ROWS = (2, 8, 16, 32, 64)  # decode batch rows the skinny matmul takes: every x-tile count row_tiles() gives
