@@ -128,13 +128,15 @@ def test_the_engine_option_reaches_the_sampler_and_the_plan(model_dir, monkeypat
     assert "off (top-ranks kernel differs" in dict(on.compiled.plan("decode").passes)["sampling kernel"]
 
 
-def _radix_first_k(keys: np.ndarray, k: int) -> np.ndarray:
-    """graphc_top_select (the "select" variant's CUDA function) step by step: 8 passes of a 256-bin
-    histogram over the keys under the prefix found so far, the bin holding the need-th key from
-    the top, then the keys at or above the k-th, placed by rank."""
+def _radix_first_k(keys: np.ndarray, k: int, passes: list | None = None) -> np.ndarray:
+    """graphc_top_select (the "select" variant's CUDA function) step by step: up to 8 passes of a
+    256-bin histogram over the keys under the prefix found so far, the bin holding the need-th key
+    from the top (stopping early when that bin holds exactly the keys still needed), then the keys
+    at or above the prefix, placed by rank. `passes` gets the number of passes taken."""
     keys = keys.astype(np.uint64)
-    prefix, mask, need = 0, 0, k
+    prefix, mask, need, taken = 0, 0, k, 0
     for shift in range(56, -1, -8):
+        taken += 1
         under = keys[(keys & np.uint64(mask)) == np.uint64(prefix)]
         hist = np.bincount(((under >> np.uint64(shift)) & np.uint64(0xFF)).astype(np.int64), minlength=256)
         above, b = 0, 255
@@ -144,6 +146,10 @@ def _radix_first_k(keys: np.ndarray, k: int) -> np.ndarray:
         need -= above
         prefix |= b << shift
         mask |= 0xFF << shift
+        if hist[b] == need:  # every key of the bin is needed: the keys >= prefix are the k
+            break
+    if passes is not None:
+        passes.append(taken)
     sel = keys[keys >= np.uint64(prefix)]
     assert len(sel) == k  # unique keys: exactly k at or above the k-th
     out = np.zeros(k, np.uint64)
@@ -160,6 +166,30 @@ def test_the_radix_select_gives_the_sorted_first_k(n, k, pad):
     keys = (hi << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - rng.permutation(n).astype(np.uint64))
     keys[n - pad:] = 0  # padding keys
     assert np.array_equal(_radix_first_k(keys, k), np.sort(keys)[::-1][:k])
+
+
+@pytest.mark.parametrize("n,k", [(4096, 64), (2048, 64), (4096, 16), (32, 16)])
+def test_the_radix_select_stops_early_on_spread_keys_and_still_sorts(n, k):
+    """Logits that rarely tie (a row's block maxima, its candidate tokens): the boundary bin soon
+    holds exactly the keys still needed, so the select stops after a few of its 8 passes, and
+    the k it takes are still the k largest, in order."""
+    rng = np.random.default_rng(n * k)
+    counts = []
+    for _ in range(20):
+        o = np.array(_order(rng.normal(0, 3, n).astype(np.float32).view(np.uint32)), np.uint64)
+        keys = (o << np.uint64(32)) | (np.uint64(0xFFFFFFFF) - rng.permutation(n).astype(np.uint64))
+        assert np.array_equal(_radix_first_k(keys, k, counts), np.sort(keys)[::-1][:k])
+    assert max(counts) <= 4 and min(counts) >= 1, counts  # 8 without the early stop
+
+
+def test_the_radix_select_takes_every_pass_when_the_k_th_key_ties_in_its_high_word():
+    """Keys whose high words tie at the boundary (bf16 ties) are decided by their low words
+    (the ids): no early stop before the bin narrows to exactly the needed keys."""
+    hi = np.full(64, 0x7F000000, np.uint64)
+    keys = (hi << np.uint64(32)) | np.arange(64, dtype=np.uint64) * np.uint64(3)
+    counts = []
+    assert np.array_equal(_radix_first_k(keys, 16, counts), np.sort(keys)[::-1][:16])
+    assert counts == [8]
 
 
 def test_the_kernel_algorithm_with_the_radix_select_finds_the_first_ranks():

@@ -5,6 +5,8 @@
 #                     free clocks): the embedding lookup on the 8B model's own table, a [64, 1]
 #                     view, the model's module, under mx.compile, a copy of the table, an argmax
 #                     index: which of them is the step's 250 µs (run 20e: 4 µs alone) (~2 min)
+#   topranks TAG    : proto_top_ranks.py: the select variant's early stop (after run 20) against
+#                     run 20b's 0.103 ms at batch 64; check() must still match MLX (~1 min)
 #   table8b TAG, table1b TAG, paired TAG, spec GGUF TAG, kvwrite TAG : as in run20-h200.sh
 #                     (the table and the paired sampling ratio are what issue 15's "every run"
 #                     goals are judged on: one more session of each)

@@ -29,8 +29,9 @@ block of 512 threads per row does it in shared memory:
   3. the K * BK tokens of those blocks as rank keys, the K largest, decoded.
 
 "The K largest" of stages 2 and 3 comes in two variants (`_VARIANTS`): a radix select of the
-K-th key (8 histogram passes of 8 bits), then each of the K keys at or above it placed by its
-rank, with stage 1 reading each block in 16-byte loads; or a bitonic sort of all of them and one
+K-th key (up to 8 histogram passes of 8 bits, fewer when a bin holds exactly the keys still
+needed), then each of the K keys at or above it placed by its rank, with stage 1 reading each
+block in 16-byte loads; or a bitonic sort of all of them and one
 load per element (the first kernel, 78 passes at 4,096 keys). `check()` tries the select first
 and falls back to the sort; `note()` says which runs.
 
@@ -89,10 +90,14 @@ __device__ __forceinline__ void graphc_top_select(unsigned long long* s, const i
   // s[0, k) := the k largest keys of s[0, n), descending. Keys are unique but for zero padding,
   // which ranks below every real key, and there are at least k real keys (layout() sees to it).
   // 1. radix select of the k-th largest key, 8 bits a pass from the top: a 256-bin histogram of
-  //    the keys that share the bits found so far, then the bin that holds the k-th of them
+  //    the keys that share the bits found so far, then the bin that holds the k-th of them. When
+  //    that bin holds exactly the keys still needed, every key in it is taken and the passes
+  //    stop early: the keys at or above `prefix` (its lower bits zero) are then exactly the k
+  //    (random logits: after 2-3 of the 8 passes)
   unsigned long long prefix = 0ull, mask = 0ull;
   int need = k;  // the rank of the k-th key among the keys under `prefix`
   const int lane = threadIdx.x & 31;
+  if (threadIdx.x == 0) sh_int[2] = 0;  // "done": written by the finding lane, read after a sync
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0u;
     __syncthreads();
@@ -123,6 +128,7 @@ __device__ __forceinline__ void graphc_top_select(unsigned long long* s, const i
         // within this lane's 8 bins by the scan; the bound only keeps a broken invariant in range
         while (b > 248 - 8 * lane && above + hist[b] < (unsigned int)need) above += hist[b--];
         sh_int[0] = need - (int)above;
+        sh_int[2] = hist[b] == (unsigned int)need - above;  // the whole bin is needed: done
         sh_key[0] = prefix | ((unsigned long long)b << shift);
       }
     }
@@ -130,7 +136,9 @@ __device__ __forceinline__ void graphc_top_select(unsigned long long* s, const i
     need = sh_int[0];
     prefix = sh_key[0];
     mask |= 0xFFull << shift;
+    const bool done = sh_int[2] != 0;  // the same for every thread: the loop is left together
     __syncthreads();  // all read before the next pass writes them
+    if (done) break;
   }
   // 2. the keys at or above the k-th: exactly k (unique keys), in no order yet
   if (threadIdx.x == 0) sh_int[1] = 0;
@@ -238,12 +246,12 @@ _BLOCK_MAX_VEC = r"""
 
 # How s[0, K) gets the K largest keys of s[0, n), in order, at stages 2 and 3: a bitonic sort of
 # all n (the first kernel, kept as it was: the fallback), or a radix select of the K-th key and a
-# rank of the K at or above it (fewer passes over shared memory: 8 histogram passes against 78
-# sort passes at n = 4,096), with stage 1's 16-byte loads.
+# rank of the K at or above it (fewer passes over shared memory: at most 8 histogram passes
+# against 78 sort passes at n = 4,096), with stage 1's 16-byte loads.
 _VARIANTS = {
     "sort": ("", "graphc_sort_desc(s, {n})", _BLOCK_MAX_SCALAR),
     "select": ("__shared__ unsigned long long sel[K]; __shared__ unsigned int hist[256]; "
-               "__shared__ unsigned long long sh_key[1]; __shared__ int sh_int[2];",
+               "__shared__ unsigned long long sh_key[1]; __shared__ int sh_int[3];",
                "graphc_top_select(s, {n}, K, sel, hist, sh_key, sh_int)", _BLOCK_MAX_VEC),
 }
 
