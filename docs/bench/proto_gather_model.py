@@ -41,7 +41,7 @@ B = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 V = int(cfg["vocab_size"])
 emb = model.model.embed_tokens
 table = emb.weight
-copy = mx.array(table * 1)  # a fresh device buffer with the same values
+copy = table * 1  # a fresh device buffer with the same values
 mx.eval(copy)
 idx = [mx.random.randint(0, V, (B,), key=mx.random.key(i)).astype(mx.int32) for i in range(N)]
 logits = [mx.random.normal((B, V), key=mx.random.key(100 + i)).astype(mx.bfloat16) for i in range(N)]
