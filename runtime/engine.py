@@ -97,7 +97,7 @@ class Engine:
         self._leaving: list | None = None  # rows ending in the decode step being postprocessed
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed,
-                                  sampling_kernel=self._sampling_kernel())
+                                  sampling_kernel=self._sampling_kernel(), host_read=self._host_read())
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
         # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
         from .kernel_views import KernelViews
@@ -120,6 +120,25 @@ class Engine:
         self.speculator = self.runner.speculator = _speculator(self, speculative, num_draft_tokens, spec_max_batch,
                                                                spec_max_tokens, draft_model, spec_pipeline,
                                                                spec_adaptive)
+
+    def _host_read(self) -> str:
+        """How the host reads decode tokens (runtime/host_read.py): 8-byte pieces on CUDA unless
+        `decode: {host_read_pieces: false}`; on CUDA the decode plan says which (graphc inspect)."""
+        import mlx.core as mx
+
+        from . import host_read
+
+        if not mx.cuda.is_available():
+            return "tokens"  # no managed memory: nothing migrates
+        how = "pieces" if self.decode_options["host_read_pieces"] else "tokens"
+        import attrs
+
+        line = ("8-byte copies of each step's tokens (MLX's scalar pool: no page a step uses migrates to the host)"
+                if how == "pieces" else "the step's tokens themselves (decode: {host_read_pieces: false})")
+        d = self.compiled.decode
+        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("host read", line),))
+        assert how in host_read.STRATEGIES
+        return how
 
     def _sampling_kernel(self) -> bool:
         """Whether fused sampled steps may run their candidate stage (first K ranks, 1/T, noise) in

@@ -17,6 +17,7 @@ from graphc.compiler.compile import CompiledGraph
 from graphc.compiler.lower import StepInputs
 from graphc.compiler.ops import HOST_EDITS, PromptTargets
 
+from . import host_read as host_reads
 from .batch_sampling import SamplerCache, SamplingState
 from .request import Request, Status
 
@@ -43,12 +44,15 @@ class Launch:
     logprobs: object = None  # LogprobsOutput when a row asked
     sampling: SamplingState | None = None  # the state this step used
     next_sampling: SamplingState | None = None  # advanced past this step's tokens (lazy)
+    host: list | None = None  # what the host reads for `tokens` (runtime/host_read.py)
 
 
 class ModelRunner:
     def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
                  vocab_size: int | None = None, eos_token_ids=(), seed: int | None = None,
-                 sampling_kernel: bool = False):
+                 sampling_kernel: bool = False, host_read: str = "tokens"):
+        if host_read not in host_reads.STRATEGIES:
+            raise ValueError(f"host_read must be one of {host_reads.STRATEGIES}, got {host_read!r}")
         self.compiled = compiled
         # What runs is read from the lowered plans: which edits the sampler tensors carry,
         # whether host edits are computed, whether decode steps may chain.
@@ -67,6 +71,7 @@ class ModelRunner:
         self.policies = compiled.binding.policies
         # A graph whose plan is not chain-safe (a policy with chain_safe=False) never chains.
         self.chain = chain and plan.chain_safe
+        self.host_read = host_read  # how the host reads a decode step's tokens
         self.rows: list[Request] = []
         self.caches: list | None = None
         self.pending: Launch | None = None
@@ -323,8 +328,9 @@ class ModelRunner:
         ctx = step.forward(inputs)
         out = step.head(ctx, self._edits(self.rows, ctx, step))
         nxt = sampling.advanced(out.next_tokens) if sampling is not None else None
-        launch = Launch(list(self.rows), out.next_tokens, out.logprobs, sampling, nxt)
-        mx.async_eval(launch.tokens, *([out.logprobs.chosen] if out.logprobs is not None else []))
+        host = host_reads.for_host(out.next_tokens, self.host_read)
+        launch = Launch(list(self.rows), out.next_tokens, out.logprobs, sampling, nxt, host)
+        mx.async_eval(launch.tokens, *host, *([out.logprobs.chosen] if out.logprobs is not None else []))
         self.steps += 1
         return launch
 
@@ -372,7 +378,7 @@ class ModelRunner:
                  and not (spec is not None and spec.wants(self.rows)))
         self.pending = cur
         self.pending = self._launch() if chain else None
-        toks = cur.tokens.tolist()
+        toks = host_reads.read(cur.host)
         lps = cur.logprobs.to_lists(cur.sampling.st) if cur.logprobs is not None else [None] * len(toks)
         live = {id(r) for r in self.rows}
         return [(r, t, lp) for r, t, lp in zip(cur.rows, toks, lps) if id(r) in live]

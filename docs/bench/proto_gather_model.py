@@ -13,7 +13,12 @@ the gather kernels only and read their device time in order:
 Cases (N lookups each, in this order): model table + fresh [B] index; model table + [B, 1] view;
 the model's own embed_tokens module on the [B, 1] view; the same under mx.compile; a copy of the
 model's table + [B] index; the [B] index made from an argmax over [B, V] logits (a step's
-tokens). Without ncu it prints wall µs per case (launch and sync included)."""
+tokens). After run 21's first look, four cases on where the index and table live, since MLX's CUDA
+allocator moves a buffer the host reads (`tolist`, numpy) into managed memory: an argmax index the
+host read before the lookup; one the host reads while the lookup is queued (the runner's chained
+decode reads step N's tokens after queueing step N + 1 on them); an index made on the host from a
+list; a table copy the host read (numpy) before the lookups. Without ncu it prints wall µs per
+case (launch and sync included)."""
 import csv
 import statistics
 import sys
@@ -21,7 +26,9 @@ import time
 
 N = 20
 CASES = ("model table, [B] index", "model table, [B, 1] view", "embed_tokens module, [B, 1] view",
-         "embed_tokens under mx.compile", "copy of the table, [B] index", "index from an argmax")
+         "embed_tokens under mx.compile", "copy of the table, [B] index", "index from an argmax",
+         "argmax index, host read it first", "argmax index, host reads it while queued",
+         "index made on the host from a list", "table copy the host read (numpy)")
 
 if sys.argv[1] == "--sum":
     rows = [r for r in csv.DictReader(l for l in open(sys.argv[2]) if l.startswith('"')) if r.get("ID", "").isdigit()]
@@ -47,6 +54,25 @@ idx = [mx.random.randint(0, V, (B,), key=mx.random.key(i)).astype(mx.int32) for 
 logits = [mx.random.normal((B, V), key=mx.random.key(100 + i)).astype(mx.bfloat16) for i in range(N)]
 from_argmax = [mx.argmax(x, axis=-1).astype(mx.int32) for x in logits]
 mx.eval(idx, logits, from_argmax)
+read_first = [mx.argmax(x, axis=-1).astype(mx.int32) for x in logits]
+mx.eval(read_first)
+for a in read_first:
+    a.tolist()  # the host read: MLX moves the buffer into managed memory
+host_made = [mx.array(a.tolist(), dtype=mx.int32) for a in idx]
+host_table = table * 1
+mx.eval(host_table)
+import numpy as np  # noqa: E402
+np.array(host_table.view(mx.uint16))  # the host reads the table's buffer: MLX moves it into managed memory
+
+
+def queued(i):
+    """The runner's chain: the lookup queued on a lazy argmax, then the host reads the argmax."""
+    t = mx.argmax(logits[i], axis=-1).astype(mx.int32)
+    out = emb(t[:, None])
+    mx.async_eval(out, t)
+    t.tolist()
+    return out
+
 compiled = mx.compile(lambda t: emb(t))
 cases = {
     CASES[0]: lambda i: table[idx[i]],
@@ -55,6 +81,10 @@ cases = {
     CASES[3]: lambda i: compiled(idx[i][:, None]),
     CASES[4]: lambda i: copy[idx[i]],
     CASES[5]: lambda i: emb(from_argmax[i][:, None]),
+    CASES[6]: lambda i: emb(read_first[i][:, None]),
+    CASES[7]: queued,
+    CASES[8]: lambda i: emb(host_made[i][:, None]),
+    CASES[9]: lambda i: host_table[idx[i][:, None]],
 }
 for name, f in cases.items():
     ts = []

@@ -5,6 +5,15 @@
 #                     free clocks): the embedding lookup on the 8B model's own table, a [64, 1]
 #                     view, the model's module, under mx.compile, a copy of the table, an argmax
 #                     index: which of them is the step's 250 µs (run 20e: 4 µs alone) (~2 min)
+#   gatherstep TAG  : the in-step lookup under ncu (gather kernels only, warm caches, free clocks), an
+#                     8B batch-64 compile=True step with the decode option host_read_pieces off and
+#                     on (runtime/host_read.py; 21a compared PROTO_HOST_COPY=0/1 instead) (~4 min)
+#   hostread TAG    : docs/bench/proto_host_read.py: the runner's chain without the model, the host
+#                     reading the tokens, a copy, 8-byte pieces, or a padded copy; wall ms/step,
+#                     then the lookup's device time under ncu per variant (~2 min)
+#   pieces TAG      : docs/bench/proto_host_read_api.py: per-step ms through Engine.generate with
+#                     the runner's 8-byte-piece read off and on, paired repeats, 8B and 1B at batch
+#                     64 and 1 (~6 min)
 #   topranks TAG    : proto_top_ranks.py: the select variant's early stop (after run 20) against
 #                     run 20b's 0.103 ms at batch 64; check() must still match MLX (~1 min)
 #   table8b TAG, table1b TAG, paired TAG, spec GGUF TAG, kvwrite TAG : as in run20-h200.sh
@@ -18,6 +27,27 @@ gathermodel)
       --metrics gpu__time_duration.sum --csv --page raw --log-file $OUT/gather-model-$2.csv \
       python3 "$D/proto_gather_model.py" llama-3.1-8b 64 2>&1 | tail -8
   python3 "$D/proto_gather_model.py" --sum $OUT/gather-model-$2.csv | tee $OUT/gather-model-$2.txt ;;
+hostread)
+  timeout 120 python3 "$D/proto_host_read.py" 64 64 5 2>&1 | tee $OUT/host-read-$2.log
+  timeout 240 ncu --cache-control none --clock-control none --kernel-name regex:gather \
+      --metrics gpu__time_duration.sum --csv --page raw --log-file $OUT/host-read-$2.csv \
+      python3 "$D/proto_host_read.py" 64 32 3 2>&1 | tail -6
+  python3 "$D/proto_host_read.py" --sum $OUT/host-read-$2.csv 32 3 | tee -a $OUT/host-read-$2.log ;;
+gatherstep)
+  # 21a: PROTO_HOST_COPY=0/1. From 21b: the runner's own read, decode option host_read_pieces off / on.
+  for v in false true; do
+    timeout 280 ncu --profile-from-start off --cache-control none --clock-control none \
+        --kernel-name regex:gather --metrics gpu__time_duration.sum --csv --page raw \
+        --log-file $OUT/gather-step-pieces-$v-$2.csv \
+        python3 "$D/proto_kernel_profile.py" llama-3.1-8b 64 "{\"compile\": true, \"decode_options\": {\"host_read_pieces\": $v}}" 16 8 \
+        2>&1 | grep "profiled\|rror"
+    python3 "$D/proto_kernel_profile.py" --sum $OUT/gather-step-pieces-$v-$2.csv 8 | tee -a $OUT/gather-step-$2.txt
+  done ;;
+pieces)
+  # the read through the public API: Engines with host_read_pieces off and on, paired per-step ms
+  for m in llama-3.1-8b llama-3.2-1b; do for b in 64 1; do
+    timeout 200 python3 "$D/proto_host_read_api.py" $m $b 7 2>&1 | tail -3 | tee -a $OUT/pieces-api-$2.log
+  done; done ;;
 *)
   bash "$D/run20-h200.sh" "$@" ;;
 esac

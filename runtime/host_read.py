@@ -1,0 +1,43 @@
+"""How the host reads a decode step's tokens without the next step's GPU work faulting on them.
+
+MLX's CUDA allocator moves any buffer the host reads (`tolist`) into managed memory, and a freed
+buffer goes back to its cache for the next array of its size class. A chained decode reads step
+N's tokens while step N + 1 (queued on those tokens) runs, so the next lookup's index and every
+later [B] int32 array of the step can sit in pages the host touched: the GPU faults and the page
+migrates. Run 21 measured the embedding lookup at 156-295 µs inside an 8B batch-64 step against
+3 µs alone (docs/performance.md, "H200, run 21").
+
+The strategies (`ModelRunner(host_read=...)`; the Engine picks "pieces" on CUDA unless the graph
+says `decode: {host_read_pieces: false}`):
+
+  "tokens"  read the step's tokens themselves (before run 21)
+  "pieces"  read 8-byte copies of them (two tokens each): MLX serves allocations of 8 bytes and
+            less from its scalar pool, managed memory the GPU maps without migrating, so no page
+            the GPU uses ever moves to the host. B/2 tiny copies per step.
+
+On the CPU backend there is no managed memory and "tokens" is always used.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+STRATEGIES = ("tokens", "pieces")
+
+
+def for_host(tokens: mx.array, strategy: str) -> list[mx.array]:
+    """The arrays the host will read for `tokens` [B] int32 (lazy; evaluate them with the step)."""
+    if strategy == "tokens":
+        return [tokens]
+    n = tokens.shape[0]
+    return [tokens[i:i + 2] + 0 for i in range(0, n, 2)]
+
+
+def read(arrays: list[mx.array]) -> list[int]:
+    """The tokens, in order, from `for_host`'s arrays."""
+    if len(arrays) == 1:
+        return arrays[0].tolist()
+    out: list[int] = []
+    for a in arrays:
+        out.extend(a.tolist())
+    return out
