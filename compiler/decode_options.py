@@ -14,9 +14,10 @@
                                # --table FILE`); null: the built-in heuristic
       sampling_kernel: true    # CUDA: a sampled step's candidate stage (first K ranks, 1/T, noise)
                                # as one kernel, once it matched MLX bit for bit (default true)
-      host_read_pieces: true   # CUDA: the host reads each decode step's tokens as 8-byte copies
+      host_read_pieces: false  # CUDA: the host reads each decode step's tokens as 8-byte copies
                                # (MLX's scalar pool), so no page a later step uses migrates to the
-                               # host (run 21: the in-step embedding lookup; default true)
+                               # host (run 21: faster lookup under ncu, no gain through the API;
+                               # default false; runtime/host_read.py)
 
 `Engine(compile=..., skinny_gemm=..., decode_options=...)` may override any of them; the
 decode plan's passes (`graphc inspect`) show what was applied and, when it was not, why.
@@ -31,7 +32,7 @@ DECODE_OPTIONS = {
     "skinny_matmul": (False, "CUDA: the 2..64-row matmul kernel"),
     "skinny_table": (None, "a tuned launch table (JSON) for the skinny matmul; null: the built-in heuristic"),
     "sampling_kernel": (True, "CUDA: the sampled step's candidate stage (first K ranks, 1/T, noise) as one kernel"),
-    "host_read_pieces": (True, "CUDA: the host reads each decode step's tokens as 8-byte copies (MLX's scalar pool)"),
+    "host_read_pieces": (False, "CUDA: the host reads each decode step's tokens as 8-byte copies (MLX's scalar pool)"),
 }
 
 

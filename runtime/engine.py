@@ -122,8 +122,8 @@ class Engine:
                                                                spec_adaptive)
 
     def _host_read(self) -> str:
-        """How the host reads decode tokens (runtime/host_read.py): 8-byte pieces on CUDA unless
-        `decode: {host_read_pieces: false}`; on CUDA the decode plan says which (graphc inspect)."""
+        """How the host reads decode tokens (runtime/host_read.py): 8-byte pieces on CUDA when
+        `decode: {host_read_pieces: true}`; on CUDA the decode plan says which (graphc inspect)."""
         import mlx.core as mx
 
         from . import host_read
@@ -134,7 +134,7 @@ class Engine:
         import attrs
 
         line = ("8-byte copies of each step's tokens (MLX's scalar pool: no page a step uses migrates to the host)"
-                if how == "pieces" else "the step's tokens themselves (decode: {host_read_pieces: false})")
+                if how == "pieces" else "the step's tokens themselves (decode: {host_read_pieces: true} reads 8-byte copies)")
         d = self.compiled.decode
         d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("host read", line),))
         assert how in host_read.STRATEGIES

@@ -44,12 +44,12 @@ def test_the_option_reaches_the_runner_and_the_plan(model_dir, monkeypatch):
     d = model_dir("llama")
     assert "host read" not in dict(Engine.load(d).compiled.plan("decode").passes)  # off CUDA: no line
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    on = Engine.load(d)
-    assert on.runner.host_read == "pieces"
-    assert "8-byte copies" in dict(on.compiled.plan("decode").passes)["host read"]
-    off = Engine.load(d, decode_options={"host_read_pieces": False})
+    off = Engine.load(d)  # the default: the tokens themselves (run 21: pieces did not pay through the API)
     assert off.runner.host_read == "tokens"
-    assert "host_read_pieces: false" in dict(off.compiled.plan("decode").passes)["host read"]
+    assert "the step's tokens themselves" in dict(off.compiled.plan("decode").passes)["host read"]
+    on = Engine.load(d, decode_options={"host_read_pieces": True})
+    assert on.runner.host_read == "pieces"
+    assert "8-byte copies of each step's tokens" in dict(on.compiled.plan("decode").passes)["host read"]
 
 
 def test_a_bad_strategy_or_option_is_refused():
