@@ -60,8 +60,10 @@ class ModelRunner:
         self.sampler = SamplerCache(vocab_size or int(compiled.binding.config["vocab_size"]), eos_token_ids,
                                     edits=plan.edits, kernel=sampling_kernel)
         self.host_edit_kinds = tuple(e for e in (plan.edits or ()) if e in HOST_EDITS)
-        # Rows without a seed draw noise from this key, split at every graph build.
-        self._key = mx.random.key(seed if seed is not None else int.from_bytes(__import__("os").urandom(4), "little"))
+        # Rows without a seed draw noise from a key per graph build: (this word, a build count).
+        self._seed_word = (seed if seed is not None else int.from_bytes(__import__("os").urandom(4), "little")) \
+            & 0xFFFFFFFF
+        self._key_count = 0
         # The prefix cache's array side (runtime/prefix_io.py), or None: restores admitted
         # hits, captures state at prefix boundaries, writes KV into the pools.
         self.prefix_io = prefix_io
@@ -191,8 +193,13 @@ class ModelRunner:
         return int(out.next_tokens.item())
 
     def _split_key(self) -> mx.array:
-        key, self._key = mx.random.split(self._key)
-        return key
+        """The next graph build's key, uint32 [2]: the runner's seed word and a build count. Made
+        on the host as 8 bytes, which MLX's CUDA allocator serves from its scalar pool (GPU-mapped,
+        no page migration): no kernel. A split of a device key (before) cost a random-bits launch
+        and four ops every sampled step. Rows hash it with their index (sampling/noise.py,
+        fresh_words), so each row and step gets its own words, and an Engine's seed fixes them."""
+        self._key_count += 1
+        return mx.array([self._seed_word, self._key_count & 0xFFFFFFFF], dtype=mx.uint32)
 
     def _collect_prompt_logprobs(self, req: Request, ctx, step, start: int, targets: PromptTargets) -> None:
         """Collect the graph's prompt_logprobs output for this chunk into the request."""

@@ -163,3 +163,23 @@ def test_a_failing_logits_processor_ends_only_its_own_request(engine):
     assert len(res[0].token_ids) == 3  # tokens chosen before the failure stay
     assert res[1].finish_reason == "length" and res[1].token_ids == reference_greedy(engine.model, [8, 9], 10)
     assert not engine.has_unfinished() and engine.runner.rows == []
+
+
+def test_an_engine_seed_fixes_the_draws_of_rows_without_a_seed(model_dir):
+    """The runner's step key is (its seed word, a build count): the same Engine seed gives the same
+    unseeded tokens, another seed other tokens, and a second call of one Engine new ones."""
+    from graphc.runtime.engine import Engine
+    from graphc.runtime.params import SamplingParams
+
+    d = model_dir("llama")
+    prompts = [[5, 9, 13, 2], [7, 7, 1], [3, 4, 5, 6, 8, 9], [11, 12]]
+    params = SamplingParams(max_tokens=10, temperature=1.5, top_k=40, ignore_eos=True)  # no seed
+
+    def run(eng):
+        return [r.token_ids for r in eng.generate(prompts, params)]
+
+    a, b, c = Engine.load(d, seed=3), Engine.load(d, seed=3), Engine.load(d, seed=4)
+    first = run(a)
+    assert first == run(b)
+    assert first != run(c)
+    assert run(a) != first  # the key moved on

@@ -14,6 +14,9 @@
 #   pieces TAG      : docs/bench/proto_host_read_api.py: per-step ms through Engine.generate with
 #                     the runner's 8-byte-piece read off and on, paired repeats, 8B and 1B at batch
 #                     64 and 1 (~6 min)
+#   split1b TAG     : step_profile at 1B batch 64, compile="auto", greedy then sampled (T 0.8, top-p
+#                     0.9, top-k 50): where the sampled step's extra 0.3-0.5 ms of run 21b's pairs
+#                     goes (host build, submit = kernel encode, wait = device) (~2 min)
 #   topranks TAG    : proto_top_ranks.py: the select variant's early stop (after run 20) against
 #                     run 20b's 0.103 ms at batch 64; check() must still match MLX (~1 min)
 #   table8b TAG, table1b TAG, paired TAG, spec GGUF TAG, kvwrite TAG : as in run20-h200.sh
@@ -33,6 +36,12 @@ hostread)
       --metrics gpu__time_duration.sum --csv --page raw --log-file $OUT/host-read-$2.csv \
       python3 "$D/proto_host_read.py" 64 32 3 2>&1 | tail -6
   python3 "$D/proto_host_read.py" --sum $OUT/host-read-$2.csv 32 3 | tee -a $OUT/host-read-$2.log ;;
+split1b)
+  for smp in '{}' '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'; do
+    echo "== sampling $smp" | tee -a $OUT/split-1b-$2.log
+    timeout 150 python3 -m graphc.runtime.bench.step_profile --model llama-3.2-1b --batch 64 --repeats 3 \
+        --engine-kw '{"compile": "auto"}' --sampling "$smp" 2>&1 | grep "^B=\|rror" | tee -a $OUT/split-1b-$2.log
+  done ;;
 gatherstep)
   # 21a: PROTO_HOST_COPY=0/1. From 21b: the runner's own read, decode option host_read_pieces off / on.
   for v in false true; do
