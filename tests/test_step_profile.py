@@ -47,3 +47,24 @@ def test_paired_mode_alternates_greedy_and_sampled_calls_on_one_engine(tmp_path,
         assert g > 0 and s > 0 and abs(r - s / g) < 1e-3
     lo, mid, hi = pairs["ratio_min_median_max"]
     assert lo <= mid <= hi and mid == sorted(pairs["ratio"])[1]
+
+
+def test_paired_mode_with_a_control_normalizes_each_pair_by_the_plain_loop(tmp_path, monkeypatch):
+    """--control: the plain loop runs after every call (and once to warm up); each pair's
+    normalized ratio is (sampled / its control) / (greedy / its control)."""
+    controls = []
+    real = step_profile.plain_loop
+
+    def plain_loop(*a, **k):
+        controls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(step_profile, "plain_loop", plain_loop)
+    res = step_profile.main(["--model", "tiny", "--batch", "2", "--prompt-len", "8", "--new", "12", "--skip", "2",
+                             "--repeats", "2", "--paired", '{"temperature": 0.8, "top_k": 20}', "--control"])
+    (pairs,) = res["pairs"]
+    assert len(controls) == 1 + 2 * 2
+    assert len(pairs["greedy_control"]) == len(pairs["sampled_control"]) == len(pairs["normalized"]) == 2
+    for r, g, s, n in zip(pairs["ratio"], pairs["greedy_control"], pairs["sampled_control"], pairs["normalized"]):
+        assert g > 0 and s > 0 and abs(n - r * g / s) < 1e-3
+    assert sorted(pairs["normalized"])[0] == pairs["normalized_min_median_max"][0]

@@ -17,6 +17,9 @@
 #   split1b TAG     : step_profile at 1B batch 64, compile="auto", greedy then sampled (T 0.8, top-p
 #                     0.9, top-k 50): where the sampled step's extra 0.3-0.5 ms of run 21b's pairs
 #                     goes (host build, submit = kernel encode, wait = device) (~2 min)
+#   pairedc TAG     : `paired` with --control: mlx-lm's plain loop after every call, each pair's
+#                     sampled / greedy also normalized by it (run 21c: the host's speed moves
+#                     between calls), 1B then 8B, 9 pairs (~8 min: split over two calls if needed)
 #   topranks TAG    : proto_top_ranks.py: the select variant's early stop (after run 20) against
 #                     run 20b's 0.103 ms at batch 64; check() must still match MLX (~1 min)
 #   table8b TAG, table1b TAG, paired TAG, spec GGUF TAG, kvwrite TAG : as in run20-h200.sh
@@ -36,6 +39,13 @@ hostread)
       --metrics gpu__time_duration.sum --csv --page raw --log-file $OUT/host-read-$2.csv \
       python3 "$D/proto_host_read.py" 64 32 3 2>&1 | tail -6
   python3 "$D/proto_host_read.py" --sum $OUT/host-read-$2.csv 32 3 | tee -a $OUT/host-read-$2.log ;;
+pairedc)
+  S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
+  for m in ${3:-llama-3.2-1b llama-3.1-8b}; do
+    timeout 280 python3 -m graphc.runtime.bench.step_profile --model $m --batch 64 --repeats 9 --paired "$S" \
+        --control --engine-kw '{"compile": "auto"}' --json $OUT/pairedc-$m-$2.json 2>&1 | grep "^B=\|Error" \
+        | tee -a $OUT/pairedc-$2.log
+  done ;;
 split1b)
   for smp in '{}' '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'; do
     echo "== sampling $smp" | tee -a $OUT/split-1b-$2.log

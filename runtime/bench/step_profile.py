@@ -23,6 +23,8 @@ compared with an untimed `generate` call in the same process.
 calls alternate on one Engine and each pair gives a ratio of per-step medians, e.g.
   python -m graphc.runtime.bench.step_profile --model llama-3.2-1b --batch 64 --repeats 9 \
       --paired '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
+`--control` adds mlx-lm's plain loop after every call and a ratio normalized by it: the host's
+own speed moves between calls (run 21c), and a host-bound step moves with it.
 """
 
 from __future__ import annotations
@@ -141,22 +143,37 @@ def summarize(rows: list[dict]) -> dict:
     return {p: round(median(r.get(p, 0.0) for r in rows) * 1e3, 3) for p in PARTS} | {"steps": len(rows)}
 
 
-def paired(eng, rng, vocab: int, B: int, args, sampling: dict) -> dict:
+def paired(eng, rng, vocab: int, B: int, args, sampling: dict, model=None) -> dict:
     """Greedy and sampled calls of B fresh prompts alternated on one Engine, `args.repeats` pairs:
     each call's median steady step (ms) and each pair's sampled / greedy ratio. A per-step median
     leaves out admission steps and stalls, which the call-level (T144 - T16) / 128 of
-    `graphc bench --user-api` carries; that is what makes a 5 % difference resolvable."""
+    `graphc bench --user-api` carries; that is what makes a 5 % difference resolvable.
+
+    With `args.control` (and `model`), mlx-lm's plain loop runs right after every call on B fresh
+    prompts of its own, and each call's step is also taken relative to that control's:
+    `normalized` = (sampled / its control) / (greedy / its control). The host's own speed can move
+    between calls of one process (run 21c: the plain loop's build went from 0.86 to 1.30 ms), which
+    moves a host-bound step with it; the control moves too, and the normalized ratio cancels it."""
     from .contestants import graphc_params
 
     kinds = {"greedy": graphc_params(args.new), "sampled": graphc_params(args.new, sampling)}
+    control = bool(getattr(args, "control", False)) and model is not None
 
     def call(kind):
         eng.generate([[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(B)], kinds[kind])
 
+    def plain() -> float:
+        prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(B)]
+        return summarize(plain_loop(model, prompts, args.new, args.skip))["step"]
+
     for kind in kinds:  # warm-up: kernels built, traces, pool allocated
         call(kind)
+    if control:
+        plain()
     timer = instrument(eng)
     res = {"batch": B, "greedy": [], "sampled": [], "ratio": []}
+    if control:
+        res.update(greedy_control=[], sampled_control=[], normalized=[])
     try:
         for r in range(args.repeats):
             for kind in (("greedy", "sampled") if r % 2 == 0 else ("sampled", "greedy")):
@@ -164,15 +181,24 @@ def paired(eng, rng, vocab: int, B: int, args, sampling: dict) -> dict:
                 timer.steps = []
                 call(kind)
                 res[kind].append(summarize(timer.steps[args.skip:])["step"])
+                if control:
+                    res[kind + "_control"].append(plain())
             res["ratio"].append(round(res["sampled"][-1] / res["greedy"][-1], 4))
-            print(f"B={B:3d} pair {r}: greedy {res['greedy'][-1]:.3f} ms/step, sampled {res['sampled'][-1]:.3f}, "
-                  f"sampled / greedy {res['ratio'][-1]:.3f}", flush=True)
+            line = (f"B={B:3d} pair {r}: greedy {res['greedy'][-1]:.3f} ms/step, sampled {res['sampled'][-1]:.3f}, "
+                    f"sampled / greedy {res['ratio'][-1]:.3f}")
+            if control:
+                gc_, sc_ = res["greedy_control"][-1], res["sampled_control"][-1]
+                res["normalized"].append(round(res["ratio"][-1] * gc_ / sc_, 4))
+                line += f"; plain after each {gc_:.3f} / {sc_:.3f}, normalized {res['normalized'][-1]:.3f}"
+            print(line, flush=True)
     finally:
         uninstrument(eng)
-    rs = sorted(res["ratio"])
-    res["ratio_min_median_max"] = [rs[0], round(median(rs), 4), rs[-1]]
-    print(f"B={B:3d} sampled / greedy per-step median over {len(rs)} pairs: min {rs[0]:.3f} / median {median(rs):.3f} "
-          f"/ max {rs[-1]:.3f}", flush=True)
+    for name in ("ratio", "normalized") if control else ("ratio",):
+        rs = sorted(res[name])
+        res[f"{name}_min_median_max"] = [rs[0], round(median(rs), 4), rs[-1]]
+        what = "sampled / greedy" if name == "ratio" else "normalized by the plain loop"
+        print(f"B={B:3d} {what} per-step median over {len(rs)} pairs: min {rs[0]:.3f} / median {median(rs):.3f} "
+              f"/ max {rs[-1]:.3f}", flush=True)
     return res
 
 
@@ -193,6 +219,9 @@ def main(argv=None) -> dict:
                     help="instead of the split against the plain loop: alternate greedy calls and calls with these "
                     "SamplingParams fields on one Engine (the order flips every repeat, so drift falls on both) and "
                     "report each call's per-step median and the sampled / greedy ratio of each pair")
+    ap.add_argument("--control", action="store_true",
+                    help="with --paired: run mlx-lm's plain loop after every call and also report each pair's ratio "
+                    "normalized by it (the host's speed moves between calls; the control moves with it)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
@@ -206,7 +235,7 @@ def main(argv=None) -> dict:
     out = {"model": label, "engine_kw": json.loads(args.engine_kw), "sampling": json.loads(args.sampling), "runs": []}
     if args.paired:
         out["paired"] = json.loads(args.paired)
-        out["pairs"] = [paired(eng, rng, vocab, B, args, out["paired"]) for B in args.batch]
+        out["pairs"] = [paired(eng, rng, vocab, B, args, out["paired"], model) for B in args.batch]
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=1)
