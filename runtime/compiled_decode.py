@@ -39,6 +39,7 @@ import mlx.core as mx
 
 from graphc.compiler.fused_block import FusedBlocks
 from graphc.compiler.lower import LoweredStep, StepContext, StepInputs
+from graphc.compiler.ops.registry import is_model_dtype_key
 
 from .cache.full import MIN_CAPACITY, FullKV
 
@@ -216,6 +217,11 @@ class CompiledDecode:
                  for k, v in zip(keys, values)]
         ctx = self.step.forward(StepInputs(tokens, shims, matmul=self.matmul if self.skinny else None))
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
+        for key in [k for k in vals if is_model_dtype_key(k)]:
+            # A compiled function computes every output it returns, read or not: the logits' float32
+            # cast is rebuilt lazily outside (forward), so a greedy step (argmax of the model-dtype
+            # logits) never computes it.
+            vals.pop(key[0], None)
         return vals, [s.keys for s in shims], [s.values for s in shims]
 
     def _traced_verify(self, tokens, lengths, idx, left_pad, keys, values):
@@ -294,6 +300,8 @@ class CompiledDecode:
             c._offset = None
         ctx = StepContext(self.step.binding, inputs)
         ctx.values.update(vals)
+        for key in [k for k in vals if is_model_dtype_key(k)]:
+            ctx.values[key[0]] = vals[key].astype(mx.float32)  # lazy: computed only if read (_traced)
         self.compiled_steps += 1
         return ctx
 

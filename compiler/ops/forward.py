@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .registry import HIDDEN, LOGITS, TOKENS, Param, register_op
+from .registry import HIDDEN, LOGITS, TOKENS, Param, model_dtype_key, register_op
 
 
 def _generic(ctx) -> bool:
@@ -178,5 +178,7 @@ def logits(ctx, node, h):
         if last:
             out = out[:, -1, :]
     if node.params["dtype"] == "float32":
+        if out.dtype != mx.float32:  # greedy argmax reads these (registry.model_dtype_key)
+            ctx.values[model_dtype_key(node.id)] = out
         out = out.astype(mx.float32)
     return out

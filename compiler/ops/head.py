@@ -13,8 +13,8 @@ import mlx.core as mx
 
 from graphc.contracts.sampling import kernels  # the runtime's sampling math, by contract
 
-from .registry import (LOGITS, LOGPROBS, PROMPT_LOGPROBS, TOKENS, Param, last_position, needs_all_positions,
-                       register_op)
+from .registry import (LOGITS, LOGPROBS, PROMPT_LOGPROBS, TOKENS, Param, is_model_dtype_key, last_position,
+                       needs_all_positions, register_op)
 
 EDIT_KINDS = ("penalties", "logit_bias", "banned_tokens", "min_tokens", "grammar", "processors")
 HOST_EDITS = ("grammar", "processors")  # computed on the CPU between steps: they break the chain
@@ -75,8 +75,18 @@ def sample(ctx, node, logits):
     x = last_position(logits)
     s = ctx.inputs.sampling
     if s is None or node.params["method"] == "greedy":
-        return mx.argmax(x, axis=-1).astype(mx.int32)
+        return mx.argmax(_unedited_source(ctx, x), axis=-1).astype(mx.int32)
     return kernels().select_tokens(x, s.st, s.positions, ctx.inputs.key)
+
+
+def _unedited_source(ctx, x):
+    """`x` itself, or the logits in the model's dtype that `x` is the exact float32 cast of, when
+    nothing edited them on the way (logit_edits passes its input through unchanged): the argmax
+    of an exact upcast is the argmax of its source, so the cast is never computed."""
+    for key, raw in ctx.values.items():
+        if is_model_dtype_key(key) and ctx.values.get(key[0]) is x:
+            return raw
+    return x
 
 
 def _top_n(v):

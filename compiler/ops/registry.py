@@ -130,6 +130,18 @@ def get_op(name: str) -> OpDef:
         raise KeyError(f"unknown op '{name}' (registered: {', '.join(sorted(OPS))})") from None
 
 
+def model_dtype_key(node_id: str) -> tuple:
+    """Where a `logits` node declared float32 also leaves its logits in the model's own dtype
+    (StepContext.values; a tuple, so no graph node id can collide with it). Upcasting to float32 is
+    exact, so a reader that only compares values (greedy argmax) may read these instead: the cast
+    is then never computed (lazy), and the argmax reads half the bytes."""
+    return (node_id, "model dtype")
+
+
+def is_model_dtype_key(key) -> bool:
+    return isinstance(key, tuple) and len(key) == 2 and key[1] == "model dtype"
+
+
 def last_position(logits):
     """[B, V] from logits that may carry every position ([B, L, V]): what selection reads."""
     return logits[:, -1, :] if logits.ndim == 3 else logits
