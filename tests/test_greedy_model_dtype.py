@@ -1,7 +1,9 @@
-"""A greedy head reads the logits in the model's own dtype: the `logits` node's float32 cast is
-exact, so the argmax of the cast is the argmax of its source, and the cast is never computed (in
-the compiled step too, whose traced outputs leave it out and rebuild it lazily). The tokens stay
-mlx-lm's; rows that sample, edit or ask for logprobs still read the float32 logits."""
+"""A greedy head, and the fused selection of greedy and top-k rows, read the logits in the model's
+own dtype: the `logits` node's float32 cast is exact, so the argmax of the cast is the argmax of
+its source and the fused selection ranks and scales each logit's float32 value either way; the
+cast is never computed (in the compiled step too, whose traced outputs leave it out and rebuild
+it lazily). The tokens stay mlx-lm's and the seeded draws the same; edited rows, logprobs and
+the other sampling paths still read the float32 logits."""
 
 from __future__ import annotations
 
@@ -64,7 +66,36 @@ def test_edited_or_sampled_rows_still_read_float32(bf16_llama, monkeypatch):
     eng.generate(prompts, banned)
     assert any(d == mx.float32 for d, n in seen if n == eng.vocab_size)
     assert not any(d == mx.bfloat16 for d, n in seen if n == eng.vocab_size)
-    # sampled rows: the same tokens compiled or not (their selection reads the float32 logits)
+    # sampled rows: the same tokens compiled or not
     params = SamplingParams(max_tokens=12, temperature=0.9, top_k=30, seed=4, ignore_eos=True)
     comp = Engine.load(bf16_llama, compile=True)
     assert [r.token_ids for r in comp.generate(prompts, params)] == [r.token_ids for r in eng.generate(prompts, params)]
+
+
+def test_fused_sampled_rows_read_the_model_dtype_and_draw_the_same_tokens(bf16_llama, monkeypatch):
+    """Greedy and top-k rows (the fused selection) rank and scale each logit's float32 value, so
+    they draw the same seeded tokens from the model-dtype logits as from their float32 cast."""
+    from graphc.compiler.ops import head
+    from graphc.runtime.sampling import fused
+
+    prompts = random_prompts(4, 512, [9, 4, 13, 6], seed=7)
+    params = [SamplingParams(max_tokens=14, temperature=0.8, top_p=0.9, top_k=40, seed=11 + i, ignore_eos=True)
+              for i in range(3)] + [SamplingParams(max_tokens=14, ignore_eos=True)]
+    seen = []
+    real = fused.fused_select
+
+    def spy(logits, *a, **k):
+        seen.append(logits.dtype)
+        return real(logits, *a, **k)
+
+    monkeypatch.setattr(fused, "fused_select", spy)
+    for compile_ in (False, True):
+        seen.clear()
+        got = [r.token_ids for r in Engine.load(bf16_llama, compile=compile_).generate(prompts, params)]
+        assert seen and set(seen) == {mx.bfloat16}
+        with monkeypatch.context() as m:  # the float32 cast, as before
+            m.setattr(head, "_unedited_source", lambda ctx, x: x)
+            seen.clear()
+            want = [r.token_ids for r in Engine.load(bf16_llama, compile=compile_).generate(prompts, params)]
+            assert set(seen) == {mx.float32}
+        assert got == want

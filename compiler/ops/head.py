@@ -76,13 +76,16 @@ def sample(ctx, node, logits):
     s = ctx.inputs.sampling
     if s is None or node.params["method"] == "greedy":
         return mx.argmax(_unedited_source(ctx, x), axis=-1).astype(mx.int32)
+    if s.st.fused is not None:  # the fused selection reads bf16 / f16 logits exactly (their float32 bits)
+        x = _unedited_source(ctx, x)
     return kernels().select_tokens(x, s.st, s.positions, ctx.inputs.key)
 
 
 def _unedited_source(ctx, x):
     """`x` itself, or the logits in the model's dtype that `x` is the exact float32 cast of, when
     nothing edited them on the way (logit_edits passes its input through unchanged): the argmax
-    of an exact upcast is the argmax of its source, so the cast is never computed."""
+    of an exact upcast is the argmax of its source, and the fused selection ranks and scales the
+    float32 value of each logit either way, so the cast is never computed."""
     for key, raw in ctx.values.items():
         if is_model_dtype_key(key) and ctx.values.get(key[0]) is x:
             return raw
