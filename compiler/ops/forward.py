@@ -178,7 +178,7 @@ def logits(ctx, node, h):
         if last:
             out = out[:, -1, :]
     if node.params["dtype"] == "float32":
-        if out.dtype != mx.float32:  # greedy argmax reads these (registry.model_dtype_key)
+        if out.dtype != mx.float32:  # what unedited greedy / fused selection reads (registry.model_dtype_key)
             ctx.values[model_dtype_key(node.id)] = out
         out = out.astype(mx.float32)
     return out
