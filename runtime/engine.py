@@ -126,8 +126,6 @@ class Engine:
         `decode: {host_read_pieces: true}`; on CUDA the decode plan says which (graphc inspect)."""
         import mlx.core as mx
 
-        from . import host_read
-
         if not mx.cuda.is_available():
             return "tokens"  # no managed memory: nothing migrates
         how = "pieces" if self.decode_options["host_read_pieces"] else "tokens"
@@ -137,7 +135,6 @@ class Engine:
                 if how == "pieces" else "the step's tokens themselves (decode: {host_read_pieces: true} reads 8-byte copies)")
         d = self.compiled.decode
         d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("host read", line),))
-        assert how in host_read.STRATEGIES
         return how
 
     def _sampling_kernel(self) -> bool:

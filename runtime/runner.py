@@ -183,7 +183,7 @@ class ModelRunner:
         st = self.sampler.tensors([req])
         if st is not None:
             ctx.inputs.sampling = self.sampler.host_state(st, [req])
-            ctx.inputs.key = self._split_key()
+            ctx.inputs.key = self._step_key()
         out = step.head(ctx, self._edits([req], ctx, step))
         mx.eval(out.next_tokens)
         if out.logprobs is not None:
@@ -192,7 +192,7 @@ class ModelRunner:
             self.prefix_io.store_prompt(req)  # the prompt's new KV into the pool, its end locked
         return int(out.next_tokens.item())
 
-    def _split_key(self) -> mx.array:
+    def _step_key(self) -> mx.array:
         """The next graph build's key, uint32 [2]: the runner's seed word and a build count. Made
         on the host as 8 bytes, which MLX's CUDA allocator serves from its scalar pool (GPU-mapped,
         no page migration): no kernel. A split of a device key (before) cost a random-bits launch
@@ -256,7 +256,7 @@ class ModelRunner:
         st = self.sampler.tensors(reqs)
         if st is not None:
             ctx.inputs.sampling = self.sampler.host_state(st, reqs)
-            ctx.inputs.key = self._split_key()
+            ctx.inputs.key = self._step_key()
         out = step.head(ctx, self._edits(reqs, ctx, step))
         mx.eval(out.next_tokens)
         toks = out.next_tokens.tolist()
@@ -328,7 +328,7 @@ class ModelRunner:
     def _launch(self) -> Launch:
         step = self.compiled.decode
         toks, sampling = self._next_input()
-        key = self._split_key() if sampling is not None else None
+        key = self._step_key() if sampling is not None else None
         inputs = StepInputs(toks, self.caches, sampling=sampling, key=key)
         if self.views is not None:  # left-padded rows on an eager step: attention in the kernel
             inputs.caches = self.views.for_decode(step, inputs)

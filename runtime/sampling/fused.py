@@ -32,7 +32,7 @@ import numpy as np
 
 from .murmur import murmur_absorb
 from .noise import fresh_words, gumbel_from_uniform
-from .select import _filtered, choose, decode_neg_keys, first_rank_neg_keys, rank_masks
+from .select import _filtered, choose, const_arange, decode_neg_keys, first_rank_neg_keys, rank_masks
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
 _absorb = mx.compile(murmur_absorb, shapeless=True)  # elementwise: one kernel, once per batch composition
@@ -56,8 +56,6 @@ class FusedRows:
                       ops, checked here)
     masks             (rank < top_k [B, K], top_k - 1 [B, 1], zeros [B, 1]): select.rank_masks,
                       built here once instead of in every step
-    row_ids           uint32 [B] 0..B-1, built once: rows without a seed hash their index with the
-                      step key into their noise words (noise.fresh_words)
     """
 
     width: int
@@ -71,7 +69,6 @@ class FusedRows:
     seeding: str
     seed_state: mx.array
     masks: tuple  # select.rank_masks(top_k, K): fixed while the rows are
-    row_ids: mx.array  # uint32 [B] 0..B-1: the rows' indices, hashed into fresh rows' noise words
     kernel: bool = False
 
     @classmethod
@@ -110,7 +107,6 @@ class FusedRows:
             seeding=ALL if has_seed.all() else NONE if not has_seed.any() else MIXED,
             seed_state=_absorb(seed_lo, seed_hi),
             masks=rank_masks(top_k_arr, n),
-            row_ids=mx.arange(batch_size, dtype=mx.uint32),
             kernel=kernel and top_ranks_usable(vocab_size, cand.width),
         )
 
@@ -122,12 +118,12 @@ def top_ranks_usable(vocab_size: int, width: int) -> bool:
     return top_ranks.layout(vocab_size, width) is not None and top_ranks.check() is None
 
 
-def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, key, row_ids, keep_k, k_last,
-           zero, *, width, use_top_k, use_top_p, use_min_p, seeding, kernel):
+def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, key, keep_k, k_last, zero, *,
+           width, use_top_k, use_top_p, use_min_p, seeding, kernel):
     masks = (keep_k, k_last, zero)
     h = seed_state
     if seeding != ALL:  # the words noise_state (select.py) hashes for rows without a seed
-        fresh = murmur_absorb(*fresh_words(key, row_ids))
+        fresh = murmur_absorb(*fresh_words(key, const_arange(x.shape[0])))  # rows 0..B-1: a trace constant
         h = fresh if seeding == NONE else mx.where(has_seed, h, fresh)
     if kernel:  # one launch for the ranks, their scaled logits and their noise, bit for bit MLX's
         from ..kernels import top_ranks
@@ -166,7 +162,7 @@ def fused_select(logits: mx.array, st, positions: mx.array, key: mx.array | None
     fn = _compiled(COMPILE, width=f.width, use_top_k=f.use_top_k, use_top_p=f.use_top_p,
                    use_min_p=f.use_min_p, seeding=seeding, kernel=f.kernel)
     return fn(logits, f.inv_temperature, f.top_k, f.top_p, f.log_min_p, h, st.has_seed, positions,
-              _NO_KEY if key is None else key, f.row_ids, *f.masks)
+              _NO_KEY if key is None else key, *f.masks)
 
 
 _NO_KEY = mx.random.key(0)  # a placeholder input when every row is seeded (never read)

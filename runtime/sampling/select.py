@@ -314,7 +314,7 @@ def noise_state(st: SamplingTensors, positions: mx.array, key: mx.array | None =
     lo, hi = st.seed_lo, st.seed_hi
     if not st.all_seeded:
         if key is not None:
-            flo, fhi = fresh_words(key, mx.arange(st.batch_size, dtype=mx.uint32))
+            flo, fhi = fresh_words(key, const_arange(st.batch_size))
         else:
             rnd = mx.random.randint(0, 2**31 - 1, (st.batch_size, 2), dtype=mx.int32).astype(mx.uint32)
             flo, fhi = rnd[:, 0], rnd[:, 1]
