@@ -3,8 +3,9 @@
 `SamplingTensors` (runtime/sampling) holds the per-row parameters of one batch
 composition; it is rebuilt only when rows join or leave. The per-step arrays —
 the position each chosen token will occupy (the seeded-noise key), tokens
-generated so far (min_tokens) and penalty counts — advance *inside* the lazy
-step, so a chained step N+1 gets exact values without the host.
+generated so far (only while a row has min_tokens) and penalty counts (only with
+penalties) — advance *inside* the lazy step, so a chained step N+1 gets exact
+values without the host.
 """
 
 from __future__ import annotations
@@ -24,13 +25,23 @@ def needs_sampler(params) -> bool:
     )
 
 
+def _noise_seeded(params, req):
+    """A sampled row without a seed samples with its request's `noise_seed` (drawn by
+    Engine.add_request; docs/sampling.md, "Seeds"): its noise state is then a row constant, as a
+    seeded row's is, and a step needs no key. Greedy rows and requests made outside an Engine
+    (no noise_seed) are left as they are."""
+    if params.seed is None and params.temperature > 0 and getattr(req, "noise_seed", None) is not None:
+        return attrs.evolve(params, seed=req.noise_seed)
+    return params
+
+
 @attrs.define
 class SamplingState:
     """StepInputs.sampling: the batch's SamplingTensors and this step's per-row arrays."""
 
     st: SamplingTensors
     positions: mx.array  # int32 [B]: index the chosen token takes in its sequence
-    n_generated: mx.array  # int32 [B]
+    n_generated: mx.array | None  # int32 [B] when a row has min_tokens (the only reader), else None
     counts: mx.array | None  # int32 [B, V] penalty counts (None without penalties)
 
     def advanced(self, tokens: mx.array) -> "SamplingState":
@@ -64,6 +75,7 @@ class SamplerCache:
             from .plan_contract import restrict
 
             params = [restrict(p, self.edits) for p in params]
+        params = [_noise_seeded(p, r) for p, r in zip(params, rows)]
         st = None
         if any(needs_sampler(p) for p in params):
             st = SamplingTensors.build(params, self.vocab_size, eos_token_ids=self.eos_token_ids, validate=False,
@@ -76,7 +88,9 @@ class SamplerCache:
     def host_state(self, st: SamplingTensors, rows, in_flight: int = 0) -> SamplingState:
         """Per-row arrays from host-known history (rows with no step in flight)."""
         pos = mx.array([r.num_tokens + in_flight for r in rows], dtype=mx.int32)
-        n = mx.array([len(r.output_ids) + in_flight for r in rows], dtype=mx.int32)
+        n = None  # only min_tokens reads it: no array to keep and no add a step without one
+        if st.has_min_tokens:
+            n = mx.array([len(r.output_ids) + in_flight for r in rows], dtype=mx.int32)
         counts = None
         if st.has_penalties:
             counts = build_token_counts([penalty_history(r.params, r.prompt_ids, r.output_ids) for r in rows],

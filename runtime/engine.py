@@ -12,6 +12,8 @@ runs it on its own thread (see docs/embedding.md).
 from __future__ import annotations
 
 import json
+import os
+import random
 import time
 from pathlib import Path
 
@@ -41,6 +43,8 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
+        # Where the seeds of sampled requests without one come from (add_request): `seed` fixes them.
+        self._noise_seeds = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
         self.model_path = model_path
         # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
         # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
@@ -96,7 +100,7 @@ class Engine:
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
         self._leaving: list | None = None  # rows ending in the decode step being postprocessed
         self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
-                                  vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids, seed=seed,
+                                  vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                                   sampling_kernel=self._sampling_kernel(), host_read=self._host_read())
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
         # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
@@ -247,6 +251,10 @@ class Engine:
             g = params.grammar  # compiled already (AsyncEngine does it off the engine thread) or a spec
             req.grammar = g if isinstance(g, GrammarState) else self.grammar_compiler.compile(g)
         req.detokenizer = TextState(self.tokenizer, params.stop, self._token_bytes)
+        # A sampled row without a seed samples as if it had this one: its noise is then a row
+        # constant absorbed with the position each step (no per-step key, no fresh words in the
+        # step graph), and an Engine seed fixes it.
+        req.noise_seed = self._noise_seeds.getrandbits(64)
         self.scheduler.add(req)
         self.stats["prompt_tokens"] += len(ids)
         return req.id

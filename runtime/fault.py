@@ -17,10 +17,10 @@ been half done. So recovery does not patch the batch; it rebuilds it:
    way and it goes back to the queue); a group that fails again is reset and split in
    halves, down to single requests. A single request that fails is the culprit: it
    ends with finish_reason "error" and `error` saying what raised.
-3. **Go on.** Cleared requests continue from where they were. Greedy and seeded rows
-   produce exactly the tokens they would have produced alone (the same invariant as
-   preemption by recompute); unseeded sampled rows draw new noise, as after any
-   preemption.
+3. **Go on.** Cleared requests continue from where they were and produce exactly the
+   tokens they would have produced alone (the same invariant as preemption by
+   recompute): greedy rows, seeded rows, and unseeded sampled rows, whose noise seed
+   (Request.noise_seed) stays with them.
 
 A fault that no subset reproduces (transient, or only in one combination of rows)
 clears every group; if the next step fails again with no step in between having

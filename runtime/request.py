@@ -8,10 +8,11 @@ the owner fails the test). docs/architecture.md has the same table with the "why
 
     owner                   fields                                      others go through
     request.py (creation)   id, prompt_ids, params, arrival             nobody writes them later
-    engine.py               detokenizer, grammar (add_request, before   Engine.fail(req, why) (fault.py);
-                            queueing); output_ids, logprobs, error,     HostEdits.take_failure (a logits
-                            first_token_time, emitted_tokens,           processor failure is recorded
-                            emitted_logprobs (postprocess, _delta)      there, not on the request)
+    engine.py               detokenizer, grammar, noise_seed            Engine.fail(req, why) (fault.py);
+                            (add_request, before queueing);             HostEdits.take_failure (a logits
+                            output_ids, logprobs, error,                processor failure is recorded
+                            first_token_time, emitted_tokens,           there, not on the request)
+                            emitted_logprobs (postprocess, _delta)
     scheduler.py            status, finish_reason, finish_time,         Scheduler.advance / started /
                             prefilled, cached_tokens, n_resumed,        preempt / reset / finish (the
                             preemptions                                 prefix cache's admit returns the
@@ -63,6 +64,9 @@ class Request:
     pending_logprobs: dict | None = None  # the first token's, from the prefill step
     emitted_logprobs: int = 0
     prompt_logprobs: list | None = None
+    # The seed a sampled row without its own seed draws its noise with (docs/sampling.md): drawn
+    # from the Engine's generator at add_request, so an Engine seed fixes it; None outside an Engine.
+    noise_seed: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -88,7 +92,7 @@ class Request:
 # The module that writes each field (see the module docstring). The test reads this table.
 FIELD_OWNERS: dict[str, str] = {
     **dict.fromkeys(("id", "prompt_ids", "params", "arrival"), "request"),
-    **dict.fromkeys(("detokenizer", "grammar", "output_ids", "logprobs", "error", "first_token_time",
+    **dict.fromkeys(("detokenizer", "grammar", "noise_seed", "output_ids", "logprobs", "error", "first_token_time",
                      "emitted_tokens", "emitted_logprobs"), "engine"),
     **dict.fromkeys(("status", "finish_reason", "finish_time", "prefilled", "cached_tokens", "n_resumed",
                      "preemptions"), "scheduler"),

@@ -49,8 +49,8 @@ class Launch:
 
 class ModelRunner:
     def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
-                 vocab_size: int | None = None, eos_token_ids=(), seed: int | None = None,
-                 sampling_kernel: bool = False, host_read: str = "tokens"):
+                 vocab_size: int | None = None, eos_token_ids=(), sampling_kernel: bool = False,
+                 host_read: str = "tokens"):
         if host_read not in host_reads.STRATEGIES:
             raise ValueError(f"host_read must be one of {host_reads.STRATEGIES}, got {host_read!r}")
         self.compiled = compiled
@@ -60,10 +60,6 @@ class ModelRunner:
         self.sampler = SamplerCache(vocab_size or int(compiled.binding.config["vocab_size"]), eos_token_ids,
                                     edits=plan.edits, kernel=sampling_kernel)
         self.host_edit_kinds = tuple(e for e in (plan.edits or ()) if e in HOST_EDITS)
-        # Rows without a seed draw noise from a key per graph build: (this word, a build count).
-        self._seed_word = (seed if seed is not None else int.from_bytes(__import__("os").urandom(4), "little")) \
-            & 0xFFFFFFFF
-        self._key_count = 0
         # The prefix cache's array side (runtime/prefix_io.py), or None: restores admitted
         # hits, captures state at prefix boundaries, writes KV into the pools.
         self.prefix_io = prefix_io
@@ -183,7 +179,6 @@ class ModelRunner:
         st = self.sampler.tensors([req])
         if st is not None:
             ctx.inputs.sampling = self.sampler.host_state(st, [req])
-            ctx.inputs.key = self._step_key()
         out = step.head(ctx, self._edits([req], ctx, step))
         mx.eval(out.next_tokens)
         if out.logprobs is not None:
@@ -191,15 +186,6 @@ class ModelRunner:
         if self.prefix_io is not None:
             self.prefix_io.store_prompt(req)  # the prompt's new KV into the pool, its end locked
         return int(out.next_tokens.item())
-
-    def _step_key(self) -> mx.array:
-        """The next graph build's key, uint32 [2]: the runner's seed word and a build count. Made
-        on the host as 8 bytes, which MLX's CUDA allocator serves from its scalar pool (GPU-mapped,
-        no page migration): no kernel. A split of a device key (before) cost a random-bits launch
-        and four ops every sampled step. Rows hash it with their index (sampling/noise.py,
-        fresh_words), so each row and step gets its own words, and an Engine's seed fixes them."""
-        self._key_count += 1
-        return mx.array([self._seed_word, self._key_count & 0xFFFFFFFF], dtype=mx.uint32)
 
     def _collect_prompt_logprobs(self, req: Request, ctx, step, start: int, targets: PromptTargets) -> None:
         """Collect the graph's prompt_logprobs output for this chunk into the request."""
@@ -256,7 +242,6 @@ class ModelRunner:
         st = self.sampler.tensors(reqs)
         if st is not None:
             ctx.inputs.sampling = self.sampler.host_state(st, reqs)
-            ctx.inputs.key = self._step_key()
         out = step.head(ctx, self._edits(reqs, ctx, step))
         mx.eval(out.next_tokens)
         toks = out.next_tokens.tolist()
@@ -317,10 +302,11 @@ class ModelRunner:
             state = self.sampler.host_state(st, inflight, in_flight=1) if inflight else None
             fresh = self.sampler.host_state(st, joined) if joined else None
             return toks[:, None], _concat(st, state, fresh)
-        kept = prev if same else SamplingState(st, prev.positions[idx], prev.n_generated[idx],
-                                               prev.counts[idx] if prev.counts is not None else None)
+        kept = prev if same else SamplingState(st, prev.positions[idx], _take(prev.n_generated, idx),
+                                               _take(prev.counts, idx))
         kept.st = st
-        if kept.counts is None and st.has_penalties:  # penalties appeared with a joined row
+        if (kept.counts is None and st.has_penalties) or (kept.n_generated is None and st.has_min_tokens):
+            # penalties or min_tokens appeared with a joined row: their history is on the host
             kept = self.sampler.host_state(st, [r for r in self.rows if id(r) in pos], in_flight=1)
         fresh = self.sampler.host_state(st, joined) if joined else None
         return toks[:, None], _concat(st, kept, fresh)
@@ -328,8 +314,7 @@ class ModelRunner:
     def _launch(self) -> Launch:
         step = self.compiled.decode
         toks, sampling = self._next_input()
-        key = self._step_key() if sampling is not None else None
-        inputs = StepInputs(toks, self.caches, sampling=sampling, key=key)
+        inputs = StepInputs(toks, self.caches, sampling=sampling)
         if self.views is not None:  # left-padded rows on an eager step: attention in the kernel
             inputs.caches = self.views.for_decode(step, inputs)
         ctx = step.forward(inputs)
@@ -400,8 +385,15 @@ def _concat(st, a: SamplingState | None, b: SamplingState | None) -> SamplingSta
         out = a or b
         out.st = st
         return out
-    counts = None
-    if a.counts is not None and b.counts is not None:
-        counts = mx.concatenate([a.counts, b.counts])
-    return SamplingState(st, mx.concatenate([a.positions, b.positions]),
-                         mx.concatenate([a.n_generated, b.n_generated]), counts)
+    # a (kept rows) may carry arrays the new rows' tensors do not read: b (host_state for st) has
+    # exactly those st reads, and a has them too (_next_input rebuilds a otherwise)
+    return SamplingState(st, mx.concatenate([a.positions, b.positions]), _cat(a.n_generated, b.n_generated),
+                         _cat(a.counts, b.counts))
+
+
+def _take(a: mx.array | None, idx: mx.array) -> mx.array | None:
+    return None if a is None else a[idx]
+
+
+def _cat(a: mx.array | None, b: mx.array | None) -> mx.array | None:
+    return None if a is None or b is None else mx.concatenate([a, b])

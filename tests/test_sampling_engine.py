@@ -166,8 +166,9 @@ def test_a_failing_logits_processor_ends_only_its_own_request(engine):
 
 
 def test_an_engine_seed_fixes_the_draws_of_rows_without_a_seed(model_dir):
-    """The runner's step key is (its seed word, a build count): the same Engine seed gives the same
-    unseeded tokens, another seed other tokens, and a second call of one Engine new ones."""
+    """An unseeded request samples with a noise seed drawn from the Engine's generator at
+    add_request: the same Engine seed gives the same unseeded tokens, another seed other tokens,
+    and a second call of one Engine new ones."""
     from graphc.runtime.engine import Engine
     from graphc.runtime.params import SamplingParams
 
@@ -182,4 +183,45 @@ def test_an_engine_seed_fixes_the_draws_of_rows_without_a_seed(model_dir):
     first = run(a)
     assert first == run(b)
     assert first != run(c)
-    assert run(a) != first  # the key moved on
+    assert run(a) != first  # new requests, new noise seeds
+
+
+def test_an_unseeded_row_samples_as_its_noise_seed_would(mdir):
+    """The contract (docs/sampling.md, "Seeds"): a sampled request without a seed draws exactly what
+    it would draw with `seed=` its noise seed, in a chained batch beside other rows; greedy rows
+    keep none."""
+    eng = Engine.load(mdir, seed=5)
+    unseeded = SamplingParams(max_tokens=10, temperature=1.3, top_k=40, top_p=0.95, ignore_eos=True)
+    prompts = [[5, 9, 13, 2], [7, 7, 1], [3, 4, 5, 6, 8, 9]]
+    ids = [eng.add_request(p, unseeded if i != 1 else SamplingParams(max_tokens=10, ignore_eos=True))
+           for i, p in enumerate(prompts)]
+    reqs = [eng.request(i) for i in ids]
+    while eng.has_unfinished():
+        eng.step()
+    got = [r.output_ids for r in reqs]
+    seeds = [r.noise_seed for r in reqs]
+    assert len(set(seeds)) == 3 and all(isinstance(s, int) and 0 <= s < 2**64 for s in seeds)
+    alone = [Engine.load(mdir).generate([prompts[i]], attrs.evolve(unseeded, seed=seeds[i]))[0].token_ids
+             for i in (0, 2)]
+    assert [got[0], got[2]] == alone
+    assert got[1] == reference_greedy(eng.model, prompts[1], 10)
+    assert eng.runner.sampler.tensors([reqs[0], reqs[2]]).all_seeded  # no step key, no fresh words
+
+
+def test_min_tokens_holds_when_its_row_joins_a_chained_batch_that_had_none(engine):
+    """Steps without a min_tokens row carry no generated-token counts (nothing reads them); a row
+    with min_tokens that joins mid-batch gets them from the host and still holds EOS back."""
+    eos = min(engine.eos_token_ids)
+    free = SamplingParams(max_tokens=30, temperature=0.9, top_k=20, seed=3, ignore_eos=True)
+    held = SamplingParams(max_tokens=20, logit_bias={eos: 50.0}, min_tokens=5)
+    first = engine.request(engine.add_request([11, 12, 13], free))
+    for _ in range(4):  # the first row decodes, chained, with no min_tokens in its batch
+        engine.step()
+    assert engine.runner.pending is not None and engine.runner.pending.sampling.n_generated is None
+    r = engine.request(engine.add_request([9, 10, 11], held))
+    faults = engine.stats.get("step_faults", 0)
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.stats.get("step_faults", 0) == faults  # no step failed and was isolated
+    assert eos not in r.output_ids[:5] and r.output_ids[5] == eos and len(r.output_ids) == 6
+    assert len(first.output_ids) == 30

@@ -72,10 +72,10 @@ def test_preempted_request_finishes_with_the_same_tokens(mdir):
     prompts = random_prompts(3, 1024, [30, 30, 30], seed=2)
     ps = [SamplingParams(max_tokens=40, ignore_eos=True),
           SamplingParams(max_tokens=40, temperature=1.0, seed=7, ignore_eos=True),
-          SamplingParams(max_tokens=40, ignore_eos=True)]
-    ref = Engine.load(mdir, prefix_cache=False).generate(prompts, ps)
+          SamplingParams(max_tokens=40, temperature=1.0, top_k=30, ignore_eos=True)]  # no seed: its noise seed
+    ref = Engine.load(mdir, prefix_cache=False, seed=9).generate(prompts, ps)
     for cache in (True, False):
-        eng = Engine.load(mdir, kv_budget_tokens=130, prefix_cache=cache)
+        eng = Engine.load(mdir, kv_budget_tokens=130, prefix_cache=cache, seed=9)
         got = eng.generate(prompts, ps)
         assert eng.stats["preemptions"] > 0
         assert [r.token_ids for r in got] == [r.token_ids for r in ref]

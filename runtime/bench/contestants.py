@@ -114,7 +114,7 @@ def graphc_host(model, tokenizer, config, prompts, *, warmup, steps, graph=None,
     for _ in range(steps):
         t0 = now()
         toks, sampling = runner._next_input()
-        out = step_fn(StepInputs(toks, runner.caches, sampling=sampling, key=runner._step_key() if sampling else None))
+        out = step_fn(StepInputs(toks, runner.caches, sampling=sampling))
         t1 = now()
         mx.async_eval(out.next_tokens)
         t2 = now()

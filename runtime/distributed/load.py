@@ -87,7 +87,8 @@ def _start(group, watchdog: Watchdog, loaded, error, graph, timeout, heartbeat_s
                               "every rank needs the same model folder at the same path")
         model, tokenizer, config, path = loaded
         _check_same_setup(group, config, graph, kwargs)
-        # Rows without a seed draw from the runner's key: the same key on every rank.
+        # Requests get their noise seeds (rows without a seed) from the Engine's generator, in the
+        # order the plans add them: one seed for every rank's generator, the same seeds.
         kwargs = dict(kwargs)
         seed = kwargs.pop("seed", None)
         if seed is None:
