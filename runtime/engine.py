@@ -145,17 +145,19 @@ class Engine:
         """Whether fused sampled steps may run their candidate stage (first K ranks, 1/T, noise) in
         the top-ranks kernel (CUDA, once it matched MLX bit for bit here); on CUDA the decode plan
         says which (graphc inspect)."""
-        from .kernels import available, top_ranks
+        from .kernels import available, gumbel_choose, top_ranks
 
         on = bool(self.decode_options["sampling_kernel"])
         if not available():
             return on  # FusedRows asks the check, which answers "not a CUDA device": MLX's ops run
-        line = top_ranks.note() if on else "off (decode: {sampling_kernel: false})"
+        off = "off (decode: {sampling_kernel: false})"
+        line = f"candidate stage of fused sampled steps: {top_ranks.note() if on else off}"
+        if on and top_ranks.check() is None:
+            line += f"; their filters and Gumbel-max: {gumbel_choose.note()}"
         import attrs
 
         d = self.compiled.decode
-        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (
-            ("sampling kernel", f"candidate stage of fused sampled steps: {line}"),))
+        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("sampling kernel", line),))
         return on
 
     @property

@@ -110,7 +110,7 @@ def test_which_batches_take_the_fused_path():
     P = SamplingParams
     assert SamplingTensors.build([P(), P(temperature=1.0, top_k=5)], 100).fused is not None
     assert SamplingTensors.build([P(temperature=1.0, top_k=5, seed=1)], 100).describe()["fused"] == {
-        "width": 16, "seeding": "all", "kernel": False}
+        "width": 16, "seeding": "all", "kernel": False, "choose_kernel": False}
     # rows that need the whole vocabulary keep the grouped path; all-greedy needs no sampler
     assert SamplingTensors.build([P(temperature=1.0, top_k=5), P(temperature=1.0)], 100).fused is None
     assert SamplingTensors.build([P(temperature=1.0, top_k=5), P(temperature=1.0, top_p=0.9)], 100).fused is None

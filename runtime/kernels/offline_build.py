@@ -8,7 +8,7 @@ quietly fell back to the slower variant). Nothing off the GPU saw it. Here each 
 as the GPU would build it:
 
 1. `launches()` runs the kernels' own launch code (`ragged_attention`, `skinny_matmul`,
-   `candidates`) at the shapes the engine serves (`LLAMA_LAYOUTS`, `VOCABS`, `DTYPES`, and the
+   `candidates`, `gumbel_choose.choose`) at the shapes the engine serves (`LLAMA_LAYOUTS`, `VOCABS`, `DTYPES`, and the
    kernels' `check()` cases), with `Kernel.__call__` recording instead of launching: template
    values, threads a block and argument dtypes come from the code that launches them, not from
    a copy of it here.
@@ -54,6 +54,7 @@ import mlx.core as mx
 
 from . import Kernel
 from . import decode_attention as da
+from . import gumbel_choose as gc
 from . import skinny_matmul as sk
 from . import top_ranks as tr
 
@@ -221,6 +222,15 @@ def _top_ranks_launches(every_p: bool):
             tr.candidates(mx.zeros((1, V), dt), K, z, z.astype(mx.uint32), z.astype(mx.int32), variant=variant)
 
 
+def _choose_launches():
+    """The Gumbel-choose kernel at every width the top-ranks kernel gives, every filter combination."""
+    for K in WIDTHS:
+        s, z = mx.zeros((1, K), mx.float32), mx.zeros((1,), mx.float32)
+        for use_k, use_p, use_m in gc.FLAGS:
+            gc.choose(s, s.astype(mx.int32), s, s if use_p else None, z.astype(mx.int32), z, z,
+                      use_top_k=use_k, use_top_p=use_p, use_min_p=use_m)
+
+
 def launches(full: bool = False) -> list[Launch]:
     """Every distinct build the engine may launch (see the module doc), in a stable order.
     `full`: also the top-ranks kernel at every P and every skinny-matmul configuration tune.py
@@ -229,6 +239,7 @@ def launches(full: bool = False) -> list[Launch]:
         _attention_launches()
         _skinny_launches(full)
         _top_ranks_launches(full)
+        _choose_launches()
     return list(dict.fromkeys(seen))
 
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from .murmur import murmur_absorb
 from .noise import fresh_words, gumbel_from_uniform
-from .select import _filtered, choose, const_arange, decode_neg_keys, first_rank_neg_keys, rank_masks
+from .select import _filtered, choose, const_arange, decode_neg_keys, first_rank_neg_keys, rank_masks, top_p_sums
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
 _absorb = mx.compile(murmur_absorb, shapeless=True)  # elementwise: one kernel, once per batch composition
@@ -56,6 +56,9 @@ class FusedRows:
                       ops, checked here)
     masks             (rank < top_k [B, K], top_k - 1 [B, 1], zeros [B, 1]): select.rank_masks,
                       built here once instead of in every step
+    choose_kernel     host flag (with `kernel`): the filters and Gumbel-max over the K ranks run as
+                      one CUDA kernel too (runtime/kernels/gumbel_choose.py; the same tokens as
+                      select.choose, checked here), after MLX's own top-p scan
     """
 
     width: int
@@ -70,6 +73,7 @@ class FusedRows:
     seed_state: mx.array
     masks: tuple  # select.rank_masks(top_k, K): fixed while the rows are
     kernel: bool = False
+    choose_kernel: bool = False
 
     @classmethod
     def build(cls, kinds, groups, batch_size: int, has_seed: np.ndarray, seed_lo: mx.array,
@@ -95,6 +99,7 @@ class FusedRows:
         any_greedy = len(rows) < batch_size
         top_k_arr = mx.array(top_k)
         n = min(cand.width, vocab_size)  # the ranks a step gets
+        kernel = kernel and top_ranks_usable(vocab_size, cand.width)
         return cls(
             width=cand.width,
             inv_temperature=mx.array(inv_t),
@@ -107,7 +112,8 @@ class FusedRows:
             seeding=ALL if has_seed.all() else NONE if not has_seed.any() else MIXED,
             seed_state=_absorb(seed_lo, seed_hi),
             masks=rank_masks(top_k_arr, n),
-            kernel=kernel and top_ranks_usable(vocab_size, cand.width),
+            kernel=kernel,
+            choose_kernel=kernel and gumbel_choose_usable(cand.width),
         )
 
 
@@ -118,8 +124,15 @@ def top_ranks_usable(vocab_size: int, width: int) -> bool:
     return top_ranks.layout(vocab_size, width) is not None and top_ranks.check() is None
 
 
+def gumbel_choose_usable(width: int) -> bool:
+    """The Gumbel-choose kernel takes this width and passed its check here (False off CUDA)."""
+    from ..kernels import gumbel_choose
+
+    return gumbel_choose.usable(width)
+
+
 def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, key, keep_k, k_last, zero, *,
-           width, use_top_k, use_top_p, use_min_p, seeding, kernel):
+           width, use_top_k, use_top_p, use_min_p, seeding, kernel, choose_kernel=False):
     masks = (keep_k, k_last, zero)
     h = seed_state
     if seeding != ALL:  # the words noise_state (select.py) hashes for rows without a seed
@@ -129,6 +142,12 @@ def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, k
         from ..kernels import top_ranks
 
         sid, s, u = top_ranks.candidates(x, width, inv_t, h, positions)
+        if choose_kernel:  # the filters and Gumbel-max in one more launch, after MLX's scan
+            from ..kernels import gumbel_choose
+
+            c = top_p_sums(s, keep_k if use_top_k else None) if use_top_p else None
+            return gumbel_choose.choose(s, sid, u, c, top_k, top_p, log_min_p,
+                                        use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p)
         return choose(s, sid, gumbel_from_uniform(u), top_k, top_p, log_min_p,
                       use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)
     sid, sv = decode_neg_keys(first_rank_neg_keys(x, width))  # [B, K] in rank order
@@ -160,7 +179,7 @@ def fused_select(logits: mx.array, st, positions: mx.array, key: mx.array | None
         h = fresh if seeding == NONE else mx.where(st.has_seed, h, fresh)
         seeding = ALL
     fn = _compiled(COMPILE, width=f.width, use_top_k=f.use_top_k, use_top_p=f.use_top_p,
-                   use_min_p=f.use_min_p, seeding=seeding, kernel=f.kernel)
+                   use_min_p=f.use_min_p, seeding=seeding, kernel=f.kernel, choose_kernel=f.choose_kernel)
     return fn(logits, f.inv_temperature, f.top_k, f.top_p, f.log_min_p, h, st.has_seed, positions,
               _NO_KEY if key is None else key, *f.masks)
 

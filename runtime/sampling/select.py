@@ -211,6 +211,16 @@ def rank_masks(top_k: mx.array, n: int) -> tuple:
     return const_arange(n, mx.int32)[None] < k, k - 1, mx.zeros((top_k.shape[0], 1), mx.float32)
 
 
+def top_p_sums(s: mx.array, keep_k: mx.array | None) -> mx.array:
+    """Inclusive prefix sums of exp(s - s_0) over the kept ranks (top-k), float32 [b, n]: the scan
+    top-p compares against. One function for `choose` and the Gumbel-choose kernel's input
+    (runtime/kernels/gumbel_choose.py), so both read the same bits."""
+    p = mx.exp(s - s[:, :1])
+    if keep_k is not None:
+        p = mx.where(keep_k, p, 0.0)
+    return mx.cumsum(p, axis=-1)
+
+
 def choose(s, sid, g, top_k, top_p, log_min_p, *, use_top_k, use_top_p, use_min_p, masks=None):
     """The kept ranks (top-k, top-p, min-p) and Gumbel-max over them: the chosen ids int32 [b].
     ``s`` [b, n] float32: the first n ranks' logits / T, in rank order; ``sid`` their ids;
@@ -223,10 +233,7 @@ def choose(s, sid, g, top_k, top_p, log_min_p, *, use_top_k, use_top_p, use_min_
     if use_top_k:
         keep = keep_k
     if use_top_p:
-        p = mx.exp(s - s0)
-        if keep is not None:
-            p = mx.where(keep, p, 0.0)
-        c = mx.cumsum(p, axis=-1)
+        c = top_p_sums(s, keep)
         # Z is read from the same scan as the prefix sums, so the two paths
         # (K-wide and V-wide rows share the first K prefix sums) agree bit for bit.
         z = mx.take_along_axis(c, k_last, axis=-1)

@@ -304,7 +304,8 @@ class SamplingTensors:
         return {
             "batch_size": self.batch_size,
             "vocab_size": self.vocab_size,
-            "fused": {"width": self.fused.width, "seeding": self.fused.seeding, "kernel": self.fused.kernel} if self.fused is not None else None,
+            "fused": {"width": self.fused.width, "seeding": self.fused.seeding, "kernel": self.fused.kernel,
+                      "choose_kernel": self.fused.choose_kernel} if self.fused is not None else None,
             "groups": [
                 {
                     "kind": g.kind,

@@ -1,0 +1,135 @@
+"""The Gumbel-choose kernel (runtime/kernels/gumbel_choose.py) on the CPU: its rule — the keep mask
+read from MLX's top-p scan, s + Gumbel noise, a tree argmax that keeps the lower rank on ties — run
+in numpy exactly as the CUDA source runs it, picks `select.choose`'s token on rows with ties,
+masked ranks and every filter combination; and its route: a fused sampled step takes it only with
+the top-ranks kernel and when its check passed, with the same tokens. The CUDA source itself is
+compared with MLX on the GPU by `check()` before any use, and built for the H200 offline by
+tests/test_kernel_builds.py."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from graphc.runtime.kernels import gumbel_choose as GC
+from graphc.runtime.kernels import top_ranks as TR
+from graphc.runtime.sampling import SamplingParams, SamplingTensors, select_tokens
+from graphc.runtime.sampling import fused as F
+from graphc.runtime.sampling.noise import gumbel_from_uniform
+from graphc.runtime.sampling.select import choose, top_p_sums
+
+
+def _kernel_in_numpy(s, ids, g, c, top_k, top_p, log_min_p, use_k, use_p, use_m):
+    """The CUDA source, thread by thread and row by row (g: MLX's Gumbel noise of u, the same
+    function the kernel calls; c: MLX's scan, which the kernel reads)."""
+    B, K = s.shape
+    out = np.zeros(B, np.int32)
+    for row in range(B):
+        kk = min(int(top_k[row]), K)
+        best = np.empty(K, np.float32)
+        at = np.arange(K)
+        for i in range(K):
+            keep = True
+            if use_k:
+                keep = i < kk
+            if use_p:
+                tp = np.float32(top_p[row])
+                excl = np.float32(0.0) if i == 0 else c[row, i - 1]
+                keep = keep and (bool(excl < np.float32(tp * c[row, kk - 1])) or bool(tp >= 1.0))
+            if use_m:
+                keep = keep and bool(np.float32(s[row, i] - s[row, 0]) >= log_min_p[row])
+            best[i] = np.float32(s[row, i] + g[row, i]) if keep else -np.inf
+        w = K // 2
+        while w > 0:
+            for i in range(w):
+                a, b = best[i], best[i + w]
+                if a < b or (a == b and at[i + w] < at[i]):
+                    best[i], at[i] = b, at[i + w]
+            w //= 2
+        out[row] = ids[row, at[0]]
+    return out
+
+
+def _rows(B, K, tie, seed):
+    rng = np.random.default_rng(seed)
+    s = -np.sort(-rng.normal(0, 2, (B, K)), axis=1).astype(np.float32)
+    if tie:  # few distinct values: ties everywhere, decided by the rank
+        s = (np.round(s / tie) * tie).astype(np.float32)
+    s[rng.uniform(size=(B, K)) < 0.05] = -np.inf
+    s[:, 0] = np.maximum(s[:, 0], 0)
+    s = -np.sort(-s, axis=1)
+    ids = rng.integers(0, 200000, (B, K)).astype(np.int32)
+    u = np.clip(rng.uniform(size=(B, K)), 2.0**-32, 1 - 2.0**-24).astype(np.float32)
+    if tie:  # equal noise too, so equal scores reach the argmax
+        u[:] = np.float32(0.5)
+    top_k = rng.integers(1, K + 8, B).astype(np.int32)
+    top_p = np.where(np.arange(B) % 3 == 0, 1.0, rng.uniform(0.05, 1.0, B)).astype(np.float32)
+    log_min_p = np.where(np.arange(B) % 2 == 0, -np.inf, np.log(rng.uniform(0.001, 0.5, B))).astype(np.float32)
+    return s, ids, u, top_k, top_p, log_min_p
+
+
+@pytest.mark.parametrize("B,K,tie", [(16, 16, 0.0), (9, 64, 0.5), (6, 32, 0.25), (4, 128, 0.0)])
+@pytest.mark.parametrize("flags", GC.FLAGS)
+def test_the_kernel_rule_picks_chooses_token(B, K, tie, flags):
+    use_k, use_p, use_m = flags
+    s, ids, u, top_k, top_p, log_min_p = _rows(B, K, tie, B * K + int(tie * 8))
+    S, I, U = mx.array(s), mx.array(ids), mx.array(u)
+    TK, TP, LM = mx.array(top_k), mx.array(top_p), mx.array(log_min_p)
+    g = gumbel_from_uniform(U)
+    keep_k = (mx.arange(K)[None] < mx.minimum(TK, K)[:, None]) if use_k else None
+    c = np.array(top_p_sums(S, keep_k)) if use_p else None
+    want = np.array(choose(S, I, g, TK, TP, LM, use_top_k=use_k, use_top_p=use_p, use_min_p=use_m))
+    got = _kernel_in_numpy(s, ids, np.array(g), c, top_k, top_p, log_min_p, use_k, use_p, use_m)
+    assert np.array_equal(got, want)
+
+
+def test_off_cuda_the_kernel_is_off_and_says_why():
+    assert GC.check() == "not a CUDA device" and not GC.usable(64)
+    assert GC.note().startswith("off (not a CUDA device")
+    assert not GC.usable(48) and not GC.usable(512)  # not a power of two; wider than a block's threads
+
+
+@pytest.fixture
+def kernels_on_cpu(monkeypatch):
+    """Both kernels 'pass' their checks and run as their MLX references; returns what was asked."""
+    calls = []
+
+    def candidates(x, width, inv_t, h, positions):
+        calls.append(("candidates", x.shape[0], width))
+        return TR.reference(x, width, inv_t, h, positions)
+
+    def gumbel(s, ids, u, c, top_k, top_p, log_min_p, **flags):
+        calls.append(("choose", s.shape[0], c is not None))
+        return GC.reference(s, ids, u, top_k, top_p, log_min_p, **flags)
+
+    monkeypatch.setattr(TR, "check", lambda seed=0: None)
+    monkeypatch.setattr(TR, "candidates", candidates)
+    monkeypatch.setattr(GC, "check", lambda seed=0: None)
+    monkeypatch.setattr(GC, "choose", gumbel)
+    F._compiled.cache_clear()
+    yield calls
+    F._compiled.cache_clear()
+
+
+@pytest.mark.parametrize("top_p", [0.9, 1.0])
+def test_a_fused_step_takes_the_choose_kernel_after_the_top_ranks_kernel(kernels_on_cpu, top_p):
+    params = [SamplingParams(seed=3), SamplingParams(temperature=0.8, top_p=top_p, top_k=50, seed=4),
+              SamplingParams(temperature=1.2, top_k=20, min_p=0.05, seed=5)]
+    x = mx.random.normal((3, 4096), key=mx.random.key(0)).astype(mx.bfloat16)
+    pos = mx.array([4, 9, 2], dtype=mx.int32)
+    off = SamplingTensors.build(params, 4096)
+    on = SamplingTensors.build(params, 4096, top_ranks_kernel=True)
+    assert (off.fused.choose_kernel, on.fused.choose_kernel) == (False, True)
+    assert on.describe()["fused"]["choose_kernel"] is True
+    want = select_tokens(x, off, pos).tolist()
+    assert kernels_on_cpu == []
+    assert select_tokens(x, on, pos).tolist() == want
+    assert kernels_on_cpu == [("candidates", 3, 64), ("choose", 3, top_p < 1.0)]  # the scan only with top-p
+
+
+def test_the_choose_kernel_waits_for_the_top_ranks_kernel(monkeypatch):
+    """Its check passing is not enough: without the top-ranks kernel there is no kernel path."""
+    monkeypatch.setattr(GC, "check", lambda seed=0: None)
+    st = SamplingTensors.build([SamplingParams(temperature=0.8, top_k=50, seed=1)] * 2, 128256, top_ranks_kernel=True)
+    assert st.fused.kernel is False and st.fused.choose_kernel is False
