@@ -143,8 +143,8 @@ class Engine:
 
     def _sampling_kernel(self) -> bool:
         """Whether fused sampled steps may run their candidate stage (first K ranks, 1/T, noise) in
-        the top-ranks kernel (CUDA, once it matched MLX bit for bit here); on CUDA the decode plan
-        says which (graphc inspect)."""
+        the top-ranks kernel, and their filters and Gumbel-max in the Gumbel-choose kernel (CUDA,
+        each once it matched MLX here); on CUDA the decode plan says which (graphc inspect)."""
         from .kernels import available, gumbel_choose, top_ranks
 
         on = bool(self.decode_options["sampling_kernel"])
