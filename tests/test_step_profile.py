@@ -68,3 +68,21 @@ def test_paired_mode_with_a_control_normalizes_each_pair_by_the_plain_loop(tmp_p
     for r, g, s, n in zip(pairs["ratio"], pairs["greedy_control"], pairs["sampled_control"], pairs["normalized"]):
         assert g > 0 and s > 0 and abs(n - r * g / s) < 1e-3
     assert sorted(pairs["normalized"])[0] == pairs["normalized_min_median_max"][0]
+
+
+def test_the_median_interval_is_the_binomial_order_statistics():
+    """n = 9: the 2nd smallest and 2nd largest (coverage 1 - 20/512 = 0.961; the 3rd would be
+    0.820); n = 6: the extremes (0.969); n = 5 cannot reach 95 % (0.9375)."""
+    rs = [1.30, 0.90, 1.00, 1.10, 0.95, 1.02, 1.05, 0.98, 1.01]
+    assert step_profile.median_interval(rs) == (0.95, 1.10)
+    assert step_profile.median_interval([3, 1, 2, 6, 5, 4]) == (1, 6)
+    assert step_profile.median_interval([1, 2, 3, 4, 5]) is None
+    many = [1 + i / 1000 for i in range(100)]  # 100 pairs: k = 40 (P(40 <= X <= 60) >= 0.95, 41 not)
+    assert step_profile.median_interval(many) == (many[39], many[60])
+
+
+def test_the_verdict_says_what_the_interval_shows_against_the_limit():
+    assert step_profile.against((0.98, 1.04), 0.05) == "<= 5% over greedy shown"
+    assert step_profile.against((1.06, 1.20), 0.05) == "> 5% over greedy shown"
+    assert step_profile.against((0.97, 1.11), 0.05) == "not resolved at 5%"
+    assert step_profile.against(None, 0.05) == "not resolved (too few pairs)"

@@ -24,7 +24,10 @@ calls alternate on one Engine and each pair gives a ratio of per-step medians, e
   python -m graphc.runtime.bench.step_profile --model llama-3.2-1b --batch 64 --repeats 9 \
       --paired '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
 `--control` adds mlx-lm's plain loop after every call and a ratio normalized by it: the host's
-own speed moves between calls (run 21c), and a host-bound step moves with it.
+own speed moves between calls (run 21c), and a host-bound step moves with it. Each ratio's
+summary ends with a distribution-free 95 % interval of its median (order statistics; 6 pairs at
+least) and what it shows against `--limit` (default 0.05: "sampling at most 5 % over greedy"):
+shown, the opposite shown, or not resolved.
 """
 
 from __future__ import annotations
@@ -196,10 +199,44 @@ def paired(eng, rng, vocab: int, B: int, args, sampling: dict, model=None) -> di
     for name in ("ratio", "normalized") if control else ("ratio",):
         rs = sorted(res[name])
         res[f"{name}_min_median_max"] = [rs[0], round(median(rs), 4), rs[-1]]
+        ci = median_interval(rs)
+        res[f"{name}_median_95"] = list(ci) if ci else None
+        verdict = against(ci, getattr(args, "limit", 0.05))
+        res[f"{name}_verdict"] = verdict
         what = "sampled / greedy" if name == "ratio" else "normalized by the plain loop"
+        band = f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "(too few pairs)"
         print(f"B={B:3d} {what} per-step median over {len(rs)} pairs: min {rs[0]:.3f} / median {median(rs):.3f} "
-              f"/ max {rs[-1]:.3f}", flush=True)
+              f"/ max {rs[-1]:.3f}; 95 % interval of the median {band}: {verdict}", flush=True)
     return res
+
+
+def median_interval(values, confidence: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of `values` (sorted order statistics): the
+    k-th smallest and k-th largest, with the largest k whose binomial coverage P(k <= X <= n - k),
+    X ~ Bin(n, 1/2), is still at least `confidence`. It assumes only independent pairs, not a
+    shape of the noise (the host's speed swings are not normal). None below 6 pairs, where no k
+    reaches 95 %."""
+    from math import comb
+
+    rs, n = sorted(values), len(values)
+    best = None
+    for k in range(1, n // 2 + 1):
+        cover = sum(comb(n, i) for i in range(k, n - k + 1)) / 2**n
+        if cover < confidence:
+            break
+        best = k
+    return None if best is None else (rs[best - 1], rs[n - best])
+
+
+def against(ci, limit: float) -> str:
+    """What an interval of sampled / greedy shows about "at most `limit` over greedy"."""
+    if ci is None:
+        return "not resolved (too few pairs)"
+    if ci[1] <= 1 + limit:
+        return f"<= {limit:.0%} over greedy shown"
+    if ci[0] > 1 + limit:
+        return f"> {limit:.0%} over greedy shown"
+    return f"not resolved at {limit:.0%}"
 
 
 def main(argv=None) -> dict:
@@ -222,6 +259,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--control", action="store_true",
                     help="with --paired: run mlx-lm's plain loop after every call and also report each pair's ratio "
                     "normalized by it (the host's speed moves between calls; the control moves with it)")
+    ap.add_argument("--limit", type=float, default=0.05,
+                    help="with --paired: the overhead the 95 %% interval of the median ratio is judged against "
+                    "(issue 15: sampling at most 5 %% over greedy)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
