@@ -85,9 +85,31 @@ def test_the_kernel_rule_picks_chooses_token(B, K, tie, flags):
 
 
 def test_off_cuda_the_kernel_is_off_and_says_why():
-    assert GC.check() == "not a CUDA device" and not GC.usable(64)
-    assert GC.note().startswith("off (not a CUDA device")
-    assert not GC.usable(48) and not GC.usable(512)  # not a power of two; wider than a block's threads
+    assert GC.check() == "not a CUDA device" and not GC.usable(64, True, True, False)
+    assert GC.check_config(64, True, True, False) == "not a CUDA device"
+    assert "off for K=64 (top-k + top-p): not a CUDA device" in GC.note()
+
+
+def test_each_configuration_is_checked_once_on_first_use(monkeypatch):
+    """The engine's first sampled step builds and checks only its own configuration (one NVRTC
+    build), not every width and filter combination; the answer is kept."""
+    import graphc.runtime.kernels as K
+
+    asked = []
+
+    def compare(seed, cases, flags):
+        asked.append(({c[1] for c in cases}, flags))
+        return None if flags == ((True, True, False),) else "differs"
+
+    monkeypatch.setattr(K, "available", lambda: True)
+    monkeypatch.setattr(GC, "_compare", compare)
+    monkeypatch.setattr(GC, "_configs", {})
+    assert GC.usable(64, True, True, False) and GC.usable(64, True, True, False)
+    assert asked == [({64}, ((True, True, False),))]
+    assert not GC.usable(32, False, False, True)
+    assert not GC.usable(48, True, True, False) and not GC.usable(512, True, True, False)  # no build asked
+    assert len(asked) == 2
+    assert GC.note() == "on for K=64 (top-k + top-p); off for K=32 (min-p): differs"
 
 
 @pytest.fixture
@@ -105,7 +127,7 @@ def kernels_on_cpu(monkeypatch):
 
     monkeypatch.setattr(TR, "check", lambda seed=0: None)
     monkeypatch.setattr(TR, "candidates", candidates)
-    monkeypatch.setattr(GC, "check", lambda seed=0: None)
+    monkeypatch.setattr(GC, "check_config", lambda *config: None)
     monkeypatch.setattr(GC, "choose", gumbel)
     F._compiled.cache_clear()
     yield calls
@@ -130,6 +152,6 @@ def test_a_fused_step_takes_the_choose_kernel_after_the_top_ranks_kernel(kernels
 
 def test_the_choose_kernel_waits_for_the_top_ranks_kernel(monkeypatch):
     """Its check passing is not enough: without the top-ranks kernel there is no kernel path."""
-    monkeypatch.setattr(GC, "check", lambda seed=0: None)
+    monkeypatch.setattr(GC, "check_config", lambda *config: None)
     st = SamplingTensors.build([SamplingParams(temperature=0.8, top_k=50, seed=1)] * 2, 128256, top_ranks_kernel=True)
     assert st.fused.kernel is False and st.fused.choose_kernel is False

@@ -32,7 +32,7 @@ mx.eval(x, pos)
 
 def build(choose_on: bool):
     real = GC.usable
-    GC.usable = (lambda w: real(w)) if choose_on else (lambda w: False)
+    GC.usable = real if choose_on else (lambda *config: False)
     try:
         return SamplingTensors.build(params, 128256, top_ranks_kernel=True)
     finally:

@@ -65,9 +65,11 @@ _kernel = Kernel("graphc_gumbel_choose", ["s", "ids", "u", "c", "top_k", "top_p"
 MAX_WIDTH = 256
 
 
-def usable(width: int) -> bool:
-    """The kernel takes this width (one thread a rank) and matched MLX here (False off CUDA)."""
-    return 16 <= width <= MAX_WIDTH and width & (width - 1) == 0 and check() is None
+def usable(width: int, use_top_k: bool, use_top_p: bool, use_min_p: bool) -> bool:
+    """The kernel takes this width (one thread a rank) and, in this configuration, matched MLX here
+    (`check_config`; False off CUDA)."""
+    return (16 <= width <= MAX_WIDTH and width & (width - 1) == 0
+            and check_config(width, use_top_k, use_top_p, use_min_p) is None)
 
 
 def choose(s: mx.array, ids: mx.array, u: mx.array, c: mx.array | None, top_k: mx.array, top_p: mx.array,
@@ -102,11 +104,11 @@ FLAGS = tuple((k, p, m) for k in (False, True) for p in (False, True) for m in (
 CHECK_CASES = ((64, 64, 0.0), (5, 16, 0.5), (3, 128, 0.0), (7, 256, 0.25), (4, 32, 0.0))
 
 
-def _compare(seed: int) -> str | None:
+def _compare(seed: int, cases=CHECK_CASES, flags=FLAGS) -> str | None:
     from ..sampling.select import top_p_sums
 
     key = mx.random.key(seed)
-    for (B, K, tie) in CHECK_CASES:
+    for (B, K, tie) in cases:
         k1, k2, k3, k4, k5, k6, key = mx.random.split(key, 7)
         # descending scaled logits in rank order (as the top-ranks kernel gives them), masked ranks
         s = -mx.sort(-mx.random.normal((B, K), key=k1) * 2.0, axis=-1)
@@ -120,7 +122,7 @@ def _compare(seed: int) -> str | None:
         k6a, k6b = mx.random.split(k6)
         top_p = mx.where(mx.arange(B) % 3 == 0, 1.0, mx.random.uniform(0.05, 1.0, (B,), key=k6a))
         log_min_p = mx.where(mx.arange(B) % 2 == 0, -mx.inf, mx.log(mx.random.uniform(0.001, 0.5, (B,), key=k6b)))
-        for use_k, use_p, use_m in FLAGS:
+        for use_k, use_p, use_m in flags:
             keep_k = (mx.arange(K)[None] < mx.minimum(top_k, K)[:, None]) if use_k else None
             c = top_p_sums(s, keep_k) if use_p else None
             want = reference(s, ids, u, top_k, top_p, log_min_p, use_top_k=use_k, use_top_p=use_p, use_min_p=use_m)
@@ -132,10 +134,35 @@ def _compare(seed: int) -> str | None:
     return None
 
 
-# None when the kernel picked MLX's tokens on every case here; else why not.
+# None when the kernel picked MLX's tokens on every case and configuration here; else why not (all 40
+# builds: the tests' and the bench's check; the engine asks check_config per configuration instead).
 check = in_process_check(_compare)
+
+_configs: dict = {}  # (K, use_top_k, use_top_p, use_min_p) -> check_config's answer
+
+
+def check_config(width: int, use_top_k: bool, use_top_p: bool, use_min_p: bool) -> str | None:
+    """`check()` for one configuration (one kernel build), on first use of it in this process:
+    rows with and without ties at this width. A fused step builds and checks only the
+    configuration its rows need, so an engine's first sampled step on a fresh machine pays one
+    NVRTC build here, not the 40 of every width and filter combination."""
+    key = (width, bool(use_top_k), bool(use_top_p), bool(use_min_p))
+    if key not in _configs:
+        cases = ((64, width, 0.0), (7, width, 0.5), (5, width, 0.25))
+        _configs[key] = in_process_check(lambda seed: _compare(seed, cases, (key[1:],)))()
+    return _configs[key]
 
 
 def note() -> str:
-    why = check()
-    return "on (one launch a step, runtime/kernels/gumbel_choose.py)" if why is None else f"off ({why})"
+    """For the plan at load: configurations are checked on first use, so it says how."""
+    if not _configs:
+        return "on where its check passes (one check per width and filter combination, on first use)"
+    ok = [k for k, why in _configs.items() if why is None]
+    bad = [f"{_label(k)}: {why}" for k, why in _configs.items() if why is not None]
+    return "; ".join(([f"on for {', '.join(map(_label, ok))}"] if ok else []) + ([f"off for {'; '.join(bad)}"] if bad else []))
+
+
+def _label(config: tuple) -> str:
+    width, *flags = config
+    on = [name for name, f in zip(("top-k", "top-p", "min-p"), flags) if f]
+    return f"K={width} ({' + '.join(on) or 'no filter'})"

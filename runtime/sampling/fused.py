@@ -113,7 +113,8 @@ class FusedRows:
             seed_state=_absorb(seed_lo, seed_hi),
             masks=rank_masks(top_k_arr, n),
             kernel=kernel,
-            choose_kernel=kernel and gumbel_choose_usable(cand.width),
+            choose_kernel=kernel and gumbel_choose_usable(cand.width, cand.use_top_k or any_greedy, cand.use_top_p,
+                                                          cand.use_min_p),
         )
 
 
@@ -124,11 +125,12 @@ def top_ranks_usable(vocab_size: int, width: int) -> bool:
     return top_ranks.layout(vocab_size, width) is not None and top_ranks.check() is None
 
 
-def gumbel_choose_usable(width: int) -> bool:
-    """The Gumbel-choose kernel takes this width and passed its check here (False off CUDA)."""
+def gumbel_choose_usable(width: int, use_top_k: bool, use_top_p: bool, use_min_p: bool) -> bool:
+    """The Gumbel-choose kernel takes this width and passed its check in this filter configuration
+    here (False off CUDA)."""
     from ..kernels import gumbel_choose
 
-    return gumbel_choose.usable(width)
+    return gumbel_choose.usable(width, use_top_k, use_top_p, use_min_p)
 
 
 def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, key, keep_k, k_last, zero, *,
