@@ -3,7 +3,7 @@ read from MLX's top-p scan, s + Gumbel noise, a tree argmax that keeps the lower
 in numpy exactly as the CUDA source runs it, picks `select.choose`'s token on rows with ties,
 masked ranks and every filter combination; and its route: a fused sampled step takes it only with
 the top-ranks kernel and when its check passed, with the same tokens. The CUDA source itself is
-compared with MLX on the GPU by `check()` before any use, and built for the H200 offline by
+compared with MLX on the GPU by `check_config()` before a configuration's first use, and built for the H200 offline by
 tests/test_kernel_builds.py."""
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ order is the CUDA backend's, so the kernel reads them instead of adding in anoth
 other operation is exact or the same correctly rounded float function MLX's kernels call
 (`log`, IEEE compares, one add, one multiply; MLX builds without fast math, and this kernel goes
 through the same NVRTC), and the argmax keeps MLX's rule (the larger value, the lower index on
-ties), so a row picks the token `select.choose` picks. `check()` compares the two on this device
-before use, on random rows with ties, masked ranks and every filter combination; otherwise MLX's
-ops run. NaN logits may pick differently (as in top_ranks.py).
+ties), so a row picks the token `select.choose` picks. `check_config()` compares the two on this
+device before a configuration (K and the filters in use) is first used, on random rows with and
+without ties and with masked ranks; otherwise MLX's ops run (`check()` does every configuration
+at once, for the bench). NaN logits may pick differently (as in top_ranks.py).
 """
 
 from __future__ import annotations
