@@ -27,9 +27,9 @@ def needs_sampler(params) -> bool:
 
 def _noise_seeded(params, req):
     """A sampled row without a seed samples with its request's `noise_seed` (drawn by
-    Engine.add_request; docs/sampling.md, "Seeds"): its noise state is then a row constant, as a
-    seeded row's is, and a step needs no key. Greedy rows and requests made outside an Engine
-    (no noise_seed) are left as they are."""
+    Engine.add_request; docs/sampling.md, "Rows without a seed"): its noise state is then a row
+    constant, as a seeded row's is, and a step needs no key. Greedy rows and requests made outside
+    an Engine (no noise_seed) are left as they are."""
     if params.seed is None and params.temperature > 0 and getattr(req, "noise_seed", None) is not None:
         return attrs.evolve(params, seed=req.noise_seed)
     return params
