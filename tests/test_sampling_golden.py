@@ -4,10 +4,7 @@ change what a seeded row draws.
 
 `tests/data/sampling_golden.json` was written by `python tests/test_sampling_golden.py`
 on that commit. Rerun it only for a deliberate change of the sampling contract (and say
-so in the commit): the point of the file is that it does not follow the code. One
-such change: in run 21 rows without a seed began hashing the step key with their row
-index (noise.fresh_words) instead of splitting it, and only the unseeded case was
-re-recorded (the file's `unseeded_rerecorded` says so); every seeded case is as before.
+so in the commit): the point of the file is that it does not follow the code.
 
 Cases: selection alone (`select_tokens`) on [B, V] logits at the Llama-3 vocabulary
 (bf16 with many exact ties, and float32), a 5,000 vocabulary (not a multiple of the

@@ -108,20 +108,3 @@ def test_split_seed_wraps_to_64_bits():
     assert split_seed(2**32 + 7) == (7, 1)
     assert split_seed(-1) == (0xFFFFFFFF, 0xFFFFFFFF)
     assert split_seed(2**64 + 3) == (3, 0)
-
-
-def test_fresh_words_are_the_reference_hash_and_differ_per_row_and_step():
-    """Rows without a seed: (lo, hi) = MurmurHash3 of (key word 1, row, salt) seeded with key word 0."""
-    from graphc.runtime.sampling.noise import _FRESH_HI, _FRESH_LO, fresh_words
-
-    rows = mx.arange(64, dtype=mx.uint32)
-    seen = set()
-    for step in range(1, 33):
-        key = mx.array([0xDEADBEEF, step], dtype=mx.uint32)
-        lo, hi = (np.array(a).tolist() for a in fresh_words(key, rows))
-        assert lo[5] == murmur3_32_words_py([step, 5, _FRESH_LO], 0xDEADBEEF)
-        assert hi[63] == murmur3_32_words_py([step, 63, _FRESH_HI], 0xDEADBEEF)
-        seen.update(zip(lo, hi))
-    assert len(seen) == 64 * 32  # every (row, step) its own words
-    bits = np.unpackbits(np.array([w for pair in seen for w in pair], np.uint32).view(np.uint8))
-    assert abs(bits.mean() - 0.5) < 0.01  # balanced, as a hash's output bits are

@@ -31,8 +31,8 @@ import mlx.core as mx
 import numpy as np
 
 from .murmur import murmur_absorb
-from .noise import fresh_words, gumbel_from_uniform
-from .select import _filtered, choose, const_arange, decode_neg_keys, first_rank_neg_keys, rank_masks, top_p_sums
+from .noise import gumbel_from_uniform
+from .select import _filtered, choose, decode_neg_keys, first_rank_neg_keys, rank_masks, top_p_sums
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
 _absorb = mx.compile(murmur_absorb, shapeless=True)  # elementwise: one kernel, once per batch composition
@@ -100,21 +100,21 @@ class FusedRows:
         top_k_arr = mx.array(top_k)
         n = min(cand.width, vocab_size)  # the ranks a step gets
         kernel = kernel and top_ranks_usable(vocab_size, cand.width)
+        use_top_k = cand.use_top_k or any_greedy
         return cls(
             width=cand.width,
             inv_temperature=mx.array(inv_t),
             top_k=top_k_arr,
             top_p=mx.array(top_p),
             log_min_p=mx.array(log_min_p),
-            use_top_k=cand.use_top_k or any_greedy,
+            use_top_k=use_top_k,
             use_top_p=cand.use_top_p,
             use_min_p=cand.use_min_p,
             seeding=ALL if has_seed.all() else NONE if not has_seed.any() else MIXED,
             seed_state=_absorb(seed_lo, seed_hi),
             masks=rank_masks(top_k_arr, n),
             kernel=kernel,
-            choose_kernel=kernel and gumbel_choose_usable(cand.width, cand.use_top_k or any_greedy, cand.use_top_p,
-                                                          cand.use_min_p),
+            choose_kernel=kernel and gumbel_choose_usable(cand.width, use_top_k, cand.use_top_p, cand.use_min_p),
         )
 
 
@@ -137,8 +137,9 @@ def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, k
            width, use_top_k, use_top_p, use_min_p, seeding, kernel, choose_kernel=False):
     masks = (keep_k, k_last, zero)
     h = seed_state
-    if seeding != ALL:  # the words noise_state (select.py) hashes for rows without a seed
-        fresh = murmur_absorb(*fresh_words(key, const_arange(x.shape[0])))  # rows 0..B-1: a trace constant
+    if seeding != ALL:  # the words noise_state (select.py) draws for rows without a seed
+        rnd = mx.random.split(key, x.shape[0])
+        fresh = murmur_absorb(rnd[:, 0], rnd[:, 1])
         h = fresh if seeding == NONE else mx.where(has_seed, h, fresh)
     if kernel:  # one launch for the ranks, their scaled logits and their noise, bit for bit MLX's
         from ..kernels import top_ranks

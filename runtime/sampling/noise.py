@@ -35,24 +35,6 @@ U_MIN = 2.0**-32
 U_MAX = 1.0 - 2.0**-24
 
 
-# Two words that tell a fresh row's lo and hi apart (the golden ratio's and sqrt(2)'s fractions).
-_FRESH_LO, _FRESH_HI = 0x9E3779B9, 0x6A09E667
-
-
-def fresh_words(key: mx.array, rows: mx.array) -> tuple[mx.array, mx.array]:
-    """Seed words (lo, hi), uint32 ``[n]``, for rows without a seed: MurmurHash3 of (the step
-    key's second word, the row's index, a salt) seeded with the key's first word. ``key`` is a
-    uint32 ``[2]`` step key (the runner's: its seed word and step count), ``rows`` the rows'
-    indices in the batch, uint32 ``[n]``. Elementwise, so under mx.compile it fuses with the
-    noise's other uint32 ops: no random-bits launch a step, as ``mx.random.split(key, n)`` had."""
-    k = key.astype(mx.uint32)
-    h = murmur_absorb(mx.broadcast_to(k[0], rows.shape), k[1])
-    h = murmur_absorb(h, rows)
-    lo = murmur_finalize(murmur_absorb(h, mx.array(_FRESH_LO, dtype=mx.uint32)), KEY_BYTES)
-    hi = murmur_finalize(murmur_absorb(h, mx.array(_FRESH_HI, dtype=mx.uint32)), KEY_BYTES)
-    return lo, hi
-
-
 def split_seed(seed: int) -> tuple[int, int]:
     """Python seed -> (seed_lo, seed_hi) uint32 words."""
     s = int(seed) % (1 << 64)

@@ -25,7 +25,7 @@ import functools
 
 import mlx.core as mx
 
-from .noise import fresh_words, gumbel_noise, row_noise_state
+from .noise import gumbel_noise, row_noise_state
 from .tensors import CANDIDATES, FULL, GREEDY, PLAIN, RowGroup, SamplingTensors
 
 _NEG_INF = float("-inf")
@@ -316,20 +316,20 @@ def select_full(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
 
 def noise_state(st: SamplingTensors, positions: mx.array, key: mx.array | None = None) -> mx.array:
     """uint32 [B] murmur state per row: the row's seed when it has one, else
-    fresh words hashed from ``key`` and the row's index (``noise.fresh_words``; from the
-    global mx.random state when ``key`` is None), absorbed with the row's position."""
+    fresh words split from ``key`` (or from the global mx.random state when
+    ``key`` is None), absorbed with the row's position. (An Engine's rows always carry a seed:
+    their own or their request's noise seed, runtime/batch_sampling.py.)"""
     lo, hi = st.seed_lo, st.seed_hi
     if not st.all_seeded:
         if key is not None:
-            flo, fhi = fresh_words(key, const_arange(st.batch_size))
+            rnd = mx.random.split(key, st.batch_size)
         else:
             rnd = mx.random.randint(0, 2**31 - 1, (st.batch_size, 2), dtype=mx.int32).astype(mx.uint32)
-            flo, fhi = rnd[:, 0], rnd[:, 1]
         if st.any_seeded:
-            lo = mx.where(st.has_seed, lo, flo)
-            hi = mx.where(st.has_seed, hi, fhi)
+            lo = mx.where(st.has_seed, lo, rnd[:, 0])
+            hi = mx.where(st.has_seed, hi, rnd[:, 1])
         else:
-            lo, hi = flo, fhi
+            lo, hi = rnd[:, 0], rnd[:, 1]
     return row_noise_state(lo, hi, positions)
 
 
