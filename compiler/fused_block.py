@@ -139,8 +139,8 @@ def llama_blocks(layers: list) -> FusedBlocks:
 
 
 def llama_block(layer, w: dict | None, x: mx.array, cache) -> mx.array:
-    """mlx-lm's llama TransformerBlock with its attention through `cache.attend` (a kernel where
-    the cache has one). `w`: fused q/k/v and gate/up matrices (each one matmul, same dot
+    """mlx-lm's llama TransformerBlock with its K/V write and attention through `cache.attend_new`
+    (a kernel where the cache has one). `w`: fused q/k/v and gate/up matrices (each one matmul, same dot
     products); None: the layer's own projection modules, quantized or not — every op but the
     attention is then the one mlx-lm's block runs."""
     a = layer.self_attn
@@ -155,8 +155,7 @@ def llama_block(layer, w: dict | None, x: mx.array, cache) -> mx.array:
     v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
     q = a.rope(q, offset=cache.offset)
     k = a.rope(k, offset=cache.offset)
-    k, v = cache.update_and_fetch(k, v)
-    o = cache.attend(q, k, v, a.scale).transpose(0, 2, 1, 3).reshape(B, L, -1)
+    o = cache.attend_new(q, k, v, a.scale).transpose(0, 2, 1, 3).reshape(B, L, -1)
     if w is None:
         h = x + a.o_proj(o)
         return h + layer.mlp(layer.post_attention_layernorm(h))

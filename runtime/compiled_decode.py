@@ -49,7 +49,8 @@ class _FixedKV:
 
     Also the cache a fused decode block runs through (contracts/decode_block.py)."""
 
-    def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel, matmul, blocks=None):
+    def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel, matmul, blocks=None,
+                 write=False):
         self.keys, self.values = keys, values
         self.idx, self.offset, self.mask = idx, offset, mask
         self.start, self.end = start, end  # first valid column per row, one past the last
@@ -57,11 +58,28 @@ class _FixedKV:
         # {id(layer): block} for unfused layers the kernel serves (decode_attention.kernel_blocks).
         self.blocks = blocks or {}
         self.matmul = matmul  # x @ w.T for the fused block's projections (MLX's or the skinny kernel)
+        self.write = write  # attend_new writes the new columns inside the kernel (kv_write_kernel)
 
     def update_and_fetch(self, k, v):
         self.keys = _write_columns(self.keys, k, self.idx)
         self.values = _write_columns(self.values, v, self.idx)
         return self.keys, self.values
+
+    def attend_new(self, q, k, v, scale):
+        """Write this step's keys / values and attend over the valid columns: on CUDA one kernel
+        launch that writes them into the buffers in place (decode_attention.ragged_attention's
+        `new`), else a scatter and the attention. In place is safe here: the buffers are plain
+        row-contiguous `FullKV` arrays (`_fixed`), every step is submitted before anything that
+        reads a later column is built (runner._launch), and nothing reads a column past `idx`."""
+        if self.write and self._kernel_takes(q, k):
+            from .kernels.decode_attention import ragged_attention
+
+            return ragged_attention(q, self.keys, self.values, self.start, self.end, scale, new=(k, v))
+        keys, values = self.update_and_fetch(k, v)
+        return self.attend(q, keys, values, scale)
+
+    def _kernel_takes(self, q, k) -> bool:
+        return self.kernel and q.shape[-1] % 32 == 0 and q.shape[1] % k.shape[1] == 0
 
     def make_mask(self, N, window_size=None, return_array=False):
         if window_size is not None:
@@ -76,7 +94,7 @@ class _FixedKV:
         return layer(h, mask, self) if out is None else out
 
     def attend(self, q, k, v, scale):
-        if self.kernel and q.shape[-1] % 32 == 0 and q.shape[1] % k.shape[1] == 0:  # shapes the kernel takes
+        if self._kernel_takes(q, k):
             from .kernels.decode_attention import ragged_attention
 
             return ragged_attention(q, k, v, self.start, self.end, scale)
@@ -160,7 +178,7 @@ class CompiledDecode:
 
     def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False,
                  max_batch: int | None = None, skinny_table: str | None = None, measured: bool = False,
-                 max_kv: int | None = None):
+                 max_kv: int | None = None, kv_write: bool = True):
         # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
         # fuse_projections, attention_kernel, skinny_matmul, skinny_table (the bench's
         # --compile-ablation switches each off through Engine(decode_options=...)).
@@ -190,6 +208,12 @@ class CompiledDecode:
         # Layers with no fused block (quantized projections) still take the kernel through the
         # architecture's own block: MLX's attention with an array mask falls back to several kernels.
         self.blocks = decode_attention.kernel_blocks(step.binding.adapter) if self.kernel else {}
+        # The kernel also writes each step's K/V columns in place (no scatter launch per layer and
+        # plane), once its writing variant matched here too (decode_attention.write_check).
+        self.write_note = ("off (decode: {kv_write_kernel: false})" if not kv_write
+                           else f"off (attention kernel {self.kernel_note})" if not self.kernel
+                           else decode_attention.write_check())
+        self.write = self.write_note is None
         # The skinny matmul for the fused blocks' projections and the head: CUDA only, and
         # only once it matched MLX's matmul here (runtime/kernels/skinny_matmul.py).
         from .kernels import skinny_matmul
@@ -213,7 +237,8 @@ class CompiledDecode:
         mask = ((cols[None] <= idx) & (cols[None] >= left_pad[:, None]))[:, None, None, :]
         offset = idx - left_pad
         end = (idx + 1).reshape(1)
-        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks)
+        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks,
+                          self.write)
                  for k, v in zip(keys, values)]
         ctx = self.step.forward(StepInputs(tokens, shims, matmul=self.matmul if self.skinny else None))
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
@@ -233,7 +258,8 @@ class CompiledDecode:
         mask = ((cols <= last) & (cols >= left_pad[:, None, None]))[:, None]  # [B, 1, L, C]
         offset = idx - left_pad
         end = (idx + L).reshape(1)  # the kernel: query j sees columns up to end - L + j = idx + j
-        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks)
+        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks,
+                          self.write)
                  for k, v in zip(keys, values)]
         ctx = self.step.forward(StepInputs(tokens, shims, all_positions=True, options={"draft_lengths": lengths},
                                            matmul=self.matmul if self.skinny else None))
@@ -311,6 +337,7 @@ class CompiledDecode:
 
         return {"fused_layers": len(self.fused), "fused": self.fused.note,
                 "attention_kernel": f"on ({grouped_note()})" if self.kernel else f"off ({self.kernel_note})",
+                "kv_write_kernel": "on (in the attention kernel)" if self.write else self.write_note,
                 "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})"}
 
     def head(self, ctx: StepContext, extra_edits=None):
@@ -335,4 +362,6 @@ def _reshape_capacity(c: FullKV, cap: int) -> None:
     if c.idx:
         k[..., : c.idx, :] = c.keys[..., : c.idx, :]
         v[..., : c.idx, :] = c.values[..., : c.idx, :]
+    else:  # zeros are one broadcast element: a kernel that writes in place needs a real buffer
+        k, v = mx.contiguous(k), mx.contiguous(v)
     c.keys, c.values = k, v

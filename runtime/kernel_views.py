@@ -57,6 +57,11 @@ class _KernelKV:
         block = self._blocks.get(id(layer))
         return layer(h, mask, self.inner) if block is None else block(layer, h, self)
 
+    def attend_new(self, q, k, v, scale):
+        # Eager steps write through FullKV (MLX's slice update); only compiled steps write in the kernel.
+        keys, values = self.update_and_fetch(k, v)
+        return self.attend(q, keys, values, scale)
+
     def attend(self, q, k, v, scale):
         from .kernels.decode_attention import ragged_attention
 

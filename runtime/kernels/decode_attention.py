@@ -46,9 +46,9 @@ _KEY_LOOP = r"""    for (int j0 = s + warp * KPI; j0 < e; j0 += WARPS * KPI) {
       T vv[KPI][PER];
 #pragma unroll
       for (int u = 0; u < KPI; ++u) {
-        const size_t j = (size_t)min(j0 + u, e - 1);  // past the end: a valid column, weight 0
-#pragma unroll
-        for (int i = 0; i < PER; ++i) { kk[u][i] = kp[j * D + i]; vv[u][i] = vp[j * D + i]; }
+        const int jc = min(j0 + u, e - 1);  // past the end: a valid column, weight 0
+@ROWS@#pragma unroll
+        for (int i = 0; i < PER; ++i) { kk[u][i] = ks[i]; vv[u][i] = vs[i]; }
       }
 """
 
@@ -79,7 +79,7 @@ _SOURCE = r"""
     float l = 0.f;
     const int s = start[b];
     const int e = end[0] - Lq + 1 + (bhl % Lq);  // causal among the Lq new columns
-@KEYS@      float d[KPI];
+@NEW@@KEYS@      float d[KPI];
 #pragma unroll
       for (int u = 0; u < KPI; ++u) {
         d[u] = 0.f;
@@ -129,9 +129,54 @@ _SOURCE = r"""
     }
 """
 
-_SOURCE = _SOURCE.replace("@SHAPES@", _SHAPES).replace("@KEYS@", _KEY_LOOP)
+# Each kernel comes in two variants. The plain one reads every column from the cache (k, v).
+# The writing one (inputs nk, nv: this step's Lq new keys / values, [B, Hkv, Lq, D]) is for the
+# compiled decode step (runtime/compiled_decode.py, `attend_new`): it reads the Lq new columns
+# from nk / nv and writes them into the cache buffers in place, one block per (row, KV head,
+# query position) — so the step has no separate K/V write launch. Why in place: MLX writes a
+# column functionally (a scatter into a new array that may take over the old buffer); at
+# Llama-3.1-8B batch 64 those 64 scatters were 0.94 of 8.4 ms of device time a step (ncu, run
+# 20), and while the previous step still runs on the device the old buffer cannot be handed
+# over, so MLX copies the whole buffer instead (docs/performance.md, run 23). No block of a
+# launch reads a cache column it writes, and the next step's reads depend on this step's
+# tokens, so the write needs no ordering beyond the stream's.
+_ROWS_PLAIN = r"""        const T* ks = kp + (size_t)jc * D;
+        const T* vs = vp + (size_t)jc * D;
+"""
+_ROWS_NEW = r"""        const T* ks = jc < e0 ? kp + (size_t)jc * D : nkp + (size_t)(jc - e0) * D;  // a new column: from nk / nv
+        const T* vs = jc < e0 ? vp + (size_t)jc * D : nvp + (size_t)(jc - e0) * D;
+"""
+_NEW = r"""    const int e0 = end[0] - Lq;  // this step's new columns e0 .. e0 + Lq - 1: read from nk / nv ...
+    const size_t nrow = (size_t)(b * Hkv + kvh) * Lq * D;
+    const T* nkp = nk + nrow + @OFF@;
+    const T* nvp = nv + nrow + @OFF@;
+    if (@WRITES@) {  // ... and written into the cache, each by one block
+      const size_t col = ((size_t)(b * Hkv + kvh) * C + e0 + @QL@) * D;
+      const size_t src = nrow + (size_t)@QL@ * D;
+      for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const_cast<T*>(k)[col + i] = nk[src + i];
+        const_cast<T*>(v)[col + i] = nv[src + i];
+      }
+    }
+"""
 _INPUTS = ["q", "k", "v", "start", "end", "scale"]
+_INPUTS_NEW = ["q", "k", "v", "nk", "nv", "start", "end", "scale"]
+
+
+def _variants(source: str, off: str, ql: str, writes: str) -> tuple[str, str]:
+    """(plain, writing) sources of a kernel: `off` is the lane's first dim in kp, `ql` the block's
+    query position, `writes` whether this block writes its query position's column."""
+    plain = source.replace("@NEW@", "").replace("@ROWS@", _ROWS_PLAIN).replace("@NEWPTRS@", "")
+    new = _NEW.replace("@OFF@", off).replace("@QL@", ql).replace("@WRITES@", writes)
+    writing = (source.replace("@NEW@", new).replace("@ROWS@", _ROWS_NEW)
+               .replace("@NEWPTRS@", " | reinterpret_cast<unsigned long long>(nkp) | reinterpret_cast<unsigned long long>(nvp)"))
+    return plain, writing
+
+
+_SOURCE, _SOURCE_NEW = _variants(_SOURCE.replace("@SHAPES@", _SHAPES).replace("@KEYS@", _KEY_LOOP),
+                                 "lane * PER", "(bhl % Lq)", "h % (Hq / Hkv) == 0")
 _kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
+_kernel_new = Kernel("graphc_ragged_decode_attention_write", _INPUTS_NEW, ["out"], _SOURCE_NEW)
 
 # The grouped and vec kernels open the same way: one block per (row, KV head, query position)
 # serving the G query heads of that KV group; @LANES@ sets `off`, the first of the @N@ dims of a
@@ -162,7 +207,7 @@ _GROUP_OPEN = _SHAPES + r"""    int blk = blockIdx.x;  // (b, kvh, l)
     }
     const int s = start[b];
     const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
-"""
+@NEW@"""
 
 # ... and close the same way: each warp's (max, sum, weighted values) per query head go to shared
 # memory (from the lanes where @WRITER@), and warp w combines query heads w, w + WARPS, ...
@@ -245,7 +290,9 @@ _GROUPED_SOURCE = r"""
 _GROUPED_SOURCE = (_GROUPED_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@KEYS@", _KEY_LOOP)
                    .replace("@CLOSE@", _GROUP_CLOSE).replace("@N@", "PER").replace("@WRITER@", "true")
                    .replace("@LANES@", "    const int off = lane * PER;  // this lane's PER dims of every key"))
+_GROUPED_SOURCE, _GROUPED_SOURCE_NEW = _variants(_GROUPED_SOURCE, "off", "ql", "true")
 _grouped = Kernel("graphc_grouped_decode_attention", _INPUTS, ["out"], _GROUPED_SOURCE)
+_grouped_new = Kernel("graphc_grouped_decode_attention_write", _INPUTS_NEW, ["out"], _GROUPED_SOURCE_NEW)
 
 # The grouped kernel again, laid out for memory-level parallelism (the "vec" kernel). The grouped
 # kernel's lanes each hold D/32 dims of a key and load them as D/32 two-byte loads, four keys per
@@ -264,21 +311,21 @@ _VEC_SOURCE = r"""
     constexpr int GPW = 32 / LPK;          // keys one warp-wide load covers
     constexpr int STRIDE = WARPS * GPW;    // keys one block-wide load covers
 @OPEN@    // 16-byte loads need 16-byte addresses; a view at an odd offset takes the element loads.
-    const bool aligned = ((reinterpret_cast<unsigned long long>(kp) | reinterpret_cast<unsigned long long>(vp)) & 15) == 0;
+    const bool aligned = ((reinterpret_cast<unsigned long long>(kp) | reinterpret_cast<unsigned long long>(vp)@NEWPTRS@) & 15) == 0;
     for (int jw = s + warp * GPW; jw < e; jw += STRIDE * KPL) {  // warp-uniform: shuffles below
       uint4 kr[KPL];
       uint4 vr[KPL];
 #pragma unroll
       for (int u = 0; u < KPL; ++u) {
-        const size_t j = (size_t)min(jw + grp + u * STRIDE, e - 1);  // past the end: a valid column, weight 0
-        if (aligned) {
-          kr[u] = *reinterpret_cast<const uint4*>(kp + j * D);
-          vr[u] = *reinterpret_cast<const uint4*>(vp + j * D);
+        const int jc = min(jw + grp + u * STRIDE, e - 1);  // past the end: a valid column, weight 0
+@ROWS@        if (aligned) {
+          kr[u] = *reinterpret_cast<const uint4*>(ks);
+          vr[u] = *reinterpret_cast<const uint4*>(vs);
         } else {
           T* kt = reinterpret_cast<T*>(&kr[u]);
           T* vt = reinterpret_cast<T*>(&vr[u]);
 #pragma unroll
-          for (int i = 0; i < VEC; ++i) { kt[i] = kp[j * D + i]; vt[i] = vp[j * D + i]; }
+          for (int i = 0; i < VEC; ++i) { kt[i] = ks[i]; vt[i] = vs[i]; }
         }
       }
       float d[G][KPL];
@@ -348,7 +395,9 @@ _VEC_SOURCE = (_VEC_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@CLOSE@", _GR
                .replace("@WRITER@", "grp == 0").replace("@LANES@", """    const int sub = lane % LPK;  // this lane's VEC dims of a key: sub * VEC ..
     const int grp = lane / LPK;  // which of the warp's GPW keys
     const int off = sub * VEC;"""))
+_VEC_SOURCE, _VEC_SOURCE_NEW = _variants(_VEC_SOURCE, "off", "ql", "true")
 _vec = Kernel("graphc_vec_decode_attention", _INPUTS, ["out"], _VEC_SOURCE)
+_vec_new = Kernel("graphc_vec_decode_attention_write", _INPUTS_NEW, ["out"], _VEC_SOURCE_NEW)
 
 # Shared memory the grouped kernel's final combine may use (static, well under 48 KB).
 _GROUPED_SMEM = 32 * 1024
@@ -406,14 +455,19 @@ def grouped_warps(Hq: int, Hkv: int, D: int) -> int:
 
 
 def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | None = None,
-                     config: tuple[int, int] | None = None):
+                     config: tuple[int, int] | None = None, new: tuple | None = None):
     """q [B, Hq, L, D]; k, v [B, Hkv, C, D]; start [B] int32; end [1] int32 -> [B, Hq, L, D].
 
     `end`: one past the last written column; the L queries are the last L columns written
     (query l sees columns start[b] .. end - L + l). `kind`: "vec" (one block per KV group,
     16-byte loads), "grouped" (one block per KV group), "per_head" (one block per query head),
     or None: the first of those that applies and passed `check()` here. `config`: the vec
-    kernel's (warps, keys per lane per trip), else `vec_config`'s choice."""
+    kernel's (warps, keys per lane per trip), else `vec_config`'s choice.
+
+    `new`: (nk, nv), this step's L new keys / values [B, Hkv, L, D]: the kernel reads columns
+    end - L .. end - 1 from them and writes them into k and v **in place** (k, v: evaluated or
+    lazy row-contiguous buffers the caller keeps using; MLX does not see the write, so nothing
+    else may read those columns of k, v before this launch). Only after `write_check()` passed."""
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
     if D % 32 or Hkv == 0 or Hq % Hkv:
@@ -421,6 +475,10 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | N
                          f"q {q.shape}, k {k.shape}")
     if not isinstance(scale, mx.array):
         scale = mx.array([scale], dtype=mx.float32)
+    ins = [q, k, v, *new, start, end, scale] if new else [q, k, v, start, end, scale]
+    if new and not (new[0].shape == new[1].shape == (B, Hkv, L, D)):
+        raise ValueError(f"new keys / values must be [B, Hkv, L, D] = {(B, Hkv, L, D)}, got "
+                         f"{new[0].shape}, {new[1].shape}")
     warps = grouped_warps(Hq, Hkv, D)
     if kind is None:
         if _vec_ok["ok"] and vec_fits(Hq, Hkv, D, q.dtype.size) and B * Hkv * L >= VEC_MIN_BLOCKS:
@@ -432,8 +490,8 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | N
             raise ValueError(f"the vec kernel does not take q {q.shape} {q.dtype}, k {k.shape}")
         G = Hq // Hkv
         w, kpl = config or vec_config(B * Hkv * L, G, D)
-        (out,) = _vec(
-            inputs=[q, k, v, start, end, scale],
+        (out,) = (_vec_new if new else _vec)(
+            inputs=ins,
             template=[("T", q.dtype), ("D", D), ("G", G), ("WARPS", w), ("KPL", kpl)],
             grid=(B * Hkv * L * w * 32, 1, 1),
             threadgroup=(w * 32, 1, 1),
@@ -444,8 +502,8 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | N
     if kind == "grouped":
         if not warps:
             raise ValueError(f"the grouped kernel does not take q {q.shape}, k {k.shape}")
-        (out,) = _grouped(
-            inputs=[q, k, v, start, end, scale],
+        (out,) = (_grouped_new if new else _grouped)(
+            inputs=ins,
             template=[("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("WARPS", warps)],
             grid=(B * Hkv * L * warps * 32, 1, 1),
             threadgroup=(warps * 32, 1, 1),
@@ -453,8 +511,8 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | N
             output_dtypes=[q.dtype],
         )
         return out
-    (out,) = _kernel(
-        inputs=[q, k, v, start, end, scale],
+    (out,) = (_kernel_new if new else _kernel)(
+        inputs=ins,
         template=[("T", q.dtype), ("D", D)],
         grid=(B * Hq * L * 128, 1, 1),
         threadgroup=(128, 1, 1),
@@ -531,6 +589,63 @@ def grouped_note() -> str:
 
 # None when the kernel matches MLX's masked attention on random inputs here; else why not.
 check = in_process_check(_compare)
+
+
+def _compare_write_kind(seed: int, kind: str) -> str | None:
+    """The writing variant of `kind` on CHECK_CASES: its output must match MLX's masked attention
+    over the cache with the new columns in place (to bf16 rounding), and afterwards the cache
+    buffers must hold exactly the new columns there and be unchanged everywhere else."""
+    key = mx.random.key(seed + 1)
+    for (B, Hq, Hkv, C, D, end, L) in CHECK_CASES:
+        ks = mx.random.split(key, 6)
+        key = ks[5]
+        if kind == "grouped" and not grouped_warps(Hq, Hkv, D):
+            continue
+        if kind == "vec" and not vec_fits(Hq, Hkv, D, 2):
+            continue
+        q = mx.random.normal((B, Hq, L, D), key=ks[0]).astype(mx.bfloat16)
+        k0 = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
+        v0 = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
+        nk = mx.random.normal((B, Hkv, L, D), key=ks[3]).astype(mx.bfloat16)
+        nv = mx.random.normal((B, Hkv, L, D), key=ks[4]).astype(mx.bfloat16)
+        k_after = mx.slice_update(k0, nk, mx.array([end - L]), axes=(2,))
+        v_after = mx.slice_update(v0, nv, mx.array([end - L]), axes=(2,))
+        start = mx.array([(7 * i) % (end - L) for i in range(B)], dtype=mx.int32)
+        want = reference(q.astype(mx.float32), k_after.astype(mx.float32), v_after.astype(mx.float32),
+                         start, end, D ** -0.5)
+        mx.eval(want, k_after, v_after)
+        configs = sorted({vec_config(n, Hq // Hkv, D) for n, _, _ in VEC_CONFIG}) if kind == "vec" else [None]
+        for config in configs:
+            k, v = k0 * 1, v0 * 1  # fresh buffers holding the old columns (the kernel writes into them)
+            mx.eval(k, v)
+            got = ragged_attention(q, k, v, start, mx.array([end], dtype=mx.int32), D ** -0.5, kind=kind,
+                                   config=config, new=(nk, nv))
+            mx.eval(got)
+            at = f" (warps, keys per lane {config})" if config else ""
+            err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
+            if not err < 2e-2:
+                return (f"writing {kind} kernel{at} differs from masked attention by {err:.3g} at B={B} Hq={Hq} "
+                        f"L={L} C={C} D={D}")
+            if not (mx.array_equal(k, k_after).item() and mx.array_equal(v, v_after).item()):
+                return f"writing {kind} kernel{at} left the cache buffers wrong at B={B} Hq={Hq} L={L} C={C} D={D}"
+    return None
+
+
+def _compare_write(seed: int) -> str | None:
+    why = check(seed)
+    if why is not None:
+        return f"the attention kernel is off ({why})"
+    for kind, verdict in (("per_head", {"ok": True}), ("grouped", _grouped_ok), ("vec", _vec_ok)):
+        if verdict["ok"]:  # every kind ragged_attention may pick must also write correctly
+            why = _compare_write_kind(seed, kind)
+            if why is not None:
+                return why
+    return None
+
+
+# None when every kernel kind that serves also matched in its writing variant here (after
+# `check()`); then compiled decode steps write their keys / values through it (`attend_new`).
+write_check = in_process_check(_compare_write)
 
 
 def kernel_blocks(adapter) -> dict:

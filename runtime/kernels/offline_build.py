@@ -161,13 +161,15 @@ def _attention_launches():
             q = mx.zeros((1, hq, 1, d), dt)
             k = mx.zeros((1, hkv, 8, d), dt)
             args = (q, k, k, mx.zeros((1,), mx.int32), mx.array([8], mx.int32), d ** -0.5)
-            da.ragged_attention(*args, kind="per_head")
-            if da.grouped_warps(hq, hkv, d):
-                da.ragged_attention(*args, kind="grouped")
-            if da.vec_fits(hq, hkv, d, dt.size):
-                # the configurations ragged_attention picks over all block counts (as check() does)
-                for cfg in sorted({da.vec_config(n, G, d) for n, _, _ in da.VEC_CONFIG}):
-                    da.ragged_attention(*args, kind="vec", config=cfg)
+            nk = mx.zeros((1, hkv, 1, d), dt)
+            for new in (None, (nk, nk)):  # the plain kernels and their writing variants
+                da.ragged_attention(*args, kind="per_head", new=new)
+                if da.grouped_warps(hq, hkv, d):
+                    da.ragged_attention(*args, kind="grouped", new=new)
+                if da.vec_fits(hq, hkv, d, dt.size):
+                    # the configurations ragged_attention picks over all block counts (as check() does)
+                    for cfg in sorted({da.vec_config(n, G, d) for n, _, _ in da.VEC_CONFIG}):
+                        da.ragged_attention(*args, kind="vec", config=cfg, new=new)
 
 
 def _skinny_launches(sweep: bool):
