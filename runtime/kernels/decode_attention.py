@@ -133,11 +133,11 @@ _SOURCE = r"""
 # The writing one (inputs nk, nv: this step's Lq new keys / values, [B, Hkv, Lq, D]) is for the
 # compiled decode step (runtime/compiled_decode.py, `attend_new`): it reads the Lq new columns
 # from nk / nv and writes them into the cache buffers in place, one block per (row, KV head,
-# query position) — so the step has no separate K/V write launch. Why in place: MLX writes a
-# column functionally (a scatter into a new array that may take over the old buffer); at
+# query position) — so the step has no separate K/V write launch. Why: MLX writes a column
+# functionally, a scatter per layer and plane into an array that takes over the old buffer; at
 # Llama-3.1-8B batch 64 those 64 scatters were 0.94 of 8.4 ms of device time a step (ncu, run
-# 20), and while the previous step still runs on the device the old buffer cannot be handed
-# over, so MLX copies the whole buffer instead (docs/performance.md, run 23). No block of a
+# 20), and 32 layers' writes + attention took 1.75 ms a step against 1.00 with the write in the
+# kernel (H200, docs/bench/proto_kv_write_kernel.py, docs/performance.md run 23). No block of a
 # launch reads a cache column it writes, and the next step's reads depend on this step's
 # tokens, so the write needs no ordering beyond the stream's.
 _ROWS_PLAIN = r"""        const T* ks = kp + (size_t)jc * D;
