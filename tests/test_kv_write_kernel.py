@@ -40,7 +40,7 @@ def kernels(monkeypatch):
             mx.eval(k, v, end, *new)
             e0 = end.item() - L
             for buf, x in zip((k, v), new):
-                np.asarray(memoryview(buf))[:, :, e0:e0 + L] = np.asarray(x)  # in place, as on the device
+                _raw(buf)[:, :, e0:e0 + L] = _raw(x)  # in place, as on the device
             seen["write"].append(L)
         else:
             seen["attend"].append(L)
@@ -61,6 +61,14 @@ def kernels(monkeypatch):
         yield seen
     finally:
         mx.enable_compile()
+
+
+def _raw(a: mx.array) -> np.ndarray:
+    """A writable numpy view of an evaluated array's memory (bf16 as its 16-bit patterns)."""
+    mx.eval(a)
+    if a.dtype == mx.bfloat16:
+        return np.frombuffer(memoryview(a).cast("B"), dtype=np.uint16).reshape(a.shape)
+    return np.asarray(memoryview(a))
 
 
 def test_compiled_steps_write_in_the_kernel_and_keep_greedy_tokens(model_dir, kernels):
@@ -147,3 +155,41 @@ def test_write_check_needs_the_attention_kernel(monkeypatch):
     """Without a passing attention check the writing variant is never compared or used."""
     monkeypatch.setattr(da, "check", lambda seed=0: "not a CUDA device")
     assert da._compare_write(0) == "the attention kernel is off (not a CUDA device)"
+
+
+@pytest.mark.parametrize("fault", [None, "no write", "stray write", "old columns"])
+def test_write_check_catches_a_kernel_that_does_not_write_exactly(monkeypatch, fault):
+    """write_check's comparison (`_compare_write_kind`, what the device runs before any use) on an
+    emulated kernel: a correct one passes for every kind; one whose output is right but which
+    skips the write or also writes a column it should not, or which writes but attends over the
+    old columns, is caught."""
+
+    def attention(q, k, v, start, end, scale):
+        out = da.reference(q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32), start, end, scale)
+        mx.eval(out)  # before any write below lands in k's memory
+        return out.astype(q.dtype)
+
+    def kernel(q, k, v, start, end, scale, kind=None, config=None, new=None):
+        L, C = q.shape[2], k.shape[2]
+        e0 = end.item() - L
+        if fault == "old columns":
+            out = attention(q, k, v, start, end, scale)
+        else:  # the right output, from copies with the new columns
+            out = attention(q, mx.slice_update(k, new[0], mx.array([e0]), axes=(2,)),
+                            mx.slice_update(v, new[1], mx.array([e0]), axes=(2,)), start, end, scale)
+        if fault != "no write":
+            for buf, x in zip((k, v), new):
+                _raw(buf)[:, :, e0:e0 + L] = _raw(x)
+        if fault == "stray write":
+            _raw(v)[:, :, (e0 + L) % C] = _raw(new[1])[:, :, 0]
+        return out
+
+    monkeypatch.setattr(da, "ragged_attention", kernel)
+    for kind in ("per_head", "grouped", "vec"):
+        why = da._compare_write_kind(0, kind)
+        if fault is None:
+            assert why is None, why
+        elif fault == "old columns":
+            assert why.startswith(f"writing {kind} kernel") and "differs from masked attention" in why
+        else:
+            assert why.startswith(f"writing {kind} kernel") and "left the cache buffers wrong" in why

@@ -538,22 +538,29 @@ CHECK_CASES = ((3, 8, 2, 64, 64, 50, 1), (5, 32, 8, 256, 128, 200, 1), (2, 4, 4,
                (2, 16, 2, 96, 128, 90, 3))
 
 
-def _compare_kind(seed: int, kind: str) -> str | None:
+def _check_cases(seed: int, kind: str, arrays: int):
+    """The CHECK_CASES `kind` takes, each as (case, `arrays` random keys, each row's first column,
+    the configurations to compare: for the vec kernel every one VEC_CONFIG can pick)."""
     key = mx.random.key(seed)
-    for (B, Hq, Hkv, C, D, end, L) in CHECK_CASES:
-        ks = mx.random.split(key, 4)
-        key = ks[3]
+    for case in CHECK_CASES:
+        B, Hq, Hkv, C, D, end, L = case
+        ks = mx.random.split(key, arrays + 1)
+        key = ks[arrays]
         if kind == "grouped" and not grouped_warps(Hq, Hkv, D):
             continue
         if kind == "vec" and not vec_fits(Hq, Hkv, D, 2):
             continue
+        start = mx.array([(7 * i) % (end - L) for i in range(B)], dtype=mx.int32)  # every query sees a column
+        configs = sorted({vec_config(n, Hq // Hkv, D) for n, _, _ in VEC_CONFIG}) if kind == "vec" else [None]
+        yield case, ks, start, configs
+
+
+def _compare_kind(seed: int, kind: str) -> str | None:
+    for (B, Hq, Hkv, C, D, end, L), ks, start, configs in _check_cases(seed, kind, 3):
         q = mx.random.normal((B, Hq, L, D), key=ks[0]).astype(mx.bfloat16)
         k = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
         v = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
-        start = mx.array([(7 * i) % (end - L) for i in range(B)], dtype=mx.int32)  # every query sees a column
         want = reference(q.astype(mx.float32), k.astype(mx.float32), v.astype(mx.float32), start, end, D ** -0.5)
-        # The vec kernel is compared in every configuration VEC_CONFIG can pick.
-        configs = sorted({vec_config(n, Hq // Hkv, D) for n, _, _ in VEC_CONFIG}) if kind == "vec" else [None]
         for config in configs:
             got = ragged_attention(q, k, v, start, mx.array([end], dtype=mx.int32), D ** -0.5, kind=kind, config=config)
             err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
@@ -595,14 +602,7 @@ def _compare_write_kind(seed: int, kind: str) -> str | None:
     """The writing variant of `kind` on CHECK_CASES: its output must match MLX's masked attention
     over the cache with the new columns in place (to bf16 rounding), and afterwards the cache
     buffers must hold exactly the new columns there and be unchanged everywhere else."""
-    key = mx.random.key(seed + 1)
-    for (B, Hq, Hkv, C, D, end, L) in CHECK_CASES:
-        ks = mx.random.split(key, 6)
-        key = ks[5]
-        if kind == "grouped" and not grouped_warps(Hq, Hkv, D):
-            continue
-        if kind == "vec" and not vec_fits(Hq, Hkv, D, 2):
-            continue
+    for (B, Hq, Hkv, C, D, end, L), ks, start, configs in _check_cases(seed + 1, kind, 5):
         q = mx.random.normal((B, Hq, L, D), key=ks[0]).astype(mx.bfloat16)
         k0 = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
         v0 = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
@@ -610,11 +610,9 @@ def _compare_write_kind(seed: int, kind: str) -> str | None:
         nv = mx.random.normal((B, Hkv, L, D), key=ks[4]).astype(mx.bfloat16)
         k_after = mx.slice_update(k0, nk, mx.array([end - L]), axes=(2,))
         v_after = mx.slice_update(v0, nv, mx.array([end - L]), axes=(2,))
-        start = mx.array([(7 * i) % (end - L) for i in range(B)], dtype=mx.int32)
         want = reference(q.astype(mx.float32), k_after.astype(mx.float32), v_after.astype(mx.float32),
                          start, end, D ** -0.5)
         mx.eval(want, k_after, v_after)
-        configs = sorted({vec_config(n, Hq // Hkv, D) for n, _, _ in VEC_CONFIG}) if kind == "vec" else [None]
         for config in configs:
             k, v = k0 * 1, v0 * 1  # fresh buffers holding the old columns (the kernel writes into them)
             mx.eval(k, v)
