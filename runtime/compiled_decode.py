@@ -211,7 +211,8 @@ class CompiledDecode:
         # The kernel also writes each step's K/V columns in place (no scatter launch per layer and
         # plane), once its writing variant matched here too (decode_attention.write_check).
         self.write_note = ("off (decode: {kv_write_kernel: false})" if not kv_write
-                           else f"off (attention kernel {self.kernel_note})" if not self.kernel
+                           else "off (it runs in the attention kernel, which is off"
+                           + ("" if self.kernel_note == "off" else f": {self.kernel_note}") + ")" if not self.kernel
                            else decode_attention.write_check())
         self.write = self.write_note is None
         # The skinny matmul for the fused blocks' projections and the head: CUDA only, and
