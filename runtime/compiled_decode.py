@@ -14,7 +14,8 @@ What makes the step compile-friendly (the shapes stop changing every step):
   and end columns instead of a mask and reads only valid columns;
 - the write column and RoPE positions are arrays (offset = idx - left_pad), not Python
   ints baked into the trace; the new K/V columns are written at the array column by
-  `_write_columns` (a scatter on CUDA, `mx.slice_update` elsewhere: see there why);
+  the attention kernel itself, in place (CUDA, `kv_write_kernel`: `_FixedKV.attend_new`),
+  else by `_write_columns` (a scatter on CUDA, `mx.slice_update` elsewhere: see there why);
 - capacities are bucketed (powers of two up to 256, then multiples of 256), so
   shapes change at most once per 256 steps; each distinct (batch size, capacity) is
   traced once and reused from mx.compile's cache. Batch sizes are not padded to
@@ -180,7 +181,7 @@ class CompiledDecode:
                  max_batch: int | None = None, skinny_table: str | None = None, measured: bool = False,
                  max_kv: int | None = None, kv_write: bool = True):
         # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
-        # fuse_projections, attention_kernel, skinny_matmul, skinny_table (the bench's
+        # fuse_projections, attention_kernel, kv_write_kernel, skinny_matmul, skinny_table (the bench's
         # --compile-ablation switches each off through Engine(decode_options=...)).
         self.max_batch = max_batch
         self.max_kv = max_kv

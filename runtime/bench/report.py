@@ -8,7 +8,8 @@ import math
 from .env import describe
 
 LABELS = {"graphc": "graphc", "graphc_compiled": "graphc+compile", "compiled_nofuse": "compile w/o fusion",
-          "compiled_nokernel": "compile w/o kernel", "batchgen": "mlx-lm BatchGen",
+          "compiled_nokernel": "compile w/o kernel", "compiled_nokvwrite": "compile, K/V scatters",
+          "batchgen": "mlx-lm BatchGen",
           "plain": "plain mlx-lm loop", "graphc_on": "graphc cache on", "graphc_off": "graphc cache off"}
 
 
