@@ -40,7 +40,7 @@ def kernels(monkeypatch):
             mx.eval(k, v, end, *new)
             e0 = end.item() - L
             for buf, x in zip((k, v), new):
-                _raw(buf)[:, :, e0:e0 + L] = _raw(x)  # in place, as on the device
+                _raw(buf)[:, :, e0:e0 + L] = _bits(x)  # in place, as on the device
             seen["write"].append(L)
         else:
             seen["attend"].append(L)
@@ -69,6 +69,17 @@ def _raw(a: mx.array) -> np.ndarray:
     if a.dtype == mx.bfloat16:
         return np.frombuffer(memoryview(a).cast("B"), dtype=np.uint16).reshape(a.shape)
     return np.asarray(memoryview(a))
+
+
+def _contiguous(a: mx.array) -> bool:
+    mx.eval(a)
+    return memoryview(a).c_contiguous
+
+
+def _bits(a: mx.array) -> np.ndarray:
+    """An array's values as `_raw` holds them, from any layout (the writing kernels take strided
+    views of the fused q/k/v rows)."""
+    return _raw(mx.contiguous(a))
 
 
 def test_compiled_steps_write_in_the_kernel_and_keep_greedy_tokens(model_dir, kernels):
@@ -157,6 +168,16 @@ def test_write_check_needs_the_attention_kernel(monkeypatch):
     assert da._compare_write(0) == "the attention kernel is off (not a CUDA device)"
 
 
+def test_fused_rows_views_hold_the_same_values_as_strided_views():
+    """write_check's second layout: q, new keys and values as views of one fused q/k/v row per
+    token (compiler/fused_block.py's split), equal to the arrays they came from."""
+    q, nk, nv = (mx.random.normal(s, key=mx.random.key(i)).astype(mx.bfloat16)
+                 for i, s in enumerate([(3, 8, 2, 64), (3, 2, 2, 64), (3, 2, 2, 64)]))
+    views = da.fused_rows_views(q, nk, nv)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(views, (q, nk, nv)))
+    assert not any(_contiguous(x) for x in views)
+
+
 @pytest.mark.parametrize("fault", [None, "no write", "stray write", "old columns"])
 def test_write_check_catches_a_kernel_that_does_not_write_exactly(monkeypatch, fault):
     """write_check's comparison (`_compare_write_kind`, what the device runs before any use) on an
@@ -169,9 +190,12 @@ def test_write_check_catches_a_kernel_that_does_not_write_exactly(monkeypatch, f
         mx.eval(out)  # before any write below lands in k's memory
         return out.astype(q.dtype)
 
+    layouts = set()
+
     def kernel(q, k, v, start, end, scale, kind=None, config=None, new=None):
         L, C = q.shape[2], k.shape[2]
         e0 = end.item() - L
+        layouts.add(tuple(_contiguous(x) for x in (q, *new)))
         if fault == "old columns":
             out = attention(q, k, v, start, end, scale)
         else:  # the right output, from copies with the new columns
@@ -179,9 +203,9 @@ def test_write_check_catches_a_kernel_that_does_not_write_exactly(monkeypatch, f
                             mx.slice_update(v, new[1], mx.array([e0]), axes=(2,)), start, end, scale)
         if fault != "no write":
             for buf, x in zip((k, v), new):
-                _raw(buf)[:, :, e0:e0 + L] = _raw(x)
+                _raw(buf)[:, :, e0:e0 + L] = _bits(x)
         if fault == "stray write":
-            _raw(v)[:, :, (e0 + L) % C] = _raw(new[1])[:, :, 0]
+            _raw(v)[:, :, (e0 + L) % C] = _bits(new[1])[:, :, 0]
         return out
 
     monkeypatch.setattr(da, "ragged_attention", kernel)
@@ -189,6 +213,9 @@ def test_write_check_catches_a_kernel_that_does_not_write_exactly(monkeypatch, f
         why = da._compare_write_kind(0, kind)
         if fault is None:
             assert why is None, why
+            # compared on row-contiguous inputs and on the strided views of one fused q/k/v row
+            # that a compiled step hands it (read without a copy on the device)
+            assert layouts == {(True, True, True), (False, False, False)}, layouts
         elif fault == "old columns":
             assert why.startswith(f"writing {kind} kernel") and "differs from masked attention" in why
         else:

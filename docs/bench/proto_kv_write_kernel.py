@@ -18,8 +18,16 @@ plane, on CUDA.
    the kernel write on and off; per repeat each runs 16 and 144 new greedy tokens on B fresh
    128-token prompts: steady ms/step = (T144 - T16) / 128, paired per repeat.
 
+5. `copies` (after run 24's change): the writing kernels take the queries, new keys and values
+   as they come out of the fused q/k/v matmul and RoPE, strided views, with no copy; before,
+   MLX made each of the three row-contiguous first (three copy launches a layer). Now only the
+   queries are copied. `rows`: the 32-layer step of 3 with nk / nv as views of one fused row,
+   read strided against copied first (`mx.contiguous`, the old launches), and through the API
+   two Engines, one whose trace copies nk / nv first (old) and one that does not (new).
+
 Usage: proto_kv_write_kernel.py                          (1, 2, 3)
        proto_kv_write_kernel.py SHAPE BATCHES [REPEATS]  (1 and 4), e.g. llama-3.1-8b 64,1 5
+       proto_kv_write_kernel.py copies SHAPE BATCHES [REPEATS]  (1 and 5)
 """
 
 import random
@@ -75,7 +83,7 @@ def donation():
         print(f"donation {name}: ms/step " + "; ".join(row), flush=True)
 
 
-def kernel(ctx=272, cap=512, layers=32):
+def kernel(ctx=272, cap=512, layers=32, kinds=("scatter", "kernel")):
     key = mx.random.key(0)
     ks = [mx.random.normal((B, H, cap, D), key=mx.random.split(key, 64)[i]).astype(mx.bfloat16) for i in range(layers)]
     vs = [x * 0.5 for x in ks]
@@ -83,6 +91,7 @@ def kernel(ctx=272, cap=512, layers=32):
     nk = mx.random.normal((B, H, 1, D)).astype(mx.bfloat16)
     start = mx.zeros((B,), mx.int32)
     mx.eval(ks, vs, q, nk)
+    _, rk, rv = da.fused_rows_views(q, nk, nk)  # as a compiled step's fused matmul hands them over
     from graphc.runtime.compiled_decode import _write_columns
 
     def step(kind, i):
@@ -95,10 +104,12 @@ def kernel(ctx=272, cap=512, layers=32):
                 vs[l] = _write_columns(vs[l], nk, idx)
                 outs.append(da.ragged_attention(q, ks[l], vs[l], start, end, D ** -0.5))
             else:
-                outs.append(da.ragged_attention(q, ks[l], vs[l], start, end, D ** -0.5, new=(nk, nk)))
+                new = {"kernel": (nk, nk), "rows strided": (rk, rv),
+                       "rows copied": (mx.contiguous(rk), mx.contiguous(rv))}[kind]
+                outs.append(da.ragged_attention(q, ks[l], vs[l], start, end, D ** -0.5, new=new))
         return mx.sum(mx.stack([o.sum() for o in outs]))
 
-    res = {"scatter": [], "kernel": []}
+    res = {k: [] for k in kinds}
     for rep in range(6):
         for kind in res:
             outs = [step(kind, 0)]
@@ -119,6 +130,10 @@ if len(sys.argv) < 3:
     donation()
     kernel()
     sys.exit(0)
+COPIES = sys.argv[1] == "copies"
+if COPIES:
+    sys.argv.pop(1)
+    kernel(kinds=("rows copied", "rows strided"))
 
 from graphc.runtime.bench.contestants import graphc_params, make_engine  # noqa: E402
 from graphc.runtime.bench.shapes import load_shape  # noqa: E402
@@ -126,14 +141,29 @@ from graphc.runtime.bench.shapes import load_shape  # noqa: E402
 model, tok, cfg, label = load_shape(sys.argv[1], "bfloat16")
 batches = [int(x) for x in sys.argv[2].split(",")]
 reps = int(sys.argv[3]) if len(sys.argv) > 3 else 5
-engines = {"write": make_engine(model, tok, cfg, compile="auto"),
-           "scatter": make_engine(model, tok, cfg, compile="auto", decode_options={"kv_write_kernel": False})}
+NEW, OLD = ("strided", "copied") if COPIES else ("write", "scatter")
+if COPIES:  # the "copied" Engine's traces copy nk / nv before the kernel, as MLX did before run 24's change
+    engines = {NEW: make_engine(model, tok, cfg, compile="auto"), OLD: make_engine(model, tok, cfg, compile="auto")}
+    strided = da.ragged_attention
+    copying = {"on": False}
+
+    def ragged_attention(*a, new=None, **k):
+        if new is not None and copying["on"]:
+            new = (mx.contiguous(new[0]), mx.contiguous(new[1]))
+        return strided(*a, new=new, **k)
+
+    da.ragged_attention = ragged_attention
+else:
+    engines = {"write": make_engine(model, tok, cfg, compile="auto"),
+               "scatter": make_engine(model, tok, cfg, compile="auto", decode_options={"kv_write_kernel": False})}
+    copying = {"on": False}
 print({n: e.compiled.decode.applied()["kv_write_kernel"] for n, e in engines.items()}, flush=True)
 rng = random.Random(0)
 
 
 def call(name, B, new):
     prompts = [[rng.randrange(3, cfg["vocab_size"]) for _ in range(128)] for _ in range(B)]
+    copying["on"] = COPIES and name == OLD  # a trace built during this call copies, or not
     t0 = time.perf_counter()
     out = engines[name].generate(prompts, graphc_params(new))
     return time.perf_counter() - t0, [r.token_ids for r in out]
@@ -143,16 +173,19 @@ for B in batches:
     for n in engines:  # warm-up: kernels, traces, pools
         call(n, B, 144)
     same = [[rng.randrange(3, cfg["vocab_size"]) for _ in range(128)] for _ in range(B)]
-    toks = {n: [r.token_ids for r in e.generate(same, graphc_params(64))] for n, e in engines.items()}
-    print(f"{label} B={B}: rows with the same 64 greedy tokens, write vs scatter: "
-          f"{sum(a == b for a, b in zip(toks['write'], toks['scatter']))} of {B}", flush=True)
+    toks = {}
+    for n, e in engines.items():
+        copying["on"] = COPIES and n == OLD
+        toks[n] = [r.token_ids for r in e.generate(same, graphc_params(64))]
+    print(f"{label} B={B}: rows with the same 64 greedy tokens, {NEW} vs {OLD}: "
+          f"{sum(a == b for a, b in zip(toks[NEW], toks[OLD]))} of {B}", flush=True)
     res = {n: [] for n in engines}
     for _ in range(reps):
         for n in engines:
             short, _ = call(n, B, 16)
             long, _ = call(n, B, 144)
             res[n].append((long - short) * 1e3 / 128)
-    ratios = sorted(s / w for w, s in zip(res["write"], res["scatter"]))
+    ratios = sorted(s / w for w, s in zip(res[NEW], res[OLD]))
     print(f"{label} B={B} ms/step min/median/max: " + "; ".join(
         f"{n} {min(v):.2f} / {statistics.median(v):.2f} / {max(v):.2f}" for n, v in res.items())
-        + f"; scatter/write per repeat {' '.join(f'{x:.3f}' for x in ratios)}", flush=True)
+        + f"; {OLD}/{NEW} per repeat {' '.join(f'{x:.3f}' for x in ratios)}", flush=True)

@@ -27,9 +27,13 @@ def available() -> bool:
 class Kernel:
     """An `mx.fast.cuda_kernel`, built on first call, its name tagged with its source's hash."""
 
-    def __init__(self, name: str, input_names: list, output_names: list, source: str, header: str = ""):
+    def __init__(self, name: str, input_names: list, output_names: list, source: str, header: str = "",
+                 ensure_row_contiguous: bool = True):
+        # ensure_row_contiguous=False: MLX hands the inputs over as they are (no copy of a view) and
+        # the source must read each one through its `<name>_strides`.
         self.spec = dict(name=f"{name}_{source_tag(header + source)}", input_names=input_names,
-                         output_names=output_names, source=source, header=header)
+                         output_names=output_names, source=source, header=header,
+                         ensure_row_contiguous=ensure_row_contiguous)
         self._built = None
 
     def __call__(self, **kwargs):

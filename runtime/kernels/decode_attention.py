@@ -77,7 +77,7 @@ _SOURCE = r"""
     const float NEG_INF = __int_as_float(0xff800000);
     float m = NEG_INF;
     float l = 0.f;
-    const int s = start[b];
+    const int s = GRAPHC_START(b);
     const int e = end[0] - Lq + 1 + (bhl % Lq);  // causal among the Lq new columns
 @NEW@@KEYS@      float d[KPI];
 #pragma unroll
@@ -143,20 +143,53 @@ _SOURCE = r"""
 _ROWS_PLAIN = r"""        const T* ks = kp + (size_t)jc * D;
         const T* vs = vp + (size_t)jc * D;
 """
-_ROWS_NEW = r"""        const T* ks = jc < e0 ? kp + (size_t)jc * D : nkp + (size_t)(jc - e0) * D;  // a new column: from nk / nv
-        const T* vs = jc < e0 ? vp + (size_t)jc * D : nvp + (size_t)(jc - e0) * D;
+_ROWS_NEW = r"""        const T* ks = jc < e0 ? kp + (size_t)jc * D : nkp + (jc - e0) * nkj;  // a new column: from nk / nv (strided views)
+        const T* vs = jc < e0 ? vp + (size_t)jc * D : nvp + (jc - e0) * nvj;
 """
 _NEW = r"""    const int e0 = end[0] - Lq;  // this step's new columns e0 .. e0 + Lq - 1: read from nk / nv ...
-    const size_t nrow = (size_t)(b * Hkv + kvh) * Lq * D;
-    const T* nkp = nk + nrow + @OFF@;
-    const T* nvp = nv + nrow + @OFF@;
+    const T* nk0 = nk + (size_t)b * nk_strides[0] + (size_t)kvh * nk_strides[1];
+    const T* nv0 = nv + (size_t)b * nv_strides[0] + (size_t)kvh * nv_strides[1];
+    const int nkj = nk_strides[2];  // one new column to the next (32 bits: registers are what limit the vec kernel)
+    const int nvj = nv_strides[2];
+    const T* nkp = nk0 + @OFF@;
+    const T* nvp = nv0 + @OFF@;
     if (@WRITES@) {  // ... and written into the cache, each by one block
-      const size_t col = ((size_t)(b * Hkv + kvh) * C + e0 + @QL@) * D;
-      const size_t src = nrow + (size_t)@QL@ * D;
+      T* kw = const_cast<T*>(k) + ((size_t)(b * Hkv + kvh) * C + e0 + @QL@) * D;
+      T* vw = const_cast<T*>(v) + ((size_t)(b * Hkv + kvh) * C + e0 + @QL@) * D;
+      const T* ksrc = nk0 + (size_t)@QL@ * nkj;
+      const T* vsrc = nv0 + (size_t)@QL@ * nvj;
       for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        const_cast<T*>(k)[col + i] = nk[src + i];
-        const_cast<T*>(v)[col + i] = nv[src + i];
+        kw[i] = ksrc[i];
+        vw[i] = vsrc[i];
       }
+    }
+"""
+
+# How the variants take their inputs. The plain ones get row-contiguous inputs: MLX copies any
+# other layout before the launch. The writing ones take them as they are
+# (`ensure_row_contiguous=False`). In a compiled step the new keys come out of RoPE and the new
+# values out of the fused q/k/v matmul, as views that keep the matmul row's stride (MLX's rope
+# keeps its input's strides, mlx/backend/cuda/rope.cu). MLX's copies of those two views were two
+# more launches a layer: 64 a step at Llama-3.1-8B, 32 at 1B, where the step is host-bound.
+# The new keys and values are now read through their strides. Two things are not:
+# - the queries, which `ragged_attention` makes row-contiguous: read through strides, they cost
+#   the vec kernel 24 registers (152 instead of 128), so a quarter fewer blocks fit on an SM;
+# - the cache buffers, which are written in place, so they must be the row-contiguous arrays
+#   the caller keeps (a copy would take the write).
+# Each launch checks those layouts, and the contiguous last dim of the views, and stops with
+# an error where they do not hold. It never misreads silently.
+_AT_PLAIN = r"""#define GRAPHC_START(b) start[b]
+"""
+_AT_STRIDED = r"""#define GRAPHC_START(b) start[(size_t)(b) * start_strides[0]]
+    {
+      const int Hkv_ = k_shape[1], C_ = k_shape[2], Hq_ = q_shape[1], Lq_ = q_shape[2];
+      const bool rows = nk_strides[3] == 1 && nv_strides[3] == 1;
+      const bool query = q_strides[3] == 1 && (q_strides[2] == D || Lq_ == 1) && (q_strides[1] == (long)Lq_ * D || Hq_ == 1)
+          && (q_strides[0] == (long)Hq_ * Lq_ * D || q_shape[0] == 1);
+      const bool buffers = k_strides[3] == 1 && k_strides[2] == D && (k_strides[1] == (long)C_ * D || Hkv_ == 1)
+          && (k_strides[0] == (long)Hkv_ * C_ * D || k_shape[0] == 1) && v_strides[3] == 1 && v_strides[2] == D
+          && (v_strides[1] == (long)C_ * D || Hkv_ == 1) && (v_strides[0] == (long)Hkv_ * C_ * D || k_shape[0] == 1);
+      if (!rows || !query || !buffers) __trap();  // the loads and stores below would miss: never a silent misread
     }
 """
 _INPUTS = ["q", "k", "v", "start", "end", "scale"]
@@ -166,17 +199,19 @@ _INPUTS_NEW = ["q", "k", "v", "nk", "nv", "start", "end", "scale"]
 def _variants(source: str, off: str, ql: str, writes: str) -> tuple[str, str]:
     """(plain, writing) sources of a kernel: `off` is the lane's first dim in kp, `ql` the block's
     query position, `writes` whether this block writes its query position's column."""
-    plain = source.replace("@NEW@", "").replace("@ROWS@", _ROWS_PLAIN).replace("@NEWPTRS@", "")
+    plain = _AT_PLAIN + (source.replace("@NEW@", "").replace("@ROWS@", _ROWS_PLAIN).replace("@NEWPTRS@", "")
+                         .replace("@NEWALIGN@", ""))
     new = _NEW.replace("@OFF@", off).replace("@QL@", ql).replace("@WRITES@", writes)
-    writing = (source.replace("@NEW@", new).replace("@ROWS@", _ROWS_NEW)
-               .replace("@NEWPTRS@", " | reinterpret_cast<unsigned long long>(nkp) | reinterpret_cast<unsigned long long>(nvp)"))
+    writing = _AT_STRIDED + (source.replace("@NEW@", new).replace("@ROWS@", _ROWS_NEW)
+                             .replace("@NEWPTRS@", " | reinterpret_cast<unsigned long long>(nkp) | reinterpret_cast<unsigned long long>(nvp)")
+                             .replace("@NEWALIGN@", "&& ((nkj | nvj) * sizeof(T)) % 16 == 0"))
     return plain, writing
 
 
 _SOURCE, _SOURCE_NEW = _variants(_SOURCE.replace("@SHAPES@", _SHAPES).replace("@KEYS@", _KEY_LOOP),
                                  "lane * PER", "(bhl % Lq)", "h % (Hq / Hkv) == 0")
 _kernel = Kernel("graphc_ragged_decode_attention", _INPUTS, ["out"], _SOURCE)
-_kernel_new = Kernel("graphc_ragged_decode_attention_write", _INPUTS_NEW, ["out"], _SOURCE_NEW)
+_kernel_new = Kernel("graphc_ragged_decode_attention_write", _INPUTS_NEW, ["out"], _SOURCE_NEW, ensure_row_contiguous=False)
 
 # The grouped and vec kernels open the same way: one block per (row, KV head, query position)
 # serving the G query heads of that KV group; @LANES@ sets `off`, the first of the @N@ dims of a
@@ -205,7 +240,7 @@ _GROUP_OPEN = _SHAPES + r"""    int blk = blockIdx.x;  // (b, kvh, l)
       m[g] = NEG_INF;
       lsum[g] = 0.f;
     }
-    const int s = start[b];
+    const int s = GRAPHC_START(b);
     const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
 @NEW@"""
 
@@ -292,7 +327,7 @@ _GROUPED_SOURCE = (_GROUPED_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@KEYS
                    .replace("@LANES@", "    const int off = lane * PER;  // this lane's PER dims of every key"))
 _GROUPED_SOURCE, _GROUPED_SOURCE_NEW = _variants(_GROUPED_SOURCE, "off", "ql", "true")
 _grouped = Kernel("graphc_grouped_decode_attention", _INPUTS, ["out"], _GROUPED_SOURCE)
-_grouped_new = Kernel("graphc_grouped_decode_attention_write", _INPUTS_NEW, ["out"], _GROUPED_SOURCE_NEW)
+_grouped_new = Kernel("graphc_grouped_decode_attention_write", _INPUTS_NEW, ["out"], _GROUPED_SOURCE_NEW, ensure_row_contiguous=False)
 
 # The grouped kernel again, laid out for memory-level parallelism (the "vec" kernel). The grouped
 # kernel's lanes each hold D/32 dims of a key and load them as D/32 two-byte loads, four keys per
@@ -311,7 +346,8 @@ _VEC_SOURCE = r"""
     constexpr int GPW = 32 / LPK;          // keys one warp-wide load covers
     constexpr int STRIDE = WARPS * GPW;    // keys one block-wide load covers
 @OPEN@    // 16-byte loads need 16-byte addresses; a view at an odd offset takes the element loads.
-    const bool aligned = ((reinterpret_cast<unsigned long long>(kp) | reinterpret_cast<unsigned long long>(vp)@NEWPTRS@) & 15) == 0;
+    const bool aligned = ((reinterpret_cast<unsigned long long>(kp) | reinterpret_cast<unsigned long long>(vp)@NEWPTRS@) & 15) == 0
+                         @NEWALIGN@;
     for (int jw = s + warp * GPW; jw < e; jw += STRIDE * KPL) {  // warp-uniform: shuffles below
       uint4 kr[KPL];
       uint4 vr[KPL];
@@ -397,7 +433,7 @@ _VEC_SOURCE = (_VEC_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@CLOSE@", _GR
     const int off = sub * VEC;"""))
 _VEC_SOURCE, _VEC_SOURCE_NEW = _variants(_VEC_SOURCE, "off", "ql", "true")
 _vec = Kernel("graphc_vec_decode_attention", _INPUTS, ["out"], _VEC_SOURCE)
-_vec_new = Kernel("graphc_vec_decode_attention_write", _INPUTS_NEW, ["out"], _VEC_SOURCE_NEW)
+_vec_new = Kernel("graphc_vec_decode_attention_write", _INPUTS_NEW, ["out"], _VEC_SOURCE_NEW, ensure_row_contiguous=False)
 
 # Shared memory the grouped kernel's final combine may use (static, well under 48 KB).
 _GROUPED_SMEM = 32 * 1024
@@ -466,8 +502,10 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | N
 
     `new`: (nk, nv), this step's L new keys / values [B, Hkv, L, D]: the kernel reads columns
     end - L .. end - 1 from them and writes them into k and v **in place** (k, v: evaluated or
-    lazy row-contiguous buffers the caller keeps using; MLX does not see the write, so nothing
-    else may read those columns of k, v before this launch). Only after `write_check()` passed."""
+    lazy buffers the caller keeps using; MLX does not see the write, so nothing else may read
+    those columns of k, v before this launch). Only after `write_check()` passed. This variant
+    takes q, k, v, nk, nv and start in any layout whose last dim is contiguous (views of the
+    fused q/k/v matmul's rows, as a compiled step makes them) without a copy."""
     B, Hq, L, D = q.shape
     Hkv = k.shape[1]
     if D % 32 or Hkv == 0 or Hq % Hkv:
@@ -475,6 +513,8 @@ def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | N
                          f"q {q.shape}, k {k.shape}")
     if not isinstance(scale, mx.array):
         scale = mx.array([scale], dtype=mx.float32)
+    if new:  # row-contiguous queries (a no-op where they are); the new keys / values are read as they are
+        q = mx.contiguous(q)
     ins = [q, k, v, *new, start, end, scale] if new else [q, k, v, start, end, scale]
     if new and not (new[0].shape == new[1].shape == (B, Hkv, L, D)):
         raise ValueError(f"new keys / values must be [B, Hkv, L, D] = {(B, Hkv, L, D)}, got "
@@ -602,12 +642,14 @@ def _compare_write_kind(seed: int, kind: str) -> str | None:
     """The writing variant of `kind` on CHECK_CASES: its output must match MLX's masked attention
     over the cache with the new columns in place (to bf16 rounding), and afterwards the cache
     buffers must hold exactly the new columns there and be unchanged everywhere else."""
-    for (B, Hq, Hkv, C, D, end, L), ks, start, configs in _check_cases(seed + 1, kind, 5):
+    for i, ((B, Hq, Hkv, C, D, end, L), ks, start, configs) in enumerate(_check_cases(seed + 1, kind, 5)):
         q = mx.random.normal((B, Hq, L, D), key=ks[0]).astype(mx.bfloat16)
         k0 = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
         v0 = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
         nk = mx.random.normal((B, Hkv, L, D), key=ks[3]).astype(mx.bfloat16)
         nv = mx.random.normal((B, Hkv, L, D), key=ks[4]).astype(mx.bfloat16)
+        if i % 2 == 0:  # as a compiled step passes them: views of one fused q/k/v row per token
+            q, nk, nv = fused_rows_views(q, nk, nv)
         k_after = mx.slice_update(k0, nk, mx.array([end - L]), axes=(2,))
         v_after = mx.slice_update(v0, nv, mx.array([end - L]), axes=(2,))
         want = reference(q.astype(mx.float32), k_after.astype(mx.float32), v_after.astype(mx.float32),
@@ -627,6 +669,17 @@ def _compare_write_kind(seed: int, kind: str) -> str | None:
             if not (mx.array_equal(k, k_after).item() and mx.array_equal(v, v_after).item()):
                 return f"writing {kind} kernel{at} left the cache buffers wrong at B={B} Hq={Hq} L={L} C={C} D={D}"
     return None
+
+
+def fused_rows_views(q, nk, nv):
+    """The same q [B, Hq, L, D], nk, nv [B, Hkv, L, D] as strided views of one [B, L, (Hq + 2 Hkv) D]
+    array: the layout of a fused q/k/v matmul's output split into heads (compiler/fused_block.py),
+    which the writing kernels read without a copy."""
+    B, Hq, L, D = q.shape
+    rows = mx.concatenate([x.transpose(0, 2, 1, 3).reshape(B, L, -1) for x in (q, nk, nv)], axis=-1)
+    mx.eval(rows)
+    parts = mx.split(rows, [Hq * D, (Hq + nk.shape[1]) * D], axis=-1)
+    return [p.reshape(B, L, -1, D).transpose(0, 2, 1, 3) for p in parts]
 
 
 def _compare_write(seed: int) -> str | None:
