@@ -14,17 +14,14 @@ set -u
 D="$(dirname "$0")"
 case "$1" in
 many8b)
-  S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
-  timeout 540 python3 -m graphc.runtime.bench.step_profile --model llama-3.1-8b --batch 64 --repeats 101 \
-      --new 48 --skip 8 --paired "$S" --engine-kw '{"compile": "auto"}' --json $OUT/many8b-$2.json 2>&1 \
-      | grep --line-buffered "^B=\|rror" | tee $OUT/many8b-$2.log | tail -2 ;;
+  MANY8B_TIMEOUT=540 bash "$D/run23-h200.sh" many8b "$2" ;;
 spec)
   python3 -c "from graphc.compiler.gguf import resolve_model_path as r; print(r('$2'))" 2>&1 | tail -1
   timeout 200 python3 -m graphc.cli bench --user-api --no-progress --user-workloads grounded --batches 1 \
       --long-new 96 --short-new 8 --user-repeats 3 --model "$2" --no-compile --json $OUT/grounded-eager-$3.json 2>&1 \
       | grep "^| B\|^note\|rror" | tee $OUT/spec-$3.log ;;
 copies)
-  timeout 200 python3 "$D/proto_kv_write_kernel.py" copies llama-3.1-8b 64,1 5 2>&1 | grep -v "^\s*$" | tail -8 | tee $OUT/copies-$2.log
+  timeout 260 python3 "$D/proto_kv_write_kernel.py" copies llama-3.1-8b 64,1 5 2>&1 | grep -v "^\s*$" | tail -8 | tee $OUT/copies-$2.log
   timeout 150 python3 "$D/proto_kv_write_kernel.py" copies llama-3.2-1b 64 9 2>&1 | grep -v "^\s*$" | tail -4 | tee -a $OUT/copies-$2.log ;;
 *)
   bash "$D/run23-h200.sh" "$@" ;;
