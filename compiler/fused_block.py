@@ -125,7 +125,6 @@ def llama_blocks(layers: list) -> FusedBlocks:
             reasons.append(why)
             continue
         a, m = layer.self_attn, layer.mlp
-        nq, nk = a.q_proj.weight.shape[0], a.k_proj.weight.shape[0]
         if type(a.q_proj) is nn.QuantizedLinear:  # stacked quantized rows (same format, checked above)
             qkv, gu = _QuantizedRows([a.q_proj, a.k_proj, a.v_proj]), _QuantizedRows([m.gate_proj, m.up_proj])
             mx.eval(*qkv.arrays(), *gu.arrays())
@@ -133,7 +132,7 @@ def llama_blocks(layers: list) -> FusedBlocks:
             qkv = mx.concatenate([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
             gu = mx.concatenate([m.gate_proj.weight, m.up_proj.weight])
             mx.eval(qkv, gu)  # materialized now: the model's arrays are only read, never replaced
-        weights[id(layer)] = {"qkv": qkv, "gate_up": gu, "split": [nq, nq + nk]}
+        weights[id(layer)] = {"qkv": qkv, "gate_up": gu}  # rows: q, k, v heads of one head dim
     reason = "; ".join(sorted(set(reasons))) or None
     return FusedBlocks(weights, llama_block, total=len(layers), what="q/k/v + gate/up", reason=reason)
 
@@ -148,13 +147,18 @@ def llama_block(layer, w: dict | None, x: mx.array, cache) -> mx.array:
     xn = layer.input_layernorm(x)
     if w is None:
         q, k, v = a.q_proj(xn), a.k_proj(xn), a.v_proj(xn)
+        q = q.reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = a.rope(q, offset=cache.offset)
+        k = a.rope(k, offset=cache.offset)
     else:
-        q, k, v = mx.split(_rows(cache, xn, w["qkv"]), w["split"], axis=-1)
-    q = q.reshape(B, L, a.n_heads, -1).transpose(0, 2, 1, 3)
-    k = k.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    v = v.reshape(B, L, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    q = a.rope(q, offset=cache.offset)
-    k = a.rope(k, offset=cache.offset)
+        # The fused row holds every head of q, k and v ([B, L, Hq + 2 Hkv, D]). RoPE turns each head
+        # alone, at the same positions, so the q and k heads go through it as one array: one
+        # launch a layer instead of two, the same numbers.
+        heads = _rows(cache, xn, w["qkv"]).reshape(B, L, a.n_heads + 2 * a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        qk = a.rope(heads[:, : a.n_heads + a.n_kv_heads], offset=cache.offset)
+        q, k, v = qk[:, : a.n_heads], qk[:, a.n_heads:], heads[:, a.n_heads + a.n_kv_heads:]
     o = cache.attend_new(q, k, v, a.scale).transpose(0, 2, 1, 3).reshape(B, L, -1)
     if w is None:
         h = x + a.o_proj(o)
