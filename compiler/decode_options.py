@@ -11,6 +11,9 @@
       attention_kernel: true   # CUDA: the ragged decode-attention kernel, once it matched MLX (default true)
       kv_write_kernel: true    # CUDA, compiled steps: that kernel also writes the step's K/V columns into
                                # the cache in place, instead of a scatter per layer and plane (default true)
+      residual_matmul: true    # CUDA, fused blocks: the residual adds after o_proj / down_proj as the
+                               # matmul's C input (cuBLAS adds it in the epilogue; one rounding
+                               # instead of two) instead of an add launch each (default true)
       skinny_matmul: false     # CUDA: the 2..64-row matmul kernel, once it matched MLX (default false)
       skinny_table: null       # a tuned launch table for it (`python -m graphc.runtime.kernels.tune
                                # --table FILE`); null: the built-in heuristic
@@ -32,6 +35,7 @@ DECODE_OPTIONS = {
     "fuse_projections": (True, "the architecture's fused decode block (llama: q/k/v and gate/up as one matmul each)"),
     "attention_kernel": (True, "CUDA: the ragged decode-attention kernel"),
     "kv_write_kernel": (True, "CUDA, compiled steps: the attention kernel writes the step's K/V columns in place"),
+    "residual_matmul": (True, "CUDA, fused blocks: each residual add as the o_proj / down_proj matmul's C input"),
     "skinny_matmul": (False, "CUDA: the 2..64-row matmul kernel"),
     "skinny_table": (None, "a tuned launch table (JSON) for the skinny matmul; null: the built-in heuristic"),
     "sampling_kernel": (True, "CUDA: the sampled step's candidate stage (first K ranks, 1/T, noise) as one kernel"),
@@ -104,7 +108,7 @@ def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> t
     elif fused:
         parts.append(fused)
     for key, label in (("attention_kernel", "ragged attention kernel"), ("kv_write_kernel", "K/V write"),
-                       ("skinny_matmul", "skinny matmul")):
+                       ("residual_matmul", "residual adds"), ("skinny_matmul", "skinny matmul")):
         if not options.get(key):
             parts.append(f"{label}: off")
         elif applied and applied.get(key) is not None:

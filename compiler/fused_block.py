@@ -164,10 +164,10 @@ def llama_block(layer, w: dict | None, x: mx.array, cache) -> mx.array:
         h = x + a.o_proj(o)
         return h + layer.mlp(layer.post_attention_layernorm(h))
     quantized = isinstance(w["qkv"], _QuantizedRows)  # then o_proj / down_proj run as the model's modules
-    h = x + (a.o_proj(o) if quantized else cache.matmul(o, a.o_proj.weight))
+    h = (x + a.o_proj(o)) if quantized else cache.plus_matmul(x, o, a.o_proj.weight)
     g, u = mx.split(_rows(cache, layer.post_attention_layernorm(h), w["gate_up"]), 2, axis=-1)
     act = swiglu(g, u)  # mlx-lm's MLP activation
-    return h + (layer.mlp.down_proj(act) if quantized else cache.matmul(act, layer.mlp.down_proj.weight))
+    return (h + layer.mlp.down_proj(act)) if quantized else cache.plus_matmul(h, act, layer.mlp.down_proj.weight)
 
 
 def _rows(cache, x, w):

@@ -11,6 +11,8 @@ runs the layer itself through this cache:
     cache.update_and_fetch(k, v)    write this step's keys / values, return what to attend over
     cache.attend(q, k, v, scale)    attention over the valid columns (MLX's, or a CUDA kernel)
     cache.matmul(x, w)              x @ w.T (MLX's, or the skinny-matmul kernel)
+    cache.plus_matmul(x, y, w)      x + y @ w.T, a residual: one matmul with x as its C input
+                                    (compiled CUDA steps, `residual_matmul`), or the matmul and an add
 """
 
 from __future__ import annotations
@@ -30,3 +32,5 @@ class DecodeBlockCache(Protocol):
     def attend_new(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array: ...
 
     def matmul(self, x: mx.array, w: mx.array) -> mx.array: ...
+
+    def plus_matmul(self, x: mx.array, y: mx.array, w: mx.array) -> mx.array: ...

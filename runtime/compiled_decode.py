@@ -51,7 +51,7 @@ class _FixedKV:
     Also the cache a fused decode block runs through (contracts/decode_block.py)."""
 
     def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel, matmul, blocks=None,
-                 write=False):
+                 write=False, residual=False):
         self.keys, self.values = keys, values
         self.idx, self.offset, self.mask = idx, offset, mask
         self.start, self.end = start, end  # first valid column per row, one past the last
@@ -60,6 +60,14 @@ class _FixedKV:
         self.blocks = blocks or {}
         self.matmul = matmul  # x @ w.T for the fused block's projections (MLX's or the skinny kernel)
         self.write = write  # attend_new writes the new columns inside the kernel (kv_write_kernel)
+        self.residual = residual  # plus_matmul adds x in the matmul (residual_matmul)
+
+    def plus_matmul(self, x, y, w):
+        """x + y @ w.T for a fused block's residual: one matmul that takes x as its C input
+        (`mx.addmm`; on CUDA cuBLAS adds it in the epilogue and rounds once), or the matmul and an add."""
+        if self.residual:
+            return mx.addmm(x, y, w.T)
+        return x + self.matmul(y, w)
 
     def update_and_fetch(self, k, v):
         self.keys = _write_columns(self.keys, k, self.idx)
@@ -125,6 +133,12 @@ def _scatter_writes() -> bool:
     return available()
 
 
+def _on_cuda() -> bool:
+    from .kernels import available
+
+    return available()
+
+
 def _mlx_matmul(x, w):
     return x @ w.T
 
@@ -179,7 +193,7 @@ class CompiledDecode:
 
     def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False,
                  max_batch: int | None = None, skinny_table: str | None = None, measured: bool = False,
-                 max_kv: int | None = None, kv_write: bool = True):
+                 max_kv: int | None = None, kv_write: bool = True, residual: bool = True):
         # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
         # fuse_projections, attention_kernel, kv_write_kernel, skinny_matmul, skinny_table (the bench's
         # --compile-ablation switches each off through Engine(decode_options=...)).
@@ -225,6 +239,13 @@ class CompiledDecode:
         if self.skinny and skinny_table:
             skinny_matmul.load_table(skinny_table)  # a bad table fails here, not in a decode step
         self.matmul = skinny_matmul.matmul if self.skinny else _mlx_matmul
+        # The fused blocks' residual adds as the o_proj / down_proj matmuls' C input: two launches
+        # a layer fewer. CUDA only, where the step's numbers already differ from mlx-lm's by
+        # rounding (the kernels above); on the CPU the step keeps mlx-lm's exact adds.
+        self.residual_note = ("off (decode: {residual_matmul: false})" if not residual
+                              else "off (not a CUDA device: mlx-lm's own adds, bit for bit)" if not _on_cuda()
+                              else "off (the skinny matmul serves the projections)" if self.skinny else None)
+        self.residual = self.residual_note is None
         self._fn = mx.compile(self._traced)
         # Speculative verify steps (runtime/speculative/): [B, L] tokens, the plan's verify node.
         self.verify_node = step.outputs.get("verify")
@@ -240,7 +261,7 @@ class CompiledDecode:
         offset = idx - left_pad
         end = (idx + 1).reshape(1)
         shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks,
-                          self.write)
+                          self.write, self.residual)
                  for k, v in zip(keys, values)]
         ctx = self.step.forward(StepInputs(tokens, shims, matmul=self.matmul if self.skinny else None))
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
@@ -261,7 +282,7 @@ class CompiledDecode:
         offset = idx - left_pad
         end = (idx + L).reshape(1)  # the kernel: query j sees columns up to end - L + j = idx + j
         shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks,
-                          self.write)
+                          self.write, self.residual)
                  for k, v in zip(keys, values)]
         ctx = self.step.forward(StepInputs(tokens, shims, all_positions=True, options={"draft_lengths": lengths},
                                            matmul=self.matmul if self.skinny else None))
@@ -340,6 +361,7 @@ class CompiledDecode:
         return {"fused_layers": len(self.fused), "fused": self.fused.note,
                 "attention_kernel": f"on ({grouped_note()})" if self.kernel else f"off ({self.kernel_note})",
                 "kv_write_kernel": "on (in the attention kernel)" if self.write else self.write_note,
+                "residual_matmul": "on (mx.addmm)" if self.residual else self.residual_note,
                 "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})"}
 
     def head(self, ctx: StepContext, extra_edits=None):

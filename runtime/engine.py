@@ -85,7 +85,7 @@ class Engine:
                                                   max_batch=AUTO_MAX_BATCH if auto else None,
                                                   max_kv=AUTO_MAX_KV if auto else None,
                                                   skinny_table=o["skinny_table"], measured=o["compile"] == "measured",
-                                                  kv_write=o["kv_write_kernel"])
+                                                  kv_write=o["kv_write_kernel"], residual=o["residual_matmul"])
         self._show_compile_pass()
         if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
             max_batch, batch_prefill = 1, False

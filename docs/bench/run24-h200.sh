@@ -9,6 +9,9 @@
 #   copies TAG   : docs/bench/proto_kv_write_kernel.py copies: the writing kernels read the new keys /
 #                  values as strided views (no copy, after run 24) against copies first (as before):
 #                  32 layers at 8B batch 64, then through the API at 8B batch 64 and 1, 1B batch 64 (~5 min)
+#   ablation TAG : graphc bench --compile-ablation at 1B then 8B, batches 64 and 1: the compiled step
+#                  against itself with each part off, among them `residual_matmul` (compiled/noaddmm,
+#                  new in run 24) and `kv_write_kernel` (compiled/nokvwrite) (~2 x 4 min)
 #   many TAG, table8b TAG, table1b TAG, kvw TAG, kvw1b TAG, ... : as in run23-h200.sh
 set -u
 D="$(dirname "$0")"
@@ -23,6 +26,11 @@ spec)
 copies)
   timeout 260 python3 "$D/proto_kv_write_kernel.py" copies llama-3.1-8b 64,1 5 2>&1 | grep -v "^\s*$" | tail -8 | tee $OUT/copies-$2.log
   timeout 150 python3 "$D/proto_kv_write_kernel.py" copies llama-3.2-1b 64 9 2>&1 | grep -v "^\s*$" | tail -4 | tee -a $OUT/copies-$2.log ;;
+ablation)
+  for m in llama-3.2-1b llama-3.1-8b; do
+    timeout 270 python3 -m graphc.cli bench --no-progress --workloads decode --batches 64,1 --compile-ablation \
+        --model $m --json $OUT/ablation-$m-$2.json 2>&1 | grep "^|\|rror" | tee -a $OUT/ablation-$2.log
+  done ;;
 *)
   bash "$D/run23-h200.sh" "$@" ;;
 esac

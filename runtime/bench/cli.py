@@ -51,7 +51,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--compile-ablation", action="store_true",
                    help="also measure compiled decode without fused projections, without the attention kernel, "
-                   "and with scatters instead of the attention kernel's K/V write")
+                   "with scatters instead of the attention kernel's K/V write, and with separate residual adds "
+                   "(residual_matmul off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skinny-table", default=None, metavar="FILE",
                    help="launch table for the skinny matmul (`python -m graphc.runtime.kernels.tune --table FILE`)")

@@ -9,6 +9,7 @@ from .env import describe
 
 LABELS = {"graphc": "graphc", "graphc_compiled": "graphc+compile", "compiled_nofuse": "compile w/o fusion",
           "compiled_nokernel": "compile w/o kernel", "compiled_nokvwrite": "compile, K/V scatters",
+          "compiled_noaddmm": "compile, residual adds",
           "batchgen": "mlx-lm BatchGen",
           "plain": "plain mlx-lm loop", "graphc_on": "graphc cache on", "graphc_off": "graphc cache off"}
 

@@ -183,7 +183,8 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
             if use_compile and cfg.compile_ablation:
                 for name, ev in (("compiled_nofuse", {"fuse_projections": False}),
                                   ("compiled_nokernel", {"attention_kernel": False}),
-                                  ("compiled_nokvwrite", {"kv_write_kernel": False})):
+                                  ("compiled_nokvwrite", {"kv_write_kernel": False}),
+                                  ("compiled_noaddmm", {"residual_matmul": False})):
                     add("decode", (B, name), f"decode B={B} graphc+compile ({name})",
                         lambda ps=ps, ev=ev: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R,
                                                                compile=True, decode_options=ev))
@@ -381,7 +382,7 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
 
     for B in cfg.batches if "decode" in cfg.workloads else ():
         names = ("graphc", "graphc_compiled", "compiled_skinny", "compiled_nofuse", "compiled_nokernel",
-                 "compiled_nokvwrite", "batchgen", "plain")
+                 "compiled_nokvwrite", "compiled_noaddmm", "batchgen", "plain")
         vals = {n: tps(("decode", B, n), B) for n in names if raw.get(("decode", B, n))}
         steps = {n: ms(("decode", B, n)) for n in vals}
         best = min(steps.get(n, math.inf) for n in ("graphc", "graphc_compiled", "compiled_skinny"))
@@ -400,6 +401,7 @@ def _rows(raw: dict, cfg: BenchConfig, wbytes: int, env: dict) -> list[dict]:
                 "nofuse/graphc": _ratio(vals.get("compiled_nofuse"), vals.get("graphc")),
                 "nokernel/graphc": _ratio(vals.get("compiled_nokernel"), vals.get("graphc")),
                 "compiled/nokvwrite": _ratio(vals.get("graphc_compiled"), vals.get("compiled_nokvwrite")),
+                "compiled/noaddmm": _ratio(vals.get("graphc_compiled"), vals.get("compiled_noaddmm")),
             }),
             "hbm_roofline_ms": roof,
             # The HBM roofline is an H200 number: on other devices the gap means nothing.
