@@ -70,6 +70,27 @@ def test_paired_mode_with_a_control_normalizes_each_pair_by_the_plain_loop(tmp_p
     assert sorted(pairs["normalized"])[0] == pairs["normalized_min_median_max"][0]
 
 
+def test_a_budget_cuts_the_pairs_by_time_and_keeps_the_ones_done(tmp_path, monkeypatch):
+    """--budget: no new pair starts once the budget (counted from the start) is spent; the pairs
+    done are summarized and written, marked as cut (a device call's time limit otherwise loses
+    them all, as run 24's first 8B run showed)."""
+    ticks = iter(range(0, 10_000, 10))  # each look at the clock: 10 s later
+    monkeypatch.setattr(step_profile, "_clock", lambda: next(ticks))
+    out = tmp_path / "p.json"
+    res = step_profile.main(["--model", "tiny", "--batch", "2", "--prompt-len", "8", "--new", "12", "--skip", "2",
+                             "--repeats", "5", "--paired", '{"temperature": 0.8, "top_k": 20}', "--budget", "25",
+                             "--json", str(out)])
+    (pairs,) = res["pairs"]
+    # the start is 0, pairs look at 10 and 20 (within 25) and stop at 30
+    assert len(pairs["ratio"]) == 2 and pairs["cut"] == "after 2 of 5 pairs (--budget 25 s)"
+    assert pairs["ratio_min_median_max"][0] == min(pairs["ratio"])
+    assert json.loads(out.read_text()) == res
+    ticks = iter(range(0, 10_000, 100))  # spent before the first pair: nothing to summarize, no crash
+    res = step_profile.main(["--model", "tiny", "--batch", "2", "--prompt-len", "8", "--new", "12", "--skip", "2",
+                             "--repeats", "3", "--paired", '{"temperature": 0.8}', "--budget", "25"])
+    assert res["pairs"][0]["ratio"] == [] and res["pairs"][0]["ratio_verdict"] == "not resolved (no pairs)"
+
+
 def test_the_median_interval_is_the_binomial_order_statistics():
     """n = 9: the 2nd smallest and 2nd largest (coverage 1 - 20/512 = 0.961; the 3rd would be
     0.820); n = 6: the extremes (0.969); n = 5 cannot reach 95 % (0.9375)."""

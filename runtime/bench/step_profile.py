@@ -27,7 +27,9 @@ calls alternate on one Engine and each pair gives a ratio of per-step medians, e
 own speed moves between calls (run 21c), and a host-bound step moves with it. Each ratio's
 summary ends with a distribution-free 95 % interval of its median (order statistics; 6 pairs at
 least) and what it shows against `--limit` (default 0.05: "sampling at most 5 % over greedy"):
-shown, the opposite shown, or not resolved.
+shown, the opposite shown, or not resolved. `--budget SECONDS` starts no new pair once that
+much time has passed since the start (model load included) and reports the pairs done, marked
+as cut: under a device call's time limit a run otherwise loses them all.
 """
 
 from __future__ import annotations
@@ -142,6 +144,10 @@ def plain_loop(model, prompts, new: int, skip: int) -> list[dict]:
     return rows
 
 
+def _clock() -> float:
+    return time.monotonic()
+
+
 def summarize(rows: list[dict]) -> dict:
     return {p: round(median(r.get(p, 0.0) for r in rows) * 1e3, 3) for p in PARTS} | {"steps": len(rows)}
 
@@ -169,6 +175,7 @@ def paired(eng, rng, vocab: int, B: int, args, sampling: dict, model=None) -> di
         prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(B)]
         return summarize(plain_loop(model, prompts, args.new, args.skip))["step"]
 
+    deadline = getattr(args, "deadline", None)
     for kind in kinds:  # warm-up: kernels built, traces, pool allocated
         call(kind)
     if control:
@@ -179,6 +186,10 @@ def paired(eng, rng, vocab: int, B: int, args, sampling: dict, model=None) -> di
         res.update(greedy_control=[], sampled_control=[], normalized=[])
     try:
         for r in range(args.repeats):
+            if deadline is not None and _clock() > deadline:  # --budget: a cut by time, not by results
+                res["cut"] = f"after {r} of {args.repeats} pairs (--budget {args.budget:g} s)"
+                print(f"B={B:3d} {res['cut']}", flush=True)
+                break
             for kind in (("greedy", "sampled") if r % 2 == 0 else ("sampled", "greedy")):
                 gc.collect()
                 timer.steps = []
@@ -198,6 +209,10 @@ def paired(eng, rng, vocab: int, B: int, args, sampling: dict, model=None) -> di
         uninstrument(eng)
     for name in ("ratio", "normalized") if control else ("ratio",):
         rs = sorted(res[name])
+        if not rs:
+            res[f"{name}_verdict"] = "not resolved (no pairs)"
+            print(f"B={B:3d} no pairs", flush=True)
+            continue
         res[f"{name}_min_median_max"] = [rs[0], round(median(rs), 4), rs[-1]]
         ci = median_interval(rs)
         res[f"{name}_median_95"] = list(ci) if ci else None
@@ -262,8 +277,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--limit", type=float, default=0.05,
                     help="with --paired: the overhead the 95 %% interval of the median ratio is judged against "
                     "(issue 15: sampling at most 5 %% over greedy)")
+    ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                    help="with --paired: start no new pair after this many seconds from the start (model load "
+                    "included) and report the pairs done, marked as cut; for a device call with a time limit, "
+                    "which would otherwise lose every result")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    args.deadline = None if args.budget is None else _clock() + args.budget
 
     from .contestants import graphc_params, make_engine
     from .shapes import load_shape
