@@ -194,8 +194,8 @@ class CompiledDecode:
                  max_batch: int | None = None, skinny_table: str | None = None, measured: bool = False,
                  max_kv: int | None = None, kv_write: bool = True, residual: bool = True):
         # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
-        # fuse_projections, attention_kernel, kv_write_kernel, skinny_matmul, skinny_table (the bench's
-        # --compile-ablation switches each off through Engine(decode_options=...)).
+        # fuse_projections, attention_kernel, kv_write_kernel, residual_matmul, skinny_matmul, skinny_table
+        # (the bench's --compile-ablation switches each off through Engine(decode_options=...)).
         self.max_batch = max_batch
         self.max_kv = max_kv
         # compile="measured": per batch-size bucket, the runner's decode cycles are timed and the
