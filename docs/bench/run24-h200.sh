@@ -33,7 +33,7 @@ copies)
   timeout 260 python3 "$D/proto_kv_write_kernel.py" copies llama-3.1-8b 64,1 5 2>&1 | grep -v "^\s*$" | tail -8 | tee $OUT/copies-$2.log
   timeout 150 python3 "$D/proto_kv_write_kernel.py" copies llama-3.2-1b 64 9 2>&1 | grep -v "^\s*$" | tail -4 | tee -a $OUT/copies-$2.log ;;
 ablation)
-  for m in llama-3.2-1b llama-3.1-8b; do
+  for m in ${ABLATION_MODELS:-llama-3.2-1b llama-3.1-8b}; do  # ABLATION_MODELS=llama-3.2-1b: one model
     timeout 270 python3 -m graphc.cli bench --no-progress --workloads decode --batches 64,1 --compile-ablation \
         --model $m --json $OUT/ablation-$m-$2.json 2>&1 | grep "^|\|rror" | tee -a $OUT/ablation-$2.log
   done ;;
