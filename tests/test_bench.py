@@ -136,6 +136,37 @@ def test_user_api_compile_measured_contestant(tmp_path):
     assert "graphc_measured" in row["values"] and "graphc_measured/batch_generate" in row["ratios"]
 
 
+USER_SKINNY = ["bench", "--user-api", "--model", "tiny", "--batches", "2", "--prompt-len", "8", "--short-new", "2",
+               "--long-new", "12", "--user-repeats", "3", "--user-workloads", "decode", "--user-skinny", "--no-progress"]
+
+
+def test_user_api_skinny_contestant_says_why_not_where_the_kernel_is_off(tmp_path):
+    out = tmp_path / "s.json"
+    assert graphc_main([*USER_SKINNY, "--json", str(out)]) == 0  # the CPU: no CUDA kernel
+    res = json.loads(out.read_text())
+    [row] = res["rows"]
+    assert "graphc_skinny" not in row["values"]
+    assert any(n.startswith("graphc_skinny not measured") and "not a CUDA device" in n for n in res["notes"])
+
+
+def test_user_api_skinny_contestant_runs_the_kernel_where_it_checks(tmp_path, monkeypatch):
+    from graphc.runtime.kernels import skinny_matmul
+
+    calls = []
+
+    def stand_in(x, w):  # MLX's own product, counted: stands in for the CUDA kernel on the CPU
+        calls.append(x.shape)
+        return x @ w.T
+
+    monkeypatch.setattr(skinny_matmul, "check", lambda seed=0: None)
+    monkeypatch.setattr(skinny_matmul, "matmul", stand_in)
+    out = tmp_path / "s.json"
+    assert graphc_main([*USER_SKINNY, "--json", str(out)]) == 0
+    [row] = json.loads(out.read_text())["rows"]
+    assert "graphc_skinny" in row["values"] and "graphc_skinny/batch_generate" in row["ratios"]
+    assert calls  # the contestant's compiled step went through the skinny matmul
+
+
 def test_user_api_rows_cover_every_workload_batch_and_contestant(user_result):
     rows = user_result["rows"]
     decode = [r for r in rows if r["workload"] == "decode"]

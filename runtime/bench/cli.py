@@ -20,6 +20,9 @@ def add_parser(subparsers) -> None:
                    help="weights dtype for random shapes (and for --dequantize)")
     p.add_argument("--compile-measured", action="store_true",
                    help="--user-api: also measure graphc with compile='measured' (contestant graphc_measured)")
+    p.add_argument("--user-skinny", action="store_true",
+                   help="--user-api: also measure graphc with compile='auto' and the skinny matmul kernel "
+                        "(Engine(skinny_gemm=True), contestant graphc_skinny; CUDA only: elsewhere a note says why not)")
     p.add_argument("--dequantize", action="store_true",
                    help="--user-api with a quantized model folder or .gguf: measure it with its weights "
                         "dequantized to --dtype (the same weights unquantized, e.g. a bf16 stand-in for a "
@@ -94,7 +97,8 @@ def cmd_user_api(args) -> int:
     cfg = UserConfig(batches=args.batches, prompt_len=args.prompt_len, short_new=args.short_new,
                      long_new=args.long_new, repeats=args.user_repeats, prefill_cases=_cases(args.prefill_cases),
                      workloads=wl, compile=args.compile is not False, seed=args.seed,
-                     num_draft_tokens=args.num_draft_tokens, measured=args.compile_measured)
+                     num_draft_tokens=args.num_draft_tokens, measured=args.compile_measured,
+                     skinny=args.user_skinny)
     env = environment()
     model, tokenizer, config, label = load_shape(args.model, args.dtype, args.seed, dequantize=args.dequantize)
     try:

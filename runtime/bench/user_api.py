@@ -6,7 +6,9 @@ this suite times whole public calls, as an application sees them:
 - graphc: `Engine.generate(prompts, SamplingParams(...))` on one Engine kept across calls
   (defaults otherwise: prefix cache on, default `prefill_chunk`), with `compile=True`,
   with `compile="auto"` (compiled only up to 64 rows) and, with `--compile-measured`, with
-  `compile="measured"` (compiled or eager per batch size by timing, runtime/measured_gate.py);
+  `compile="measured"` (compiled or eager per batch size by timing, runtime/measured_gate.py),
+  and, with `--user-skinny`, with `compile="auto", skinny_gemm=True` (contestant graphc_skinny:
+  the skinny matmul kernel for the compiled step's projections; CUDA only, where it checks);
 - mlx-lm: `mlx_lm.batch_generate` (with `completion_batch_size` >= the batch, so every row
   decodes together), and a plain loop over the mlx-lm model and its KV cache;
 
@@ -61,6 +63,7 @@ class UserConfig:
     seed: int = 0
     num_draft_tokens: int | None = None  # grounded: k (None: the default)
     measured: bool = False  # also graphc with compile="measured" (contestant graphc_measured)
+    skinny: bool = False  # also graphc with compile="auto", skinny_gemm=True (contestant graphc_skinny)
 
 
 # -- the contestants, each one public call -----------------------------------------------------
@@ -181,6 +184,15 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     compiled = GraphcUser(model, tokenizer, config, compile=True) if cfg.compile else None
     auto = GraphcUser(model, tokenizer, config, compile="auto") if cfg.compile else None
     measured = GraphcUser(model, tokenizer, config, compile="measured") if cfg.compile and cfg.measured else None
+    skinny = None
+    if cfg.compile and cfg.skinny:
+        from graphc.runtime.kernels import skinny_matmul
+
+        why = skinny_matmul.check()  # where the kernel does not serve, the Engine would be graphc_auto again
+        if why is None:
+            skinny = GraphcUser(model, tokenizer, config, compile="auto", skinny_gemm=True)
+        else:
+            notes.append(f"graphc_skinny not measured: the skinny matmul kernel is off here ({why})")
     contestants: dict[str, Callable] = {
         "graphc": lambda ps, n, s=None: graphc.generate(ps, n, s),
         "batch_generate": lambda ps, n, s=None: batch_generate(model, tokenizer, ps, n, s),
@@ -190,6 +202,8 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
         contestants["graphc_auto"] = lambda ps, n, s=None: auto.generate(ps, n, s)
     if measured is not None:
         contestants["graphc_measured"] = lambda ps, n, s=None: measured.generate(ps, n, s)
+    if skinny is not None:
+        contestants["graphc_skinny"] = lambda ps, n, s=None: skinny.generate(ps, n, s)
     contestants["plain"] = lambda ps, n, s=None: plain_loop(model, ps, n)
     k = cfg.long_new - cfg.short_new
 
@@ -234,7 +248,7 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                "values": stats, "tok_per_s": {n: B * 1e3 / s["median"] for n, s in stats.items() if s},
                "ratios": {}}
         for base in ("batch_generate", "plain", "graphc"):
-            for g in ("graphc", "graphc_compiled", "graphc_auto", "graphc_measured"):
+            for g in ("graphc", "graphc_compiled", "graphc_auto", "graphc_measured", "graphc_skinny"):
                 if g != base and g in stats and base in stats:
                     c = compare(stats[g], stats[base])
                     if c:
@@ -289,7 +303,7 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
                                         "graphc/plain": compare(stats["graphc"], stats["plain"], lower)}})
             log(f"[user-api] prefill {n}x{L}: TTFT graphc {median(ttft['graphc']):.1f} ms, "
                 f"BatchGenerator {median(ttft['batchgen']):.1f} ms")
-    del graphc, compiled, auto, measured
+    del graphc, compiled, auto, measured, skinny
     C.free()
     return {"user_api": attrs.asdict(cfg), "rows": rows, "notes": notes}
 
