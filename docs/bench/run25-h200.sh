@@ -16,6 +16,11 @@
 #                  graphc_skinny (compile="auto" + the skinny matmul kernel; run 25e's ablation had
 #                  it 1.23x the compiled step at 1B batch 1, windows apart, and 1.15x at batch 64,
 #                  windows overlapping)
+#   exact GGUF TAG: graphc bench --workloads exact on the trained SmolLM2 (Q4_1): how many of 32 rows'
+#                  greedy tokens the compiled step (fused projections, attention kernel, residual adds
+#                  inside the matmuls since run 24) keeps equal to the eager step's, on a model without
+#                  random weights' near-ties (run 2's 8B random weights: 3 of 32). Slow on the CPU only
+#                  (MLX's CPU quantized matmul: ~5 s a step at batch 32 for mlx-lm too)
 #   ...          : as in run24-h200.sh (many8b, spec, copies, ablation, table8b, table1b, ...)
 set -u
 D="$(dirname "$0")"
@@ -30,6 +35,9 @@ skinny)
     timeout 280 python3 -m graphc.cli bench --user-api --no-progress --user-workloads decode --batches 1,64 \
         --user-skinny --model $m --json $OUT/skinny-$m-$2.json 2>&1 | grep "^|\|^note\|rror" | tee -a $OUT/skinny-$2.log
   done ;;
+exact)
+  timeout 240 python3 -m graphc.cli bench --no-progress --workloads exact --model "$2" --json $OUT/exact-$3.json 2>&1 \
+      | grep "^|\|^note\|rror" | tee $OUT/exact-$3.log ;;
 *)
   bash "$D/run24-h200.sh" "$@" ;;
 esac
