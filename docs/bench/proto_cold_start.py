@@ -9,7 +9,9 @@ splits that time: the wall seconds of the build and of five calls in a row of th
 trace, the later ones showing when it settles.
 
 Usage: MLX_PTX_CACHE_DIR=$(mktemp -d) proto_cold_start.py SHAPE B WHO [ENGINE_KW_JSON]
-       WHO: graphc (Engine.generate, greedy then sampled) or mlx-lm (batch_generate, the same)
+       WHO: graphc (Engine.generate, greedy then sampled), graphc-warm (the same after the
+            server's warm-up, runtime/server/warmup.py, timed: what a batch-1 warm-up leaves
+            to the first calls at batch B) or mlx-lm (batch_generate, the same)
 """
 
 import json
@@ -30,10 +32,14 @@ kw = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {"compile": "auto"}
 model, tokenizer, config, label = load_shape(shape, "bfloat16")
 mx.eval(model.parameters())
 t_load = now() - t0
-if who == "graphc":
+if who in ("graphc", "graphc-warm"):
     t1 = now()
     user = GraphcUser(model, tokenizer, config, **kw)
-    print(f"{label} B={B} graphc {kw}: import + build {t_load:.1f} s, Engine {now() - t1:.1f} s", flush=True)
+    print(f"{label} B={B} {who} {kw}: import + build {t_load:.1f} s, Engine {now() - t1:.1f} s", flush=True)
+    if who == "graphc-warm":
+        from graphc.runtime.server.warmup import warm_up
+
+        print(f"  server warm-up (batch 1, greedy + sampled): {warm_up(user.engine):.2f} s", flush=True)
     call = user.generate
 else:
     print(f"{label} B={B} mlx-lm batch_generate: import + build {t_load:.1f} s", flush=True)

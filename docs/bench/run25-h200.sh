@@ -9,9 +9,10 @@
 #                  session that issue 15's sampling goal still needs at 1B. Give it its own
 #                  call on a machine that has run something before (a fresh one spends minutes
 #                  building kernels first: 25f).
-#   cold TAG     : docs/bench/proto_cold_start.py at 1B batch 64, graphc (compile="auto") then
-#                  mlx-lm's batch_generate, each in a fresh process with an empty MLX kernel
-#                  cache: the build and five greedy then five sampled calls, wall seconds each
+#   cold TAG     : docs/bench/proto_cold_start.py at 1B batch 64, graphc (compile="auto"), graphc
+#                  after `graphc serve`'s warm-up (timed), then mlx-lm's batch_generate, each in a
+#                  fresh process with an empty MLX kernel cache: the build and five greedy then five
+#                  sampled calls, wall seconds each
 #   skinny TAG   : the user-API table at 1B and 8B, batches 1 and 64, greedy, with the contestant
 #                  graphc_skinny (compile="auto" + the skinny matmul kernel; run 25e's ablation had
 #                  it 1.23x the compiled step at 1B batch 1, windows apart, and 1.15x at batch 64,
@@ -26,9 +27,9 @@ set -u
 D="$(dirname "$0")"
 case "$1" in
 cold)
-  for who in graphc mlx-lm; do
-    MLX_PTX_CACHE_DIR=$(mktemp -d) timeout 280 python3 "$D/proto_cold_start.py" llama-3.2-1b 64 $who 2>&1 \
-        | grep -v "^\s*$" | tail -5 | tee -a $OUT/cold-$2.log
+  for who in graphc graphc-warm mlx-lm; do
+    MLX_PTX_CACHE_DIR=$(mktemp -d) timeout 190 python3 "$D/proto_cold_start.py" llama-3.2-1b 64 $who 2>&1 \
+        | grep -v "^\s*$" | tail -6 | tee -a $OUT/cold-$2.log
   done ;;
 skinny)
   for m in llama-3.2-1b llama-3.1-8b; do

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -46,6 +47,9 @@ def add_parser(subparsers) -> None:
                    help="comma-separated origins browsers may read responses from (default: CORS off)")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds running requests may finish after SIGTERM/SIGINT before they are aborted")
+    s.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="before reporting ready, run a greedy and a sampled request so the first client does not "
+                        "pay for kernel builds and compiled traces (default: on; a distributed server skips it)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=cmd_serve)
 
@@ -59,7 +63,8 @@ def config_from_args(args) -> ServerConfig:
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
         max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,
-        shutdown_timeout=args.shutdown_timeout, compile=COMPILE_FLAG[args.compile])
+        shutdown_timeout=args.shutdown_timeout, compile=COMPILE_FLAG[args.compile],
+        warmup=args.warmup)
 
 
 def _exit_early(sig, frame) -> None:

@@ -20,6 +20,7 @@ from .errors import APIError, bad_request
 from .logprobs import TokenText
 from .metrics import ServerMetrics
 from .sampling import param_error
+from .warmup import warm_up
 
 log = logging.getLogger("graphc.server")
 
@@ -49,6 +50,7 @@ class ServerState:
         self.texts: TokenText | None = None
         self.ready = False
         self.load_error: str | None = None
+        self.warmup_s: float | None = None  # seconds the warm-up took (None: none ran)
         self.metrics = ServerMetrics()
         self.model_name = config.served_model_name or (Path(config.model).name if config.model else "graphc")
         self.created = int(time.time())
@@ -75,6 +77,10 @@ class ServerState:
                 engine = self._loader()
             else:
                 engine = load_engine(self.config)
+            if self.config.warmup:  # the first client request no longer pays for kernel builds and traces
+                log.info("warming up (a greedy and a sampled request; --no-warmup skips it)")
+                self.warmup_s = warm_up(engine)
+                log.info("warm-up done in %.1f s", self.warmup_s)
             self._attach(engine)
         except BaseException as e:  # reported through /health and 503s, not a dead server
             log.exception("loading the model failed")

@@ -1,0 +1,44 @@
+"""Warm-up before the server reports ready (`graphc serve --warmup`, on by default).
+
+The first request a fresh process serves otherwise pays for everything built on first use:
+MLX's kernels (JIT-compiled on CUDA, cached on disk per machine under /tmp/mlx/<version>/ptx;
+on the CPU, `mx.compile`'s C++), graphc's own CUDA kernels (attention, the top-ranks and
+choose kernels of sampling), and the compiled decode step's trace. On a freshly started H200,
+a benchmark's model build and first two calls at Llama-3.2-1B batch 64 took more than 150 s
+together (run 25f, docs/performance.md; docs/bench/proto_cold_start.py splits it, with and
+without this warm-up). Two short requests run here instead, before `/health` says ok: one
+greedy, one sampled with temperature, top-p and top-k, each at batch 1, through the engine's
+defaults (so a server default of speculative decoding is warmed too). Other batch sizes'
+compiled traces (`compile="auto"`) are still built when a batch of that size first decodes.
+
+The warm-up's tokens are taken back out of the engine's counters, so `/metrics` counts only
+what clients asked for. Its prompt is a fixed draw of token ids from the whole vocabulary: a
+client's prompt sharing a prefix-cache entry with it would only be a cache hit, never a wrong
+answer."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from graphc.runtime.params import SamplingParams
+
+PROMPT_TOKENS = 16
+NEW_TOKENS = 8
+
+
+def warm_up(engine) -> float:
+    """Run the two warm-up requests on `engine` (before its engine thread starts); seconds taken."""
+    rng = random.Random(0x9A7C)
+    vocab = max(1, int(engine.vocab_size))
+    prompt = [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)]
+    t0 = time.perf_counter()
+    for sampling in ({"temperature": 0.0}, {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 0}):
+        try:
+            engine.generate([prompt], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, **sampling))
+        except Exception as e:  # an engine that cannot serve this cannot serve clients: say so at load
+            raise RuntimeError(f"the warm-up request ({sampling}) failed: {type(e).__name__}: {e} "
+                               "(--no-warmup starts the server without it)") from e
+    for k in engine.stats:  # /metrics counts client traffic only
+        engine.stats[k] = 0
+    return time.perf_counter() - t0

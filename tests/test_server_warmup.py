@@ -1,0 +1,76 @@
+"""`graphc serve --warmup` (on by default): a greedy and a sampled request run before the server
+reports ready, and /metrics counts only client traffic afterwards (runtime/server/warmup.py)."""
+
+import httpx
+
+from graphc.cli.main import build_parser
+from graphc.runtime.engine import Engine
+from graphc.runtime.server.cli import config_from_args
+from server_harness import MODEL, live_server, wait_until
+
+
+def post(srv, path, body):
+    return httpx.post(srv.url + path, json=body, timeout=60)
+
+
+def completion(**kw):
+    return {"model": MODEL, "prompt": "Hello", "max_tokens": 2, **kw}
+
+
+def _spied_loader(path, calls: list, fail: bool = False):
+    def loader():
+        eng = Engine.load(path)
+        real = eng.generate
+
+        def generate(prompts, params=None, **kw):
+            calls.append((len(prompts), params))
+            if fail:
+                raise ValueError("no kernel for this")
+            return real(prompts, params, **kw)
+
+        eng.generate = generate
+        return eng
+
+    return loader
+
+
+def test_warmup_runs_greedy_and_sampled_before_ready_and_leaves_the_counters_at_zero(model_dir):
+    calls = []
+    with live_server(loader=_spied_loader(model_dir("llama"), calls)) as srv:
+        assert wait_until(lambda: httpx.get(srv.url + "/health").status_code == 200, timeout=60)
+        assert [n for n, _ in calls] == [1, 1]  # batch 1 each
+        greedy, sampled = (p for _, p in calls)
+        assert greedy.temperature == 0 and sampled.temperature > 0 and sampled.top_p < 1 and sampled.top_k > 0
+        assert greedy.ignore_eos and sampled.ignore_eos  # decode steps run even if EOS comes first
+        assert srv.state.warmup_s is not None and srv.state.warmup_s > 0
+        # the warm-up's 2 x 8 tokens and 2 x 16 prompt tokens are not the clients'
+        assert srv.metric("graphc_generation_tokens_total", model=MODEL) == 0
+        assert srv.metric("graphc_prompt_tokens_total", model=MODEL) == 0
+        r = post(srv, "/v1/completions", completion(max_tokens=3, temperature=0, ignore_eos=True))
+        assert r.status_code == 200
+        assert srv.metric("graphc_generation_tokens_total", model=MODEL) == 3
+
+
+def test_no_warmup_serves_without_it(model_dir):
+    calls = []
+    with live_server(loader=_spied_loader(model_dir("llama"), calls), warmup=False) as srv:
+        assert wait_until(lambda: httpx.get(srv.url + "/health").status_code == 200, timeout=60)
+        assert calls == [] and srv.state.warmup_s is None
+        assert post(srv, "/v1/completions", completion(max_tokens=2)).status_code == 200
+
+
+def test_a_failing_warmup_is_a_load_error_that_says_so(model_dir):
+    with live_server(loader=_spied_loader(model_dir("llama"), [], fail=True)) as srv:
+        assert wait_until(lambda: srv.state.load_error is not None, timeout=60)
+        r = httpx.get(srv.url + "/health")
+        assert r.status_code == 503
+        err = r.json()["error"]
+        assert err["code"] == "model_load_failed"
+        assert "warm-up request" in err["message"] and "no kernel for this" in err["message"]
+        assert "--no-warmup" in err["message"]
+
+
+def test_warmup_flag():
+    p = build_parser()
+    assert config_from_args(p.parse_args(["serve"])).warmup is True
+    assert config_from_args(p.parse_args(["serve", "--no-warmup"])).warmup is False
