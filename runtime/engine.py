@@ -424,6 +424,15 @@ class Engine:
 
         return stream_in_loop(self, prompt, params, request_id)
 
+    def warm_up(self) -> float:
+        """Run a short greedy and a short sampled request (batch 1) so that a first real request
+        does not pay for kernel builds and the compiled step's trace; `stats` is left as it
+        was before. Seconds taken. `graphc serve` calls it before it reports ready
+        (runtime/warmup.py)."""
+        from .warmup import warm_up
+
+        return warm_up(self)
+
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  progress: bool = False) -> list[GenerationResult]:
         """Run every prompt to completion, batched together; one result per prompt, in order."""

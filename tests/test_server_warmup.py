@@ -1,5 +1,5 @@
 """`graphc serve --warmup` (on by default): a greedy and a sampled request run before the server
-reports ready, and /metrics counts only client traffic afterwards (runtime/server/warmup.py)."""
+reports ready, and /metrics counts only client traffic afterwards (runtime/warmup.py)."""
 
 import httpx
 
@@ -74,3 +74,17 @@ def test_warmup_flag():
     p = build_parser()
     assert config_from_args(p.parse_args(["serve"])).warmup is True
     assert config_from_args(p.parse_args(["serve", "--no-warmup"])).warmup is False
+
+
+def test_engine_warm_up_leaves_stats_as_they_were(model_dir):
+    eng = Engine.load(model_dir("llama"))
+    eng.generate(["Hello"], None)
+    before = dict(eng.stats)
+    assert before["generated_tokens"] > 0
+    real, seen = eng.generate, []
+    eng.generate = lambda prompts, params=None, **kw: seen.append(real(prompts, params, **kw)) or seen[-1]
+    assert eng.warm_up() > 0
+    assert [len(r[0].token_ids) for r in seen] == [8, 8]  # it ran (ignore_eos: all 8 tokens each)
+    eng.generate = real
+    assert eng.stats == before
+    assert eng.generate(["Hello again"], None)[0].token_ids  # still serves

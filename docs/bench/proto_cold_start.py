@@ -10,7 +10,7 @@ trace, the later ones showing when it settles.
 
 Usage: MLX_PTX_CACHE_DIR=$(mktemp -d) proto_cold_start.py SHAPE B WHO [ENGINE_KW_JSON]
        WHO: graphc (Engine.generate, greedy then sampled), graphc-warm (the same after the
-            server's warm-up, runtime/server/warmup.py, timed: what a batch-1 warm-up leaves
+            server's warm-up, runtime/warmup.py, timed: what a batch-1 warm-up leaves
             to the first calls at batch B) or mlx-lm (batch_generate, the same)
 """
 
@@ -37,9 +37,7 @@ if who in ("graphc", "graphc-warm"):
     user = GraphcUser(model, tokenizer, config, **kw)
     print(f"{label} B={B} {who} {kw}: import + build {t_load:.1f} s, Engine {now() - t1:.1f} s", flush=True)
     if who == "graphc-warm":
-        from graphc.runtime.server.warmup import warm_up
-
-        print(f"  server warm-up (batch 1, greedy + sampled): {warm_up(user.engine):.2f} s", flush=True)
+        print(f"  Engine.warm_up() (batch 1, greedy + sampled): {user.engine.warm_up():.2f} s", flush=True)
     call = user.generate
 else:
     print(f"{label} B={B} mlx-lm batch_generate: import + build {t_load:.1f} s", flush=True)

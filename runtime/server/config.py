@@ -29,7 +29,7 @@ class ServerConfig:
     draft_model: str | None = None  # a small model of the same tokenizer drafting for method "draft_model"
     distributed: bool = False  # tensor parallel over mlx.launch's world group (docs/distributed.md)
     compile: bool | str | None = None  # Engine(compile=): True / False / "auto" / "measured"; None = the graph's
-    warmup: bool = True  # a greedy and a sampled request before ready (server/warmup.py); single-process only
+    warmup: bool = True  # a greedy and a sampled request before ready (runtime/warmup.py); single-process only
 
     # limits
     max_model_len: int | None = None  # context; default: config.json's max_position_embeddings

@@ -20,7 +20,6 @@ from .errors import APIError, bad_request
 from .logprobs import TokenText
 from .metrics import ServerMetrics
 from .sampling import param_error
-from .warmup import warm_up
 
 log = logging.getLogger("graphc.server")
 
@@ -79,7 +78,7 @@ class ServerState:
                 engine = load_engine(self.config)
             if self.config.warmup:  # the first client request no longer pays for kernel builds and traces
                 log.info("warming up (a greedy and a sampled request; --no-warmup skips it)")
-                self.warmup_s = warm_up(engine)
+                self.warmup_s = engine.warm_up()
                 log.info("warm-up done in %.1f s", self.warmup_s)
             self._attach(engine)
         except BaseException as e:  # reported through /health and 503s, not a dead server

@@ -1,4 +1,5 @@
-"""Warm-up before the server reports ready (`graphc serve --warmup`, on by default).
+"""`Engine.warm_up()`: what `graphc serve` runs before it reports ready (`--warmup`, on by
+default), and what an application embedding the Engine can call before taking traffic.
 
 The first request a fresh process serves otherwise pays for everything built on first use:
 MLX's kernels (JIT-compiled on CUDA, cached on disk per machine under /tmp/mlx/<version>/ptx;
@@ -28,10 +29,12 @@ NEW_TOKENS = 8
 
 
 def warm_up(engine) -> float:
-    """Run the two warm-up requests on `engine` (before its engine thread starts); seconds taken."""
+    """Run the two warm-up requests on `engine` (not while its engine thread runs: the caller
+    owns the Engine, as before `AsyncEngine` starts); seconds taken."""
     rng = random.Random(0x9A7C)
     vocab = max(1, int(engine.vocab_size))
     prompt = [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)]
+    before = dict(engine.stats)
     t0 = time.perf_counter()
     for sampling in ({"temperature": 0.0}, {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 0}):
         try:
@@ -39,6 +42,6 @@ def warm_up(engine) -> float:
         except Exception as e:  # an engine that cannot serve this cannot serve clients: say so at load
             raise RuntimeError(f"the warm-up request ({sampling}) failed: {type(e).__name__}: {e} "
                                "(--no-warmup starts the server without it)") from e
-    for k in engine.stats:  # /metrics counts client traffic only
-        engine.stats[k] = 0
+    for k in engine.stats:  # taken back out: /metrics counts client traffic only
+        engine.stats[k] = before.get(k, 0)
     return time.perf_counter() - t0
