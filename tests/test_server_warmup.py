@@ -2,6 +2,7 @@
 reports ready, and /metrics counts only client traffic afterwards (runtime/warmup.py)."""
 
 import httpx
+import pytest
 
 from graphc.cli.main import build_parser
 from graphc.runtime.engine import Engine
@@ -88,3 +89,10 @@ def test_engine_warm_up_leaves_stats_as_they_were(model_dir):
     eng.generate = real
     assert eng.stats == before
     assert eng.generate(["Hello again"], None)[0].token_ids  # still serves
+
+
+@pytest.mark.parametrize("budget", [20, 40])
+def test_warm_up_fits_a_small_kv_budget(model_dir, budget):
+    eng = Engine.load(model_dir("llama"), kv_budget_tokens=budget)
+    assert eng.warm_up() > 0  # not refused: shorter prompt and completion within the budget
+    assert eng.generate(["Hi"], None)[0].token_ids
