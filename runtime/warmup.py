@@ -33,11 +33,10 @@ def warm_up(engine) -> float:
     owns the Engine, as before `AsyncEngine` starts); seconds taken."""
     rng = random.Random(0x9A7C)
     vocab = max(1, int(engine.vocab_size))
-    n, new = PROMPT_TOKENS, NEW_TOKENS
-    budget = getattr(engine.scheduler, "kv_budget", None)
-    if budget is not None:  # a small --kv-budget-tokens: a shorter warm-up, never a refused one
-        room = budget - getattr(engine.scheduler, "HEADROOM", 0) - 2
-        n, new = min(n, room), min(new, max(1, budget - min(n, room) - 2))
+    n, sched = PROMPT_TOKENS, engine.scheduler
+    if sched.kv_budget is not None:  # a small --kv-budget-tokens: a shorter prompt, never a refused one
+        # add_request takes prompt + HEADROOM <= budget; the HEADROOM covers the NEW_TOKENS too
+        n = min(n, sched.kv_budget - sched.HEADROOM - 2)
         if n < 1:
             return 0.0
     prompt = [rng.randrange(vocab) for _ in range(n)]
@@ -45,7 +44,7 @@ def warm_up(engine) -> float:
     t0 = time.perf_counter()
     for sampling in ({"temperature": 0.0}, {"temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 0}):
         try:
-            engine.generate([prompt], SamplingParams(max_tokens=new, ignore_eos=True, **sampling))
+            engine.generate([prompt], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, **sampling))
         except Exception as e:  # an engine that cannot serve this cannot serve clients: say so at load
             raise RuntimeError(f"the warm-up request ({sampling}) failed: {type(e).__name__}: {e} "
                                "(--no-warmup starts the server without it)") from e
