@@ -1,10 +1,12 @@
-"""The Gumbel-choose kernel (runtime/kernels/gumbel_choose.py) on the CPU: its rule — the keep mask
-read from MLX's top-p scan, s + Gumbel noise, a tree argmax that keeps the lower rank on ties — run
-in numpy exactly as the CUDA source runs it, picks `select.choose`'s token on rows with ties,
-masked ranks and every filter combination; and its route: a fused sampled step takes it only with
-the top-ranks kernel and when its check passed, with the same tokens. The CUDA source itself is
-compared with MLX on the GPU by `check_config()` before a configuration's first use, and built for the H200 offline by
-tests/test_kernel_builds.py."""
+"""The Gumbel-choose kernel (runtime/kernels/gumbel_choose.py) on the CPU: its rule — the top-p
+sums in MLX's CUDA scan order, the keep mask, s + Gumbel noise, a tree argmax that keeps the lower
+rank on ties — run in numpy exactly as the CUDA source runs it, picks `select.choose`'s token on
+rows with ties, masked ranks and every filter combination; its scan adds in the order of MLX's
+CUDA `cumsum` (a different order than the CPU's, so its sums differ from the CPU's in low bits but
+are the same prefix sums); and its route: a fused sampled step takes it only with the top-ranks
+kernel and when its check passed, with the same tokens. The CUDA source itself is compared with
+MLX on the GPU by `check_config()` before a configuration's first use (the sums bit for bit, then
+the tokens), and built for the H200 offline by tests/test_kernel_builds.py."""
 
 from __future__ import annotations
 
@@ -20,11 +22,55 @@ from graphc.runtime.sampling.noise import gumbel_from_uniform
 from graphc.runtime.sampling.select import choose, top_p_sums
 
 
-def _kernel_in_numpy(s, ids, g, c, top_k, top_p, log_min_p, use_k, use_p, use_m):
+def _shfl_up(x, d):
+    """__shfl_up_sync over one warp: lane l gets lane l - d's value, lanes below d keep their own."""
+    return np.concatenate([x[:d], x[:-d]])
+
+
+def _cuda_cumsum_in_numpy(p):
+    """graphc_mlx_cumsum (the kernel header) for one row of K floats, in float32, lane by lane: four
+    values a thread, a Kogge-Stone warp scan of the thread totals shifted up one lane, the first
+    warp's total for the second warp, then MLX's three output adds."""
+    K = len(p)
+    nt = ((K // 4 + 31) // 32) * 32
+    v = np.zeros((nt, 4), np.float32)
+    v.reshape(-1)[:K] = p
+    for j in range(1, 4):
+        v[:, j] = v[:, j] + v[:, j - 1]
+    prev = np.zeros(nt, np.float32)
+    warp_sums = []
+    for w in range(nt // 32):
+        incl = v[w * 32:(w + 1) * 32, 3].copy()
+        for m in (1, 2, 4, 8, 16):
+            up = _shfl_up(incl, m)
+            incl[m:] = incl[m:] + up[m:]
+        ex = _shfl_up(incl, 1)
+        ex[0] = np.float32(0.0)
+        prev[w * 32:(w + 1) * 32] = ex
+        warp_sums.append(np.float32(ex[31] + v[w * 32 + 31, 3]))
+    for t in range(nt):
+        before = np.float32(0.0) if t < 32 else warp_sums[0]
+        for j in range(4):
+            v[t, j] = np.float32(np.float32(np.float32(v[t, j] + np.float32(0.0)) + before) + prev[t])
+    return v.reshape(-1)[:K]
+
+
+def _sums_in_numpy(s, top_k, use_k):
+    """graphc_top_p_sums: exp(s - s_0) (MLX's own exp, as libdevice's expf is on the GPU), masked past
+    min(top_k, K) with top-k, then the scan above."""
+    B, K = s.shape
+    p = np.array(mx.exp(mx.array(s) - mx.array(s[:, :1])))
+    if use_k:
+        p[np.arange(K)[None] >= np.minimum(top_k, K)[:, None]] = 0.0
+    return np.stack([_cuda_cumsum_in_numpy(row) for row in p])
+
+
+def _kernel_in_numpy(s, ids, g, top_k, top_p, log_min_p, use_k, use_p, use_m):
     """The CUDA source, thread by thread and row by row (g: MLX's Gumbel noise of u, the same
-    function the kernel calls; c: MLX's scan, which the kernel reads)."""
+    function the kernel calls)."""
     B, K = s.shape
     out = np.zeros(B, np.int32)
+    c = _sums_in_numpy(s, top_k, use_k) if use_p else None
     for row in range(B):
         kk = min(int(top_k[row]), K)
         best = np.empty(K, np.float32)
@@ -77,11 +123,36 @@ def test_the_kernel_rule_picks_chooses_token(B, K, tie, flags):
     S, I, U = mx.array(s), mx.array(ids), mx.array(u)
     TK, TP, LM = mx.array(top_k), mx.array(top_p), mx.array(log_min_p)
     g = gumbel_from_uniform(U)
-    keep_k = (mx.arange(K)[None] < mx.minimum(TK, K)[:, None]) if use_k else None
-    c = np.array(top_p_sums(S, keep_k)) if use_p else None
     want = np.array(choose(S, I, g, TK, TP, LM, use_top_k=use_k, use_top_p=use_p, use_min_p=use_m))
-    got = _kernel_in_numpy(s, ids, np.array(g), c, top_k, top_p, log_min_p, use_k, use_p, use_m)
+    got = _kernel_in_numpy(s, ids, np.array(g), top_k, top_p, log_min_p, use_k, use_p, use_m)
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("K", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize("use_k", [False, True])
+def test_the_kernel_scan_is_a_prefix_sum_in_the_cuda_order(K, use_k):
+    """Its sums are select.top_p_sums' up to float32 rounding (the same prefix sums), and its order is
+    not the CPU's sequential one: at K >= 32 some sums differ in low bits, which is why the GPU check
+    compares the kernel's sums with MLX's CUDA cumsum bit for bit, and why the order is written out."""
+    s, ids, u, top_k, top_p, log_min_p = _rows(8, K, 0.0, K + use_k)
+    keep_k = (mx.arange(K)[None] < mx.minimum(mx.array(top_k), K)[:, None]) if use_k else None
+    cpu = np.array(top_p_sums(mx.array(s), keep_k))
+    got = _sums_in_numpy(s, top_k, use_k)
+    np.testing.assert_allclose(got, cpu, rtol=2e-6, atol=0)
+    if K >= 64:
+        assert not np.array_equal(got.view(np.uint32), cpu.view(np.uint32))  # another association
+
+
+def test_the_scan_order_written_out():
+    """Four values a thread left to right, then the thread's exclusive prefix added last: with values
+    whose sums round differently by association, rank 5's sum is (p4 + p5) + (p0 + p1 + p2 + p3)."""
+    p = np.zeros(16, np.float32)
+    p[:6] = [1.0, 2.0**-24, 2.0**-24, 2.0**-24, 2.0**-24, 2.0**-24]
+    c = _cuda_cumsum_in_numpy(p)
+    seq = np.cumsum(p, dtype=np.float32)  # sequential: every 2**-24 is lost against 1.0
+    assert seq[5] == np.float32(1.0)
+    assert c[5] == np.float32(np.float32(p[4] + p[5]) + np.float32(((p[0] + p[1]) + p[2]) + p[3]))
+    assert c[5] > np.float32(1.0)  # the two small values added first survive
 
 
 def test_off_cuda_the_kernel_is_off_and_says_why():
@@ -121,8 +192,8 @@ def kernels_on_cpu(monkeypatch):
         calls.append(("candidates", x.shape[0], width))
         return TR.reference(x, width, inv_t, h, positions)
 
-    def gumbel(s, ids, u, c, top_k, top_p, log_min_p, **flags):
-        calls.append(("choose", s.shape[0], c is not None))
+    def gumbel(s, ids, u, top_k, top_p, log_min_p, **flags):
+        calls.append(("choose", s.shape[0], flags["use_top_p"]))
         return GC.reference(s, ids, u, top_k, top_p, log_min_p, **flags)
 
     monkeypatch.setattr(TR, "check", lambda seed=0: None)
@@ -147,7 +218,7 @@ def test_a_fused_step_takes_the_choose_kernel_after_the_top_ranks_kernel(kernels
     want = select_tokens(x, off, pos).tolist()
     assert kernels_on_cpu == []
     assert select_tokens(x, on, pos).tolist() == want
-    assert kernels_on_cpu == [("candidates", 3, 64), ("choose", 3, top_p < 1.0)]  # the scan only with top-p
+    assert kernels_on_cpu == [("candidates", 3, 64), ("choose", 3, top_p < 1.0)]  # top-p's scan in the kernel
 
 
 def test_the_choose_kernel_waits_for_the_top_ranks_kernel(monkeypatch):

@@ -1,26 +1,38 @@
-"""A sampled row's filters and Gumbel-max over its first K ranks, in one launch.
+"""A sampled row's top-p scan, filters and Gumbel-max over its first K ranks, in one launch.
 
 After the top-ranks kernel (top_ranks.py) a fused sampled step has, per row, its first K ranks'
 ids, scaled logits s and uniform noise u. `select.choose` turns them into a token with MLX's ops:
-the top-p prefix sums' total at rank top_k − 1 (a gather), the exclusive sums (a concatenate), the
-keep mask, s + Gumbel noise, an argmax and a gather of the id — five launches after the scan,
-each encoded on the host, and at Llama-3.2-1B batch 64 the step is bound by that host encode
-(docs/performance.md, runs 17 and 21). Here one block a row does all of it:
+exp(s − s_0) over the kept ranks and its inclusive prefix sums (`select.top_p_sums`: a fused
+elementwise kernel and `mx.cumsum`), the sums' total at rank top_k − 1 (a gather), the exclusive
+sums (a concatenate), the keep mask, s + Gumbel noise, an argmax and a gather of the id — seven
+launches, each encoded on the host, and at Llama-3.2-1B batch 64 the step is bound by that host
+encode (docs/performance.md, runs 17, 21 and 26). Here one block a row does all of it:
 
+    p     = exp(s_r − s_0), 0 where rank ≥ min(top_k, K)        (use_top_p; the mask with use_top_k)
+    c     = inclusive prefix sums of p, in the association order of MLX's CUDA `cumsum`
     keep  = rank < min(top_k, K)                                  (use_top_k)
-          & (excl_r < top_p · c[min(top_k, K) − 1]  or  top_p ≥ 1)  (use_top_p; c: the scan)
+          & (excl_r < top_p · c[min(top_k, K) − 1]  or  top_p ≥ 1)  (use_top_p)
           & (s_r − s_0 ≥ log min_p)                                (use_min_p)
     token = ids[argmax over kept ranks of s_r − log(−log(u_r))]    (lowest rank on ties)
 
-The inclusive prefix sums `c` stay MLX's own `mx.cumsum` (select.top_p_sums): its association
-order is the CUDA backend's, so the kernel reads them instead of adding in another order. Every
-other operation is exact or the same correctly rounded float function MLX's kernels call
-(`log`, IEEE compares, one add, one multiply; MLX builds without fast math, and this kernel goes
-through the same NVRTC), and the argmax keeps MLX's rule (the larger value, the lower index on
-ties), so a row picks the token `select.choose` picks. `check_config()` compares the two on this
-device before a configuration (K and the filters in use) is first used, on random rows with and
-without ties and with masked ranks; otherwise MLX's ops run (`check()` does every configuration
-at once, for the bench). NaN logits may pick differently (as in top_ranks.py).
+The scan is where bits could drift: float addition is not associative, and a top-p boundary
+compares against a sum. So the kernel adds in exactly the order MLX's `contiguous_scan`
+(mlx/backend/cuda/scan.cu) does for a row of K ≤ 256 floats: ceil(K / 4) threads rounded up to
+whole warps, four consecutive values a thread added left to right, an exclusive Kogge–Stone
+warp scan of the thread totals (cooperative_groups' `exclusive_scan`: shuffles up by 1, 2, 4, 8,
+16, then one up), the previous warp's total for the second warp, and the three adds of MLX's
+output line in its order (`_SCAN` below). Every other operation is exact or the same correctly
+rounded float function MLX's kernels call (libdevice's `expf` and `logf`, as MLX's `Exp` and
+`Log`; IEEE compares, one subtract, one add, one multiply; MLX builds without fast math, and this
+kernel goes through the same NVRTC), and the argmax keeps MLX's rule (the larger value, the
+lower index on ties), so a row picks the token `select.choose` picks. `check_config()` compares
+the two on this device before a configuration (K and the filters in use) is first used, on
+random rows with and without ties and with masked ranks, against `select.choose` compiled as
+the fused step compiles it; otherwise MLX's ops run (`check()` does every configuration at once,
+for the bench). NaN logits may pick differently (as in top_ranks.py).
+
+Until run 26 the scan stayed MLX's own `mx.cumsum`, read by the kernel: two launches more a
+sampled step with top-p (docs/performance.md, run 26).
 """
 
 from __future__ import annotations
@@ -29,26 +41,84 @@ import mlx.core as mx
 
 from . import Kernel, in_process_check
 
+# MLX's CUDA `cumsum` of one contiguous row of K <= 256 floats (mlx/backend/cuda/scan.cu,
+# contiguous_scan, inclusive, N_READS = 4), in place in shared memory, with its additions in its
+# order: block_dim = ceil(K / 4) rounded up to whole warps (one warp up to K = 128, two at 256).
+# cooperative_groups' exclusive_scan over a warp is an inclusive Kogge-Stone scan (out + shfl_up
+# by 1, 2, 4, 8, 16) shifted up by one lane, lane 0 getting 0; over at most two warps, the second
+# warp's exclusive warp sum is the first warp's total itself. Called by every thread of the block.
+_HEADER = r"""
+template <int K>
+__device__ __forceinline__ void graphc_mlx_cumsum(float* c) {
+  static_assert(K >= 4 && K <= 256, "at most two scanning warps");
+  constexpr int NT = ((K / 4 + 31) / 32) * 32;
+  __shared__ float warp_sums[2];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  float v[4];
+  float prev = 0.0f;
+  if (t < NT) {  // whole warps: every lane of a scanning warp takes the shuffles
+    for (int j = 0; j < 4; ++j) v[j] = (t * 4 + j < K) ? c[t * 4 + j] : 0.0f;
+    for (int j = 1; j < 4; ++j) v[j] = v[j] + v[j - 1];
+    float incl = v[3];
+    for (int m = 1; m < 32; m <<= 1) {
+      const float up = __shfl_up_sync(0xffffffffu, incl, m);
+      if (m <= lane) incl = incl + up;
+    }
+    prev = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) prev = 0.0f;
+    if (lane == 31) warp_sums[warp] = prev + v[3];
+  }
+  __syncthreads();  // every read of c is done, and the warp totals are in
+  if (t < NT) {
+    const float before = warp == 0 ? 0.0f : warp_sums[0];
+    for (int j = 0; j < 4; ++j) {
+      v[j] = v[j] + 0.0f;  // MLX's running prefix of earlier block passes: 0 in its only pass
+      v[j] = v[j] + before;
+      v[j] = v[j] + prev;
+      if (t * 4 + j < K) c[t * 4 + j] = v[j];
+    }
+  }
+  __syncthreads();
+}
+
+// select.top_p_sums into c [K] (shared): where(rank < kk, exp(s_r - s_0), 0) (no mask without
+// top-k: MASK false), then MLX's scan. Thread i < K is rank i; called by every thread of the block.
+template <int K, bool MASK>
+__device__ __forceinline__ void graphc_top_p_sums(float* c, float sv, float s0, int kk) {
+  const int i = threadIdx.x;
+  if (i < K) c[i] = (!MASK || i < kk) ? expf(sv - s0) : 0.0f;
+  __syncthreads();
+  graphc_mlx_cumsum<K>(c);
+}
+"""
+
 _SOURCE = r"""
-    // One block per row, K threads (K: the candidate width, a power of two <= 256).
+    // One block per row, max(K, 32) threads: thread i < K is rank i (K: the candidate width, a
+    // power of two <= 256); the scan needs whole warps.
     const int row = blockIdx.x;
     const int i = threadIdx.x;
+    const bool rank = i < K;
     const size_t base = (size_t)row * K;
-    const float sv = s[base + i];
+    const float s0 = s[base];
+    const float sv = rank ? s[base + i] : s0;
     const int kk = min(top_k[row], K);  // select.rank_masks: rank < min(top_k, K); the last kept rank kk - 1
-    bool keep = true;
-    if (USE_TOP_K) keep = i < kk;
+    bool keep = rank;
+    if (USE_TOP_K) keep = keep && i < kk;
     if (USE_TOP_P) {
+      __shared__ float c[K];
+      graphc_top_p_sums<K, USE_TOP_K>(c, sv, s0, kk);
       const float tp = top_p[row];
-      const float excl = i == 0 ? 0.0f : c[base + i - 1];
-      keep = keep && ((excl < tp * c[base + kk - 1]) || (tp >= 1.0f));
+      const float excl = (i == 0 || !rank) ? 0.0f : c[i - 1];
+      keep = keep && ((excl < tp * c[kk - 1]) || (tp >= 1.0f));
     }
-    if (USE_MIN_P) keep = keep && ((sv - s[base]) >= log_min_p[row]);
-    const float g = -logf(-logf(u[base + i]));  // noise.gumbel_from_uniform (libdevice's logf, as MLX's Log)
+    if (USE_MIN_P) keep = keep && ((sv - s0) >= log_min_p[row]);
     __shared__ float best[K];
     __shared__ int at[K];
-    best[i] = keep ? sv + g : __uint_as_float(0xFF800000u);  // -inf
-    at[i] = i;
+    if (rank) {
+      const float g = -logf(-logf(u[base + i]));  // noise.gumbel_from_uniform (libdevice's logf, as MLX's Log)
+      best[i] = keep ? sv + g : __uint_as_float(0xFF800000u);  // -inf
+      at[i] = i;
+    }
     __syncthreads();
     // argmax as MLX's: the larger value, or on a tie the lower rank
     for (int w = K / 2; w > 0; w >>= 1) {
@@ -61,7 +131,22 @@ _SOURCE = r"""
     if (i == 0) token[row] = ids[base + at[0]];
 """
 
-_kernel = Kernel("graphc_gumbel_choose", ["s", "ids", "u", "c", "top_k", "top_p", "log_min_p"], ["token"], _SOURCE)
+_kernel = Kernel("graphc_gumbel_choose", ["s", "ids", "u", "top_k", "top_p", "log_min_p"], ["token"], _SOURCE,
+                 header=_HEADER)
+
+# The kernel's prefix sums alone, for check(): they must equal select.top_p_sums bit for bit (random
+# magnitudes: an addition in another order would show), which a token comparison alone would
+# catch only when a sum lands on a top-p boundary.
+_SUMS_SOURCE = r"""
+    const int row = blockIdx.x;
+    const int i = threadIdx.x;
+    const size_t base = (size_t)row * K;
+    const float s0 = s[base];
+    __shared__ float c[K];
+    graphc_top_p_sums<K, MASK>(c, i < K ? s[base + i] : s0, s0, min(top_k[row], K));
+    if (i < K) sums[base + i] = c[i];
+"""
+_sums_kernel = Kernel("graphc_top_p_sums", ["s", "top_k"], ["sums"], _SUMS_SOURCE, header=_HEADER)
 
 MAX_WIDTH = 256
 
@@ -73,31 +158,56 @@ def usable(width: int, use_top_k: bool, use_top_p: bool, use_min_p: bool) -> boo
             and check_config(width, use_top_k, use_top_p, use_min_p) is None)
 
 
-def choose(s: mx.array, ids: mx.array, u: mx.array, c: mx.array | None, top_k: mx.array, top_p: mx.array,
-           log_min_p: mx.array, *, use_top_k: bool, use_top_p: bool, use_min_p: bool) -> mx.array:
-    """Tokens int32 [B] (see the module doc). s, u float32 [B, K]; ids int32 [B, K]; c: the
-    inclusive top-p sums float32 [B, K] (select.top_p_sums; None without top-p); per-row top_k
+def choose(s: mx.array, ids: mx.array, u: mx.array, top_k: mx.array, top_p: mx.array, log_min_p: mx.array, *,
+           use_top_k: bool, use_top_p: bool, use_min_p: bool) -> mx.array:
+    """Tokens int32 [B] (see the module doc). s, u float32 [B, K]; ids int32 [B, K]; per-row top_k
     int32, top_p and log_min_p float32 [B]."""
     b, k = s.shape
-    if c is None:
-        c = s  # not read (USE_TOP_P is false): any float32 [B, K] array
+    threads = max(k, 32)  # the scan runs in whole warps
     return _kernel(
-        inputs=[s, ids, u, c, top_k.astype(mx.int32), top_p.astype(mx.float32), log_min_p.astype(mx.float32)],
+        inputs=[s, ids, u, top_k.astype(mx.int32), top_p.astype(mx.float32), log_min_p.astype(mx.float32)],
         template=[("K", k), ("USE_TOP_K", use_top_k), ("USE_TOP_P", use_top_p), ("USE_MIN_P", use_min_p)],
-        grid=(b * k, 1, 1),
-        threadgroup=(k, 1, 1),
+        grid=(b * threads, 1, 1),
+        threadgroup=(threads, 1, 1),
         output_shapes=[(b,)],
         output_dtypes=[mx.int32],
     )[0]
 
 
-def reference(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_p: bool, use_min_p: bool):
-    """The same tokens from MLX's ops: what the fused selection computes without the kernel."""
+def top_p_sums(s: mx.array, top_k: mx.array, *, use_top_k: bool) -> mx.array:
+    """The kernel's top-p prefix sums float32 [B, K] (what select.top_p_sums gives; for check())."""
+    b, k = s.shape
+    threads = max(k, 32)
+    return _sums_kernel(inputs=[s, top_k.astype(mx.int32)], template=[("K", k), ("MASK", use_top_k)],
+                        grid=(b * threads, 1, 1), threadgroup=(threads, 1, 1),
+                        output_shapes=[(b, k)], output_dtypes=[mx.float32])[0]
+
+
+def _mlx_sums(s, top_k, *, use_top_k: bool):
+    """select.top_p_sums as the fused selection runs it (compiled; its keep_k from select.rank_masks)."""
+    from ..sampling.select import rank_masks
+    from ..sampling.select import top_p_sums as mlx_sums
+
+    if not use_top_k:
+        return mx.compile(lambda x: mlx_sums(x, None))(s)
+    return mx.compile(mlx_sums)(s, rank_masks(top_k, s.shape[1])[0])
+
+
+def _mlx_choose(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_p: bool, use_min_p: bool):
     from ..sampling.noise import gumbel_from_uniform
     from ..sampling.select import choose as mlx_choose
 
     return mlx_choose(s, ids, gumbel_from_uniform(u), top_k, top_p, log_min_p,
                       use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p)
+
+
+def reference(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_p: bool, use_min_p: bool):
+    """The same tokens from MLX's ops, compiled as the fused selection compiles them when the kernel
+    is off (sampling/fused.py: its exp and mask are one fused kernel there, its scan MLX's cumsum)."""
+    import functools
+
+    fn = mx.compile(functools.partial(_mlx_choose, use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p))
+    return fn(s, ids, u, top_k, top_p, log_min_p)
 
 
 FLAGS = tuple((k, p, m) for k in (False, True) for p in (False, True) for m in (False, True))
@@ -106,8 +216,6 @@ CHECK_CASES = ((64, 64, 0.0), (5, 16, 0.5), (3, 128, 0.0), (7, 256, 0.25), (4, 3
 
 
 def _compare(seed: int, cases=CHECK_CASES, flags=FLAGS) -> str | None:
-    from ..sampling.select import top_p_sums
-
     key = mx.random.key(seed)
     for (B, K, tie) in cases:
         k1, k2, k3, k4, k5, k6, key = mx.random.split(key, 7)
@@ -123,11 +231,16 @@ def _compare(seed: int, cases=CHECK_CASES, flags=FLAGS) -> str | None:
         k6a, k6b = mx.random.split(k6)
         top_p = mx.where(mx.arange(B) % 3 == 0, 1.0, mx.random.uniform(0.05, 1.0, (B,), key=k6a))
         log_min_p = mx.where(mx.arange(B) % 2 == 0, -mx.inf, mx.log(mx.random.uniform(0.001, 0.5, (B,), key=k6b)))
+        for use_k in sorted({f[0] for f in flags if f[1]}):  # the sums, bit for bit, where top-p is in use
+            want = _mlx_sums(s, top_k, use_top_k=use_k).view(mx.uint32)
+            got = top_p_sums(s, top_k, use_top_k=use_k).view(mx.uint32)
+            if not mx.array_equal(got, want).item():
+                bad = int(mx.sum(got != want).item())
+                return (f"Gumbel-choose kernel's top-p sums differ from MLX's in {bad} of {B * K} at K={K} "
+                        f"(top_k {use_k})")
         for use_k, use_p, use_m in flags:
-            keep_k = (mx.arange(K)[None] < mx.minimum(top_k, K)[:, None]) if use_k else None
-            c = top_p_sums(s, keep_k) if use_p else None
             want = reference(s, ids, u, top_k, top_p, log_min_p, use_top_k=use_k, use_top_p=use_p, use_min_p=use_m)
-            got = choose(s, ids, u, c, top_k, top_p, log_min_p, use_top_k=use_k, use_top_p=use_p, use_min_p=use_m)
+            got = choose(s, ids, u, top_k, top_p, log_min_p, use_top_k=use_k, use_top_p=use_p, use_min_p=use_m)
             if not mx.array_equal(got, want).item():
                 bad = int(mx.sum(got != want).item())
                 return (f"Gumbel-choose kernel differs from MLX in {bad} of {B} tokens at K={K} "

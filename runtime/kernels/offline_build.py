@@ -225,12 +225,15 @@ def _top_ranks_launches(every_p: bool):
 
 
 def _choose_launches():
-    """The Gumbel-choose kernel at every width the top-ranks kernel gives, every filter combination."""
+    """The Gumbel-choose kernel at every width the top-ranks kernel gives, every filter combination,
+    and its check's top-p sums kernel."""
     for K in WIDTHS:
         s, z = mx.zeros((1, K), mx.float32), mx.zeros((1,), mx.float32)
         for use_k, use_p, use_m in gc.FLAGS:
-            gc.choose(s, s.astype(mx.int32), s, s if use_p else None, z.astype(mx.int32), z, z,
+            gc.choose(s, s.astype(mx.int32), s, z.astype(mx.int32), z, z,
                       use_top_k=use_k, use_top_p=use_p, use_min_p=use_m)
+        for use_k in (False, True):  # its check's sums kernel
+            gc.top_p_sums(s, z.astype(mx.int32), use_top_k=use_k)
 
 
 def launches(full: bool = False) -> list[Launch]:

@@ -32,7 +32,7 @@ import numpy as np
 
 from .murmur import murmur_absorb
 from .noise import gumbel_from_uniform
-from .select import _filtered, choose, decode_neg_keys, first_rank_neg_keys, rank_masks, top_p_sums
+from .select import _filtered, choose, decode_neg_keys, first_rank_neg_keys, rank_masks
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
 _absorb = mx.compile(murmur_absorb, shapeless=True)  # elementwise: one kernel, once per batch composition
@@ -56,9 +56,9 @@ class FusedRows:
                       ops, checked here)
     masks             (rank < top_k [B, K], top_k - 1 [B, 1], zeros [B, 1]): select.rank_masks,
                       built here once instead of in every step
-    choose_kernel     host flag (with `kernel`): the filters and Gumbel-max over the K ranks run as
-                      one CUDA kernel too (runtime/kernels/gumbel_choose.py; the same tokens as
-                      select.choose, checked here), after MLX's own top-p scan
+    choose_kernel     host flag (with `kernel`): the top-p scan, the filters and Gumbel-max over the K
+                      ranks run as one CUDA kernel too (runtime/kernels/gumbel_choose.py; the same
+                      tokens as select.choose, checked here)
     """
 
     width: int
@@ -145,11 +145,10 @@ def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, k
         from ..kernels import top_ranks
 
         sid, s, u = top_ranks.candidates(x, width, inv_t, h, positions)
-        if choose_kernel:  # the filters and Gumbel-max in one more launch, after MLX's scan
+        if choose_kernel:  # the top-p scan, the filters and Gumbel-max in one more launch
             from ..kernels import gumbel_choose
 
-            c = top_p_sums(s, keep_k if use_top_k else None) if use_top_p else None
-            return gumbel_choose.choose(s, sid, u, c, top_k, top_p, log_min_p,
+            return gumbel_choose.choose(s, sid, u, top_k, top_p, log_min_p,
                                         use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p)
         return choose(s, sid, gumbel_from_uniform(u), top_k, top_p, log_min_p,
                       use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)

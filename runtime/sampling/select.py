@@ -213,8 +213,8 @@ def rank_masks(top_k: mx.array, n: int) -> tuple:
 
 def top_p_sums(s: mx.array, keep_k: mx.array | None) -> mx.array:
     """Inclusive prefix sums of exp(s - s_0) over the kept ranks (top-k), float32 [b, n]: the scan
-    top-p compares against. One function for `choose` and the Gumbel-choose kernel's input
-    (runtime/kernels/gumbel_choose.py), so both read the same bits."""
+    top-p compares against. The Gumbel-choose kernel (runtime/kernels/gumbel_choose.py) computes
+    the same bits itself (the CUDA cumsum's order) and its check compares it with this."""
     p = mx.exp(s - s[:, :1])
     if keep_k is not None:
         p = mx.where(keep_k, p, 0.0)
