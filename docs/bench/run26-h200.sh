@@ -4,23 +4,28 @@
 # passed before the first row), `run25-h200.sh many 26b` (1B sampled / greedy 1.046, 95 % interval
 # [1.026, 1.060]: not resolved at 5 %), `run25-h200.sh table1b 26c`; then, on a second machine with
 # the Gumbel-choose kernel doing the top-p scan itself (two launches fewer a sampled step):
-#   scanmany TAG : the kernels' checks (the top-p sums bit for bit against MLX's CUDA cumsum, then
-#                  the tokens, all 40 configurations), then `many` (101 sampled / greedy pairs at
-#                  1B batch 64) with --budget 380, so that a fresh machine's kernel builds leave room
+#   scanmany TAG : the kernel's check in the configuration `many` uses (K = 64, top-k + top-p: the
+#                  top-p sums bit for bit against MLX's CUDA cumsum, then the tokens), then `many`
+#                  (101 sampled / greedy pairs at 1B batch 64) with --budget 340, so that a fresh
+#                  machine's kernel builds leave room, then the check in all 40 configurations
 #   ...          : as in run25-h200.sh (many, cold, skinny, exact, many8b, spec, copies, ablation, ...)
 set -u
 D="$(dirname "$0")"
 case "$1" in
 scanmany)
-  timeout 90 python3 -c "
-from graphc.runtime.kernels import gumbel_choose as g, top_ranks as t
-print('gumbel_choose check:', g.check() or 'passed'); print('top_ranks check:', t.check() or 'passed')
-" 2>&1 | tail -3 | tee $OUT/checks-$2.log
+  timeout 60 python3 -c "
+from graphc.runtime.kernels import gumbel_choose as g
+print('gumbel_choose check_config(64, top-k + top-p):', g.check_config(64, True, True, False) or 'passed')
+" 2>&1 | tail -2 | tee $OUT/checks-$2.log
   M=llama-3.2-1b
   S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
-  timeout 470 python3 -m graphc.runtime.bench.step_profile --model $M --batch 64 --repeats 101 --new 48 --skip 8 \
-      --paired "$S" --engine-kw '{"compile": "auto"}' --budget 380 --json $OUT/many-$2.json 2>&1 \
-      | grep --line-buffered "^B=\|rror" | tee $OUT/many-$2.log | tail -2 ;;
+  timeout 430 python3 -m graphc.runtime.bench.step_profile --model $M --batch 64 --repeats 101 --new 48 --skip 8 \
+      --paired "$S" --engine-kw '{"compile": "auto"}' --budget 340 --json $OUT/many-$2.json 2>&1 \
+      | grep --line-buffered "^B=\|rror" | tee $OUT/many-$2.log | tail -2
+  timeout 90 python3 -c "
+from graphc.runtime.kernels import gumbel_choose as g
+print('gumbel_choose check (all 40 configurations):', g.check() or 'passed')
+" 2>&1 | tail -2 | tee -a $OUT/checks-$2.log ;;
 *)
   bash "$D/run25-h200.sh" "$@" ;;
 esac
