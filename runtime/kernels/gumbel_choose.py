@@ -21,8 +21,8 @@ compares against a sum. So the kernel adds in exactly the order MLX's `contiguou
 whole warps, four consecutive values a thread added left to right, an exclusive Kogge–Stone
 warp scan of the thread totals (cooperative_groups' `exclusive_scan`: shuffles up by 1, 2, 4, 8,
 16, then one up), the previous warp's total for the second warp, and the three adds of MLX's
-output line in its order (`graphc_mlx_cumsum` in `_HEADER` below). Every other operation is exact or the same correctly
-rounded float function MLX's kernels call (libdevice's `expf` and `logf`, as MLX's `Exp` and
+output line in its order (`graphc_mlx_cumsum` in `_HEADER` below). Every other operation is
+exact or the same correctly rounded float function MLX's kernels call (libdevice's `expf` and `logf`, as MLX's `Exp` and
 `Log`; IEEE compares, one subtract, one add, one multiply; MLX builds without fast math, and this
 kernel goes through the same NVRTC), and the argmax keeps MLX's rule (the larger value, the
 lower index on ties), so a row picks the token `select.choose` picks. `check_config()` compares
