@@ -144,8 +144,9 @@ class Engine:
 
     def _sampling_kernel(self) -> bool:
         """Whether fused sampled steps may run their candidate stage (first K ranks, 1/T, noise) in
-        the top-ranks kernel, and their filters and Gumbel-max in the Gumbel-choose kernel (CUDA,
-        each once it matched MLX here); on CUDA the decode plan says which (graphc inspect)."""
+        the top-ranks kernel, and their top-p scan, filters and Gumbel-max in the Gumbel-choose
+        kernel (CUDA, each once it matched MLX here); on CUDA the decode plan says which (graphc
+        inspect)."""
         from .kernels import available, gumbel_choose, top_ranks
 
         on = bool(self.decode_options["sampling_kernel"])
@@ -154,7 +155,7 @@ class Engine:
         off = "off (decode: {sampling_kernel: false})"
         line = f"candidate stage of fused sampled steps: {top_ranks.note() if on else off}"
         if on and top_ranks.check() is None:
-            line += f"; their filters and Gumbel-max: {gumbel_choose.note()}"
+            line += f"; their top-p scan, filters and Gumbel-max: {gumbel_choose.note()}"
         import attrs
 
         d = self.compiled.decode
