@@ -94,5 +94,5 @@ def test_engine_warm_up_leaves_stats_as_they_were(model_dir):
 @pytest.mark.parametrize("budget", [20, 40])
 def test_warm_up_fits_a_small_kv_budget(model_dir, budget):
     eng = Engine.load(model_dir("llama"), kv_budget_tokens=budget)
-    assert eng.warm_up() > 0  # not refused: shorter prompt and completion within the budget
+    assert eng.warm_up() > 0  # not refused: a shorter prompt within the budget
     assert eng.generate(["Hi"], None)[0].token_ids
