@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cli_arguments(m)
     m.set_defaults(func=cmd_make_model)
 
-    for name, module in (("serve", "graphc.runtime.server.cli"), ("bench", "graphc.runtime.bench.cli")):
+    for name, module in (("serve", "graphc.runtime.server.cli"), ("bench", "graphc.benchmarks.cli")):
         try:
             mod = __import__(module, fromlist=["add_parser"])
         except ImportError:

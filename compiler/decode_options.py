@@ -15,7 +15,7 @@
                                # matmul's C input (cuBLAS adds it in the epilogue; one rounding
                                # instead of two) instead of an add launch each (default true)
       skinny_matmul: false     # CUDA: the 2..64-row matmul kernel, once it matched MLX (default false)
-      skinny_table: null       # a tuned launch table for it (`python -m graphc.runtime.kernels.tune
+      skinny_table: null       # a tuned launch table for it (`python -m graphc.benchmarks.kernel_tune
                                # --table FILE`); null: the built-in heuristic
       sampling_kernel: true    # CUDA: a sampled step's candidate stage (first K ranks, 1/T, noise)
                                # as one kernel, once it matched MLX bit for bit (default true)

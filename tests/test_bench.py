@@ -11,7 +11,7 @@ import math
 import pytest
 
 from graphc.cli import main as graphc_main
-from graphc.runtime.bench.run import WORKLOADS
+from graphc.benchmarks.run import WORKLOADS
 
 TINY = ["--model", "tiny", "--prompt-len", "8", "--warmup", "1", "--steps", "2", "--repeats", "2",
         "--batches", "1,3", "--sampling-batches", "1,2", "--chain-batches", "2", "--host-batches", "2",
@@ -108,7 +108,7 @@ def test_forced_prefix_graph_produces_rows(tmp_path):
 
 def test_table_and_plot(tmp_path, result, capsys):
     pytest.importorskip("matplotlib")
-    from graphc.runtime.bench.report import plot, tables
+    from graphc.benchmarks.report import plot, tables
 
     text = tables(result)
     assert "### decode" in text and "mlx-lm BatchGen" in text and result["environment"]["mlx"] in text
@@ -195,7 +195,7 @@ def test_user_api_rows_cover_every_workload_batch_and_contestant(user_result):
 
 
 def test_user_api_flags_a_ratio_the_spread_swamps():
-    from graphc.runtime.bench.user_api import compare, spread
+    from graphc.benchmarks.user_api import compare, spread
 
     tight, wide = spread([10.0, 10.1, 10.2]), spread([5.0, 12.0, 20.0])
     assert compare(spread([5.0, 5.1, 5.2]), tight)["noise"] is False  # 2x apart, spreads 0.2

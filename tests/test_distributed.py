@@ -368,7 +368,7 @@ def test_leader_grammar_compiler_keeps_the_spec(model_dir):
 
 
 def test_bench_runs_on_one_process(tmp_path):
-    from graphc.runtime.distributed.bench import main
+    from graphc.benchmarks.tp import main
 
     out = tmp_path / "tp1.json"
     assert main(["--shape", "tiny", "--dtype", "float32", "--batches", "1,2", "--warm", "1", "--steps", "2",
@@ -380,7 +380,7 @@ def test_bench_runs_on_one_process(tmp_path):
 @pytest.mark.slow
 def test_bench_runs_on_two_ranks(tmp_path):
     out = tmp_path / "tp2.json"
-    run = _launch("--", sys.executable, "-m", "graphc.runtime.distributed.bench", "--shape", "tiny",
+    run = _launch("--", sys.executable, "-m", "graphc.benchmarks.tp", "--shape", "tiny",
                   "--dtype", "float32", "--batches", "2", "--warm", "1", "--steps", "2", "--json", str(out))
     assert out.exists(), run.stderr[-3000:]
     assert json.loads(out.read_text())["tp"] == 2
@@ -390,7 +390,7 @@ def test_probe_runs_on_one_process(tmp_path):
     """The TP probe's rows on a world of one: collectives are the identity, so with and without
     them the chain computes the same thing and each collective adds ~nothing; the model rows time
     mlx-lm's own loop in every variant."""
-    from graphc.runtime.distributed.probe import main as probe
+    from graphc.benchmarks.tp_probe import main as probe
 
     out = tmp_path / "p.jsonl"
     assert probe(["--sizes", "1024", "--rows", "1", "--hidden", "64", "--inner", "128", "--layers", "2",

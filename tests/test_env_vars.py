@@ -21,9 +21,9 @@ ALLOWED = {
     "GRAPHC_CACHE": "compiler/gguf/convert.py: where converted GGUF models are cached",
     "GRAPHC_CACHE_DIR": "compiler/modelgen: where the demo model is cached",
     # where the CUDA toolchain of the offline kernel build is found (tests and a bench script only)
-    "GRAPHC_NVRTC": "runtime/kernels/offline_build.py: where libnvrtc.so is",
-    "GRAPHC_CUDA_INCLUDE": "runtime/kernels/offline_build.py: where cuda_bf16.h is",
-    "GRAPHC_PTXAS": "runtime/kernels/offline_build.py: where ptxas is",
+    "GRAPHC_NVRTC": "benchmarks/kernel_builds.py: where libnvrtc.so is",
+    "GRAPHC_CUDA_INCLUDE": "benchmarks/kernel_builds.py: where cuda_bf16.h is",
+    "GRAPHC_PTXAS": "benchmarks/kernel_builds.py: where ptxas is",
 }
 
 

@@ -3,7 +3,9 @@
     graphc.contracts   imports no other graphc package
     graphc.compiler    imports graphc.contracts only (never graphc.runtime or graphc.cli)
     graphc.runtime     imports graphc.compiler and graphc.contracts (never graphc.cli)
-    graphc.cli         the composition root: may import all three
+    graphc.benchmarks  the lab (top-level benchmarks/): may import the three above, never the CLI;
+                       nothing in the product imports it except the CLI's `bench` command
+    graphc.cli         the composition root: may import all of them
 
 Checked three ways: an AST scan of every import statement (function-local ones included,
 and `importlib.import_module` / `__import__` of a literal name), the package-level import
@@ -20,12 +22,13 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contracts", "compiler", "runtime", "cli")  # folders mapped to graphc.<name> (pyproject)
+PACKAGES = ("contracts", "compiler", "runtime", "benchmarks", "cli")  # folders mapped to graphc.<name> (pyproject)
 ALLOWED = {
     "contracts": set(),
     "compiler": {"contracts"},
     "runtime": {"compiler", "contracts"},
-    "cli": {"compiler", "contracts", "runtime"},
+    "benchmarks": {"compiler", "contracts", "runtime"},
+    "cli": {"compiler", "contracts", "runtime", "benchmarks"},
 }
 
 

@@ -1,5 +1,5 @@
 """Every CUDA kernel in runtime/kernels builds for the H200 and fits the launches the engine makes,
-checked without a GPU (runtime/kernels/offline_build.py): NVRTC compiles the source
+checked without a GPU (benchmarks/kernel_builds.py): NVRTC compiles the source
 mx.fast.cuda_kernel would build at each configuration, ptxas reports the registers a thread and the
 static shared memory, and a launch that would need more than a block may have fails here, not on
 the H200 ("too many resources requested for launch": the top-ranks select variant, run 20a).
@@ -17,7 +17,7 @@ import pytest
 
 import graphc.runtime.kernels as kernels_pkg
 from graphc.runtime.kernels import Kernel
-from graphc.runtime.kernels import offline_build as ob
+from graphc.benchmarks import kernel_builds as ob
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +40,11 @@ def _all_kernels() -> dict[str, Kernel]:
 
 
 def test_every_kernel_has_launches_to_check():
-    """A kernel added to runtime/kernels without a place in offline_build.launches() fails here."""
+    """A kernel added to runtime/kernels without a place in kernel_builds.launches() fails here."""
     launched = {launch.name for launch in ob.launches()}
     kernels = _all_kernels()
     assert len(kernels) >= 6  # 3 attention kernels, the skinny matmul, 2 top-ranks variants
-    assert not set(kernels) - launched, f"kernels offline_build.launches() never launches: {set(kernels) - launched}"
+    assert not set(kernels) - launched, f"kernels kernel_builds.launches() never launches: {set(kernels) - launched}"
 
 
 def test_launch_limits():
@@ -69,7 +69,7 @@ def test_every_kernel_builds_and_fits_its_launches(toolchain):
 
 
 def _launch(source: str, threads: int = 512, header: str = "") -> ob.Launch:
-    """The Launch offline_build records for a Kernel of this source (float x in, float y out)."""
+    """The Launch kernel_builds records for a Kernel of this source (float x in, float y out)."""
     kernel = Kernel("graphc_test_kernel", ["x"], ["y"], source, header)
     with ob.recording() as seen:
         kernel(inputs=[mx.zeros((4,))], output_shapes=[(4,)], output_dtypes=[mx.float32],

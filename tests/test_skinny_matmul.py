@@ -18,7 +18,7 @@ import pytest
 
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.kernels import skinny_matmul as sk
-from graphc.runtime.kernels import tune
+from graphc.benchmarks import kernel_tune as tune
 from helpers import random_prompts
 
 CUDA = sk.available()
@@ -173,6 +173,6 @@ def test_a_bad_table_is_a_clear_error(tmp_path, monkeypatch, content):
     if content is not None:
         path.write_text(content)
     monkeypatch.setattr(sk, "_table", None)
-    with pytest.raises(ValueError, match="skinny_table .*not a skinny-matmul table.*kernels.tune --table"):
+    with pytest.raises(ValueError, match="skinny_table .*not a skinny-matmul table.*kernel_tune --table"):
         sk.load_table(str(path))
     monkeypatch.setattr(sk, "_table", None)

@@ -456,7 +456,7 @@ def test_bench_dequantize_measures_the_same_weights_unquantized(model_dir, tmp_p
     import mlx_lm
     from mlx_lm.utils import quantize_model, save_config, save_model
 
-    from graphc.runtime.bench.shapes import load_shape
+    from graphc.benchmarks.shapes import load_shape
 
     src = model_dir("llama")
     model, _ = mlx_lm.load(str(src))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from graphc.runtime.bench import step_profile
+from graphc.benchmarks import step_profile
 
 
 def test_step_profile_splits_steps(tmp_path):

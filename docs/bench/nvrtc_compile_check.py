@@ -4,7 +4,7 @@
   python docs/bench/nvrtc_compile_check.py [--only top_ranks] [--full] [--log] [--arch 90]
 
 For each kernel in runtime/kernels and each configuration the engine launches it with (template
-values and threads a block from its own launch code; runtime/kernels/offline_build.py), NVRTC
+values and threads a block from its own launch code; benchmarks/kernel_builds.py), NVRTC
 compiles the source mx.fast.cuda_kernel would build and ptxas -v assembles it for sm_90a (MLX's
 target on an H200). Prints the registers a thread and static shared bytes of each, and why a launch
 would fail: registers x threads over the 65,536 a block may hold (run 20a's "too many resources

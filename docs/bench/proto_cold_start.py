@@ -23,9 +23,9 @@ now = time.perf_counter
 t0 = now()
 import mlx.core as mx  # noqa: E402  (the import is part of what a fresh process pays)
 
-from graphc.runtime.bench import contestants as C  # noqa: E402
-from graphc.runtime.bench.shapes import load_shape  # noqa: E402
-from graphc.runtime.bench.user_api import SAMPLING, GraphcUser, batch_generate  # noqa: E402
+from graphc.benchmarks import contestants as C  # noqa: E402
+from graphc.benchmarks.shapes import load_shape  # noqa: E402
+from graphc.benchmarks.user_api import SAMPLING, GraphcUser, batch_generate  # noqa: E402
 
 shape, B, who = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 kw = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {"compile": "auto"}

@@ -6,7 +6,7 @@ forward is needed to count a policy's verify steps (V) and plain steps (P). With
 one verify (v) and one plain step (p) measured on a device, tokens/s over plain is
 N p / (V v + P p). This replays runtime/speculative/speculator.py's policy (k adapting,
 4 misses pause drafting for 16 tokens, a window of 8 verifies under min_acceptance pauses
-for cooldown tokens) on the grounded bench's prompts (runtime/bench/grounded.py), with
+for cooldown tokens) on the grounded bench's prompts (benchmarks/grounded.py), with
 variants, and prints V, P and the predicted ratio for v/p = 1.0, 1.25, 1.5.
 Usage: proto_draft_policy.py MODEL [n_prompts] [new_tokens]   (MODEL: folder or .gguf)
 The answers are generated once (plain greedy, this machine) and cached next to the script's
@@ -25,7 +25,7 @@ def answers(model: str, n: int, new: int) -> list:
     cache = json.load(open(path)) if os.path.exists(path) else {}
     if key not in cache:
         from graphc.runtime import Engine, SamplingParams
-        from graphc.runtime.bench.grounded import grounded_prompts
+        from graphc.benchmarks.grounded import grounded_prompts
 
         eng = Engine.load(model)
         prompts = grounded_prompts(eng.tokenizer, n, seed=0)

@@ -41,7 +41,7 @@ if sys.argv[1] == "--sum":
 
 import mlx.core as mx  # noqa: E402
 
-from graphc.runtime.bench.shapes import load_shape  # noqa: E402
+from graphc.benchmarks.shapes import load_shape  # noqa: E402
 
 model, _, cfg, _ = load_shape(sys.argv[1], "bfloat16")
 B = int(sys.argv[2]) if len(sys.argv) > 2 else 64

@@ -5,7 +5,7 @@ One compile="auto" Engine, B fresh prompts of 128 tokens, 144 new tokens; calls 
 runner's `host_read` between "tokens" (before run 21) and "pieces", the order flipping every
 repeat, and each call starts from an emptied MLX buffer cache (`mx.clear_cache()`), so neither
 inherits the other's managed buffers. Per call: the median steady step (ms, the first 16 steps left
-out), timed as `python -m graphc.runtime.bench.step_profile` times them; per pair: tokens / pieces.
+out), timed as `python -m graphc.benchmarks.step_profile` times them; per pair: tokens / pieces.
 
 Usage: proto_host_read_api.py SHAPE B [REPEATS]
 """
@@ -16,9 +16,9 @@ from statistics import median
 
 import mlx.core as mx
 
-from graphc.runtime.bench.contestants import graphc_params, make_engine
-from graphc.runtime.bench.shapes import load_shape
-from graphc.runtime.bench.step_profile import instrument, summarize, uninstrument
+from graphc.benchmarks.contestants import graphc_params, make_engine
+from graphc.benchmarks.shapes import load_shape
+from graphc.benchmarks.step_profile import instrument, summarize, uninstrument
 
 shape, B = sys.argv[1], int(sys.argv[2])
 repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 7

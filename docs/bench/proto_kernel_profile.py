@@ -26,8 +26,8 @@ import time
 
 import mlx.core as mx
 
-from graphc.runtime.bench.contestants import graphc_params, make_engine
-from graphc.runtime.bench.shapes import load_shape
+from graphc.benchmarks.contestants import graphc_params, make_engine
+from graphc.benchmarks.shapes import load_shape
 
 
 def cudart():

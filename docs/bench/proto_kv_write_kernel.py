@@ -135,8 +135,8 @@ if COPIES:
     sys.argv.pop(1)
     kernel(kinds=("rows copied", "rows strided"))
 
-from graphc.runtime.bench.contestants import graphc_params, make_engine  # noqa: E402
-from graphc.runtime.bench.shapes import load_shape  # noqa: E402
+from graphc.benchmarks.contestants import graphc_params, make_engine  # noqa: E402
+from graphc.benchmarks.shapes import load_shape  # noqa: E402
 
 model, tok, cfg, label = load_shape(sys.argv[1], "bfloat16")
 batches = [int(x) for x in sys.argv[2].split(",")]

@@ -7,8 +7,8 @@ import time
 
 import mlx.core as mx
 
-from graphc.runtime.bench.contestants import graphc_params, make_engine
-from graphc.runtime.bench.shapes import load_shape
+from graphc.benchmarks.contestants import graphc_params, make_engine
+from graphc.benchmarks.shapes import load_shape
 from graphc.runtime.cache.full import FullKV
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "llama-3.1-8b"

@@ -13,7 +13,7 @@ import sys
 import time
 
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.bench.shapes import load_shape
+from graphc.benchmarks.shapes import load_shape
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "llama-3.2-1b"
 batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "8,32").split(",")]

@@ -12,7 +12,7 @@ import sys
 import time
 
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.bench.grounded import grounded_prompts
+from graphc.benchmarks.grounded import grounded_prompts
 
 path = sys.argv[1]
 B = int(sys.argv[2]) if len(sys.argv) > 2 else 1

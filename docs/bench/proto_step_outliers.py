@@ -1,7 +1,7 @@
 """Where the public API's steady ms/step and the per-step median part: the slowest decode steps.
 
 `graphc bench --user-api` reports (T(144 new) - T(16 new)) / 128, a mean that includes every
-stall; `python -m graphc.runtime.bench.step_profile` reports per-step medians, which leave stalls
+stall; `python -m graphc.benchmarks.step_profile` reports per-step medians, which leave stalls
 out. This prints both for one Engine on B fresh 128-token prompts, and the slowest steps with
 their parts (build, submit, wait, engine: see step_profile). Usage:
 proto_step_outliers.py SHAPE B [compile 0|1] [PAIRS]   (SHAPE: a bench shape or a model folder; PAIRS of
@@ -16,9 +16,9 @@ import time
 
 import mlx.core as mx
 
-from graphc.runtime.bench.contestants import graphc_params, make_engine
-from graphc.runtime.bench.shapes import load_shape
-from graphc.runtime.bench.step_profile import instrument
+from graphc.benchmarks.contestants import graphc_params, make_engine
+from graphc.benchmarks.shapes import load_shape
+from graphc.benchmarks.step_profile import instrument
 
 model, tok, cfg, label = load_shape(sys.argv[1], "bfloat16")
 B = int(sys.argv[2])

@@ -7,7 +7,7 @@ import time
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from graphc.runtime.bench.shapes import load_shape
+from graphc.benchmarks.shapes import load_shape
 
 now = time.perf_counter
 model = load_shape(sys.argv[1])[0]

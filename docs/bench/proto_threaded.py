@@ -8,7 +8,7 @@ now = time.perf_counter
 def load(name):
     if name.startswith("/"):
         m, _ = mlx_lm.load(name); return m
-    from graphc.runtime.bench.shapes import load_shape
+    from graphc.benchmarks.shapes import load_shape
     return load_shape(name)[0]
 model = load(sys.argv[1]); B = int(sys.argv[2]); N = int(sys.argv[3]) if len(sys.argv) > 3 else 64
 V = model.args.vocab_size

@@ -20,8 +20,8 @@ import time
 
 import mlx.core as mx
 
-from graphc.runtime.bench.contestants import graphc_params, make_engine
-from graphc.runtime.bench.shapes import load_shape
+from graphc.benchmarks.contestants import graphc_params, make_engine
+from graphc.benchmarks.shapes import load_shape
 from graphc.runtime.kernels import top_ranks
 from graphc.runtime import SamplingParams
 from graphc.runtime.sampling.bench_sampling import _host_us, _time

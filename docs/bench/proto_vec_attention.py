@@ -66,8 +66,8 @@ if da.check() is None and len(sys.argv) < 3:
 
 if len(sys.argv) < 3 or da.check() is not None:
     sys.exit(0)
-from graphc.runtime.bench.contestants import graphc_params, make_engine  # noqa: E402
-from graphc.runtime.bench.shapes import load_shape  # noqa: E402
+from graphc.benchmarks.contestants import graphc_params, make_engine  # noqa: E402
+from graphc.benchmarks.shapes import load_shape  # noqa: E402
 
 model, tok, cfg, label = load_shape(sys.argv[1], "bfloat16")
 batches = [int(x) for x in sys.argv[2].split(",")]

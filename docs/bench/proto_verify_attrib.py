@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from graphc.compiler.gguf import resolve_model_path
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.bench.grounded import grounded_prompts
+from graphc.benchmarks.grounded import grounded_prompts
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 

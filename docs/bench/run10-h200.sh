@@ -4,7 +4,7 @@
 # Needs mlx (CUDA) + graphc on PYTHONPATH. Usage: run10-h200.sh profile | stream | spec GGUF TAG [bench args] | table TAG | table8 TAG
 set -u
 B="python3 -m graphc.cli bench --user-api --no-progress"
-P="python3 -m graphc.runtime.bench.step_profile"
+P="python3 -m graphc.benchmarks.step_profile"
 case "$1" in
 profile)
     timeout 200 $P --model llama-3.1-8b --batch 1 64 --json $OUT/profile-8b.json

@@ -7,7 +7,7 @@
 # PYTHONPATH and $OUT. Usage: run14-h200.sh graphs TAG   (step_profile per setting, 1B then 8B)
 set -u
 mode=$1; t=$2
-P="python3 -m graphc.runtime.bench.step_profile"
+P="python3 -m graphc.benchmarks.step_profile"
 if [ "$mode" = graphs ]; then
   for env in "X=1" "MLX_USE_CUDA_GRAPHS=0" "MLX_MAX_OPS_PER_BUFFER=60" "MLX_MAX_OPS_PER_BUFFER=200"; do
     echo "== 1B $env" | tee -a $OUT/graphs-$t.log

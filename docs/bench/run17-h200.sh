@@ -28,7 +28,7 @@ table)
 sampling)
   S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
   for m in llama-3.2-1b llama-3.1-8b; do
-    P="python3 -m graphc.runtime.bench.step_profile --model $m --batch 64 --repeats 3"
+    P="python3 -m graphc.benchmarks.step_profile --model $m --batch 64 --repeats 3"
     echo "== $m greedy"; timeout 120 $P 2>&1 | grep "^B=\|Error"
     echo "== $m sampled, kernel"; timeout 120 $P --sampling "$S" 2>&1 | grep "^B=\|Error"
     echo "== $m sampled, MLX search"; timeout 120 $P --sampling "$S" --engine-kw '{"decode_options": {"sampling_kernel": false}}' 2>&1 | grep "^B=\|Error"

@@ -58,7 +58,7 @@ spec)
 paired)
   S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
   for m in llama-3.2-1b llama-3.1-8b; do
-    timeout 240 python3 -m graphc.runtime.bench.step_profile --model $m --batch 64 --repeats 9 --paired "$S" \
+    timeout 240 python3 -m graphc.benchmarks.step_profile --model $m --batch 64 --repeats 9 --paired "$S" \
         --engine-kw '{"compile": "auto"}' --json $OUT/paired-$m-$2.json 2>&1 | grep "^B=\|Error" | tee -a $OUT/paired-$2.log
   done ;;
 host)

@@ -42,14 +42,14 @@ hostread)
 pairedc)
   S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
   for m in ${3:-llama-3.2-1b llama-3.1-8b}; do
-    timeout 280 python3 -m graphc.runtime.bench.step_profile --model $m --batch 64 --repeats 9 --paired "$S" \
+    timeout 280 python3 -m graphc.benchmarks.step_profile --model $m --batch 64 --repeats 9 --paired "$S" \
         --control --engine-kw '{"compile": "auto"}' --json $OUT/pairedc-$m-$2.json 2>&1 | grep "^B=\|Error" \
         | tee -a $OUT/pairedc-$2.log
   done ;;
 split1b)
   for smp in '{}' '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'; do
     echo "== sampling $smp" | tee -a $OUT/split-1b-$2.log
-    timeout 150 python3 -m graphc.runtime.bench.step_profile --model llama-3.2-1b --batch 64 --repeats 3 \
+    timeout 150 python3 -m graphc.benchmarks.step_profile --model llama-3.2-1b --batch 64 --repeats 3 \
         --engine-kw '{"compile": "auto"}' --sampling "$smp" 2>&1 | grep "^B=\|rror" | tee -a $OUT/split-1b-$2.log
   done ;;
 gatherstep)

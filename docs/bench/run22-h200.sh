@@ -19,7 +19,7 @@ choose)
   done ;;
 many)
   S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
-  timeout 400 python3 -m graphc.runtime.bench.step_profile --model llama-3.2-1b --batch 64 --repeats 101 \
+  timeout 400 python3 -m graphc.benchmarks.step_profile --model llama-3.2-1b --batch 64 --repeats 101 \
       --new 48 --skip 8 --paired "$S" --engine-kw '{"compile": "auto"}' --json $OUT/many-$2.json 2>&1 \
       | grep --line-buffered "^B=\|rror" | tee $OUT/many-$2.log ;;
 *)

@@ -16,7 +16,7 @@ kvw)
   timeout 120 python3 "$D/proto_kv_write_kernel.py" llama-3.2-1b 64 5 2>&1 | grep -v "^\s*$" | tail -6 | tee -a $OUT/kvw-$2.log ;;
 many8b)
   S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
-  timeout ${MANY8B_TIMEOUT:-380} python3 -m graphc.runtime.bench.step_profile --model llama-3.1-8b --batch 64 --repeats 101 \
+  timeout ${MANY8B_TIMEOUT:-380} python3 -m graphc.benchmarks.step_profile --model llama-3.1-8b --batch 64 --repeats 101 \
       --new 48 --skip 8 --paired "$S" --engine-kw '{"compile": "auto"}' --json $OUT/many8b-$2.json 2>&1 \
       | grep --line-buffered "^B=\|rror" | tee $OUT/many8b-$2.log | tail -2 ;;
 kvw1b)

@@ -21,7 +21,7 @@ case "$1" in
 many|many8b)  # --budget: past 500 s no new pair starts, and the pairs done are kept (24a lost its JSON)
   M=llama-3.2-1b; [ "$1" = many8b ] && M=llama-3.1-8b
   S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
-  timeout 570 python3 -m graphc.runtime.bench.step_profile --model $M --batch 64 --repeats 101 --new 48 --skip 8 \
+  timeout 570 python3 -m graphc.benchmarks.step_profile --model $M --batch 64 --repeats 101 --new 48 --skip 8 \
       --paired "$S" --engine-kw '{"compile": "auto"}' --budget 500 --json $OUT/$1-$2.json 2>&1 \
       | grep --line-buffered "^B=\|rror" | tee $OUT/$1-$2.log | tail -2 ;;
 spec)

@@ -21,7 +21,7 @@ print('gumbel_choose check_config(64, top-k + top-p):', g.check_config(64, True,
 " 2>&1 | tail -2 | tee $OUT/checks-$2.log
   M=llama-3.2-1b
   S='{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
-  timeout 380 python3 -m graphc.runtime.bench.step_profile --model $M --batch 64 --repeats 101 --new 48 --skip 8 \
+  timeout 380 python3 -m graphc.benchmarks.step_profile --model $M --batch 64 --repeats 101 --new 48 --skip 8 \
       --paired "$S" --engine-kw '{"compile": "auto"}' --budget 300 --json $OUT/many-$2.json 2>&1 \
       | grep --line-buffered "^B=\|rror" | tee $OUT/many-$2.log | tail -2
   timeout 150 python3 -c "

@@ -8,7 +8,7 @@ launch() { python3 -c "import sys; from mlx._distributed_utils.launch import mai
 PY=$(which python3)
 case "$1" in
 probe)
-  P="$PY -m graphc.runtime.distributed.probe --json $OUT/probe.jsonl"
+  P="$PY -m graphc.benchmarks.tp_probe --json $OUT/probe.jsonl"
   launch $P --label default
   MLX_USE_CUDA_GRAPHS=0 launch $P --label graphs-off
   NCCL_GRAPH_MIXING_SUPPORT=0 launch $P --label nccl-mixing-off
@@ -17,20 +17,20 @@ probe)
 tp2)
   for v in default graphs-off; do
     e=(); [ $v = graphs-off ] && e=(env MLX_USE_CUDA_GRAPHS=0)
-    "${e[@]}" bash -c "$(declare -f launch); launch $PY -m graphc.runtime.distributed.bench --shape llama-3.1-8b \
+    "${e[@]}" bash -c "$(declare -f launch); launch $PY -m graphc.benchmarks.tp --shape llama-3.1-8b \
         --batches 1,32,64 --json $OUT/tp2-$v.json" 2>&1 | grep -v "^\s*$" | tail -8
   done
   ;;
 tp1)
   for v in default graphs-off; do
     e=(); [ $v = graphs-off ] && e=(env MLX_USE_CUDA_GRAPHS=0)
-    "${e[@]}" $PY -m graphc.runtime.distributed.bench --shape llama-3.1-8b --batches 1,32,64 --json $OUT/tp1-$v.json 2>&1 | tail -4
+    "${e[@]}" $PY -m graphc.benchmarks.tp --shape llama-3.1-8b --batches 1,32,64 --json $OUT/tp1-$v.json 2>&1 | tail -4
   done
   ;;
 esac
 case "$1" in
 model)
-  P="$PY -m graphc.runtime.distributed.probe --skip-micro --model llama-3.1-8b --rows 1,32,64 --reps 16 --json $OUT/model.jsonl"
+  P="$PY -m graphc.benchmarks.tp_probe --skip-micro --model llama-3.1-8b --rows 1,32,64 --reps 16 --json $OUT/model.jsonl"
   $P --label tp1 --variants as-is
   launch $P --label tp2-default
   MLX_USE_CUDA_GRAPHS=0 launch $P --label tp2-graphs-off
@@ -38,7 +38,7 @@ model)
 esac
 case "$1" in
 round)  # one round of run 8's TP table: TP=1 and TP=2, eager and compiled, mlx-lm's loop both ways
-  B="-m graphc.runtime.distributed.bench --shape llama-3.1-8b --batches 1,32,64"
+  B="-m graphc.benchmarks.tp --shape llama-3.1-8b --batches 1,32,64"
   r=${2:-1}
   $PY $B --json $OUT/r$r-tp1.json 2>&1 | grep "TP="
   $PY $B --compile --skip-mlx-lm --json $OUT/r$r-tp1c.json 2>&1 | grep "TP="

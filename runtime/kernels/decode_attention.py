@@ -572,7 +572,7 @@ def reference(q, k, v, start, end: int, scale: float):
 
 
 # (B, query heads, KV heads, capacity, head dim, end column, query length) that check() runs each
-# kernel kind at; offline_build.py builds every one of them for the H200 too.
+# kernel kind at; benchmarks/kernel_builds.py builds every one of them for the H200 too.
 CHECK_CASES = ((3, 8, 2, 64, 64, 50, 1), (5, 32, 8, 256, 128, 200, 1), (2, 4, 4, 512, 128, 511, 1),
                (1, 9, 3, 128, 64, 80, 9), (3, 8, 2, 64, 64, 50, 5), (2, 32, 8, 256, 128, 256, 17),
                (2, 16, 2, 96, 128, 90, 3))

@@ -17,7 +17,7 @@ Small grids split k over the warps of a block (WK) and add the parts in shared m
 a fixed order, so one launch does it all and the same inputs give the same bits.
 
 Launch configurations come from `heuristic()`, or from a table measured on the device by
-`python -m graphc.runtime.kernels.tune --table T.json` and named by a graph's
+`python -m graphc.benchmarks.kernel_tune --table T.json` and named by a graph's
 `decode: {skinny_table: T.json}` (or `Engine(decode_options={"skinny_table": ...})`,
 `graphc bench --skinny-table T.json`);
 the table also records shapes where MLX's matmul is faster, and those stay with MLX.
@@ -251,7 +251,7 @@ def load_table(path: str | None = None) -> dict:
                     table[(int(e["MT"]), int(e["K"]), int(e["N"]))] = cfg
         except (OSError, KeyError, TypeError, ValueError) as err:
             raise ValueError(f"skinny_table {path}: not a skinny-matmul table ({type(err).__name__}: {err}); "
-                             "write one with `python -m graphc.runtime.kernels.tune --table FILE`") from None
+                             "write one with `python -m graphc.benchmarks.kernel_tune --table FILE`") from None
     _table = table
     return table
 

@@ -322,7 +322,7 @@ def reference(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions: 
 
 
 # (B, V, K, dtype, spread) that check() compares each variant at (spread 0: few distinct values, ties
-# everywhere, decided by the id); offline_build.py builds every one of them for the H200 too.
+# everywhere, decided by the id); benchmarks/kernel_builds.py builds every one of them for the H200 too.
 CHECK_CASES = ((64, 128256, 64, mx.bfloat16, 1.0), (3, 128256, 16, mx.float32, 1.0), (5, 32000, 128, mx.bfloat16, 1.0),
                (2, 151936, 64, mx.bfloat16, 1.0), (4, 50000, 32, mx.float16, 1.0), (2, 1000, 16, mx.float32, 1.0),
                (8, 128256, 64, mx.bfloat16, 0.0))

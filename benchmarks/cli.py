@@ -58,13 +58,13 @@ def add_parser(subparsers) -> None:
                    "(residual_matmul off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skinny-table", default=None, metavar="FILE",
-                   help="launch table for the skinny matmul (`python -m graphc.runtime.kernels.tune --table FILE`)")
+                   help="launch table for the skinny matmul (`python -m graphc.benchmarks.kernel_tune --table FILE`)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, help="draw the ratios to this PNG (needs matplotlib)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     u = p.add_argument_group("--user-api: whole public calls (Engine.generate, mlx_lm.batch_generate), GC on")
     u.add_argument("--user-api", action="store_true",
-                   help="measure through the public API instead (runtime/bench/user_api.py); uses --model, "
+                   help="measure through the public API instead (benchmarks/user_api.py); uses --model, "
                         "--dtype, --batches, --prompt-len, --seed, --json")
     u.add_argument("--user-workloads", default="decode,sampled,prefill",
                    help="subset of decode,sampled,prefill,grounded (grounded: speculative decoding on a "

@@ -52,11 +52,11 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import Kernel
-from . import decode_attention as da
-from . import gumbel_choose as gc
-from . import skinny_matmul as sk
-from . import top_ranks as tr
+from graphc.runtime.kernels import Kernel
+from graphc.runtime.kernels import decode_attention as da
+from graphc.runtime.kernels import gumbel_choose as gc
+from graphc.runtime.kernels import skinny_matmul as sk
+from graphc.runtime.kernels import top_ranks as tr
 
 # MLX builds for the device's own architecture and adds the "a" suffix from compute capability 9
 # (jit_module.cpp `compile`), so an H200 runs sm_90a code.
@@ -82,7 +82,7 @@ LLAMA_LAYOUTS = {
     "smollm2-135m": (9, 3, 64, 576, 1536, 49152),
     "smollm2-360m": (15, 5, 64, 960, 2560, 49152),
     "smollm2-1.7b": (32, 32, 64, 2048, 8192, 49152),
-    "small-32k": (8, 4, 32, 256, 768, 32000),  # runtime/bench/shapes.py
+    "small-32k": (8, 4, 32, 256, 768, 32000),  # benchmarks/shapes.py
 }
 # check()'s (query heads, KV heads, head dim): it launches these on the GPU before the kernel is
 # used, so they must launch too.
@@ -186,7 +186,7 @@ def _skinny_launches(sweep: bool):
     for dt, M, K, N, cfg in sk._check_cases():
         cases.add((dt, cfg or sk.heuristic(M, K, N)))
     if sweep:
-        from .tune import sweep as tune_sweep
+        from .kernel_tune import sweep as tune_sweep
 
         for MT in (1, 2, 4, 8):
             for cfg in tune_sweep(MT, 14336):  # the largest K: no configuration is left out for it

@@ -173,7 +173,7 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     vocab = int(config["vocab_size"])
     rows, notes = [], []
     wl = set(cfg.workloads)
-    if "grounded" in wl:  # speculative decoding on a copy-the-input task (runtime/bench/grounded.py)
+    if "grounded" in wl:  # speculative decoding on a copy-the-input task (benchmarks/grounded.py)
         from .grounded import run_grounded
 
         rows, notes = run_grounded(model, tokenizer, config, cfg, log, spread=spread, compare=compare)

@@ -1,6 +1,6 @@
 """Measure the skinny matmul's launch configurations at decode shapes on this device.
 
-    python -m graphc.runtime.kernels.tune [--rows 8,16,32,64] [--table T.json]
+    python -m graphc.benchmarks.kernel_tune [--rows 8,16,32,64] [--table T.json]
     graphc bench --skinny-table T.json ...   # the kernel then runs the measured best
                                              # (a graph: `decode: {skinny_matmul: true, skinny_table: T.json}`)
 
@@ -23,7 +23,7 @@ from statistics import median
 
 import mlx.core as mx
 
-from . import skinny_matmul as sk
+from graphc.runtime.kernels import skinny_matmul as sk
 
 SHAPES = {  # (K, N): what
     (2048, 3072): "1B fused q+k+v", (2048, 2048): "1B o", (2048, 16384): "1B fused gate+up",

@@ -1,4 +1,4 @@
-"""Where a decode step's wall time goes, through the public API: `python -m graphc.runtime.bench.step_profile`.
+"""Where a decode step's wall time goes, through the public API: `python -m graphc.benchmarks.step_profile`.
 
 `Engine.generate` on B fresh prompts (GC on, chain on, defaults), with timers around the
 runner's parts. For every steady decode step (the first `--skip` are dropped) it records:
@@ -21,7 +21,7 @@ compared with an untimed `generate` call in the same process.
 
 `--paired SAMPLING_JSON` measures what sampling costs per step instead: greedy and sampled
 calls alternate on one Engine and each pair gives a ratio of per-step medians, e.g.
-  python -m graphc.runtime.bench.step_profile --model llama-3.2-1b --batch 64 --repeats 9 \
+  python -m graphc.benchmarks.step_profile --model llama-3.2-1b --batch 64 --repeats 9 \
       --paired '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
 `--control` adds mlx-lm's plain loop after every call and a ratio normalized by it: the host's
 own speed moves between calls (run 21c), and a host-bound step moves with it. Each ratio's
@@ -255,7 +255,7 @@ def against(ci, limit: float) -> str:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m graphc.runtime.bench.step_profile", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m graphc.benchmarks.step_profile", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", help="a bench shape (llama-3.1-8b, llama-3.2-1b, tiny) or a model folder")
     ap.add_argument("--dtype", default="bfloat16")

@@ -1,7 +1,7 @@
 """Where tensor-parallel decode time goes: the cost of one collective, alone and inside a step.
 
-    mlx.launch -n 2 --backend nccl -- $(which python) -m graphc.runtime.distributed.probe
-    MLX_USE_CUDA_GRAPHS=0 mlx.launch -n 2 --backend nccl -- $(which python) -m graphc.runtime.distributed.probe
+    mlx.launch -n 2 --backend nccl -- $(which python) -m graphc.benchmarks.tp_probe
+    MLX_USE_CUDA_GRAPHS=0 mlx.launch -n 2 --backend nccl -- $(which python) -m graphc.benchmarks.tp_probe
 
 Two measurements, printed by rank 0 (and written as JSON with --json):
 
@@ -90,7 +90,7 @@ def model_step(group, shape: str, rows: int, warm: int, reps: int, variant: str)
     import mlx.nn.layers.distributed as dist_layers
     from mlx_lm.models.cache import make_prompt_cache
 
-    from graphc.runtime.bench.shapes import load_shape
+    from graphc.benchmarks.shapes import load_shape
 
     model = _MODELS.get(shape)
     if model is None:
@@ -131,7 +131,7 @@ _MODELS: dict = {}
 def main(argv=None) -> int:
     import os
 
-    ap = argparse.ArgumentParser(prog="python -m graphc.runtime.distributed.probe")
+    ap = argparse.ArgumentParser(prog="python -m graphc.benchmarks.tp_probe")
     ap.add_argument("--sizes", default="16384,524288,8388608", help="bytes per all_sum for the `alone` rows")
     ap.add_argument("--rows", default="1,32,64", help="decode rows for the `in_step` chain")
     ap.add_argument("--hidden", type=int, default=4096)

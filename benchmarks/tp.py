@@ -1,11 +1,11 @@
 """Decode ms/step of tensor-parallel graphc against mlx-lm's own tensor parallelism, one run.
 
     # TP=1 (one process), then TP=2 on a 2-GPU host (NCCL) or over loopback on a CPU (ring):
-    python -m graphc.runtime.distributed.bench --shape llama-3.1-8b --batches 1,32,64
-    mlx.launch -n 2 --backend nccl -- $(which python) -m graphc.runtime.distributed.bench \\
+    python -m graphc.benchmarks.tp --shape llama-3.1-8b --batches 1,32,64
+    mlx.launch -n 2 --backend nccl -- $(which python) -m graphc.benchmarks.tp \\
         --shape llama-3.1-8b --batches 1,32,64
 
-Every rank builds the same random-weight model (runtime/bench/shapes.py, seeded), shards it
+Every rank builds the same random-weight model (benchmarks/shapes.py, seeded), shards it
 (`model.shard`), and runs (1) graphc's engine: B token-id prompts, greedy, ignore_eos; once all
 B rows decode, the wall time of `--steps` engine steps; then (2) mlx-lm's plain decode loop on the
 same sharded model (B rows, its own KVCache, the next step queued before reading the last:
@@ -69,12 +69,12 @@ def mlx_lm_ms_per_step(model, batch: int, prompt_len: int, warm: int, steps: int
 
 
 def main(argv=None) -> int:
-    from graphc.runtime.bench.shapes import load_shape
+    from graphc.benchmarks.shapes import load_shape
 
-    from .group import world
-    from .load import engine_from_model
+    from graphc.runtime.distributed.group import world
+    from graphc.runtime.distributed.load import engine_from_model
 
-    ap = argparse.ArgumentParser(prog="python -m graphc.runtime.distributed.bench")
+    ap = argparse.ArgumentParser(prog="python -m graphc.benchmarks.tp")
     ap.add_argument("--shape", default="tiny", help="a bench shape (tiny, llama-3.2-1b, llama-3.1-8b) or a model folder")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batches", default="1,8", help="comma-separated decode batch sizes")

@@ -336,7 +336,7 @@ def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> l
     (the transposed problem; the library may pick another kernel for it).
     """
     from graphc.runtime.kernels import skinny_matmul as sk
-    from graphc.runtime.kernels.tune import rotating_weights, time_matmul
+    from graphc.benchmarks.kernel_tune import rotating_weights, time_matmul
 
     Ws = rotating_weights(K, N, dtype)
     rows = []
