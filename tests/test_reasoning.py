@@ -87,7 +87,8 @@ def test_random_deltas_agree_with_the_whole_reply():
 
 def test_detection_from_template_or_vocab():
     assert detect_reasoning("{{ '<think>\\n' }}...{{ '</think>' }}") == THINK
-    assert detect_reasoning("{{ messages }}", {"</think>": 7}) == THINK
+    found = detect_reasoning("{{ messages }}", {"</think>": 7, "<think>": 6})
+    assert (found.open, found.close, found.open_id, found.close_id) == ("<think>", "</think>", 6, 7)
     assert detect_reasoning("{{ messages }}", {"hello": 1}) is None
     assert detect_reasoning(None) is None
 

@@ -37,16 +37,22 @@ import attrs
 
 from graphc.runtime.grammar import Grammar
 
+from .errors import bad_request
+
 REASONING = "reasoning"
 CONTENT = "content"
 
 
 @attrs.frozen
 class ReasoningFormat:
-    """The tags a model's thinking sits between."""
+    """The tags a model's thinking sits between, and their token ids where the vocabulary has
+    them as single (added) tokens, as Qwen3's and DeepSeek-R1's do: grammars must allow those
+    tokens by id (llguidance treats added tokens as special, never as their text)."""
 
     open: str = "<think>"
     close: str = "</think>"
+    open_id: int | None = None
+    close_id: int | None = None
 
 
 THINK = ReasoningFormat()
@@ -55,10 +61,9 @@ THINK = ReasoningFormat()
 def detect_reasoning(chat_template: str | None, vocab: Mapping[str, int] | None = None) -> ReasoningFormat | None:
     """THINK when the chat template mentions `</think>` or the vocabulary has a `</think>` token
     (Qwen3, DeepSeek-R1 and their fine-tunes); None for models without thinking."""
-    if chat_template and THINK.close in chat_template:
-        return THINK
-    if vocab and THINK.close in vocab:
-        return THINK
+    vocab = vocab or {}
+    if (chat_template and THINK.close in chat_template) or THINK.close in vocab:
+        return ReasoningFormat(open_id=vocab.get(THINK.open), close_id=vocab.get(THINK.close))
     return None
 
 
@@ -82,6 +87,28 @@ def template_kwargs(chat_template: str | None, enable_thinking: bool | None, rea
     if reasoning_effort is not None and "reasoning_effort" in tpl:
         out["reasoning_effort"] = reasoning_effort
     return out
+
+
+# apply_chat_template's own arguments: a client's chat_template_kwargs must not override them
+# (tokenize=False would hand the engine text; tools/messages have their own request fields).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+def request_template_kwargs(req, chat_template: str | None) -> dict:
+    """template_kwargs for a chat request (its enable_thinking, reasoning_effort and
+    chat_template_kwargs fields); a reserved name in chat_template_kwargs is a 400."""
+    extra = getattr(req, "chat_template_kwargs", None) or {}
+    bad = sorted(RESERVED_TEMPLATE_KWARGS.intersection(extra))
+    if bad:
+        raise bad_request(f"chat_template_kwargs may not set {', '.join(bad)}: use the request's own fields",
+                          "chat_template_kwargs")
+    thinking = getattr(req, "enable_thinking", None)
+    if thinking is None and isinstance(extra.get("enable_thinking"), bool):
+        thinking = extra["enable_thinking"]
+    return template_kwargs(chat_template, thinking, getattr(req, "reasoning_effort", None), extra)
 
 
 def _partial_suffix(text: str, tag: str) -> int:
@@ -204,17 +231,28 @@ def _answer_rules(g: Grammar) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def _tag(text: str, token_id: int | None) -> str:
+    """A lark alternative for a tag: its text, or its added token by id."""
+    return json.dumps(text) + (f" | <[{token_id}]>" if token_id is not None else "")
+
+
 def answer_grammar(g: Grammar, fmt: ReasoningFormat, *, started: bool) -> Grammar:
     """A grammar that lets the model think freely, then holds what follows `</think>` to `g`.
 
     started: the prompt opened the thinking, so the output must close it first; otherwise the
-    model may open a thinking block (`<think>`...`</think>`) or answer at once. The thinking is
-    one lexeme "any text without the close tag, then the tag, then blank space", so the grammar
-    never has to guess where thinking ends."""
-    close = json.dumps(fmt.close)
-    think = f"{_not_containing(fmt.close)} {close} /[ \\t\\r\\n]*/"
-    if started:
-        head = f"start: THINK answer\nTHINK: {think}\n"
-    else:
-        head = f"start: THINK answer | answer\nTHINK: {json.dumps(fmt.open)} {think}\n"
-    return Grammar.lark(head + _answer_rules(g))
+    model may open a thinking block (`<think>`...`</think>`) or answer at once. The thinking
+    is free text that cannot contain the close tag. Rule names carry an r_ prefix so they never collide with
+    the wrapped grammar's (tools.py's body/calls/TEXT/LEAD)."""
+    # The close tag as text ends one lexeme "text without the tag, then the tag" (no guessing
+    # where the text ends); as its added token it follows a text lexeme.
+    think = "R_THOUGHT" + (f" | R_TEXT? <[{fmt.close_id}]>" if fmt.close_id is not None else "")
+    head = [
+        "start: r_open r_think R_WS? answer | answer" if not started else "start: r_think R_WS? answer",
+        f"r_think: {think}",
+        f"R_THOUGHT: {_not_containing(fmt.close)} {json.dumps(fmt.close)}",
+        f"R_TEXT: {_not_containing(fmt.close)}",
+        "R_WS: /[ \\t\\r\\n]{1,4}/",  # bounded: a weak model cannot wander in blank space (cf. compact JSON)
+    ]
+    if not started:
+        head.insert(1, f"r_open: {_tag(fmt.open, fmt.open_id)}")
+    return Grammar.lark("\n".join(head) + "\n" + _answer_rules(g))

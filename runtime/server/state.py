@@ -19,6 +19,7 @@ from .config import ServerConfig
 from .errors import APIError, bad_request
 from .logprobs import TokenText
 from .metrics import ServerMetrics
+from .reasoning import ReasoningFormat, detect_reasoning
 from .sampling import param_error
 
 log = logging.getLogger("graphc.server")
@@ -57,6 +58,7 @@ class ServerState:
         self.max_prompt_tokens = 0
         self.max_prompt_chars = 0  # longer prompt text cannot fit max_prompt_tokens: refused before tokenizing
         self.vocab_size = 0
+        self.reasoning: ReasoningFormat | None = None  # the model's <think> tags (server/reasoning.py)
         self.draining = False  # set on SIGTERM/SIGINT: new requests get 503 while running ones finish
         # Tokenization and chat templating run here, one at a time (the server's tokenizer copy is
         # not shared across threads), so a huge prompt never blocks the event loop.
@@ -91,6 +93,7 @@ class ServerState:
         self.tokenizer = copy.deepcopy(engine.tokenizer)
         self.texts = TokenText(self.tokenizer)
         self.vocab_size = engine.vocab_size
+        self.reasoning = detect_reasoning(getattr(self.tokenizer, "chat_template", None), _vocab(self.tokenizer))
         if not c.served_model_name:
             self.model_name = Path(engine.model_path).name if engine.model_path else "graphc"
         cfg = engine.config or {}
@@ -185,6 +188,13 @@ class ServerState:
             raise APIError(503, "the server is shutting down", code="engine_unavailable") from None
         except ValueError as e:  # the engine's own checks (prompt ids, grammar compile, ...)
             raise param_error(e, req) from None
+
+
+def _vocab(tokenizer) -> dict:
+    try:
+        return tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: the chat template decides alone
+        return {}
 
 
 def max_chars_per_token(tokenizer) -> int:
