@@ -38,6 +38,7 @@ from .tools import plan_tools
 
 async def create_chat_completion(request: Request, state):
     req = await read_request(request, state, ChatCompletionRequest)
+    state = state.route(req.model)
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     plan = plan_tools(req)
