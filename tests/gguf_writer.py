@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from gguf_blocks import LAYOUT, random_blocks
 
 HF_TO_GGUF = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -37,7 +38,8 @@ def gguf_name(hf: str) -> str:
 
 def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | None = None,
                tokenizer_model: str = "gpt2", pre: str = "default", extra_tensors=None) -> dict:
-    """Write `out` from `model_dir`; 2-D matmul weights (and the embedding) stored as `qtype`.
+    """Write `out` from `model_dir`; 2-D matmul weights (and the embedding) stored as `qtype`
+    (a type name, or a function of the HF tensor name giving one: mixed files like Q4_K_M).
 
     Returns the float32 weights by HF name (what the file was made from)."""
     import gguf
@@ -60,14 +62,21 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
     if arch == "qwen3":
         w.add_uint32(f"{arch}.attention.key_length", cfg["head_dim"])
     _add_tokenizer(w, model_dir, cfg, tokenizer_model, pre)
-    qt = getattr(T, qtype)
+    type_of = qtype if callable(qtype) else (lambda _name, t=qtype: t)
+    rng = np.random.default_rng(0)
     for name, arr in sorted(weights.items()):
+        qtype = type_of(name)
+        qt = getattr(T, qtype)
         data = arr
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             data = permute(arr, cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"])
         if arr.ndim == 2 and qtype not in ("F32",):
             if qtype == "F16":
                 w.add_tensor(gguf_name(name), data.astype(np.float16))
+            elif qtype in LAYOUT and qtype not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+                # gguf has no quantizer for K-quants / IQ4: random valid blocks stand in (the
+                # tests take the file's own dequantization as the reference weights)
+                w.add_tensor(gguf_name(name), random_blocks(qtype, *data.shape, rng), raw_dtype=qt)
             else:
                 w.add_tensor(gguf_name(name), quants.quantize(data, qt), raw_dtype=qt)
         else:
