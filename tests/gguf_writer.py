@@ -37,10 +37,12 @@ def gguf_name(hf: str) -> str:
 
 
 def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | None = None,
-               tokenizer_model: str = "gpt2", pre: str = "default", extra_tensors=None) -> dict:
+               tokenizer_model: str = "gpt2", pre: str = "default", extra_tensors=None,
+               tokenizer=None) -> dict:
     """Write `out` from `model_dir`; 2-D matmul weights (and the embedding) stored as `qtype`
     (a type name, or a function of the HF tensor name giving one: mixed files like Q4_K_M).
 
+    `tokenizer(writer)`, when given, writes the tokenizer metadata instead of the folder's BPE.
     Returns the float32 weights by HF name (what the file was made from)."""
     import gguf
     import mlx.core as mx
@@ -61,7 +63,10 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
     w.add_float32(f"{arch}.rope.freq_base", cfg["rope_theta"])
     if arch == "qwen3":
         w.add_uint32(f"{arch}.attention.key_length", cfg["head_dim"])
-    _add_tokenizer(w, model_dir, cfg, tokenizer_model, pre)
+    if tokenizer is not None:
+        tokenizer(w)
+    else:
+        _add_tokenizer(w, model_dir, cfg, tokenizer_model, pre)
     type_of = qtype if callable(qtype) else (lambda _name, t=qtype: t)
     rng = np.random.default_rng(0)
     for name, arr in sorted(weights.items()):
