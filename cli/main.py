@@ -68,7 +68,11 @@ def cmd_inspect(args) -> int:
     from graphc.compiler.errors import GraphError
     from graphc.compiler.inspect import inspect_plan
 
+    from graphc.compiler.gguf import summary_lines
+
     model, tokenizer, config = _load_model(_model_dir(args))
+    for line in summary_lines(config):  # a converted GGUF: what was kept, what widened (stderr)
+        print(line, file=sys.stderr)
     try:
         graph = None if args.graph == "auto" else args.graph
         if args.compile:

@@ -158,3 +158,17 @@ def test_truncated_and_missing_files_are_one_line_errors(big_llama, tmp_path, ca
     assert main(["generate", "--model", str(missing), "hello"]) == 2
     err = capsys.readouterr().err
     assert "nowhere.gguf' does not exist" in err and "config.json" not in err
+
+
+def test_inspect_reports_kept_and_widened(big_llama, tmp_path, monkeypatch, capsys):
+    from graphc.cli import main
+
+    monkeypatch.setenv("GRAPHC_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "m-Q4_K_M.gguf"
+    write_gguf(big_llama, f, _q4_k_m)
+    assert main(["inspect", "auto", "--model", str(f)]) == 0
+    err = capsys.readouterr().err
+    q4 = next(line for line in err.splitlines() if line.startswith("gguf:   Q4_K:"))
+    q6 = next(line for line in err.splitlines() if line.startswith("gguf:   Q6_K:"))
+    assert "kept quantized" in q4 and "4.50 -> 6.00 bits/weight" in q4  # float32 scale + bias per 32
+    assert "widened" in q6 and "6.56 -> 16.00 bits/weight" in q6

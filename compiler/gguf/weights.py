@@ -80,6 +80,19 @@ def unpermute_rows(w: mx.array, n_heads: int) -> mx.array:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def summary_lines(config: dict) -> list[str]:
+    """The import's per-type report, from a converted folder's config.json (empty otherwise)."""
+    info = config.get("graphc_gguf") or {}
+    types = info.get("types")
+    if not isinstance(types, dict):  # folders made by converter version 1 list only names
+        return []
+    lines = [f"gguf: {info.get('source')} (widened types in {info.get('widen_dtype')})"]
+    for name, r in sorted(types.items()):
+        lines.append("gguf:   " + TypeReport(r["fate"], r["tensors"], r["values"], r["file_bytes"],
+                                             r["out_bytes"]).line(name))
+    return lines
+
+
 def _fate(type_name: str) -> str:
     return "kept" if type_name in KEPT_BITS else "plain" if type_name in PLAIN else "widened"
 
