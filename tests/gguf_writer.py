@@ -19,7 +19,12 @@ HF_TO_GGUF = {
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # phi3's fused projections
 }
+for _block in ("mlp", "block_sparse_moe"):  # qwen3_moe, mixtral experts
+    HF_TO_GGUF.update({f"{_block}.gate": "ffn_gate_inp", f"{_block}.switch_mlp.gate_proj": "ffn_gate_exps",
+                       f"{_block}.switch_mlp.up_proj": "ffn_up_exps",
+                       f"{_block}.switch_mlp.down_proj": "ffn_down_exps"})
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -61,8 +66,14 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
     w.add_uint32(f"{arch}.context_length", cfg["max_position_embeddings"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_float32(f"{arch}.rope.freq_base", cfg["rope_theta"])
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         w.add_uint32(f"{arch}.attention.key_length", cfg["head_dim"])
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        w.add_uint32(f"{arch}.expert_count", experts)
+        w.add_uint32(f"{arch}.expert_used_count", cfg["num_experts_per_tok"])
+    if cfg.get("moe_intermediate_size"):
+        w.add_uint32(f"{arch}.expert_feed_forward_length", cfg["moe_intermediate_size"])
     if tokenizer is not None:
         tokenizer(w)
     else:
@@ -75,13 +86,15 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
         data = arr
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             data = permute(arr, cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"])
-        if arr.ndim == 2 and qtype not in ("F32",):
+        if arr.ndim in (2, 3) and qtype not in ("F32",):
             if qtype == "F16":
                 w.add_tensor(gguf_name(name), data.astype(np.float16))
             elif qtype in LAYOUT and qtype not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
                 # gguf has no quantizer for K-quants / IQ4: random valid blocks stand in (the
                 # tests take the file's own dequantization as the reference weights)
-                w.add_tensor(gguf_name(name), random_blocks(qtype, *data.shape, rng), raw_dtype=qt)
+                rows = int(np.prod(data.shape[:-1]))
+                blocks = random_blocks(qtype, rows, data.shape[-1], rng).reshape(*data.shape[:-1], -1)
+                w.add_tensor(gguf_name(name), blocks, raw_dtype=qt)
             else:
                 w.add_tensor(gguf_name(name), quants.quantize(data, qt), raw_dtype=qt)
         else:

@@ -75,7 +75,8 @@ def _reference_folder(src_file, imported, out):
         w = gguf.quants.dequantize(np.array(t.data), t.tensor_type).astype(np.float32)
         shape = tuple(int(d) for d in reversed(t.shape))
         w = w.reshape(shape)
-        if ".q_proj." in name or ".k_proj." in name:  # llama.cpp's permutation, undone as HF has it
+        permuted = cfg["model_type"] in ("llama", "mixtral")  # llama.cpp permutes the llama family only
+        if permuted and (".q_proj." in name or ".k_proj." in name):  # undone, as HF has it
             heads = cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"]
             w = w.reshape(heads, shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(shape)
         weights[name] = mx.array(w)

@@ -13,19 +13,43 @@ import attrs
 from .reader import GGUFError, GGUFHeader
 
 
+def _experts(block: str) -> dict[str, str]:
+    """llama.cpp's stacked expert tensors -> mlx-lm's SwitchGLU under `block`."""
+    return {"ffn_gate_inp": f"{block}.gate", "ffn_gate_exps": f"{block}.switch_mlp.gate_proj",
+            "ffn_up_exps": f"{block}.switch_mlp.up_proj", "ffn_down_exps": f"{block}.switch_mlp.down_proj"}
+
+
 @attrs.frozen
 class Arch:
     model_type: str  # mlx-lm's models/<model_type>.py
     permuted_qk: bool  # llama.cpp stored q/k rows permuted for its interleaved ("normal") RoPE
     needs_head_dim: bool = False  # the mlx-lm class takes head_dim explicitly
+    hf_class: str = "LlamaForCausalLM"
+    tensors: dict = attrs.field(factory=dict)  # per-layer names beyond (or replacing) LAYER_TENSORS
 
 
 ARCHS = {
     "llama": Arch("llama", permuted_qk=True),
     # Mistral 7B files say "llama"; a few converters say "mistral": same layout and permutation.
     "mistral": Arch("llama", permuted_qk=True),
-    "qwen2": Arch("qwen2", permuted_qk=False),
-    "qwen3": Arch("qwen3", permuted_qk=False, needs_head_dim=True),
+    "qwen2": Arch("qwen2", permuted_qk=False, hf_class="Qwen2ForCausalLM"),
+    "qwen3": Arch("qwen3", permuted_qk=False, needs_head_dim=True, hf_class="Qwen3ForCausalLM"),
+    "qwen3moe": Arch("qwen3_moe", permuted_qk=False, needs_head_dim=True, hf_class="Qwen3MoeForCausalLM",
+                     tensors=_experts("mlp")),
+    # Phi-3 keeps HF's fused projections: q|k|v rows in attn_qkv, gate|up rows in ffn_up.
+    "phi3": Arch("phi3", permuted_qk=False, hf_class="Phi3ForCausalLM",
+                 tensors={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
+}
+# Mixtral files say "llama" and carry llama.expert_count: the llama layout plus experts.
+MIXTRAL = Arch("mixtral", permuted_qk=True, hf_class="MixtralForCausalLM", tensors=_experts("block_sparse_moe"))
+# Named in the refusal: llama.cpp architectures whose mlx-lm class exists but whose tensor
+# layout graphc does not map yet (docs/gguf.md says why for each).
+NOT_YET = {
+    "gemma": "norm weights stored +1 and GELU MLP: not mapped yet",
+    "gemma2": "norm weights stored +1, four norms per layer, logit soft-capping: not mapped yet",
+    "gemma3": "norm weights stored +1, local/global RoPE bases: not mapped yet",
+    "qwen2moe": "shared-expert tensors (ffn_*_shexp): not mapped yet",
+    "deepseek2": "multi-head latent attention (attn_kv_a_mqa, attn_kv_b split): not mapped yet",
 }
 
 # GGUF tensor names -> mlx-lm parameter paths (per layer: blk.N.<name>).
@@ -43,9 +67,12 @@ def arch_of(header: GGUFHeader, path) -> tuple[str, Arch]:
     if name is None:
         raise GGUFError(f"{path}: no general.architecture in the metadata; is this a model file?")
     if name not in ARCHS:
-        raise GGUFError(f"{path}: architecture '{name}' is not supported by graphc's GGUF import "
-                        f"(supported: {', '.join(sorted(ARCHS))}); convert the original Hugging Face "
-                        "model with `mlx_lm.convert` instead")
+        why = f" ({NOT_YET[name]})" if name in NOT_YET else ""
+        raise GGUFError(f"{path}: architecture '{name}' is not supported by graphc's GGUF import{why} "
+                        f"(supported: {', '.join(sorted(ARCHS))}, and mixtral as 'llama' with experts); "
+                        "convert the original Hugging Face model with `mlx_lm.convert` instead")
+    if name in ("llama", "mistral") and int(header.metadata.get(f"{name}.expert_count", 0) or 0) > 0:
+        return name, MIXTRAL
     return name, ARCHS[name]
 
 
@@ -61,7 +88,7 @@ def make_config(header: GGUFHeader, path, arch_name: str, arch: Arch, vocab_size
             raise GGUFError(f"{path}: the metadata has no '{full}', which a {arch_name} model needs")
         return default
 
-    if any(t.name == "rope_freqs.weight" for t in header.tensors):
+    if any(t.name in ("rope_freqs.weight", "rope_factors_long.weight") for t in header.tensors):
         raise GGUFError(f"{path}: this file carries per-dimension RoPE factors (rope_freqs, Llama 3.1+ "
                         "long-context scaling), which graphc's GGUF import does not map yet; convert the "
                         "Hugging Face model with `mlx_lm.convert` instead")
@@ -69,8 +96,7 @@ def make_config(header: GGUFHeader, path, arch_name: str, arch: Arch, vocab_size
     hidden = int(get("embedding_length"))
     cfg = {
         "model_type": arch.model_type,
-        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM"}[arch.model_type]],
+        "architectures": [arch.hf_class],
         "hidden_size": hidden,
         "intermediate_size": int(get("feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
@@ -96,4 +122,16 @@ def make_config(header: GGUFHeader, path, arch_name: str, arch: Arch, vocab_size
         cfg["rope_scaling"] = {"type": "linear", "factor": float(get("rope.scaling.factor"))}
     if arch_name == "qwen2":
         cfg["rope_traditional"] = False
+    experts = int(get("expert_count", 0, required=False) or 0)
+    if arch.model_type == "mixtral":
+        cfg.update(num_local_experts=experts, num_experts_per_tok=int(get("expert_used_count")))
+    if arch.model_type == "qwen3_moe":
+        # llama.cpp's qwen3moe renormalizes the chosen experts' weights and has no dense layers
+        cfg.update(num_experts=experts, num_experts_per_tok=int(get("expert_used_count")),
+                   moe_intermediate_size=int(get("expert_feed_forward_length")), decoder_sparse_step=1,
+                   mlp_only_layers=[], norm_topk_prob=True)
+    if arch.model_type == "phi3":
+        dims = get("rope.dimension_count", required=False)
+        if dims is not None:
+            cfg["partial_rotary_factor"] = int(dims) / int(cfg.get("head_dim", hidden // n_heads))
     return cfg

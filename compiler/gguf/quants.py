@@ -154,7 +154,6 @@ def _dense_blocks(name: str, b: np.ndarray) -> np.ndarray:
 def decode(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> Affine | np.ndarray:
     """The raw bytes of one tensor -> Affine (kept types) or a float32/16 array of `shape`."""
     cols = shape[-1]
-    rows = int(np.prod(shape[:-1], dtype=np.int64))
     if type_name in PLAIN:
         dt = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[type_name]
         arr = np.asarray(raw).view(dt).reshape(shape)
@@ -163,6 +162,7 @@ def decode(type_name: str, raw: np.ndarray, shape: tuple[int, ...]) -> Affine | 
     blocks = np.asarray(raw).reshape(-1, size)
     if type_name in KEPT_BITS:
         q, s, b = _affine_blocks(type_name, blocks)
-        return Affine(q.reshape(rows, cols), s.reshape(rows, cols // GROUP_SIZE),
-                      b.reshape(rows, cols // GROUP_SIZE), KEPT_BITS[type_name])
+        lead = tuple(shape[:-1])  # stacked experts keep their leading dimension
+        return Affine(q.reshape(*lead, cols), s.reshape(*lead, cols // GROUP_SIZE),
+                      b.reshape(*lead, cols // GROUP_SIZE), KEPT_BITS[type_name])
     return _dense_blocks(type_name, blocks).reshape(shape)

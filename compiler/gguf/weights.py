@@ -44,11 +44,12 @@ _LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _GLOBAL = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: Arch | None = None) -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for unknown tensors."""
     m = _LAYER.match(gguf_name)
-    if m and m.group(2) in LAYER_TENSORS:
-        return f"model.layers.{m.group(1)}.{LAYER_TENSORS[m.group(2)]}.{m.group(3)}"
+    layer = {**LAYER_TENSORS, **(arch.tensors if arch else {})}
+    if m and m.group(2) in layer:
+        return f"model.layers.{m.group(1)}.{layer[m.group(2)]}.{m.group(3)}"
     m = _GLOBAL.match(gguf_name)
     if m and m.group(1) in GLOBAL_TENSORS:
         return f"{GLOBAL_TENSORS[m.group(1)]}.{m.group(2)}"
@@ -116,7 +117,7 @@ def convert_weights(header: GGUFHeader, path, arch: Arch, config: dict,
     report: dict[str, TypeReport] = {}
     heads = {"self_attn.q_proj": config["num_attention_heads"], "self_attn.k_proj": config["num_key_value_heads"]}
     for t in header.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:
             raise GGUFError(f"{path}: tensor '{t.name}' has no counterpart in mlx-lm's "
                             f"{arch.model_type} model; this file's layout is not supported")
