@@ -94,3 +94,22 @@ def test_other_architectures_are_refused_by_name(model_dir, tmp_path, arch):
     write_gguf(model_dir("llama"), f, "F16", arch=arch)
     with pytest.raises(GGUFError, match=f"architecture '{arch}' is not supported"):
         import_gguf(f, tmp_path / "o")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "mixtral"])
+def test_engine_serves_a_q4_k_m_file_like_mlx_lm(model_dir, tmp_path, monkeypatch, model_type):
+    """graphc's own engine on the .gguf path: greedy tokens equal mlx-lm's on the same folder."""
+    from mlx_lm.generate import generate_step
+
+    from graphc.compiler.gguf import resolve_model_path
+    from graphc.runtime import Engine, SamplingParams
+
+    monkeypatch.setenv("GRAPHC_CACHE", str(tmp_path / "cache"))
+    llama = model_dir("llama", hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2, num_layers=2)
+    src = llama if model_type == "llama" else _source(model_dir("llama"), tmp_path, model_type)
+    f = tmp_path / f"{model_type}-Q4_K_M.gguf"
+    write_gguf(src, f, _recipe, arch="llama")
+    ours = Engine.load(f).generate([PROMPT], SamplingParams(max_tokens=8, temperature=0.0))[0].token_ids
+    model, tok = mlx_lm.load(str(resolve_model_path(f)))
+    ref = [int(t) for t, _ in zip((t for t, _ in generate_step(mx.array(tok.encode(PROMPT)), model)), range(8))]
+    assert ours == ref
