@@ -32,11 +32,17 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf: str) -> str:
+# Gemma 3's four norms per layer, as llama.cpp names them
+GEMMA3 = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+          "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def gguf_name(hf: str, arch: str | None = None) -> str:
     if hf.startswith("model.layers."):
         _, _, i, rest = hf.split(".", 3)
         module, kind = rest.rsplit(".", 1)
-        return f"blk.{i}.{HF_TO_GGUF[module]}.{kind}"
+        names = {**HF_TO_GGUF, **GEMMA3} if arch == "gemma3" else HF_TO_GGUF
+        return f"blk.{i}.{names[module]}.{kind}"
     return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}[hf]
 
@@ -66,8 +72,11 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
     w.add_uint32(f"{arch}.context_length", cfg["max_position_embeddings"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_float32(f"{arch}.rope.freq_base", cfg["rope_theta"])
-    if arch in ("qwen3", "qwen3moe"):
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
         w.add_uint32(f"{arch}.attention.key_length", cfg["head_dim"])
+    if arch == "gemma3":
+        w.add_uint32(f"{arch}.attention.sliding_window", cfg["sliding_window"])
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", cfg["sliding_window_pattern"])
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
         w.add_uint32(f"{arch}.expert_count", experts)
@@ -84,21 +93,23 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
         qtype = type_of(name)
         qt = getattr(T, qtype)
         data = arr
+        if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp's Gemma norm shift
+            data = arr + 1
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             data = permute(arr, cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"])
         if arr.ndim in (2, 3) and qtype not in ("F32",):
             if qtype == "F16":
-                w.add_tensor(gguf_name(name), data.astype(np.float16))
+                w.add_tensor(gguf_name(name, arch), data.astype(np.float16))
             elif qtype in LAYOUT and qtype not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
                 # gguf has no quantizer for K-quants / IQ4: random valid blocks stand in (the
                 # tests take the file's own dequantization as the reference weights)
                 rows = int(np.prod(data.shape[:-1]))
                 blocks = random_blocks(qtype, rows, data.shape[-1], rng).reshape(*data.shape[:-1], -1)
-                w.add_tensor(gguf_name(name), blocks, raw_dtype=qt)
+                w.add_tensor(gguf_name(name, arch), blocks, raw_dtype=qt)
             else:
-                w.add_tensor(gguf_name(name), quants.quantize(data, qt), raw_dtype=qt)
+                w.add_tensor(gguf_name(name, arch), quants.quantize(data, qt), raw_dtype=qt)
         else:
-            w.add_tensor(gguf_name(name), data.astype(np.float32))
+            w.add_tensor(gguf_name(name, arch), data.astype(np.float32))
     for name, (raw, t) in (extra_tensors or {}).items():
         w.add_tensor(name, raw, raw_dtype=getattr(T, t))
     w.write_header_to_file()

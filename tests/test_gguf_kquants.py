@@ -55,7 +55,7 @@ def _q4_k_m(name: str) -> str:
     return "Q6_K" if any(k in name for k in ("embed_tokens", "v_proj", "down_proj", "lm_head")) else "Q4_K"
 
 
-def _reference_folder(src_file, imported, out):
+def _reference_folder(src_file, imported, out, arch=None):
     """An unquantized mlx-lm folder holding gguf's own dequantization of the file."""
     cfg = json.loads((imported / "config.json").read_text())
     for k in ("quantization", "quantization_config", "graphc_gguf"):
@@ -71,7 +71,7 @@ def _reference_folder(src_file, imported, out):
     for name in ours:
         if name.endswith((".scales", ".biases")):
             continue
-        t = by_gguf[gguf_name(name)]
+        t = by_gguf[gguf_name(name, arch)]
         w = gguf.quants.dequantize(np.array(t.data), t.tensor_type).astype(np.float32)
         shape = tuple(int(d) for d in reversed(t.shape))
         w = w.reshape(shape)
@@ -79,6 +79,8 @@ def _reference_folder(src_file, imported, out):
         if permuted and (".q_proj." in name or ".k_proj." in name):  # undone, as HF has it
             heads = cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"]
             w = w.reshape(heads, shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(shape)
+        if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp stored Gemma's norms +1
+            w = w - 1
         weights[name] = mx.array(w)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     return out

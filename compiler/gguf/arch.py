@@ -26,6 +26,7 @@ class Arch:
     needs_head_dim: bool = False  # the mlx-lm class takes head_dim explicitly
     hf_class: str = "LlamaForCausalLM"
     tensors: dict = attrs.field(factory=dict)  # per-layer names beyond (or replacing) LAYER_TENSORS
+    norm_shift: float = 0.0  # llama.cpp stored every *norm.weight plus this (Gemma's 1 + w norms)
 
 
 ARCHS = {
@@ -39,6 +40,11 @@ ARCHS = {
     # Phi-3 keeps HF's fused projections: q|k|v rows in attn_qkv, gate|up rows in ffn_up.
     "phi3": Arch("phi3", permuted_qk=False, hf_class="Phi3ForCausalLM",
                  tensors={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
+    # Gemma 3: four norms per layer (llama.cpp's ffn_norm is the pre-feed-forward one), every
+    # norm weight stored +1 since ggml's RMS norm multiplies by w where Gemma's uses 1 + w.
+    "gemma3": Arch("gemma3_text", permuted_qk=False, needs_head_dim=True, hf_class="Gemma3ForCausalLM",
+                   tensors={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                            "post_ffw_norm": "post_feedforward_layernorm"}, norm_shift=1.0),
 }
 # Mixtral files say "llama" and carry llama.expert_count: the llama layout plus experts.
 MIXTRAL = Arch("mixtral", permuted_qk=True, hf_class="MixtralForCausalLM", tensors=_experts("block_sparse_moe"))
@@ -47,7 +53,6 @@ MIXTRAL = Arch("mixtral", permuted_qk=True, hf_class="MixtralForCausalLM", tenso
 NOT_YET = {
     "gemma": "norm weights stored +1 and GELU MLP: not mapped yet",
     "gemma2": "norm weights stored +1, four norms per layer, logit soft-capping: not mapped yet",
-    "gemma3": "norm weights stored +1, local/global RoPE bases: not mapped yet",
     "qwen2moe": "shared-expert tensors (ffn_*_shexp): not mapped yet",
     "deepseek2": "multi-head latent attention (attn_kv_a_mqa, attn_kv_b split): not mapped yet",
 }
@@ -130,6 +135,13 @@ def make_config(header: GGUFHeader, path, arch_name: str, arch: Arch, vocab_size
         cfg.update(num_experts=experts, num_experts_per_tok=int(get("expert_used_count")),
                    moe_intermediate_size=int(get("expert_feed_forward_length")), decoder_sparse_step=1,
                    mlp_only_layers=[], norm_topk_prob=True)
+    if arch.model_type == "gemma3_text":
+        head_dim = cfg["head_dim"]
+        # llama.cpp's gemma3: local layers use RoPE base 10000 and every 6th layer is global;
+        # queries scale by 1/sqrt(head_dim), except the 27B (62 layers): 1/sqrt(hidden/heads)
+        cfg.update(rope_local_base_freq=10000.0, sliding_window=int(get("attention.sliding_window", 512)),
+                   sliding_window_pattern=int(get("attention.sliding_window_pattern", 6, required=False)),
+                   query_pre_attn_scalar=int(hidden // n_heads if cfg["num_hidden_layers"] == 62 else head_dim))
     if arch.model_type == "phi3":
         dims = get("rope.dimension_count", required=False)
         if dims is not None:

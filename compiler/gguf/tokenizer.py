@@ -124,4 +124,10 @@ def eos_ids(header: GGUFHeader) -> list[int]:
     """EOS plus end-of-turn / end-of-message ids: generation stops at any of them."""
     ids = token_ids(header)
     out = [ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None]
+    # Gemma files name no end-of-turn id; llama.cpp finds <end_of_turn> by its text, as here.
+    tokens = header.metadata.get("tokenizer.ggml.tokens") or []
+    types = header.metadata.get("tokenizer.ggml.token_type") or []
+    for i, t in enumerate(tokens):
+        if t == "<end_of_turn>" and (not types or types[i] == CONTROL):
+            out.append(i)
     return list(dict.fromkeys(out))

@@ -129,6 +129,8 @@ def convert_weights(header: GGUFHeader, path, arch: Arch, config: dict,
             bits_of[module] = decoded.bits
         elif fate == "widened" or t.type_name == "BF16":
             parts[kind] = parts[kind].astype(widen if fate == "widened" else mx.bfloat16)
+        if arch.norm_shift and module.endswith("norm") and kind == "weight":
+            parts[kind] = (parts[kind].astype(mx.float32) - arch.norm_shift).astype(parts[kind].dtype)
         n_heads = next((n for suffix, n in heads.items() if module.endswith(suffix)), None)
         rep = report.setdefault(t.type_name, TypeReport(fate))
         rep.tensors += 1
