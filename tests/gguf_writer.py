@@ -25,6 +25,8 @@ for _block in ("mlp", "block_sparse_moe"):  # qwen3_moe, mixtral experts
     HF_TO_GGUF.update({f"{_block}.gate": "ffn_gate_inp", f"{_block}.switch_mlp.gate_proj": "ffn_gate_exps",
                        f"{_block}.switch_mlp.up_proj": "ffn_up_exps",
                        f"{_block}.switch_mlp.down_proj": "ffn_down_exps"})
+HF_TO_GGUF.update({"mlp.shared_expert_gate": "ffn_gate_inp_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+                   "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp"})
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -81,6 +83,8 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
     if experts:
         w.add_uint32(f"{arch}.expert_count", experts)
         w.add_uint32(f"{arch}.expert_used_count", cfg["num_experts_per_tok"])
+    if cfg.get("shared_expert_intermediate_size"):
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", cfg["shared_expert_intermediate_size"])
     if cfg.get("moe_intermediate_size"):
         w.add_uint32(f"{arch}.expert_feed_forward_length", cfg["moe_intermediate_size"])
     if tokenizer is not None:
@@ -93,6 +97,8 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
         qtype = type_of(name)
         qt = getattr(T, qtype)
         data = arr
+        if name.endswith("shared_expert_gate.weight"):  # llama.cpp's layout: one row, stored 1-D
+            data = arr = arr.reshape(-1)
         if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp's Gemma norm shift
             data = arr + 1
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):

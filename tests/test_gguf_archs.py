@@ -1,4 +1,4 @@
-"""GGUF architectures beyond llama/qwen: mixtral (llama + experts), qwen3moe, phi3, gemma3.
+"""GGUF architectures beyond llama/qwen: mixtral (llama + experts), qwen2moe, qwen3moe, phi3, gemma3.
 
 Each source model is an mlx-lm model class with random weights (tiny config); the `gguf`
 package writes it as llama.cpp lays that architecture out (expert tensors stacked, phi3's
@@ -38,6 +38,8 @@ CONFIGS = {
                        num_experts_per_tok=2, moe_intermediate_size=256, decoder_sparse_step=1,
                        mlp_only_layers=[], norm_topk_prob=True, head_dim=64), "qwen3moe"),
     "phi3": (dict(BASE, model_type="phi3", intermediate_size=512), "phi3"),
+    "qwen2_moe": (dict(BASE, model_type="qwen2_moe", intermediate_size=512, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=256, shared_expert_intermediate_size=512), "qwen2moe"),
     "gemma3_text": (None, "gemma3"),
 }
 
@@ -68,7 +70,8 @@ def _source(llama_dir, tmp_path, model_type):
 
 def _recipe(name: str) -> str:
     """Q4_K_M as llama.cpp makes it: the expert router (ffn_gate_inp) is never quantized."""
-    return "F32" if name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight")) else _q4_k_m(name)
+    routers = (".mlp.gate.weight", ".block_sparse_moe.gate.weight", "shared_expert_gate.weight")
+    return "F32" if name.endswith(routers) else _q4_k_m(name)
 
 
 def _logits(folder, ids):
@@ -94,7 +97,7 @@ def test_arch_imports_and_equals_mlx_lm(model_dir, tmp_path, model_type):
     np.testing.assert_allclose(_logits(outq, ids), b, atol=1e-4 * np.abs(b).max(), rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "deepseek2", "qwen2moe", "gpt2"])
+@pytest.mark.parametrize("arch", ["gemma2", "deepseek2", "gpt2"])
 def test_other_architectures_are_refused_by_name(model_dir, tmp_path, arch):
     f = tmp_path / "a.gguf"
     write_gguf(model_dir("llama"), f, "F16", arch=arch)

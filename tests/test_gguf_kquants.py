@@ -79,6 +79,8 @@ def _reference_folder(src_file, imported, out, arch=None):
         if permuted and (".q_proj." in name or ".k_proj." in name):  # undone, as HF has it
             heads = cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"]
             w = w.reshape(heads, shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(shape)
+        if ours[name].dtype != mx.uint32:  # a 1-D shared-expert gate is one row in mlx-lm
+            w = w.reshape(ours[name].shape)
         if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp stored Gemma's norms +1
             w = w - 1
         weights[name] = mx.array(w)

@@ -37,6 +37,12 @@ ARCHS = {
     "qwen3": Arch("qwen3", permuted_qk=False, needs_head_dim=True, hf_class="Qwen3ForCausalLM"),
     "qwen3moe": Arch("qwen3_moe", permuted_qk=False, needs_head_dim=True, hf_class="Qwen3MoeForCausalLM",
                      tensors=_experts("mlp")),
+    # Qwen1.5/2 MoE: routed experts plus one always-on shared expert with a sigmoid gate.
+    "qwen2moe": Arch("qwen2_moe", permuted_qk=False, hf_class="Qwen2MoeForCausalLM",
+                     tensors={**_experts("mlp"), "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                              "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                              "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                              "ffn_down_shexp": "mlp.shared_expert.down_proj"}),
     # Phi-3 keeps HF's fused projections: q|k|v rows in attn_qkv, gate|up rows in ffn_up.
     "phi3": Arch("phi3", permuted_qk=False, hf_class="Phi3ForCausalLM",
                  tensors={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
@@ -53,7 +59,6 @@ MIXTRAL = Arch("mixtral", permuted_qk=True, hf_class="MixtralForCausalLM", tenso
 NOT_YET = {
     "gemma": "norm weights stored +1 and GELU MLP: not mapped yet",
     "gemma2": "norm weights stored +1, four norms per layer, logit soft-capping: not mapped yet",
-    "qwen2moe": "shared-expert tensors (ffn_*_shexp): not mapped yet",
     "deepseek2": "multi-head latent attention (attn_kv_a_mqa, attn_kv_b split): not mapped yet",
 }
 
@@ -135,6 +140,10 @@ def make_config(header: GGUFHeader, path, arch_name: str, arch: Arch, vocab_size
         cfg.update(num_experts=experts, num_experts_per_tok=int(get("expert_used_count")),
                    moe_intermediate_size=int(get("expert_feed_forward_length")), decoder_sparse_step=1,
                    mlp_only_layers=[], norm_topk_prob=True)
+    if arch.model_type == "qwen2_moe":  # llama.cpp's qwen2moe does not renormalize the top-k weights
+        cfg.update(num_experts=experts, num_experts_per_tok=int(get("expert_used_count")),
+                   moe_intermediate_size=int(get("expert_feed_forward_length")),
+                   shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length")))
     if arch.model_type == "gemma3_text":
         head_dim = cfg["head_dim"]
         # llama.cpp's gemma3: local layers use RoPE base 10000 and every 6th layer is global;

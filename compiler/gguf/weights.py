@@ -124,6 +124,8 @@ def convert_weights(header: GGUFHeader, path, arch: Arch, config: dict,
         module, kind = name.rsplit(".", 1)
         decoded = decode(t.type_name, tensor_bytes(path, header, t), t.shape)
         parts = _mlx_parts(decoded, kind)
+        if module.endswith("shared_expert_gate") and parts[kind].ndim == 1:  # llama.cpp keeps it 1-D
+            parts[kind] = parts[kind].reshape(1, -1)
         fate = _fate(t.type_name)
         if fate == "kept":
             bits_of[module] = decoded.bits
