@@ -43,7 +43,7 @@ def gguf_name(hf: str, arch: str | None = None) -> str:
     if hf.startswith("model.layers."):
         _, _, i, rest = hf.split(".", 3)
         module, kind = rest.rsplit(".", 1)
-        names = {**HF_TO_GGUF, **GEMMA3} if arch == "gemma3" else HF_TO_GGUF
+        names = {**HF_TO_GGUF, **GEMMA3} if arch in ("gemma2", "gemma3") else HF_TO_GGUF
         return f"blk.{i}.{names[module]}.{kind}"
     return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}[hf]
@@ -74,7 +74,11 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
     w.add_uint32(f"{arch}.context_length", cfg["max_position_embeddings"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_float32(f"{arch}.rope.freq_base", cfg["rope_theta"])
-    if arch in ("qwen3", "qwen3moe", "gemma3"):
+    if arch == "gemma2":
+        w.add_float32(f"{arch}.attn_logit_softcapping", cfg["attn_logit_softcapping"])
+        w.add_float32(f"{arch}.final_logit_softcapping", cfg["final_logit_softcapping"])
+        w.add_uint32(f"{arch}.attention.sliding_window", 4096)
+    if arch in ("qwen3", "qwen3moe", "gemma3", "gemma2"):
         w.add_uint32(f"{arch}.attention.key_length", cfg["head_dim"])
     if arch == "gemma3":
         w.add_uint32(f"{arch}.attention.sliding_window", cfg["sliding_window"])
@@ -99,7 +103,7 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
         data = arr
         if name.endswith("shared_expert_gate.weight"):  # llama.cpp's layout: one row, stored 1-D
             data = arr = arr.reshape(-1)
-        if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp's Gemma norm shift
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # llama.cpp's Gemma norm shift
             data = arr + 1
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             data = permute(arr, cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"])

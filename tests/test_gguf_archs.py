@@ -1,4 +1,4 @@
-"""GGUF architectures beyond llama/qwen: mixtral (llama + experts), qwen2moe, qwen3moe, phi3, gemma3.
+"""GGUF architectures beyond llama/qwen: mixtral (llama + experts), qwen2moe, qwen3moe, phi3, gemma2, gemma3.
 
 Each source model is an mlx-lm model class with random weights (tiny config); the `gguf`
 package writes it as llama.cpp lays that architecture out (expert tensors stacked, phi3's
@@ -41,6 +41,8 @@ CONFIGS = {
     "qwen2_moe": (dict(BASE, model_type="qwen2_moe", intermediate_size=512, num_experts=4, num_experts_per_tok=2,
                        moe_intermediate_size=256, shared_expert_intermediate_size=512), "qwen2moe"),
     "gemma3_text": (None, "gemma3"),
+    "gemma2": (dict(BASE, model_type="gemma2", intermediate_size=512, head_dim=64, attn_logit_softcapping=50.0,
+                    final_logit_softcapping=30.0, query_pre_attn_scalar=64, tie_word_embeddings=True), "gemma2"),
 }
 
 
@@ -97,7 +99,7 @@ def test_arch_imports_and_equals_mlx_lm(model_dir, tmp_path, model_type):
     np.testing.assert_allclose(_logits(outq, ids), b, atol=1e-4 * np.abs(b).max(), rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "deepseek2", "gpt2"])
+@pytest.mark.parametrize("arch", ["gemma", "deepseek2", "gpt2"])
 def test_other_architectures_are_refused_by_name(model_dir, tmp_path, arch):
     f = tmp_path / "a.gguf"
     write_gguf(model_dir("llama"), f, "F16", arch=arch)

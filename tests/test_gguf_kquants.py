@@ -81,7 +81,7 @@ def _reference_folder(src_file, imported, out, arch=None):
             w = w.reshape(heads, shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(shape)
         if ours[name].dtype != mx.uint32:  # a 1-D shared-expert gate is one row in mlx-lm
             w = w.reshape(ours[name].shape)
-        if arch == "gemma3" and name.endswith("norm.weight"):  # llama.cpp stored Gemma's norms +1
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # llama.cpp stored Gemma's norms +1
             w = w - 1
         weights[name] = mx.array(w)
     mx.save_safetensors(str(out / "model.safetensors"), weights)

@@ -51,6 +51,9 @@ ARCHS = {
     "gemma3": Arch("gemma3_text", permuted_qk=False, needs_head_dim=True, hf_class="Gemma3ForCausalLM",
                    tensors={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                             "post_ffw_norm": "post_feedforward_layernorm"}, norm_shift=1.0),
+    "gemma2": Arch("gemma2", permuted_qk=False, needs_head_dim=True, hf_class="Gemma2ForCausalLM",
+                   tensors={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+                            "post_ffw_norm": "post_feedforward_layernorm"}, norm_shift=1.0),
 }
 # Mixtral files say "llama" and carry llama.expert_count: the llama layout plus experts.
 MIXTRAL = Arch("mixtral", permuted_qk=True, hf_class="MixtralForCausalLM", tensors=_experts("block_sparse_moe"))
@@ -58,7 +61,6 @@ MIXTRAL = Arch("mixtral", permuted_qk=True, hf_class="MixtralForCausalLM", tenso
 # layout graphc does not map yet (docs/gguf.md says why for each).
 NOT_YET = {
     "gemma": "norm weights stored +1 and GELU MLP: not mapped yet",
-    "gemma2": "norm weights stored +1, four norms per layer, logit soft-capping: not mapped yet",
     "deepseek2": "multi-head latent attention (attn_kv_a_mqa, attn_kv_b split): not mapped yet",
 }
 
@@ -144,6 +146,14 @@ def make_config(header: GGUFHeader, path, arch_name: str, arch: Arch, vocab_size
         cfg.update(num_experts=experts, num_experts_per_tok=int(get("expert_used_count")),
                    moe_intermediate_size=int(get("expert_feed_forward_length")),
                    shared_expert_intermediate_size=int(get("expert_shared_feed_forward_length")))
+    if arch.model_type == "gemma2":
+        # mlx-lm's gemma2 attends globally in every layer; llama.cpp's alternates a sliding
+        # window. They agree within the window, so the context is capped at it.
+        window = int(get("attention.sliding_window", 4096))
+        cfg.update(attn_logit_softcapping=float(get("attn_logit_softcapping", 50.0)),
+                   final_logit_softcapping=float(get("final_logit_softcapping", 30.0)),
+                   query_pre_attn_scalar=int(hidden // n_heads if cfg["num_hidden_layers"] == 46 else cfg["head_dim"]),
+                   max_position_embeddings=min(cfg["max_position_embeddings"], window))
     if arch.model_type == "gemma3_text":
         head_dim = cfg["head_dim"]
         # llama.cpp's gemma3: local layers use RoPE base 10000 and every 6th layer is global;
