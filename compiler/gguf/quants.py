@@ -56,6 +56,11 @@ class Affine:
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
     """uint8 values < 2**bits -> MLX's packed uint32 rows (an LSB-first bit stream per row)."""
+    q = np.ascontiguousarray(q, dtype=np.uint8)
+    if bits == 8:  # byte i of the little-endian stream is value i
+        return q.view(np.uint32)
+    if bits == 4:  # low nibble first
+        return np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4)).view(np.uint32)
     rows = q.reshape(-1, q.shape[-1])
     stream = ((rows[..., None] >> np.arange(bits, dtype=np.uint8)) & 1).astype(np.uint8).reshape(rows.shape[0], -1)
     return np.packbits(stream, axis=-1, bitorder="little").view(np.uint32).reshape(*q.shape[:-1], -1)
