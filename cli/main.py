@@ -68,7 +68,11 @@ def cmd_inspect(args) -> int:
     from graphc.compiler.errors import GraphError
     from graphc.compiler.inspect import inspect_plan
 
+    from graphc.compiler.gguf import summary_lines
+
     model, tokenizer, config = _load_model(_model_dir(args))
+    for line in summary_lines(config):  # a converted GGUF: what was kept, what widened (stderr)
+        print(line, file=sys.stderr)
     try:
         graph = None if args.graph == "auto" else args.graph
         if args.compile:
@@ -127,7 +131,8 @@ def cmd_validate(args) -> int:
 def cmd_import_gguf(args) -> int:
     from graphc.compiler.gguf import import_gguf
 
-    out = import_gguf(args.file, args.out, progress=lambda m: print(m, file=sys.stderr))
+    out = import_gguf(args.file, args.out, progress=lambda m: print(m, file=sys.stderr),
+                      widen_dtype=args.widen_dtype)
     print(out)
     return 0
 
@@ -175,8 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     gg = sub.add_parser("import-gguf", help="convert a llama.cpp GGUF file into an mlx-lm model folder")
-    gg.add_argument("file", help="the .gguf file (llama, mistral, qwen2, qwen3; F32/F16/Q4_0/Q4_1/Q8_0)")
+    gg.add_argument("file", help="the .gguf file (architectures and types: docs/gguf.md)")
     gg.add_argument("--out", required=True, help="new folder to write (config.json, weights, tokenizer)")
+    gg.add_argument("--widen-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                    help="dtype for types with no exact MLX form (Q2_K, Q3_K, Q6_K, IQ4_*); float32 is exact "
+                         "(default: float16)")
     gg.set_defaults(func=cmd_import_gguf)
 
     m = sub.add_parser("make-model", help="write a tiny random-weight model folder of a real mlx-lm architecture")

@@ -12,13 +12,21 @@ import json
 from pathlib import Path
 
 import numpy as np
+from gguf_blocks import LAYOUT, random_blocks
 
 HF_TO_GGUF = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",  # phi3's fused projections
 }
+for _block in ("mlp", "block_sparse_moe"):  # qwen3_moe, mixtral experts
+    HF_TO_GGUF.update({f"{_block}.gate": "ffn_gate_inp", f"{_block}.switch_mlp.gate_proj": "ffn_gate_exps",
+                       f"{_block}.switch_mlp.up_proj": "ffn_up_exps",
+                       f"{_block}.switch_mlp.down_proj": "ffn_down_exps"})
+HF_TO_GGUF.update({"mlp.shared_expert_gate": "ffn_gate_inp_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+                   "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp"})
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -26,19 +34,28 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf: str) -> str:
+# Gemma 3's four norms per layer, as llama.cpp names them
+GEMMA3 = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+          "post_feedforward_layernorm": "post_ffw_norm"}
+
+
+def gguf_name(hf: str, arch: str | None = None) -> str:
     if hf.startswith("model.layers."):
         _, _, i, rest = hf.split(".", 3)
         module, kind = rest.rsplit(".", 1)
-        return f"blk.{i}.{HF_TO_GGUF[module]}.{kind}"
+        names = {**HF_TO_GGUF, **GEMMA3} if arch in ("gemma2", "gemma3") else HF_TO_GGUF
+        return f"blk.{i}.{names[module]}.{kind}"
     return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}[hf]
 
 
 def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | None = None,
-               tokenizer_model: str = "gpt2", pre: str = "default", extra_tensors=None) -> dict:
-    """Write `out` from `model_dir`; 2-D matmul weights (and the embedding) stored as `qtype`.
+               tokenizer_model: str = "gpt2", pre: str = "default", extra_tensors=None,
+               tokenizer=None) -> dict:
+    """Write `out` from `model_dir`; 2-D matmul weights (and the embedding) stored as `qtype`
+    (a type name, or a function of the HF tensor name giving one: mixed files like Q4_K_M).
 
+    `tokenizer(writer)`, when given, writes the tokenizer metadata instead of the folder's BPE.
     Returns the float32 weights by HF name (what the file was made from)."""
     import gguf
     import mlx.core as mx
@@ -57,21 +74,52 @@ def write_gguf(model_dir: Path, out: Path, qtype: str = "F32", *, arch: str | No
     w.add_uint32(f"{arch}.context_length", cfg["max_position_embeddings"])
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_float32(f"{arch}.rope.freq_base", cfg["rope_theta"])
-    if arch == "qwen3":
+    if arch == "gemma2":
+        w.add_float32(f"{arch}.attn_logit_softcapping", cfg["attn_logit_softcapping"])
+        w.add_float32(f"{arch}.final_logit_softcapping", cfg["final_logit_softcapping"])
+        w.add_uint32(f"{arch}.attention.sliding_window", 4096)
+    if arch in ("qwen3", "qwen3moe", "gemma3", "gemma2"):
         w.add_uint32(f"{arch}.attention.key_length", cfg["head_dim"])
-    _add_tokenizer(w, model_dir, cfg, tokenizer_model, pre)
-    qt = getattr(T, qtype)
+    if arch == "gemma3":
+        w.add_uint32(f"{arch}.attention.sliding_window", cfg["sliding_window"])
+        w.add_uint32(f"{arch}.attention.sliding_window_pattern", cfg["sliding_window_pattern"])
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        w.add_uint32(f"{arch}.expert_count", experts)
+        w.add_uint32(f"{arch}.expert_used_count", cfg["num_experts_per_tok"])
+    if cfg.get("shared_expert_intermediate_size"):
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", cfg["shared_expert_intermediate_size"])
+    if cfg.get("moe_intermediate_size"):
+        w.add_uint32(f"{arch}.expert_feed_forward_length", cfg["moe_intermediate_size"])
+    if tokenizer is not None:
+        tokenizer(w)
+    else:
+        _add_tokenizer(w, model_dir, cfg, tokenizer_model, pre)
+    type_of = qtype if callable(qtype) else (lambda _name, t=qtype: t)
+    rng = np.random.default_rng(0)
     for name, arr in sorted(weights.items()):
+        qtype = type_of(name)
+        qt = getattr(T, qtype)
         data = arr
+        if name.endswith("shared_expert_gate.weight"):  # llama.cpp's layout: one row, stored 1-D
+            data = arr = arr.reshape(-1)
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # llama.cpp's Gemma norm shift
+            data = arr + 1
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             data = permute(arr, cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"])
-        if arr.ndim == 2 and qtype not in ("F32",):
+        if arr.ndim in (2, 3) and qtype not in ("F32",):
             if qtype == "F16":
-                w.add_tensor(gguf_name(name), data.astype(np.float16))
+                w.add_tensor(gguf_name(name, arch), data.astype(np.float16))
+            elif qtype in LAYOUT and qtype not in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+                # gguf has no quantizer for K-quants / IQ4: random valid blocks stand in (the
+                # tests take the file's own dequantization as the reference weights)
+                rows = int(np.prod(data.shape[:-1]))
+                blocks = random_blocks(qtype, rows, data.shape[-1], rng).reshape(*data.shape[:-1], -1)
+                w.add_tensor(gguf_name(name, arch), blocks, raw_dtype=qt)
             else:
-                w.add_tensor(gguf_name(name), quants.quantize(data, qt), raw_dtype=qt)
+                w.add_tensor(gguf_name(name, arch), quants.quantize(data, qt), raw_dtype=qt)
         else:
-            w.add_tensor(gguf_name(name), data.astype(np.float32))
+            w.add_tensor(gguf_name(name, arch), data.astype(np.float32))
     for name, (raw, t) in (extra_tensors or {}).items():
         w.add_tensor(name, raw, raw_dtype=getattr(T, t))
     w.write_header_to_file()

@@ -139,17 +139,21 @@ def test_tokenizer_matches_source_and_metadata(llama, tmp_path):
 
 def test_refusals_name_what_is_unsupported(llama, tmp_path):
     f = tmp_path / "k.gguf"
-    write_gguf(llama, f, "F16", extra_tensors={"blk.0.extra.weight": (np.zeros((4, 210), np.uint8), "Q6_K")})
-    with pytest.raises(GGUFError, match="Q6_K"):
+    write_gguf(llama, f, "F16", extra_tensors={"blk.0.extra.weight": (np.zeros((4, 66), np.uint8), "IQ2_XXS")})
+    with pytest.raises(GGUFError, match="IQ2_XXS"):
         import_gguf(f, tmp_path / "o1")
     f2 = tmp_path / "a.gguf"
     write_gguf(llama, f2, "F16", arch="gpt2")
     with pytest.raises(GGUFError, match="architecture 'gpt2' is not supported"):
         import_gguf(f2, tmp_path / "o2")
     f3 = tmp_path / "t.gguf"
-    write_gguf(llama, f3, "F16", tokenizer_model="llama")
-    with pytest.raises(GGUFError, match="tokenizer model 'llama'"):
+    write_gguf(llama, f3, "F16", tokenizer_model="t5")
+    with pytest.raises(GGUFError, match="tokenizer model 't5'"):
         import_gguf(f3, tmp_path / "o3")
+    f3b = tmp_path / "t2.gguf"
+    write_gguf(llama, f3b, "F16", tokenizer_model="llama")  # SentencePiece without its scores
+    with pytest.raises(GGUFError, match="needs tokenizer.ggml.scores"):
+        import_gguf(f3b, tmp_path / "o3b")
     f4 = tmp_path / "p.gguf"
     write_gguf(llama, f4, "F16", pre="some-new-regex")
     with pytest.raises(GGUFError, match="pre-tokenizer 'some-new-regex'"):

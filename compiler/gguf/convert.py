@@ -18,13 +18,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import mlx.core as mx
+
 from .arch import arch_of, make_config
 from .reader import GGUFError, read_header
 from .tokenizer import eos_ids, token_ids, write_tokenizer
 from .weights import check_types, convert_weights
 
 # Bump when the folder layout or a conversion rule changes: cached folders are then rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 
 
 def _say(progress, msg):
@@ -32,13 +34,13 @@ def _say(progress, msg):
         progress(msg)
 
 
-def import_gguf(path: str | Path, out: str | Path, progress=None) -> Path:
-    """Convert `path` into the model folder `out` (created; must be empty or absent)."""
-    import mlx.core as mx
+def import_gguf(path: str | Path, out: str | Path, progress=None, widen_dtype: str = "float16") -> Path:
+    """Convert `path` into the model folder `out` (created; must be empty or absent).
 
+    Types with no exact MLX form (Q2_K, Q3_K, Q6_K, IQ4_*) are widened to `widen_dtype`."""
     path, out = Path(path), Path(out)
     if not path.is_file():
-        raise GGUFError(f"no GGUF file at '{path}'")
+        raise GGUFError(f"the GGUF file '{path}' does not exist")
     if out.exists() and any(out.iterdir()):
         raise GGUFError(f"'{out}' is not empty; give a new folder for the converted model")
     t0 = time.perf_counter()
@@ -47,7 +49,6 @@ def import_gguf(path: str | Path, out: str | Path, progress=None) -> Path:
     check_types(header, path)
     _say(progress, f"graphc: importing {path.name} ({arch_name}, {len(header.tensors)} tensors, "
                    f"{path.stat().st_size / 2**20:.0f} MiB)")
-    loaded = mx.load(str(path))
     names = {t.name for t in header.tensors}
     embed = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
@@ -60,7 +61,9 @@ def import_gguf(path: str | Path, out: str | Path, progress=None) -> Path:
                         "generation could not stop")
     config = make_config(header, path, arch_name, arch, vocab_size, tied="output.weight" not in names,
                          eos_ids=eos, bos_id=ids["bos"])
-    weights, quant = convert_weights(header, loaded, arch, config, path)
+    weights, quant, report = convert_weights(header, path, arch, config, widen_dtype)
+    for type_name, rep in sorted(report.items()):
+        _say(progress, f"graphc:   {rep.line(type_name)}")
     if quant is not None:
         config["quantization"] = quant
         config["quantization_config"] = quant  # mlx-lm writes both; some tools read the second
@@ -69,7 +72,10 @@ def import_gguf(path: str | Path, out: str | Path, progress=None) -> Path:
     _say(progress, f"graphc: writing {len(weights)} tensors to {out}")
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     config["graphc_gguf"] = {"source": str(path.resolve()), "converter_version": CONVERTER_VERSION,
-                             "types": sorted({t.type_name for t in header.tensors})}
+                             "widen_dtype": widen_dtype,
+                             "types": {k: {"fate": r.fate, "tensors": r.tensors, "values": r.values,
+                                           "file_bytes": r.file_bytes, "out_bytes": r.out_bytes}
+                                       for k, r in sorted(report.items())}}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     _say(progress, f"graphc: imported in {time.perf_counter() - t0:.1f}s")
     return out
@@ -94,6 +100,8 @@ def is_gguf(path: str | Path) -> bool:
 def resolve_model_path(path: str | Path, progress=lambda m: print(m, file=sys.stderr)) -> Path:
     """A model folder as given, or the cached converted folder of a .gguf file (made on first use)."""
     p = Path(path)
+    if p.suffix.lower() == ".gguf" and not p.exists():
+        raise GGUFError(f"the GGUF file '{p}' does not exist")
     if not is_gguf(p):
         return p
     folder = cache_root() / "gguf" / f"{p.stem}-{cache_key(p)}"

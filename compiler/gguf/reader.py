@@ -1,9 +1,9 @@
 """Reads a GGUF file's header: its metadata and the name, shape and type of every tensor.
 
-`mx.load` reads the tensor data (and already lays Q4_0/Q4_1/Q8_0 out as MLX's affine
-quantization), but it silently dequantizes types it has no quantized layout for (K-quants
-become float16, BF16 becomes float16). The importer needs the stored types to refuse
-those by name, so the header is parsed here; it is small (no tensor data is read).
+The importer decodes the tensor data itself (compiler/gguf/quants.py): `mx.load` would
+silently widen K-quants and BF16 to float16. The header gives each tensor's type, shape
+and offset; `tensor_bytes` maps a tensor's bytes without reading them, and `read_header`
+checks that the file holds all the tensor data, so a cut download is named as such.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import struct
 from pathlib import Path
 
 import attrs
+import numpy as np
+
+from .quants import BLOCKS
 
 MAGIC = b"GGUF"
 
@@ -38,6 +41,19 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]  # numpy order (outermost first), as mx.load returns it
     type_id: int
+    offset: int = 0  # from the start of the data section
+
+    @property
+    def n_values(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def n_bytes(self) -> int | None:
+        """Bytes in the file, or None for a type graphc has no block layout for."""
+        if self.type_name not in BLOCKS:
+            return None
+        n, size = BLOCKS[self.type_name]
+        return self.n_values // n * size
 
     @property
     def type_name(self) -> str:
@@ -49,6 +65,12 @@ class GGUFHeader:
     version: int
     metadata: dict
     tensors: tuple[TensorInfo, ...]
+    data_start: int = 0  # byte offset of the data section in the file
+
+
+def tensor_bytes(path: str | Path, header: GGUFHeader, t: TensorInfo) -> np.ndarray:
+    """The stored bytes of `t` (a read-only memory map: nothing is read until used)."""
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=header.data_start + t.offset, shape=(t.n_bytes,))
 
 
 class _Reader:
@@ -102,6 +124,18 @@ def read_header(path: str | Path) -> GGUFHeader:
             ndim = r.scalar("<I")
             dims = [r.scalar("<Q") for _ in range(ndim)]
             type_id = r.scalar("<I")
-            r.scalar("<Q")  # data offset: mx.load reads the data
-            tensors.append(TensorInfo(name, tuple(reversed(dims)), type_id))
-    return GGUFHeader(version, metadata, tuple(tensors))
+            offset = r.scalar("<Q")
+            tensors.append(TensorInfo(name, tuple(reversed(dims)), type_id, offset))
+        align = int(metadata.get("general.alignment", 32))
+        data_start = -(-f.tell() // align) * align
+    header = GGUFHeader(version, metadata, tuple(tensors), data_start)
+    _check_complete(path, header)
+    return header
+
+
+def _check_complete(path: Path, header: GGUFHeader) -> None:
+    size = path.stat().st_size
+    ends = [header.data_start + t.offset + t.n_bytes for t in header.tensors if t.n_bytes is not None]
+    if ends and max(ends) > size:
+        raise GGUFError(f"{path}: the file ends inside its tensor data ({size} of {max(ends)} bytes; "
+                        "truncated download?); download it again")

@@ -3,6 +3,7 @@
 GGUF stores a byte-level BPE ("gpt2" model) as its token strings and merge list, plus a
 pre-tokenizer name (`tokenizer.ggml.pre`) that stands for the regex splitting text before
 BPE. The regexes below are those the named tokenizers publish in their tokenizer.json.
+SentencePiece vocabularies (`llama`) are built in compiler/gguf/spm.py.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from .reader import GGUFError, GGUFHeader
+from .spm import build_spm
 
 _GPT4_STYLE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -50,9 +52,12 @@ def token_ids(header: GGUFHeader) -> dict:
 def build_tokenizer(header: GGUFHeader, path) -> Tokenizer:
     md = header.metadata
     model = md.get("tokenizer.ggml.model")
+    if model == "llama":
+        return build_spm(header, path)
     if model != "gpt2":
         raise GGUFError(f"{path}: tokenizer model '{model}' is not supported by graphc's GGUF import "
-                        "(only 'gpt2', the byte-level BPE of Llama 3, Qwen and SmolLM, is); "
+                        "('gpt2', the byte-level BPE of Llama 3, Qwen and SmolLM, and 'llama', "
+                        "SentencePiece BPE of Llama 2, Mistral and Gemma, are); "
                         "convert the Hugging Face model with `mlx_lm.convert` instead")
     tokens = md["tokenizer.ggml.tokens"]
     merges = md.get("tokenizer.ggml.merges", [])
@@ -99,7 +104,8 @@ def write_tokenizer(header: GGUFHeader, path, out: Path, context_length: int | N
         "eos_token": name("eos"),
         "unk_token": name("unknown"),
         "pad_token": name("padding"),
-        "add_bos_token": bool(md.get("tokenizer.ggml.add_bos_token", False)),
+        # llama.cpp adds BOS by default for SentencePiece vocabularies, not for byte-level BPE
+        "add_bos_token": bool(md.get("tokenizer.ggml.add_bos_token", md.get("tokenizer.ggml.model") == "llama")),
         "add_eos_token": bool(md.get("tokenizer.ggml.add_eos_token", False)),
         "clean_up_tokenization_spaces": False,
     }
@@ -118,4 +124,10 @@ def eos_ids(header: GGUFHeader) -> list[int]:
     """EOS plus end-of-turn / end-of-message ids: generation stops at any of them."""
     ids = token_ids(header)
     out = [ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None]
+    # Gemma files name no end-of-turn id; llama.cpp finds <end_of_turn> by its text, as here.
+    tokens = header.metadata.get("tokenizer.ggml.tokens") or []
+    types = header.metadata.get("tokenizer.ggml.token_type") or []
+    for i, t in enumerate(tokens):
+        if t == "<end_of_turn>" and (not types or types[i] == CONTROL):
+            out.append(i)
     return list(dict.fromkeys(out))

@@ -1,34 +1,55 @@
-"""GGUF tensors -> mlx-lm parameters: names, q/k row order, and the `quantization` entry.
+"""GGUF tensors -> mlx-lm parameters: names, q/k row order, the `quantization` entry, and a report.
 
-mx.load returns Q4_0/Q4_1/Q8_0 tensors already as MLX affine quantization (packed uint32
-weight + float16 scales and biases, group size 32), so they are kept quantized as stored:
-Q4_0 is scale·q − 8·scale, Q4_1 scale·q + min, Q8_0 scale·q − 128·scale. Other ggml types
-are refused by name, since mx.load would silently widen them to float16.
+Each tensor is decoded from the file's bytes (compiler/gguf/quants.py). Types with an exact
+MLX affine form are kept quantized: packed uint32 `weight` + `scales` + `biases`, group
+size 32, the scales in float16 where every one is exactly a float16 (Q4_0/Q4_1/Q5_x/Q8_0)
+and in float32 otherwise (K-quants: d·sc needs up to 17 significant bits). The others are
+widened to `widen_dtype` (float16 by default; float32 is exact).
 """
 
 from __future__ import annotations
 
 import re
 
+import attrs
 import mlx.core as mx
+import numpy as np
 
 from .arch import GLOBAL_TENSORS, LAYER_TENSORS, Arch
-from .reader import GGUFError, GGUFHeader
+from .quants import BLOCKS, GROUP_SIZE, KEPT_BITS, PLAIN, Affine, bits_per_weight, decode, pack
+from .reader import GGUFError, GGUFHeader, tensor_bytes
 
-GROUP_SIZE = 32  # every ggml block type graphc imports has 32 values per block
-QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
-PLAIN = {"F32", "F16"}
-SUPPORTED = sorted(PLAIN | set(QUANT_BITS))
+SUPPORTED = sorted(BLOCKS)
+WIDEN_DTYPES = {"float16": mx.float16, "float32": mx.float32, "bfloat16": mx.bfloat16}
+
+
+@attrs.define
+class TypeReport:
+    """What became of one ggml type's tensors: kept quantized, widened, or plain floats."""
+
+    fate: str  # "kept" | "widened" | "plain"
+    tensors: int = 0
+    values: int = 0
+    file_bytes: int = 0
+    out_bytes: int = 0
+
+    def line(self, type_name: str) -> str:
+        bpw = self.out_bytes * 8 / max(self.values, 1)
+        what = {"kept": "kept quantized", "widened": "widened", "plain": "as stored"}[self.fate]
+        return (f"{type_name}: {self.tensors} tensors {what}, {self.file_bytes / 2**20:.1f} MiB in the file -> "
+                f"{self.out_bytes / 2**20:.1f} MiB ({bits_per_weight(type_name):.2f} -> {bpw:.2f} bits/weight)")
+
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _GLOBAL = re.compile(r"^(\w+)\.(weight|bias)$")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: Arch | None = None) -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for unknown tensors."""
     m = _LAYER.match(gguf_name)
-    if m and m.group(2) in LAYER_TENSORS:
-        return f"model.layers.{m.group(1)}.{LAYER_TENSORS[m.group(2)]}.{m.group(3)}"
+    layer = {**LAYER_TENSORS, **(arch.tensors if arch else {})}
+    if m and m.group(2) in layer:
+        return f"model.layers.{m.group(1)}.{layer[m.group(2)]}.{m.group(3)}"
     m = _GLOBAL.match(gguf_name)
     if m and m.group(1) in GLOBAL_TENSORS:
         return f"{GLOBAL_TENSORS[m.group(1)]}.{m.group(2)}"
@@ -38,12 +59,12 @@ def hf_name(gguf_name: str) -> str | None:
 def check_types(header: GGUFHeader, path) -> None:
     bad = {}
     for t in header.tensors:
-        if t.type_name not in PLAIN and t.type_name not in QUANT_BITS:
+        if t.type_name not in BLOCKS:
             bad.setdefault(t.type_name, []).append(t.name)
     if bad:
         what = "; ".join(f"{k} ({len(v)} tensors, e.g. {v[0]})" for k, v in sorted(bad.items()))
         raise GGUFError(f"{path}: tensor type(s) {what} are not supported by graphc's GGUF import "
-                        f"(supported: {', '.join(SUPPORTED)}); pick a Q4_0, Q4_1, Q8_0 or F16 file")
+                        f"(supported: {', '.join(SUPPORTED)}); pick a K-quant (Q4_K_M, Q5_K_M, Q6_K), Q8_0 or F16 file")
 
 
 def unpermute_rows(w: mx.array, n_heads: int) -> mx.array:
@@ -60,31 +81,71 @@ def unpermute_rows(w: mx.array, n_heads: int) -> mx.array:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def convert_weights(header: GGUFHeader, loaded: dict, arch: Arch, config: dict, path) -> tuple[dict, dict | None]:
-    """(mlx-lm weights, quantization entry or None) from mx.load's tensors."""
+def summary_lines(config: dict) -> list[str]:
+    """The import's per-type report, from a converted folder's config.json (empty otherwise)."""
+    info = config.get("graphc_gguf") or {}
+    types = info.get("types")
+    if not isinstance(types, dict):  # folders made by converter version 1 list only names
+        return []
+    lines = [f"gguf: {info.get('source')} (widened types in {info.get('widen_dtype')})"]
+    for name, r in sorted(types.items()):
+        lines.append("gguf:   " + TypeReport(r["fate"], r["tensors"], r["values"], r["file_bytes"],
+                                             r["out_bytes"]).line(name))
+    return lines
+
+
+def _fate(type_name: str) -> str:
+    return "kept" if type_name in KEPT_BITS else "plain" if type_name in PLAIN else "widened"
+
+
+def _mlx_parts(decoded, kind: str) -> dict[str, mx.array]:
+    if isinstance(decoded, Affine):
+        scales, biases = decoded.scales, decoded.biases
+        exact16 = all(np.array_equal(a.astype(np.float16).astype(np.float32), a) for a in (scales, biases))
+        dt = np.float16 if exact16 else np.float32
+        return {kind: mx.array(pack(decoded.q, decoded.bits)), "scales": mx.array(scales.astype(dt)),
+                "biases": mx.array(biases.astype(dt))}
+    return {kind: mx.array(decoded)}
+
+
+def convert_weights(header: GGUFHeader, path, arch: Arch, config: dict,
+                    widen_dtype: str = "float16") -> tuple[dict, dict | None, dict[str, TypeReport]]:
+    """(mlx-lm weights, quantization entry or None, per-type report) from the file's tensors."""
+    widen = WIDEN_DTYPES[widen_dtype]
     out: dict[str, mx.array] = {}
     bits_of: dict[str, int] = {}  # module path -> bits, for quantized modules
+    report: dict[str, TypeReport] = {}
     heads = {"self_attn.q_proj": config["num_attention_heads"], "self_attn.k_proj": config["num_key_value_heads"]}
     for t in header.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:
             raise GGUFError(f"{path}: tensor '{t.name}' has no counterpart in mlx-lm's "
                             f"{arch.model_type} model; this file's layout is not supported")
         module, kind = name.rsplit(".", 1)
-        stem = t.name[: -len(kind) - 1]
-        parts = {kind: loaded[t.name]}
-        if t.type_name in QUANT_BITS:
-            parts["scales"] = loaded[f"{stem}.scales"]
-            parts["biases"] = loaded[f"{stem}.biases"]
-            bits_of[module] = QUANT_BITS[t.type_name]
+        decoded = decode(t.type_name, tensor_bytes(path, header, t), t.shape)
+        parts = _mlx_parts(decoded, kind)
+        if module.endswith("shared_expert_gate") and parts[kind].ndim == 1:  # llama.cpp keeps it 1-D
+            parts[kind] = parts[kind].reshape(1, -1)
+        fate = _fate(t.type_name)
+        if fate == "kept":
+            bits_of[module] = decoded.bits
+        elif fate == "widened" or t.type_name == "BF16":
+            parts[kind] = parts[kind].astype(widen if fate == "widened" else mx.bfloat16)
+        if arch.norm_shift and module.endswith("norm") and kind == "weight":
+            parts[kind] = (parts[kind].astype(mx.float32) - arch.norm_shift).astype(parts[kind].dtype)
         n_heads = next((n for suffix, n in heads.items() if module.endswith(suffix)), None)
+        rep = report.setdefault(t.type_name, TypeReport(fate))
+        rep.tensors += 1
+        rep.values += t.n_values
+        rep.file_bytes += t.n_bytes
         for part, arr in parts.items():
             if arch.permuted_qk and n_heads is not None:
                 arr = unpermute_rows(arr, n_heads)
             out[f"{module}.{part}"] = arr
+            rep.out_bytes += arr.nbytes
     if not bits_of:
-        return out, None
-    # The most common width is the default; modules of the other width are named one by one.
+        return out, None, report
+    # The most common width is the default; modules of the other widths are named one by one.
     counts = {}
     for b in bits_of.values():
         counts[b] = counts.get(b, 0) + 1
@@ -93,4 +154,4 @@ def convert_weights(header: GGUFHeader, loaded: dict, arch: Arch, config: dict, 
     for module, b in sorted(bits_of.items()):
         if b != default:
             quant[module] = {"group_size": GROUP_SIZE, "bits": b}
-    return out, quant
+    return out, quant, report
