@@ -145,7 +145,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_serving(cfg: ServingConfig, log=print) -> dict:
+def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
+    """`checkpoint(runs)` after every measured run: a killed invocation still leaves what it measured."""
     specs = [s for s in SERVERS if s.name in cfg.servers]
     reqs = make_workload(cfg.model, cfg.requests, cfg.min_input, cfg.max_input, cfg.min_output, cfg.max_output,
                          cfg.seed)
@@ -173,6 +174,8 @@ def run_serving(cfg: ServingConfig, log=print) -> dict:
                     m = run_metrics(results, dur)
                     runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
                     bar.update(1)
+                    if checkpoint:
+                        checkpoint([{**r, "rate": _rate_key(r["rate"])} for r in runs])
                     bar.write(f"  repeat {rep + 1} {spec.name:7s} rate {_rate_key(rate):>4s}: "
                               f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
                               f"TTFT p99 {_ms(m['ttft_p99'])}, ITL p99 {_ms(m['itl_p99'])}, "
@@ -211,7 +214,9 @@ def cmd_serving(args) -> int:
     note = apply_defaults(cfg, args.rates)
     if note:
         print(note, file=sys.stderr)
-    result = run_serving(cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
+    partial = (lambda runs: write_json({"partial": True, "command": "graphc " + " ".join(sys.argv[1:]),
+                                        "runs": runs}, args.json_out)) if args.json_out else None
+    result = run_serving(cfg, log=lambda s: print(s, file=sys.stderr, flush=True), checkpoint=partial)
     result["command"] = "graphc " + " ".join(sys.argv[1:])
     result["note"] = note
     print("\n\n".join(rate_table(k, per, cfg.servers) for k, per in result["summary"].items()))
