@@ -180,10 +180,10 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
                               f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
                               f"TTFT p99 {_ms(m['ttft_p99'])}, ITL p99 {_ms(m['itl_p99'])}, "
                               f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
-                              f"{m['retries']} resent")
+                              f"{m['retries']} resent", file=sys.stderr)
                     if rep == cfg.repeats - 1 and spec is order[-1]:
                         per = aggregate(runs, [s.name for s in specs], [rate])[_rate_key(rate)]
-                        bar.write(rate_table(_rate_key(rate), per, [s.name for s in specs]))
+                        bar.write(rate_table(_rate_key(rate), per, [s.name for s in specs]), file=sys.stderr)
     bar.close()
     return {"kind": "serving", "environment": env, "config": {**asdict(cfg), "rates": [_rate_key(r) for r in cfg.rates]},
             "workload": {**summary(reqs), "requests_list": as_dicts(reqs), "eos_ids_biased_for_mlx_lm": eos},
