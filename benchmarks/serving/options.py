@@ -11,7 +11,8 @@ CPU_DEFAULTS = dict(rates="8,inf", min_input=16, max_input=128, min_output=8, ma
 
 def add_arguments(p) -> None:
     """The --serving options of `graphc bench` (benchmarks/cli.py adds the flag itself)."""
-    g = p.add_argument_group("--serving: a load generator against graphc serve and mlx_lm.server (docs/serving-bench.md)")
+    g = p.add_argument_group("--serving: a load generator against graphc serve and mlx_lm.server "
+                             "(docs/serving-bench.md)")
     g.add_argument("--rates", default=None, help="Poisson arrival rates in req/s, inf = all at once "
                    f"(default: {GPU_DEFAULTS['rates']} on a GPU, {CPU_DEFAULTS['rates']} on the CPU)")
     g.add_argument("--requests", type=int, default=32, help="requests per rate")

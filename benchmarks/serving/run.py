@@ -89,7 +89,8 @@ def run_metrics(results: list[Result], duration: float) -> dict:
             "itl_p99": _pct(itl, 99), "tpot_p50": _pct(tpot, 50), "errors": len(results) - len(ok),
             "output_tokens": sum(r.output_tokens for r in ok), "target_tokens": sum(r.target_tokens for r in results),
             "exact_length": sum(r.output_tokens == r.target_tokens for r in ok),
-            "text_chunks": sum(r.text_chunks for r in ok), "retries": sum(r.retries for r in results), "error_samples": [r.error for r in results if r.error][:3]}
+            "text_chunks": sum(r.text_chunks for r in ok),
+            "retries": sum(r.retries for r in results), "error_samples": [r.error for r in results if r.error][:3]}
 
 
 def _spread(vals: list) -> dict | None:
@@ -185,7 +186,8 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
                         per = aggregate(runs, [s.name for s in specs], [rate])[_rate_key(rate)]
                         bar.write(rate_table(_rate_key(rate), per, [s.name for s in specs]), file=sys.stderr)
     bar.close()
-    return {"kind": "serving", "environment": env, "config": {**asdict(cfg), "rates": [_rate_key(r) for r in cfg.rates]},
+    config = {**asdict(cfg), "rates": [_rate_key(r) for r in cfg.rates]}
+    return {"kind": "serving", "environment": env, "config": config,
             "workload": {**summary(reqs), "requests_list": as_dicts(reqs), "eos_ids_biased_for_mlx_lm": eos},
             "runs": [{**r, "rate": _rate_key(r["rate"])} for r in runs], "startup": startups,
             "summary": aggregate(runs, [s.name for s in specs], cfg.rates)}
