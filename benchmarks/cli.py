@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .serving.options import add_arguments as serving_arguments
+
 
 def _ints(s: str) -> tuple:
     return tuple(int(x) for x in s.split(",") if x)
@@ -74,6 +76,9 @@ def add_parser(subparsers) -> None:
     u.add_argument("--long-new", type=int, default=144, help="new tokens of the long call (steady = difference)")
     u.add_argument("--user-repeats", type=int, default=3, help="repeats of every measurement (>= 3)")
     u.add_argument("--prefill-cases", default="32x2048,1x8192", help="cold prefill cases, REQUESTSxTOKENS")
+    p.add_argument("--serving", action="store_true",
+                   help="load-test graphc serve against mlx_lm.server over HTTP (docs/serving-bench.md)")
+    serving_arguments(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -118,6 +123,10 @@ def cmd_bench(args) -> int:
         from graphc.runtime.kernels import skinny_matmul
 
         skinny_matmul.load_table(args.skinny_table)
+    if args.serving:
+        from .serving.run import cmd_serving
+
+        return cmd_serving(args)
     if args.user_api:
         return cmd_user_api(args)
     if args.dequantize:

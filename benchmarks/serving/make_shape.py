@@ -1,0 +1,58 @@
+"""Write a bench shape (benchmarks/shapes.py: llama-3.2-1b, llama-3.1-8b, ...) as a model folder
+both servers can load: config.json, random bf16 weights, and make-model's BPE tokenizer.
+
+`graphc make-model` draws weights with numpy on the host (minutes for 8B); this draws them with
+MLX on the default device, so an 8B folder takes seconds on a GPU plus the write.
+
+    python -m graphc.benchmarks.serving.make_shape llama-3.1-8b /tmp/llama-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from graphc.compiler.modelgen.archs import Dims, build_config
+from graphc.compiler.modelgen.tokenizer import write_tokenizer
+
+from ..shapes import SHAPES, random_model
+
+
+def make_shape(name: str, out: str | Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
+    shape = dict(SHAPES[name])
+    # make-model's llama config gives the token ids of its tokenizer (bos/eos); the shape gives the sizes.
+    dims = Dims(hidden_size=shape["hidden_size"], num_layers=shape["num_hidden_layers"],
+                num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],
+                head_dim=shape["head_dim"], intermediate_size=shape["intermediate_size"],
+                vocab_size=shape["vocab_size"], sliding_window=None)
+    cfg = {**build_config("llama", dims, {}), **shape, "torch_dtype": dtype}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(out, cfg["vocab_size"])
+    model = random_model(cfg, getattr(mx, dtype), seed)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())),
+                        metadata={"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m graphc.benchmarks.serving.make_shape", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", choices=[s for s in SHAPES if s != "tiny"])
+    ap.add_argument("out")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    path = make_shape(a.shape, a.out, a.dtype, a.seed)
+    print(f"wrote {a.shape} ({a.dtype}) to {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""`graphc bench --serving`: both servers on one model folder, alternated, repeated, at several
+Poisson rates plus saturation; per rate per server the medians over repeats with min/max spread."""
+
+from __future__ import annotations
+
+import math
+import socket
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from tqdm import tqdm
+
+from ..env import describe, environment
+from ..report import write_json
+from .client import Result, run_load
+from .options import CPU_DEFAULTS, GPU_DEFAULTS
+from .plot import plot_serving
+from .servers import SERVERS, Server
+from .workload import as_dicts, eos_token_ids, make_workload, summary
+
+# Each metric: (key, column header, scale to print, format)
+METRICS = (("req_per_s", "req/s", 1, ".2f"), ("output_tok_per_s", "out tok/s", 1, ".1f"),
+           ("ttft_p50", "TTFT p50 ms", 1e3, ".1f"), ("ttft_p99", "TTFT p99 ms", 1e3, ".1f"),
+           ("itl_p50", "ITL p50 ms", 1e3, ".2f"), ("itl_p99", "ITL p99 ms", 1e3, ".2f"),
+           ("tpot_p50", "TPOT p50 ms", 1e3, ".2f"), ("errors", "errors", 1, ".0f"))
+
+@dataclass
+class ServingConfig:
+    model: str
+    rates: tuple = ()
+    requests: int = 32
+    repeats: int = 3
+    max_batch: int = 64
+    min_input: int = 0
+    max_input: int = 0
+    min_output: int = 0
+    max_output: int = 0
+    concurrency: int | None = None
+    seed: int = 0
+    port: int = 0
+    servers: tuple = ("graphc", "mlx_lm")
+    graphc_args: list = field(default_factory=list)
+    mlx_args: list = field(default_factory=list)
+    log_dir: str = "serving-logs"
+    progress: bool = True
+
+
+def parse_rates(s: str) -> tuple:
+    try:
+        rates = tuple(float(x) for x in s.split(",") if x)
+    except ValueError:
+        raise SystemExit(f"graphc bench: --rates takes req/s values and inf, e.g. 1,4,inf; got {s!r}")
+    if not rates or any(r <= 0 for r in rates):
+        raise SystemExit(f"graphc bench: --rates must be positive (inf = all requests at once), got {s!r}")
+    return rates
+
+
+def apply_defaults(cfg: ServingConfig, rates: str | None) -> str | None:
+    """Fill unset lengths/rates from the device's defaults; returns a note when the CPU ones were used."""
+    on_cpu = mx.default_device().type == mx.DeviceType.cpu
+    d = CPU_DEFAULTS if on_cpu else GPU_DEFAULTS
+    for k in ("min_input", "max_input", "min_output", "max_output"):
+        if not getattr(cfg, k):
+            setattr(cfg, k, d[k])
+    cfg.rates = parse_rates(rates or d["rates"])
+    if on_cpu and rates is None:
+        return (f"CPU device: small defaults (input {cfg.min_input}-{cfg.max_input}, output {cfg.min_output}-"
+                f"{cfg.max_output} tokens, rates {d['rates']}); the issue's mix is the GPU default "
+                f"(input 64-4096, output 32-512): pass --rates and the length flags to run it here")
+    return None
+
+
+def _pct(xs: list, q: float) -> float | None:
+    return float(np.percentile(xs, q)) if xs else None
+
+
+def run_metrics(results: list[Result], duration: float) -> dict:
+    ok = [r for r in results if r.error is None]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    itl = [g for r in ok for g in r.itl]
+    tpot = [r.tpot for r in ok if r.tpot is not None]
+    return {"duration_s": duration, "req_per_s": len(ok) / duration,
+            "output_tok_per_s": sum(r.output_tokens for r in ok) / duration,
+            "ttft_p50": _pct(ttft, 50), "ttft_p99": _pct(ttft, 99), "itl_p50": _pct(itl, 50),
+            "itl_p99": _pct(itl, 99), "tpot_p50": _pct(tpot, 50), "errors": len(results) - len(ok),
+            "output_tokens": sum(r.output_tokens for r in ok), "target_tokens": sum(r.target_tokens for r in results),
+            "exact_length": sum(r.output_tokens == r.target_tokens for r in ok),
+            "text_chunks": sum(r.text_chunks for r in ok),
+            "retries": sum(r.retries for r in results), "error_samples": [r.error for r in results if r.error][:3]}
+
+
+def _spread(vals: list) -> dict | None:
+    vals = [v for v in vals if v is not None]
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)} if vals else None
+
+
+def aggregate(runs: list[dict], servers, rates) -> dict:
+    out = {}
+    for rate in rates:
+        per = {}
+        for s in servers:
+            mine = [r for r in runs if r["server"] == s and r["rate"] == rate]
+            per[s] = {k: _spread([r["metrics"][k] for r in mine]) for k, *_ in METRICS}
+            per[s]["repeats"] = len(mine)
+        if "graphc" in servers and "mlx_lm" in servers:
+            # Ratios within one repeat (the two servers ran back to back), then their spread.
+            pairs = [(a["metrics"], b["metrics"]) for a in runs for b in runs if a["rate"] == b["rate"] == rate
+                     and a["repeat"] == b["repeat"] and a["server"] == "graphc" and b["server"] == "mlx_lm"]
+            per["graphc_over_mlx_lm"] = {
+                k: _spread([g[k] / m[k] if g[k] and m[k] else None for g, m in pairs])
+                for k in ("output_tok_per_s", "ttft_p99", "itl_p99")}
+        out[_rate_key(rate)] = per
+    return out
+
+
+def _rate_key(rate: float) -> str:
+    return "inf" if math.isinf(rate) else f"{rate:g}"
+
+
+def _cell(spread: dict | None, scale: float, fmt: str) -> str:
+    if spread is None:
+        return "-"
+    m, lo, hi = (spread[k] * scale for k in ("median", "min", "max"))
+    return f"{m:{fmt}} [{lo:{fmt}}-{hi:{fmt}}]" if lo != hi else f"{m:{fmt}}"
+
+
+def rate_table(rate_key: str, per: dict, servers) -> str:
+    head = [f"rate {rate_key} req/s" if rate_key != "inf" else "rate inf (saturation)"] + [h for _, h, *_ in METRICS]
+    rows = [[s] + [_cell(per[s][k], sc, f) for k, _, sc, f in METRICS] for s in servers]
+    if "graphc_over_mlx_lm" in per:
+        r = per["graphc_over_mlx_lm"]
+        rows.append(["graphc/mlx_lm", "", _cell(r["output_tok_per_s"], 1, ".2f"), "", _cell(r["ttft_p99"], 1, ".2f"),
+                     "", _cell(r["itl_p99"], 1, ".2f"), "", ""])
+    widths = [max(len(x[i]) for x in [head] + rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(x, widths)))
+                     for x in [head] + rows)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
+    """`checkpoint(runs)` after every measured run: a killed invocation still leaves what it measured."""
+    specs = [s for s in SERVERS if s.name in cfg.servers]
+    reqs = make_workload(cfg.model, cfg.requests, cfg.min_input, cfg.max_input, cfg.min_output, cfg.max_output,
+                         cfg.seed)
+    warm = make_workload(cfg.model, 2, 8, 16, 4, 4, cfg.seed + 1)
+    eos = eos_token_ids(cfg.model)
+    env = environment()
+    log(f"serving bench: {describe(env)}; {len(reqs)} requests per rate, rates "
+        f"{','.join(_rate_key(r) for r in cfg.rates)}, {cfg.repeats} repeats, max batch {cfg.max_batch}")
+    runs, startups = [], []
+    bar = tqdm(total=cfg.repeats * len(specs) * len(cfg.rates), desc="serving", unit="run",
+               disable=not cfg.progress, file=sys.stderr)
+    for rep in range(cfg.repeats):
+        order = specs if rep % 2 == 0 else specs[::-1]  # alternate who goes first: drift hits both
+        for spec in order:
+            port = cfg.port + (spec.name != "graphc") if cfg.port else _free_port()
+            extra = cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args
+            srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra)
+            body = spec.fixed_length_body(eos)
+            with srv as url:
+                startups.append({"server": spec.name, "repeat": rep, "startup_s": srv.startup_s})
+                run_load(url, warm, math.inf, extra=body)  # first requests pay lazy loads/compiles
+                for rate in cfg.rates:
+                    bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
+                    results, dur = run_load(url, reqs, rate, cfg.concurrency, body, cfg.seed + rep)
+                    m = run_metrics(results, dur)
+                    runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
+                    bar.update(1)
+                    if checkpoint:
+                        checkpoint([{**r, "rate": _rate_key(r["rate"])} for r in runs])
+                    bar.write(f"  repeat {rep + 1} {spec.name:7s} rate {_rate_key(rate):>4s}: "
+                              f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
+                              f"TTFT p99 {_ms(m['ttft_p99'])}, ITL p99 {_ms(m['itl_p99'])}, "
+                              f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
+                              f"{m['retries']} resent", file=sys.stderr)
+                    if rep == cfg.repeats - 1 and spec is order[-1]:
+                        per = aggregate(runs, [s.name for s in specs], [rate])[_rate_key(rate)]
+                        bar.write(rate_table(_rate_key(rate), per, [s.name for s in specs]), file=sys.stderr)
+    bar.close()
+    config = {**asdict(cfg), "rates": [_rate_key(r) for r in cfg.rates]}
+    return {"kind": "serving", "environment": env, "config": config,
+            "workload": {**summary(reqs), "requests_list": as_dicts(reqs), "eos_ids_biased_for_mlx_lm": eos},
+            "runs": [{**r, "rate": _rate_key(r["rate"])} for r in runs], "startup": startups,
+            "summary": aggregate(runs, [s.name for s in specs], cfg.rates)}
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f} ms"
+
+
+def cmd_serving(args) -> int:
+    if not args.model or not (Path(args.model) / "config.json").exists():
+        raise SystemExit("graphc bench --serving: --model must be a model folder (config.json, weights, "
+                         "tokenizer.json): both servers load it; make one with `graphc make-model`")
+    if not (Path(args.model) / "tokenizer.json").exists():
+        raise SystemExit(f"graphc bench --serving: {args.model} has no tokenizer.json (prompts are cut with it)")
+    cfg = ServingConfig(model=args.model, requests=args.requests, repeats=args.serving_repeats,
+                        max_batch=args.max_batch, min_input=args.min_input, max_input=args.max_input,
+                        min_output=args.min_output, max_output=args.max_output, concurrency=args.concurrency,
+                        seed=args.seed, port=args.port, servers=tuple(args.servers.split(",")),
+                        graphc_args=args.graphc_args.split(), mlx_args=args.mlx_args.split(),
+                        log_dir=args.log_dir, progress=args.progress)
+    bad = [s for s in cfg.servers if s not in ("graphc", "mlx_lm")]
+    if bad or cfg.requests < 1 or cfg.repeats < 1:
+        raise SystemExit(f"graphc bench --serving: --servers takes graphc,mlx_lm (got {args.servers!r}); "
+                         "--requests and --serving-repeats must be >= 1")
+    note = apply_defaults(cfg, args.rates)
+    if note:
+        print(note, file=sys.stderr)
+    partial = (lambda runs: write_json({"partial": True, "command": "graphc " + " ".join(sys.argv[1:]),
+                                        "runs": runs}, args.json_out)) if args.json_out else None
+    result = run_serving(cfg, log=lambda s: print(s, file=sys.stderr, flush=True), checkpoint=partial)
+    result["command"] = "graphc " + " ".join(sys.argv[1:])
+    result["note"] = note
+    print("\n\n".join(rate_table(k, per, cfg.servers) for k, per in result["summary"].items()))
+    if args.json_out:
+        write_json(result, args.json_out)
+    if args.plot:
+        plot_serving(result, args.plot)
+    return 0

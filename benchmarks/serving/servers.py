@@ -1,0 +1,107 @@
+"""Start and stop the two servers under test as subprocesses on one model folder.
+
+Each runs in its own process group (so a server's worker children die with it) and logs to a
+file next to the results; readiness is GET /health answering 200 (both servers have it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+# mlx_lm.server has no ignore_eos: an additive logit bias this negative keeps its EOS ids from
+# ever being picked, so it too generates exactly max_tokens (one add on the logits per step).
+_EOS_BIAS = -1e4
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+
+    def argv(self, model: str, port: int, batch: int, extra: list[str]) -> list[str]:
+        if self.name == "graphc":
+            return [sys.executable, "-m", "graphc.cli", "serve", "--model", model, "--port", str(port),
+                    "--max-batch", str(batch), *extra]
+        # Batching on, its concurrency set to graphc's max batch (mlx_lm/server.py's own flag names).
+        return [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port),
+                "--decode-concurrency", str(batch), "--prompt-concurrency", str(batch), *extra]
+
+    def fixed_length_body(self, eos_ids: list[int]) -> dict:
+        """Request fields that make the server generate exactly max_tokens."""
+        if self.name == "graphc":
+            return {"ignore_eos": True}
+        return {"logit_bias": {str(i): _EOS_BIAS for i in eos_ids}} if eos_ids else {}
+
+
+SERVERS = (ServerSpec("graphc"), ServerSpec("mlx_lm"))
+
+
+class Server:
+    """`with Server(spec, model, port, batch, log_path) as url:` a ready server at `url`."""
+
+    def __init__(self, spec: ServerSpec, model: str, port: int, batch: int, log_path: Path,
+                 extra: list[str] | None = None, ready_timeout: float = 900.0):
+        self.spec, self.port, self.log_path, self.ready_timeout = spec, port, Path(log_path), ready_timeout
+        self.argv = spec.argv(model, port, batch, extra or [])
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def __enter__(self) -> str:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        log.write(("\n$ " + " ".join(self.argv) + "\n").encode())
+        log.flush()
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()  # the child holds its own copy
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.perf_counter() - t0
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.spec.name} exited with {self.proc.returncode} before it was ready; "
+                                   f"log {self.log_path}:\n{self._tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.spec.name} not ready after {self.ready_timeout:.0f} s; log {self.log_path}:\n"
+                           f"{self._tail()}")
+
+    def _tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass  # already gone

@@ -1,0 +1,58 @@
+"""`graphc bench --serving` end to end on a tiny model: both servers started, driven, stopped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+from graphc.benchmarks.serving.client import arrival_times
+from graphc.benchmarks.serving.workload import make_workload
+from graphc.cli import main
+
+
+def test_workload_is_seeded_and_within_bounds(model_dir):
+    m = model_dir("llama")
+    a = make_workload(m, 16, 16, 200, 8, 40, seed=3)
+    assert a == make_workload(m, 16, 16, 200, 8, 40, seed=3)
+    assert a != make_workload(m, 16, 16, 200, 8, 40, seed=4)
+    assert all(8 <= r.max_tokens <= 40 for r in a)
+    # re-encoding a decoded slice may merge a token or two at the edges
+    assert all(12 <= r.prompt_tokens <= 204 for r in a)
+    assert len({r.prompt_tokens for r in a}) > 3  # mixed lengths, not one
+
+
+def test_arrivals():
+    assert arrival_times(5, math.inf, 0) == [0.0] * 5
+    t = arrival_times(200, 10.0, 1)
+    assert t == sorted(t) and t[0] == 0.0 and t == arrival_times(200, 10.0, 1)
+
+
+def test_serving_bench_both_servers(model_dir, tmp_path, capsys):
+    m = model_dir("llama")
+    out = tmp_path / "serving.json"
+    rc = main(["bench", "--serving", "--model", str(m), "--requests", "8", "--rates", "16,inf",
+               "--serving-repeats", "1", "--max-batch", "8", "--min-input", "16", "--max-input", "64",
+               "--min-output", "8", "--max-output", "16", "--json", str(out), "--plot", str(tmp_path / "serving.png"),
+               "--log-dir", str(tmp_path / "logs"), "--no-progress"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res["summary"]) == {"16", "inf"}
+    runs = {(r["server"], r["rate"]): r["metrics"] for r in res["runs"]}
+    assert set(runs) == {(s, r) for s in ("graphc", "mlx_lm") for r in ("16", "inf")}
+    targets = sum(r["max_tokens"] for r in res["workload"]["requests_list"])
+    for (server, rate), mt in runs.items():
+        assert mt["errors"] == 0, (server, rate, mt["error_samples"])
+        assert mt["target_tokens"] == targets
+        assert mt["ttft_p50"] is not None and mt["itl_p99"] is not None and mt["output_tok_per_s"] > 0
+        if server == "graphc":  # ignore_eos: exactly the asked lengths
+            assert mt["exact_length"] == 8 and mt["output_tokens"] == targets
+    for rate, per in res["summary"].items():
+        for s in ("graphc", "mlx_lm"):
+            assert per[s]["repeats"] == 1 and per[s]["output_tok_per_s"]["median"] > 0
+        assert per["graphc_over_mlx_lm"]["output_tok_per_s"]["median"] > 0
+    assert (tmp_path / "logs" / "graphc.log").exists() and (tmp_path / "logs" / "mlx_lm.log").exists()
+    if importlib.util.find_spec("matplotlib"):  # the optional `bench` extra draws the plot
+        assert (tmp_path / "serving.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "rate inf (saturation)" in printed and "graphc/mlx_lm" in printed
