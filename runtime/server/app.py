@@ -28,6 +28,8 @@ from .embeddings import create_embeddings
 from .errors import APIError, install_handlers
 from .metrics import HTTPCounter
 from .protocol import ModelCard, ModelList
+from .responses import create_response, delete_response, get_response
+from .responses_store import ResponseStore
 from .state import ServerState
 
 
@@ -69,6 +71,20 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
         return await create_chat_completion(request, state)
+
+    responses = ResponseStore()  # previous_response_id: this server's lifetime, bounded
+
+    @v1.post("/responses")
+    async def create_responses(request: Request):
+        return await create_response(request, state, responses)
+
+    @v1.get("/responses/{response_id}")
+    async def read_response(response_id: str):
+        return get_response(response_id, responses)
+
+    @v1.delete("/responses/{response_id}")
+    async def remove_response(response_id: str):
+        return delete_response(response_id, responses)
 
     @v1.post("/embeddings")
     async def embeddings(request: Request):
