@@ -10,7 +10,9 @@ translation lets the chat machinery serve it unchanged:
 - `tools` (`name`, `description`, `input_schema`) -> function tools; `tool_choice`
   auto / any / tool / none -> auto / required / the named function / none, and
   `disable_parallel_tool_use` -> parallel_tool_calls false;
-- `stop_sequences` -> stop; max_tokens, temperature, top_p, top_k as they are.
+- `stop_sequences` -> stop; `output_config.format` (a JSON schema) -> structured output;
+  max_tokens, temperature, top_p, top_k as they are (newer `anthropic` clients no longer
+  take the sampling fields as arguments: send them with `extra_body`).
 
 Errors leave as `{"type": "error", "error": {"type": "invalid_request_error", "message"}}`.
 """
@@ -59,6 +61,7 @@ class MessagesRequest(_Req):
     top_k: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
 
@@ -164,6 +167,17 @@ def _tool_choice(choice: dict | None) -> tuple[Any, bool | None]:
     raise bad_request(f"tool_choice.type must be auto, any, tool or none, got {kind!r}", "tool_choice")
 
 
+def _output_format(config: dict | None) -> dict | None:
+    """output_config.format ({"type": "json_schema", "schema": ...}) -> chat's response_format."""
+    fmt = (config or {}).get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        raise bad_request("output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                          "output_config")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+
+
 def chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
     messages = [m for i, turn in enumerate(req.messages) for m in _turn(i, turn)]
     system = _system(req.system)
@@ -174,5 +188,5 @@ def chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionReq
             "parallel_tool_calls": parallel}
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                    stop=req.stop_sequences)
+                    stop=req.stop_sequences, response_format=_output_format(req.output_config))
     return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None})
