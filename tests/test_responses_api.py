@@ -131,6 +131,25 @@ def test_text_format_json_schema(client):
     jsonschema.validate(json.loads(r.output_text), schema)
 
 
+def test_tools_with_text_format_give_the_answer_or_calls(client):
+    """tool_choice auto with a JSON format (an agent with an output type): every reply is either
+    a schema-valid JSON answer or schema-valid calls, never free text."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    kinds = set()
+    for seed in range(6):
+        r = client.responses.create(model=MODEL, input="Weather?", tools=TOOLS, max_output_tokens=120,
+                                    temperature=1.0, extra_body={"seed": seed},
+                                    text={"format": {"type": "json_schema", "name": "a", "schema": schema}})
+        assert r.status == "completed"
+        for o in r.output:
+            kinds.add(o.type)
+            if o.type == "message":
+                jsonschema.validate(json.loads(o.content[0].text), schema)
+            else:
+                jsonschema.validate(json.loads(o.arguments), CITY)
+    assert kinds
+
+
 def test_store_false_and_unknown_ids(client):
     r = client.responses.create(model=MODEL, input="Hi", max_output_tokens=1, store=False)
     with pytest.raises(openai.NotFoundError) as e:
@@ -158,7 +177,8 @@ def test_store_false_and_unknown_ids(client):
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, "text"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text"),
-    ({"input": "x", "tools": TOOLS, "text": {"format": {"type": "json_object"}}}, "text"),
+    ({"input": "x", "tools": TOOLS, "text": {"format": {"type": "json_schema", "name": "a",
+                                                 "schema": {"type": "nonsense"}}}}, "text"),
 ])
 def test_bad_requests_name_the_field(server, body, param):
     r = httpx.post(server.url + "/v1/responses", json={"model": MODEL, **body}, timeout=30)

@@ -5,19 +5,29 @@ endpoint already understands, then share everything after that with it: the chat
 template (prompts.chat_prompt), the tool plan and its grammar (tools.py), sampling
 (sampling.build_params), admission (ServerState.submit) and the disconnect watch. Only
 the shape of what goes back to the client differs, so only that lives in those modules.
+
+One thing differs from chat: tools and a JSON output format may come together (agents
+with an output type send both); with tool_choice auto the reply is then the JSON answer
+or tool calls, each held to its schema (answer_or_calls).
 """
 
 from __future__ import annotations
 
+import json
+
 import attrs
+import llguidance
 from fastapi import Request
+
+from graphc.runtime.grammar import Grammar
+from graphc.runtime.grammar.schema import close_objects
 
 from .errors import bad_request
 from .prompts import chat_prompt
-from .protocol import ChatCompletionRequest
+from .protocol import ChatCompletionRequest, ResponseFormat
 from .sampling import build_params
 from .sse import watch_disconnect
-from .tools import ToolPlan, plan_tools
+from .tools import ToolPlan, plan_tools, tool_grammar
 
 
 @attrs.define
@@ -28,18 +38,37 @@ class ChatRun:
     tools: ToolPlan | None  # the active tool plan (None: plain text or structured output)
 
 
-def active_plan(chat: ChatCompletionRequest) -> ToolPlan | None:
-    """The request's tool plan when tools are in play; structured output and tools exclude each other."""
-    plan = plan_tools(chat)
-    if plan is not None and plan.active and chat.response_format is not None and chat.response_format.type != "text":
-        raise bad_request("a JSON output format cannot be combined with tools unless tool_choice is 'none'",
-                          "response_format")
-    return plan
+def answer_or_calls(plan: ToolPlan, fmt: ResponseFormat) -> Grammar:
+    """Tools with tool_choice auto *and* a JSON output format (what an agent with an output type
+    sends): the reply is either one JSON document held to the format, or tool calls held to
+    their schemas. A JSON document cannot begin with the call marker, so the two never overlap."""
+    plan.grammar()  # the functions' schemas checked, each a 400 naming the function
+    if fmt.type == "json_object":
+        schema = {"type": "object"}
+    else:
+        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else None
+        schema = {} if schema is True else schema
+        if not isinstance(schema, dict):
+            raise bad_request("the JSON output format needs a schema object", "response_format")
+    answer = {**close_objects(schema), "x-guidance": {"whitespace_flexible": False}}
+    head, rest = tool_grammar(attrs.evolve(plan, choice="required")).split("\n", 1)
+    text = head.replace("start: ", "start: answer | ", 1) + f"\nanswer: %json {json.dumps(answer)}\n" + rest
+    err = llguidance.LLMatcher.validate_grammar(text, None)
+    if err:
+        raise bad_request(f"the JSON output format is not usable: {err.splitlines()[0]}", "response_format")
+    return Grammar.lark(text)
+
+
+def reply_grammar(plan: ToolPlan, chat: ChatCompletionRequest) -> Grammar:
+    fmt = chat.response_format
+    if plan.choice == "auto" and fmt is not None and fmt.type != "text":
+        return answer_or_calls(plan, fmt)
+    return plan.grammar()  # forced calls: the output format has nothing to apply to
 
 
 async def prompt_ids(state, chat: ChatCompletionRequest) -> tuple[list[int], ToolPlan | None]:
     """The chat-templated prompt, tools included (what generation would see)."""
-    plan = active_plan(chat)
+    plan = plan_tools(chat)
     return await state.run_cpu(chat_prompt, state, chat, plan), plan
 
 
@@ -52,7 +81,7 @@ async def start(state, request: Request, chat: ChatCompletionRequest, max_param:
                           default_temperature=state.config.default_temperature)
     tools = plan if plan is not None and plan.active else None
     if tools is not None:
-        params = attrs.evolve(params, grammar=tools.grammar())
+        params = attrs.evolve(params, grammar=reply_grammar(tools, chat))
     group = await state.submit([(ids, params, None)], chat)
     # Watch from here: a client gone before the first event is sent must abort too.
     watcher = watch_disconnect(request, group.abort)
