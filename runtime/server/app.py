@@ -29,6 +29,7 @@ from .errors import APIError, install_handlers
 from .metrics import HTTPCounter
 from .messages import count_tokens, create_message
 from .messages_protocol import MessagesError
+from .models import ModelRegistry
 from .protocol import ModelCard, ModelList
 from .responses import create_response, delete_response, get_response
 from .responses_store import ResponseStore
@@ -36,14 +37,20 @@ from .state import ServerState
 
 
 def create_app(config: ServerConfig | None = None, *, engine: Engine | None = None,
-               loader: Callable[[], Engine] | None = None) -> FastAPI:
-    """An app serving `engine` (already loaded), or what `loader()` / `config.model` loads at startup."""
+               loader: Callable[[], Engine] | None = None,
+               model_loader: Callable[[str, str], Engine] | None = None) -> FastAPI:
+    """An app serving `engine` (already loaded), or what `loader()` / `config.model` loads at startup;
+    with config.models / config.models_dir, several models (models.py), each loaded by
+    `model_loader(name, path)` (default: Engine.load with the config's settings) on first use."""
     config = config or ServerConfig()
-    state = ServerState(config, engine=engine, loader=loader)
+    registry = ModelRegistry(config, loader=model_loader) if config.several_models else None
+    # app.state.graphc is the first model's state: single-model code (drain, /metrics) reads it,
+    # and its route() asks the registry for the others.
+    state = registry.first if registry is not None else ServerState(config, engine=engine, loader=loader)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.start()
+        (registry or state).start()
         try:
             yield
         finally:
@@ -115,29 +122,44 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
     async def embeddings(request: Request):
         return await create_embeddings(request, state)
 
-    def _card() -> ModelCard:
-        return ModelCard(id=state.model_name, created=state.created, max_model_len=state.max_model_len)
+    def _card(st: ServerState = state) -> ModelCard:
+        # a model not loaded yet has no known context length
+        return ModelCard(id=st.model_name, created=st.created, max_model_len=st.max_model_len or None)
 
     @v1.get("/models")
     async def models():
-        state.require_ready()
-        return Response(ModelList(data=[_card()]).model_dump_json(), media_type="application/json")
+        if registry is None:
+            state.require_ready()
+            cards = [_card()]
+        else:  # every model the server may serve, loaded or not; listing loads nothing
+            cards = [_card(st) for st in registry.states.values()]
+        return Response(ModelList(data=cards).model_dump_json(), media_type="application/json")
 
     @v1.get("/models/{model_id:path}")
     async def model(model_id: str):
-        state.require_ready()
-        state.check_model(model_id)
-        return Response(_card().model_dump_json(), media_type="application/json")
+        if registry is None:
+            state.require_ready()
+            state.check_model(model_id)
+            return Response(_card().model_dump_json(), media_type="application/json")
+        return Response(_card(registry.get(model_id)).model_dump_json(), media_type="application/json")
 
     app.include_router(v1)
     app.include_router(anthropic)
 
     @app.get("/health")
     async def health():
-        state.require_ready()
-        snap = state.aengine.snapshot
+        if registry is None:
+            state.require_ready()
+            snap = state.aengine.snapshot
+            return JSONResponse({"status": "ok", "model": state.model_name,
+                                 "running": snap.running, "waiting": snap.waiting})
+        # Several models: up while the server admits requests; a model being (un)loaded is not down.
+        if state.draining:
+            state.require_ready()
+        snaps = [st.aengine.snapshot for st in registry.states.values() if st.ready and st.aengine is not None]
         return JSONResponse({"status": "ok", "model": state.model_name,
-                             "running": snap.running, "waiting": snap.waiting})
+                             "running": sum(s.running for s in snaps), "waiting": sum(s.waiting for s in snaps),
+                             "models": {name: registry.status(name) for name in registry.states}})
 
     @app.get("/metrics")
     async def metrics():

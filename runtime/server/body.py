@@ -151,7 +151,7 @@ async def read_request(request: Request, state, model: type[BaseModel]):
     `model`, the engine ready, and the request's `model` name and `n` accepted (each an
     OpenAI-style error otherwise)."""
     req = parse(model, await read_json(request, state.config.max_body_bytes))
+    state = state.route(req.model)  # the caller routes again: the same pick (models.py)
     state.require_ready()
-    state.check_model(req.model)
     state.check_n(req.n)
     return req

@@ -10,12 +10,20 @@ import sys
 
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 
-from .config import ServerConfig
+from .config import ServerConfig, parse_bytes
 
 
 def add_parser(subparsers) -> None:
     s = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions)")
-    s.add_argument("--model", help="model folder or .gguf file (default: the built-in demo model)")
+    s.add_argument("--model", action="append",
+                   help="model folder or .gguf file (default: the built-in demo model); give it again to serve "
+                        "several models, each as PATH or NAME=PATH (clients pick one by `model`)")
+    s.add_argument("--models-dir", help="serve every model folder (one with config.json) and .gguf file in this "
+                                        "folder, named by folder/file name")
+    s.add_argument("--max-loaded-models", type=int,
+                   help="with several models: how many stay loaded at once (least recently used unload first)")
+    s.add_argument("--max-loaded-bytes", type=parse_bytes,
+                   help="with several models: weight bytes (on disk) loaded at once, e.g. 8G")
     s.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     s.add_argument("--port", type=int, default=8000)
@@ -55,8 +63,20 @@ def add_parser(subparsers) -> None:
 
 
 def config_from_args(args) -> ServerConfig:
+    specs = args.model or []
+    several = len(specs) > 1 or args.models_dir is not None
+    if several:
+        for flag, value in (("--served-model-name", args.served_model_name), ("--draft-model", args.draft_model)):
+            if value:
+                raise SystemExit(f"{flag} serves one model; with several, name each --model NAME=PATH")
+    elif args.max_loaded_models is not None or args.max_loaded_bytes is not None:
+        raise SystemExit("--max-loaded-models / --max-loaded-bytes need several models (--model twice or --models-dir)")
+    if args.max_loaded_models is not None and args.max_loaded_models < 1:
+        raise SystemExit("--max-loaded-models must be at least 1")
     return ServerConfig(
-        model=args.model, graph=args.graph, served_model_name=args.served_model_name, host=args.host,
+        model=None if several else (specs[0] if specs else None), graph=args.graph,
+        models=specs if several else None, models_dir=args.models_dir,
+        max_loaded_models=args.max_loaded_models, max_loaded_bytes=args.max_loaded_bytes, served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
         kv_budget_tokens=args.kv_budget_tokens, speculative=args.speculative,
         num_draft_tokens=args.num_draft_tokens, draft_model=args.draft_model,
@@ -97,6 +117,9 @@ def cmd_serve(args) -> int:
     from graphc.runtime.distributed import launched
 
     engine = None
+    if launched() and config.several_models:
+        print("a distributed server serves one model (give --model once)", file=sys.stderr)
+        return 2
     if launched():  # under mlx.launch: rank 0 serves, the others follow it (docs/distributed.md)
         from .state import load_engine
 

@@ -25,6 +25,7 @@ from .sse import DONE, drain, guarded, sse, watch_disconnect
 
 async def create_completion(request: Request, state):
     req = await read_request(request, state, CompletionRequest)
+    state = state.route(req.model)
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
     if req.best_of is not None and req.best_of != req.n:

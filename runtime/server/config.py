@@ -3,6 +3,8 @@ taking the server down (body size, prompt length, n, queue depth)."""
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
 
@@ -11,6 +13,12 @@ class ServerConfig:
     model: str | None = None  # model folder; None = the built-in demo model
     graph: str | None = None  # step graph file or built-in name; None = picked from the layers
     served_model_name: str | None = None  # the `model` clients send; default: the folder's name
+    # several models (server/models.py): "PATH" or "NAME=PATH" each, and/or every model folder in
+    # models_dir; the first loads at startup, the others on first use, LRU-unloaded under the budget
+    models: list[str] | None = None
+    models_dir: str | None = None
+    max_loaded_models: int | None = None  # None: no limit on the count
+    max_loaded_bytes: int | None = None  # weight bytes on disk of the loaded models; None: no limit
     host: str = "127.0.0.1"  # loopback unless told otherwise
     port: int = 8000
     api_key: str | None = None  # when set, /v1/* needs `Authorization: Bearer <key>`
@@ -40,3 +48,16 @@ class ServerConfig:
     max_queued: int = 256  # requests waiting beyond the decode batch before 503
     default_temperature: float = 1.0  # OpenAI's default when a request leaves it out
     default_completion_max_tokens: int = 16  # OpenAI's default for /v1/completions
+
+    @property
+    def several_models(self) -> bool:
+        return bool(self.models) or self.models_dir is not None
+
+
+def parse_bytes(text: str) -> int:
+    """`8G`, `512M`, `1500000` -> bytes (K/M/G/T are powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (write e.g. 8G, 512M or a number of bytes)")
+    scale = 1024 ** " KMGT".index(m.group(2).upper() or " ")
+    return int(float(m.group(1)) * scale)

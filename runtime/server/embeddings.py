@@ -87,8 +87,8 @@ def inputs(state, value) -> list[list[int]]:
 
 async def create_embeddings(request: Request, state):
     req = parse(EmbeddingRequest, await read_json(request, state.config.max_body_bytes))
+    state = state.route(req.model)
     state.require_ready()
-    state.check_model(req.model)
     ids = inputs(state, req.input)
     if req.dimensions is not None and req.dimensions < 1:
         raise bad_request(f"dimensions must be at least 1, got {req.dimensions}", "dimensions", code="invalid_value")

@@ -13,6 +13,11 @@ def tool_use_block(call: dict) -> dict:
             "input": json.loads(fn["arguments"])}
 
 
+def thinking_block(text: str) -> dict:
+    """The thinking as a thinking block; graphc signs nothing, so the signature is empty."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 def usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict:
     return {"input_tokens": prompt_tokens - cached, "output_tokens": output_tokens,
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}

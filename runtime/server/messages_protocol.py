@@ -10,6 +10,8 @@ translation lets the chat machinery serve it unchanged:
 - `tools` (`name`, `description`, `input_schema`) -> function tools; `tool_choice`
   auto / any / tool / none -> auto / required / the named function / none, and
   `disable_parallel_tool_use` -> parallel_tool_calls false;
+- `thinking` `{"type": "enabled"}` / `{"type": "disabled"}` -> enable_thinking (the
+  template's switch, where it has one); the thinking comes back as `thinking` blocks;
 - `stop_sequences` -> stop; `output_config.format` (a JSON schema) -> structured output;
   max_tokens, temperature, top_p, top_k as they are (newer `anthropic` clients no longer
   take the sampling fields as arguments: send them with `extra_body`).
@@ -62,6 +64,7 @@ class MessagesRequest(_Req):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # {"type": "enabled" | "disabled"}: the template's switch
     stream: bool = False
     metadata: dict[str, Any] | None = None
 
@@ -178,6 +181,15 @@ def _output_format(config: dict | None) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
+def _thinking(thinking: dict | None) -> bool | None:
+    kind = (thinking or {}).get("type")
+    if thinking is None:
+        return None
+    if kind not in ("enabled", "disabled"):
+        raise bad_request(f"thinking.type must be 'enabled' or 'disabled', got {kind!r}", "thinking")
+    return kind == "enabled"
+
+
 def chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionRequest:
     messages = [m for i, turn in enumerate(req.messages) for m in _turn(i, turn)]
     system = _system(req.system)
@@ -188,5 +200,6 @@ def chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionReq
             "parallel_tool_calls": parallel}
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                    stop=req.stop_sequences, response_format=_output_format(req.output_config))
+                    stop=req.stop_sequences, response_format=_output_format(req.output_config),
+                    enable_thinking=_thinking(req.thinking))
     return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None})

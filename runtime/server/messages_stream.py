@@ -1,9 +1,9 @@
 """Streaming /v1/messages: Anthropic's event sequence.
 
     message_start                      (the message with empty content, input usage)
-    per block: content_block_start     (a `text` block, or a `tool_use` block with input {})
+    per block: content_block_start     (a `thinking`, `text` or `tool_use` block, empty)
                ping                    (once, after the first block starts)
-               content_block_delta...  (text_delta, or input_json_delta with the arguments)
+               content_block_delta...  (thinking_delta, text_delta, or input_json_delta with the arguments)
                content_block_stop
     message_delta                      (stop_reason, stop_sequence, final usage)
     message_stop
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 
+from .chat_run import CALL, REASONING
 from .messages_output import matched_stop, stop_reason, tool_use_block, usage
-from .tool_output import ToolStream
 
 
 def _event(kind: str, **fields) -> str:
@@ -31,8 +31,10 @@ class _Blocks:
     def __init__(self):
         self.count = 0
         self.text_open = False
+        self.thinking_open = False
         self.pinged = False
         self.calls = 0
+        self.texts = 0
 
     def _start(self, block: dict) -> list[str]:
         out = [_event("content_block_start", index=self.count, content_block=block)]
@@ -41,11 +43,28 @@ class _Blocks:
             self.pinged = True
         return out
 
-    def text(self, piece: str) -> list[str]:
+    def thinking(self, piece: str) -> list[str]:
         out = []
+        if not self.thinking_open:
+            out += self._start({"type": "thinking", "thinking": "", "signature": ""})
+            self.thinking_open = True
+        out.append(_event("content_block_delta", index=self.count, delta={"type": "thinking_delta",
+                                                                          "thinking": piece}))
+        return out
+
+    def close_thinking(self) -> list[str]:
+        if not self.thinking_open:
+            return []
+        self.thinking_open = False
+        self.count += 1
+        return [_event("content_block_stop", index=self.count - 1)]
+
+    def text(self, piece: str) -> list[str]:
+        out = self.close_thinking()
         if not self.text_open:
             out += self._start({"type": "text", "text": ""})
             self.text_open = True
+            self.texts += 1
         if piece:
             out.append(_event("content_block_delta", index=self.count, delta={"type": "text_delta", "text": piece}))
         return out
@@ -58,7 +77,7 @@ class _Blocks:
         return [_event("content_block_stop", index=self.count - 1)]
 
     def call(self, call: dict) -> list[str]:
-        out = self.close_text()
+        out = self.close_thinking() + self.close_text()
         block = tool_use_block(call)
         out += self._start(dict(block, input={}))
         out.append(_event("content_block_delta", index=self.count,
@@ -71,21 +90,16 @@ class _Blocks:
 
 async def stream_events(state, req, run, mid: str):
     group = run.group
-    parser = ToolStream(run.tools.fmt) if run.tools is not None else None
+    parser = run.parser()
     start = {"id": mid, "type": "message", "role": "assistant", "model": state.model_name, "content": [],
              "stop_reason": None, "stop_sequence": None, "usage": usage(len(run.prompt_ids), 0, 0)}
     yield _event("message_start", message=start)
     b = _Blocks()
+    handlers = {REASONING: b.thinking, CALL: b.call}
     try:
         async for _, out in group:
-            piece = out.new_text or ""
-            events = [("content", piece)] if parser is None else parser.feed(piece)
-            if out.finished and parser is not None:
-                rest = parser.flush()
-                if rest:
-                    events.append(("content", rest))
-            for kind, value in events:
-                for e in (b.text(value) if kind == "content" else b.call(value)):
+            for kind, value in parser.feed(out.new_text or "", final=out.finished):
+                for e in handlers.get(kind, b.text)(value):
                     yield e
     except Exception as e:  # noqa: BLE001 - the headers are out: report in-band
         yield _event("error", error={"type": "api_error",
@@ -95,7 +109,9 @@ async def stream_events(state, req, run, mid: str):
         run.watcher.cancel()
         group.abort()
     res = group.results[0]
-    if b.count == 0 and not b.text_open:
+    for e in b.close_thinking():
+        yield e
+    if not b.texts and not b.calls and not b.text_open:  # a reply without calls has a text block, if empty
         for e in b.text(""):
             yield e
     for e in b.close_text():

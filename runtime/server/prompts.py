@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .errors import bad_request
 from .protocol import ChatCompletionRequest
+from .reasoning import opens_reasoning, request_template_kwargs
 from .tool_prompt import render_messages
 from .tools import HERMES, ToolPlan
 
@@ -93,7 +94,9 @@ def chat_prompt(state, req: ChatCompletionRequest, plan: ToolPlan | None = None)
             msg["name"] = m.name
         messages.append(msg)
     messages, tools = render_messages(messages, plan, tok.chat_template, plan.fmt if plan else HERMES)
-    extra = {"tools": tools} if tools else {}
+    extra = request_template_kwargs(req, tok.chat_template)
+    if tools:
+        extra["tools"] = tools
     try:
         ids = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
                                       continue_final_message=req.continue_final_message, tokenize=True, **extra)
@@ -105,3 +108,10 @@ def chat_prompt(state, req: ChatCompletionRequest, plan: ToolPlan | None = None)
     if not ids:
         raise bad_request("the chat template produced an empty prompt", "messages")
     return ids
+
+
+def prompt_opens_reasoning(state, ids: list[int]) -> bool:
+    """Whether the chat prompt `ids` ends inside an open `<think>` (DeepSeek-R1-style templates):
+    the generation prefix is in the last few tokens, so only those are decoded."""
+    fmt = getattr(state, "reasoning", None)
+    return fmt is not None and opens_reasoning(state.tokenizer.decode(ids[-16:]), fmt)

@@ -94,6 +94,10 @@ class ChatCompletionRequest(_Sampling):
     functions: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True  # extension: template flag
     continue_final_message: bool = False  # extension: template flag
+    # reasoning models (server/reasoning.py): Qwen3's switch, OpenAI's effort, vLLM's template kwargs
+    enable_thinking: bool | None = None  # extension
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # extension (vLLM)
 
 
 # -- responses -------------------------------------------------------------------------
@@ -186,6 +190,7 @@ class ToolCallDelta(_Resp):
 class ChatResponseMessage(_Resp):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # the <think> text, apart (vLLM's and DeepSeek's field)
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
 
@@ -210,6 +215,7 @@ class ChatCompletionResponse(_Resp):
 class ChatDelta(_Resp):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

@@ -31,10 +31,21 @@ def call_item(item_id: str, call: dict, status: str, arguments: str | None = Non
             "arguments": fn["arguments"] if arguments is None else arguments, "status": status}
 
 
-def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int) -> dict:
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict:
+    """The thinking as a reasoning item: its text in `content` (reasoning_text), no summary."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
+def reasoning_tokens(state, reasoning: str | None) -> int:
+    """About how many of the output tokens were thinking (the text re-tokenized, tags not counted)."""
+    return len(state.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+
+
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int, reasoning: int = 0) -> dict:
     return {"input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": min(reasoning, output_tokens)},
             "total_tokens": prompt_tokens + output_tokens}
 
 

@@ -9,7 +9,8 @@ translation is what lets the chat machinery serve it unchanged:
 - function tools (`{"type": "function", "name", "parameters"}`, flat) -> chat's nested
   `{"type": "function", "function": {...}}`; `tool_choice` likewise;
 - `text.format` (`json_schema` with `name`/`schema` flat) -> chat's `response_format`;
-- `max_output_tokens` -> max_tokens.
+- `max_output_tokens` -> max_tokens; `reasoning.effort` -> reasoning_effort, and effort
+  "none" also turns a Qwen3-style template's thinking off (enable_thinking false).
 
 Errors name the Responses field (`input`, `max_output_tokens`, `text`), not the chat one.
 """
@@ -27,6 +28,7 @@ from .protocol import ChatCompletionRequest, _Req
 
 # chat field -> the Responses field a client sent it as
 _PARAM = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text",
+          "reasoning_effort": "reasoning", "enable_thinking": "reasoning",
           "max_completion_tokens": "max_output_tokens", "prompt": "input"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -57,6 +59,7 @@ class ResponsesRequest(_Req):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     previous_response_id: str | None = None
+    reasoning: dict[str, Any] | None = None  # {"effort": ...}: the template's thinking switch
     store: bool | None = None
     stream: bool = False
     metadata: dict[str, str] | None = None
@@ -169,4 +172,9 @@ def chat_request(req: ResponsesRequest, history: list[dict]) -> tuple[ChatComple
             "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
             "tools": _tools(req.tools), "tool_choice": _tool_choice(req.tool_choice),
             "parallel_tool_calls": req.parallel_tool_calls, "response_format": _format(req.text)}
+    effort = (req.reasoning or {}).get("effort")
+    if effort is not None:
+        body["reasoning_effort"] = effort
+        if effort == "none":
+            body["enable_thinking"] = False
     return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None}), conversation

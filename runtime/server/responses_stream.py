@@ -1,6 +1,8 @@
 """Streaming /v1/responses: the documented event sequence, each event numbered.
 
     response.created, response.in_progress
+    per thinking:   response.output_item.added (a reasoning item), response.reasoning_text.delta...,
+                    response.reasoning_text.done, response.output_item.done
     per text item:  response.output_item.added, response.content_part.added,
                     response.output_text.delta..., response.output_text.done,
                     response.content_part.done, response.output_item.done
@@ -18,8 +20,9 @@ from __future__ import annotations
 
 import json
 
-from .responses_output import call_item, message_item, new_id, status_of, text_part, usage
-from .tool_output import ToolStream
+from .chat_run import CALL, REASONING
+from .responses_output import (call_item, message_item, new_id, reasoning_item, reasoning_tokens, status_of,
+                               text_part, usage)
 
 
 class _Events:
@@ -42,10 +45,36 @@ class _Builder:
         self.text = ""
         self.texts: list[str] = []  # every message's text, for the stored conversation
         self.calls: list[dict] = []
+        self.thought: dict | None = None  # the open reasoning item
+        self.reasoning = ""
+        self.messages = 0
+
+    def add_reasoning(self, piece: str) -> list[str]:
+        out = []
+        if self.thought is None:
+            self.thought = reasoning_item(new_id("rs"), None, "in_progress")
+            out.append(self.ev("response.output_item.added", output_index=len(self.output),
+                               item=dict(self.thought)))
+            self.output.append(self.thought)
+        self.reasoning += piece
+        out.append(self.ev("response.reasoning_text.delta", item_id=self.thought["id"],
+                           output_index=self.output.index(self.thought), content_index=0, delta=piece))
+        return out
+
+    def close_reasoning(self) -> list[str]:
+        if self.thought is None:
+            return []
+        idx, item = self.output.index(self.thought), self.thought
+        item.update(status="completed", content=[{"type": "reasoning_text", "text": self.reasoning}])
+        self.thought = None
+        return [self.ev("response.reasoning_text.done", item_id=item["id"], output_index=idx, content_index=0,
+                        text=self.reasoning),
+                self.ev("response.output_item.done", output_index=idx, item=dict(item))]
 
     def add_text(self, piece: str) -> list[str]:
-        out = []
+        out = self.close_reasoning()
         if self.msg is None:
+            self.messages += 1
             self.msg, self.text = message_item(new_id("msg"), None, "in_progress"), ""
             idx = len(self.output)
             self.output.append(self.msg)
@@ -75,7 +104,7 @@ class _Builder:
         return out
 
     def add_call(self, call: dict) -> list[str]:
-        out = self.close_text("completed")
+        out = self.close_reasoning() + self.close_text("completed")
         idx, item = len(self.output), call_item(new_id("fc"), call, "in_progress", arguments="")
         self.output.append(item)
         self.calls.append(call)
@@ -90,23 +119,18 @@ class _Builder:
         return out
 
 
-async def stream_events(run, shell, keep):
+async def stream_events(state, run, shell, keep):
     """The SSE body; `keep(text, calls, response)` stores the finished response."""
     ev, group = _Events(), run.group
     b = _Builder(ev)
-    parser = ToolStream(run.tools.fmt) if run.tools is not None else None
+    parser = run.parser()
+    handlers = {REASONING: b.add_reasoning, CALL: b.add_call}
     yield ev("response.created", response=shell.render("in_progress", []))
     yield ev("response.in_progress", response=shell.render("in_progress", []))
     try:
         async for _, out in group:
-            piece = out.new_text or ""
-            events = [("content", piece)] if parser is None else parser.feed(piece)
-            if out.finished and parser is not None:
-                rest = parser.flush()
-                if rest:
-                    events.append(("content", rest))
-            for kind, value in events:
-                for e in (b.add_text(value) if kind == "content" else b.add_call(value)):
+            for kind, value in parser.feed(out.new_text or "", final=out.finished):
+                for e in handlers.get(kind, b.add_text)(value):
                     yield e
     except Exception as e:  # noqa: BLE001 - the headers are out: report in-band, as OpenAI does
         msg = f"the engine failed while generating: {type(e).__name__}: {e}"
@@ -119,12 +143,15 @@ async def stream_events(run, shell, keep):
         group.abort()
     res = group.results[0]
     status, incomplete, error = status_of(res.finish_reason)
-    if not b.output:
+    for e in b.close_reasoning():
+        yield e
+    if not b.messages and not b.calls:  # every reply without calls has a message, if empty
         for e in b.add_text(""):
             yield e
     for e in b.close_text("completed" if status == "completed" else "incomplete"):
         yield e
-    body = shell.render(status, b.output, usage(len(run.prompt_ids), len(res.token_ids), res.cached_tokens),
+    thought = await state.run_cpu(reasoning_tokens, state, b.reasoning or None)
+    body = shell.render(status, b.output, usage(len(run.prompt_ids), len(res.token_ids), res.cached_tokens, thought),
                         incomplete, error)
     keep("\n".join(b.texts) or None, b.calls, body)
     kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(status, "response.failed")

@@ -19,6 +19,7 @@ from .config import ServerConfig
 from .errors import APIError, bad_request
 from .logprobs import TokenText
 from .metrics import ServerMetrics
+from .reasoning import ReasoningFormat, detect_reasoning
 from .sampling import param_error
 
 log = logging.getLogger("graphc.server")
@@ -57,7 +58,10 @@ class ServerState:
         self.max_prompt_tokens = 0
         self.max_prompt_chars = 0  # longer prompt text cannot fit max_prompt_tokens: refused before tokenizing
         self.vocab_size = 0
+        self.reasoning: ReasoningFormat | None = None  # the model's <think> tags (server/reasoning.py)
         self.draining = False  # set on SIGTERM/SIGINT: new requests get 503 while running ones finish
+        self.loading = False  # a loader thread runs
+        self.registry = None  # the ModelRegistry (models.py) of a server with several models
         # Tokenization and chat templating run here, one at a time (the server's tokenizer copy is
         # not shared across threads), so a huge prompt never blocks the event loop.
         self._cpu = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="graphc-tokenize")
@@ -68,6 +72,7 @@ class ServerState:
         if self._engine is not None:
             self._attach(self._engine)
             return
+        self.loading, self.load_error = True, None
         threading.Thread(target=self._load, name="graphc-loader", daemon=True).start()
 
     def _load(self) -> None:
@@ -84,6 +89,8 @@ class ServerState:
         except BaseException as e:  # reported through /health and 503s, not a dead server
             log.exception("loading the model failed")
             self.load_error = f"{type(e).__name__}: {e}"
+        finally:
+            self.loading = False
 
     def _attach(self, engine: Engine) -> None:
         c = self.config
@@ -91,6 +98,7 @@ class ServerState:
         self.tokenizer = copy.deepcopy(engine.tokenizer)
         self.texts = TokenText(self.tokenizer)
         self.vocab_size = engine.vocab_size
+        self.reasoning = detect_reasoning(getattr(self.tokenizer, "chat_template", None), _vocab(self.tokenizer))
         if not c.served_model_name:
             self.model_name = Path(engine.model_path).name if engine.model_path else "graphc"
         cfg = engine.config or {}
@@ -109,13 +117,38 @@ class ServerState:
         log.info("serving %s (context %d tokens)", self.model_name, self.max_model_len)
 
     def stop(self) -> None:
+        if self.registry is not None:
+            self.registry.stop()
+        else:
+            self.stop_own()
+
+    def stop_own(self) -> None:
         if self.aengine is not None:
             self.aengine.shutdown()
         self._cpu.shutdown(wait=False, cancel_futures=True)
 
+    def unload(self) -> None:
+        """Drop the engine (the registry unloads idle models to make room); the next route() reloads."""
+        a, self.aengine, self.engine = self.aengine, None, None
+        self.ready = False
+        if a is not None:
+            a.shutdown()
+        log.info("unloaded %s", self.model_name)
+
     def begin_drain(self) -> None:
         """Stop admitting: from now on requests get 503 with Retry-After (see cli.GracefulServer)."""
         self.draining = True
+        if self.registry is not None:
+            self.registry.begin_drain()
+
+    def route(self, model: str | None) -> "ServerState":
+        """The state serving a request for `model`: this one (after the name check) on a
+        single-model server, else the registry's pick (404 unknown, 503 while it loads)."""
+        if self.registry is not None:
+            return self.registry.route(model)
+        self.require_ready()  # while it loads a single server answers 503, whatever the name
+        self.check_model(model)
+        return self
 
     async def run_cpu(self, fn, *args):
         """fn(*args) on the tokenization thread (tokenizing, chat templates)."""
@@ -169,6 +202,8 @@ class ServerState:
     # -- submission -------------------------------------------------------------------------
     async def submit(self, items: list[tuple], req=None) -> StreamGroup:
         """Admission control, then hand the sequences to the engine thread."""
+        if not self.ready:  # unloaded (models.py) while this request was being tokenized
+            self.require_ready()
         limit = self.engine.scheduler.max_batch + self.config.max_queued
         if len(items) > limit:
             raise bad_request(f"this request asks for {len(items)} sequences; the server runs at most {limit} "
@@ -185,6 +220,13 @@ class ServerState:
             raise APIError(503, "the server is shutting down", code="engine_unavailable") from None
         except ValueError as e:  # the engine's own checks (prompt ids, grammar compile, ...)
             raise param_error(e, req) from None
+
+
+def _vocab(tokenizer) -> dict:
+    try:
+        return tokenizer.get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab: the chat template decides alone
+        return {}
 
 
 def max_chars_per_token(tokenizer) -> int:
