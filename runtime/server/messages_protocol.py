@@ -61,6 +61,8 @@ class MessagesRequest(_Req):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = None
     top_k: int | None = None
+    seed: int | None = None  # extension (graphc): reproducible sampling
+    logit_bias: dict[str, float] | None = None  # extension, as on chat
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
@@ -200,6 +202,7 @@ def chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionReq
             "parallel_tool_calls": parallel}
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
-                    stop=req.stop_sequences, response_format=_output_format(req.output_config),
+                    seed=req.seed, logit_bias=req.logit_bias, stop=req.stop_sequences,
+                    response_format=_output_format(req.output_config),
                     enable_thinking=_thinking(req.thinking))
     return parse(ChatCompletionRequest, {k: v for k, v in body.items() if v is not None})

@@ -54,6 +54,7 @@ class ResponsesRequest(_Req):
     top_p: float | None = None
     top_k: int | None = None  # extension, as on chat
     seed: int | None = None  # extension
+    logit_bias: dict[str, float] | None = None  # extension, as on chat
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -170,6 +171,7 @@ def chat_request(req: ResponsesRequest, history: list[dict]) -> tuple[ChatComple
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
     body = {"model": req.model, "messages": messages, "max_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k, "seed": req.seed,
+            "logit_bias": req.logit_bias,
             "tools": _tools(req.tools), "tool_choice": _tool_choice(req.tool_choice),
             "parallel_tool_calls": req.parallel_tool_calls, "response_format": _format(req.text)}
     effort = (req.reasoning or {}).get("effort")
