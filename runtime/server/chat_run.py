@@ -80,7 +80,9 @@ class ReplyParser:
             events += [(kind, value)] if kind == REASONING else self.calls.feed(value)
         if final:
             rest = self.calls.flush()
-            if rest:
+            # An unfinished call after complete ones is dropped, as tool_output.split_calls does
+            # for whole replies; with no call made, what was written stays content.
+            if rest and not self.calls.calls:
                 events.append((CONTENT, rest))
         return events
 
