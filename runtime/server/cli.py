@@ -70,13 +70,15 @@ def config_from_args(args) -> ServerConfig:
             if value:
                 raise SystemExit(f"{flag} serves one model; with several, name each --model NAME=PATH")
     elif args.max_loaded_models is not None or args.max_loaded_bytes is not None:
-        raise SystemExit("--max-loaded-models / --max-loaded-bytes need several models (--model twice or --models-dir)")
+        raise SystemExit("--max-loaded-models / --max-loaded-bytes need several models "
+                         "(--model twice or --models-dir)")
     if args.max_loaded_models is not None and args.max_loaded_models < 1:
         raise SystemExit("--max-loaded-models must be at least 1")
     return ServerConfig(
         model=None if several else (specs[0] if specs else None), graph=args.graph,
         models=specs if several else None, models_dir=args.models_dir,
-        max_loaded_models=args.max_loaded_models, max_loaded_bytes=args.max_loaded_bytes, served_model_name=args.served_model_name, host=args.host,
+        max_loaded_models=args.max_loaded_models, max_loaded_bytes=args.max_loaded_bytes,
+        served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
         kv_budget_tokens=args.kv_budget_tokens, speculative=args.speculative,
         num_draft_tokens=args.num_draft_tokens, draft_model=args.draft_model,

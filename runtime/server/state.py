@@ -76,6 +76,7 @@ class ServerState:
         threading.Thread(target=self._load, name="graphc-loader", daemon=True).start()
 
     def _load(self) -> None:
+        t0 = time.perf_counter()
         try:
             if self._loader is not None:
                 engine = self._loader()
@@ -86,6 +87,7 @@ class ServerState:
                 self.warmup_s = engine.warm_up()
                 log.info("warm-up done in %.1f s", self.warmup_s)
             self._attach(engine)
+            log.info("%s loaded in %.1f s", self.model_name, time.perf_counter() - t0)
         except BaseException as e:  # reported through /health and 503s, not a dead server
             log.exception("loading the model failed")
             self.load_error = f"{type(e).__name__}: {e}"
