@@ -27,8 +27,12 @@ from .config import ServerConfig
 from .embeddings import create_embeddings
 from .errors import APIError, install_handlers
 from .metrics import HTTPCounter
+from .messages import count_tokens, create_message
+from .messages_protocol import MessagesError
 from .models import ModelRegistry
 from .protocol import ModelCard, ModelList
+from .responses import create_response, delete_response, get_response
+from .responses_store import ResponseStore
 from .state import ServerState
 
 
@@ -69,6 +73,29 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)])
 
+    def check_anthropic_key(request: Request) -> None:
+        """Anthropic clients send the key as `x-api-key`; a Bearer header works too. Errors in their shape."""
+        if config.api_key is None:
+            return
+        key = request.headers.get("x-api-key")
+        if key is not None and hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
+            return
+        try:
+            check_key(request)
+        except APIError as e:
+            raise MessagesError(401, "invalid or missing API key; send `x-api-key: <key>`",
+                                code="invalid_api_key", headers=e.headers) from None
+
+    anthropic = APIRouter(prefix="/v1", dependencies=[Depends(check_anthropic_key)])
+
+    @anthropic.post("/messages")
+    async def messages(request: Request):
+        return await create_message(request, state)
+
+    @anthropic.post("/messages/count_tokens")
+    async def messages_count_tokens(request: Request):
+        return await count_tokens(request, state)
+
     @v1.post("/completions")
     async def completions(request: Request):
         return await create_completion(request, state)
@@ -76,6 +103,20 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
     @v1.post("/chat/completions")
     async def chat_completions(request: Request):
         return await create_chat_completion(request, state)
+
+    responses = ResponseStore()  # previous_response_id: this server's lifetime, bounded
+
+    @v1.post("/responses")
+    async def create_responses(request: Request):
+        return await create_response(request, state, responses)
+
+    @v1.get("/responses/{response_id}")
+    async def read_response(response_id: str):
+        return get_response(response_id, responses)
+
+    @v1.delete("/responses/{response_id}")
+    async def remove_response(response_id: str):
+        return delete_response(response_id, responses)
 
     @v1.post("/embeddings")
     async def embeddings(request: Request):
@@ -103,6 +144,7 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
         return Response(_card(registry.get(model_id)).model_dump_json(), media_type="application/json")
 
     app.include_router(v1)
+    app.include_router(anthropic)
 
     @app.get("/health")
     async def health():
