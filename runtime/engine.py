@@ -320,7 +320,10 @@ class Engine:
                 continue
             req.first_token_time = req.first_token_time or time.perf_counter()
             self.scheduler.started(req)  # it joins the decode batch in run_decode unless it ends here
-            self._append(req, done.token, done.logprobs)
+            if req.params.max_tokens == 0:  # the prompt only (its prompt logprobs, if asked): no token
+                self._finish(req, "length")
+            else:
+                self._append(req, done.token, done.logprobs)
             touched.append(req)
         return touched
 

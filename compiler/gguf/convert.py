@@ -3,7 +3,7 @@
 `import_gguf` writes config.json, model.safetensors (quantized tensors kept as stored),
 tokenizer.json, tokenizer_config.json and special_tokens_map.json. `resolve_model_path`
 lets every loader take a .gguf path: the folder is made once under the cache directory
-(~/.cache/graphc/gguf/<key>, or $GRAPHC_CACHE/gguf/<key>), keyed by the file's path, size,
+(~/.cache/graphc/gguf/<key>, or $GRAPHC_CACHE_DIR/gguf/<key>), keyed by the file's path, size,
 mtime and the converter's version, so editing or replacing the file converts it again.
 """
 
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from graphc.compiler.cache_dir import cache_root as shared_cache_root
 
 from .arch import arch_of, make_config
 from .reader import GGUFError, read_header
@@ -76,8 +77,7 @@ def import_gguf(path: str | Path, out: str | Path, progress=None) -> Path:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("GRAPHC_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "graphc"
+    return shared_cache_root()  # compiler/cache_dir.py: $GRAPHC_CACHE_DIR (GRAPHC_CACHE still read)
 
 
 def cache_key(path: Path) -> str:

@@ -157,8 +157,8 @@ class ServerState:
         room = ctx - prompt_len
         if requested is None:
             return min(default, room) if default else room
-        if requested < 1:
-            raise bad_request(f"{param} must be at least 1, got {requested}", param, code="invalid_value")
+        if requested < 0:  # 0: the prompt only, no tokens (the Engine's rule; docs/server.md)
+            raise bad_request(f"{param} must be at least 0, got {requested}", param, code="invalid_value")
         if requested > room:
             raise bad_request(
                 f"this model's maximum context length is {ctx} tokens; you requested {prompt_len + requested} "
