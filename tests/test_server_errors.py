@@ -105,7 +105,7 @@ BAD_CHAT_FIELDS = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
-    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens"),
     ({"tools": [{"type": "retrieval"}]}, "tools"),  # tools are function tools only (docs/server.md#tool-calling)
     ({"temperature": -0.5}, "temperature"),
 ]
