@@ -31,7 +31,8 @@ def add_parser(subparsers) -> None:
                         "model at hand only quantized)")
     p.add_argument("--workloads", default=",".join(WORKLOADS),
                    help=f"comma-separated subset of {','.join(WORKLOADS)}")
-    p.add_argument("--batches", type=_ints, default=(1, 8, 32, 64), help="decode batch sizes")
+    p.add_argument("--batches", type=_ints, default=None,
+                   help="decode batch sizes (default: 1,8,32,64; --user-api on a CPU: 1,8)")
     p.add_argument("--sampling-batches", type=_ints, default=(1, 16, 64))
     p.add_argument("--chain-batches", type=_ints, default=(1, 32))
     p.add_argument("--host-batches", type=_ints, default=(1, 64))
@@ -73,9 +74,11 @@ def add_parser(subparsers) -> None:
                         "repeat-the-text task, docs/speculative.md)")
     u.add_argument("--num-draft-tokens", type=int, default=None, help="grounded: draft tokens per verify step")
     u.add_argument("--short-new", type=int, default=16, help="new tokens of the short call")
-    u.add_argument("--long-new", type=int, default=144, help="new tokens of the long call (steady = difference)")
+    u.add_argument("--long-new", type=int, default=None,
+                   help="new tokens of the long call (steady = difference; default: 144, on a CPU 48)")
     u.add_argument("--user-repeats", type=int, default=3, help="repeats of every measurement (>= 3)")
-    u.add_argument("--prefill-cases", default="32x2048,1x8192", help="cold prefill cases, REQUESTSxTOKENS")
+    u.add_argument("--prefill-cases", default=None,
+                   help="cold prefill cases, REQUESTSxTOKENS (default: 32x2048,1x8192; on a CPU 4x256)")
     p.add_argument("--serving", action="store_true",
                    help="load-test graphc serve against mlx_lm.server over HTTP (docs/serving-bench.md)")
     serving_arguments(p)
@@ -89,12 +92,30 @@ def _cases(s: str) -> tuple:
         raise SystemExit(f"graphc bench: --prefill-cases takes REQUESTSxTOKENS,... (e.g. 32x2048,1x8192), got {s!r}")
 
 
+# `graphc bench --user-api` on a CPU (no GPU backend): sizes that finish in about a minute on a
+# 2-core laptop-class CPU; a GPU gets the sizes the docs' tables were measured at.
+CPU_USER_DEFAULTS = {"batches": (1, 8), "long_new": 48, "prefill_cases": "4x256"}
+GPU_USER_DEFAULTS = {"batches": (1, 8, 32, 64), "long_new": 144, "prefill_cases": "32x2048,1x8192"}
+
+
+def _on_gpu() -> bool:
+    import mlx.core as mx
+
+    return mx.cuda.is_available() or mx.metal.is_available()
+
+
 def cmd_user_api(args) -> int:
+    from tqdm import tqdm
+
     from .env import environment
     from .report import write_json
     from .shapes import load_shape
-    from .user_api import USER_WORKLOADS, UserConfig, run_user_api, user_tables
+    from .user_api import USER_WORKLOADS, UserConfig, run_user_api, user_cases, user_tables
 
+    defaults = GPU_USER_DEFAULTS if _on_gpu() else CPU_USER_DEFAULTS
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     wl = tuple(w for w in args.user_workloads.split(",") if w)
     bad = [w for w in wl if w not in USER_WORKLOADS]
     if bad:
@@ -106,13 +127,33 @@ def cmd_user_api(args) -> int:
                      skinny=args.user_skinny)
     env = environment()
     model, tokenizer, config, label = load_shape(args.model, args.dtype, args.seed, dequantize=args.dequantize)
+    head = {"environment": env, "model": {"name": label, "dtype": args.dtype}}
+    rows: list = []
+    shown = 0
+    bar = tqdm(total=user_cases(cfg), desc="graphc bench --user-api", unit="case", file=sys.stderr,
+               disable=not args.progress)
+
+    def log(line: str) -> None:
+        # Each finished case: its line on stderr, its table row on stdout now (not only at the end).
+        nonlocal shown
+        tqdm.write(line, file=sys.stderr)
+        if line.startswith("[user-api]") and len(rows) > shown:
+            bar.update(1)
+            print(user_tables({**head, "rows": rows[shown:]}).split("\n", 1)[-1], flush=True)
+            shown = len(rows)
+
     try:
-        result = run_user_api(model, tokenizer, config, cfg, log=lambda s: print(s, file=sys.stderr, flush=True))
+        result = run_user_api(model, tokenizer, config, cfg, log=log, rows=rows)
     except ValueError as e:
         raise SystemExit(f"graphc bench: {e}")
-    result.update(environment=env, model={"name": label, "dtype": args.dtype},
-                  command="graphc " + " ".join(sys.argv[1:]))
-    print(user_tables(result))
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"\ninterrupted: the {len(rows)} finished case(s) of {user_cases(cfg)}:", flush=True)
+        print(user_tables({**head, "rows": rows, "notes": []}), flush=True)
+        return 130
+    bar.close()
+    result.update(**head, command="graphc " + " ".join(sys.argv[1:]))
+    print("\nsummary:\n" + user_tables(result))
     if args.json_out:
         write_json(result, args.json_out)
     return 0
@@ -131,6 +172,8 @@ def cmd_bench(args) -> int:
         return cmd_user_api(args)
     if args.dequantize:
         raise SystemExit("graphc bench: --dequantize applies to --user-api runs")
+    if args.batches is None:
+        args.batches = GPU_USER_DEFAULTS["batches"]
     from .report import plot, tables, write_json
     from .run import WORKLOADS, BenchConfig, run_bench
 

@@ -38,7 +38,7 @@ def environment() -> dict:
         info = {}
     blas = _loaded_libs(r"blas|lapack|mkl|accelerate")
     if backend == "cpu" and any("mlx_cpu.libs" in l or l.startswith("libblas-") for l in blas):
-        blas_note = "mlx-cpu bundled reference BLAS (slow float32 matmul; see DESIGN.md)"
+        blas_note = "mlx-cpu bundled reference BLAS (slow float32 matmul; see docs/demo-model.md)"
     elif backend == "cpu" and any("openblas" in l for l in blas):
         blas_note = "OpenBLAS"
     elif backend == "cuda":

@@ -506,7 +506,7 @@ def main(argv=None) -> int:
     try:
         t = tools()
     except ToolsMissing as e:
-        print(f"no CUDA toolchain: {e}\n  pip install -e '.[test]' installs it (Linux x86_64)", file=sys.stderr)
+        print(f"no CUDA toolchain: {e}\n  pip install -e '.[kernels]' installs it (Linux x86_64)", file=sys.stderr)
         return 2
     items = [x for x in launches(full=a.full) if a.only in x.name]
     t0 = time.perf_counter()

@@ -164,19 +164,24 @@ def compare(graphc: dict, base: dict, lower_is_better: bool = True) -> dict | No
     return {"ratio": ratio, "difference": abs(g - b), "spread": noise, "noise": bad or noise > abs(g - b)}
 
 
-def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str], None] = print) -> dict:
+def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str], None] = print,
+                 rows: list | None = None) -> dict:
+    """Every case of `cfg`; each finished case's row is appended to `rows` (given: the caller can
+    print it, and what finished when a run is interrupted) and `log` gets a line for it."""
     if cfg.repeats < 3:
         raise ValueError(f"--user-repeats must be at least 3 to report min/median/max, got {cfg.repeats}")
     if cfg.long_new <= cfg.short_new:
         raise ValueError(f"--long-new ({cfg.long_new}) must be larger than --short-new ({cfg.short_new})")
     rng = random.Random(cfg.seed)
     vocab = int(config["vocab_size"])
-    rows, notes = [], []
+    rows = [] if rows is None else rows
+    notes = []
     wl = set(cfg.workloads)
     if "grounded" in wl:  # speculative decoding on a copy-the-input task (benchmarks/grounded.py)
         from .grounded import run_grounded
 
-        rows, notes = run_grounded(model, tokenizer, config, cfg, log, spread=spread, compare=compare)
+        got, notes = run_grounded(model, tokenizer, config, cfg, log, spread=spread, compare=compare)
+        rows.extend(got)
         if not wl - {"grounded"}:
             C.free()
             return {"user_api": attrs.asdict(cfg), "rows": rows, "notes": notes}
@@ -306,6 +311,13 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     del graphc, compiled, auto, measured, skinny
     C.free()
     return {"user_api": attrs.asdict(cfg), "rows": rows, "notes": notes}
+
+
+def user_cases(cfg: UserConfig) -> int:
+    """How many rows (one `[user-api]` log line each) a run of `cfg` makes: the progress bar's total."""
+    wl = set(cfg.workloads)
+    return (len(cfg.batches) * (("decode" in wl) + ("sampled" in wl)) + ("grounded" in wl)
+            + (len(cfg.prefill_cases) if "prefill" in wl else 0))
 
 
 def user_tables(result: dict) -> str:

@@ -6,10 +6,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from graphc.compiler.argtypes import DefaultsHelpFormatter, non_negative_int, positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every `graphc` parser and subparser (add_subparsers makes its parsers of this class) shows defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        # argparse prints no help line (so no default) for a flag without help text
+        if kwargs.get("help") is None and kwargs.get("default") not in (None, False):
+            kwargs["help"] = "default: %(default)s"
+        return super().add_argument(*args, **kwargs)
+
+
+def _version() -> str:
+    try:
+        return version("graphc")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _model_dir(args) -> Path:
@@ -144,19 +168,23 @@ def cmd_make_model(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="graphc", description="LLM serving on MLX with declared step graphs.")
+    p = _Parser(prog="graphc", description="LLM serving on MLX with declared step graphs.")
+    p.add_argument("--version", action="version", version=f"graphc {_version()}")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress lines on stderr (loading, self-check, warm-up timings); warnings still print")
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate a continuation of PROMPT (streams to the terminal)")
     g.add_argument("prompt")
     g.add_argument("--model", help="model folder or .gguf file (default: the built-in demo model)")
     g.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--prefill-chunk", type=int, default=2048)
+    g.add_argument("--max-tokens", type=non_negative_int, default=64,
+                   help="tokens to generate at most; 0: the prompt only (nothing is generated)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: 1.0 keeps every token")
+    g.add_argument("--top-k", type=non_negative_int, default=0, help="0: no top-k filter")
+    g.add_argument("--seed", type=int, help="sampling seed (default: a fresh one each run)")
+    g.add_argument("--prefill-chunk", type=positive_int, default=2048, help="prompt tokens per prefill chunk")
     g.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     g.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
     g.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
@@ -202,12 +230,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _setup_logging(args) -> None:
+    """graphc's progress lines (loading, self-check, warm-up, with timings) go to stderr through
+    logging; --quiet keeps only warnings. `graphc serve` sets up its own (--log-level)."""
+    if args.command == "serve":
+        if args.quiet:
+            args.log_level = "warning"
+        return
+    root = logging.getLogger("graphc")
+    root.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    if not any(getattr(h, "graphc_cli", False) for h in root.handlers):
+        handler = logging.StreamHandler()  # sys.stderr at the time of each write (tests capture it)
+        handler.graphc_cli = True
+        handler.setFormatter(logging.Formatter("graphc: %(message)s"))
+        root.addHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     import os
 
     from graphc.compiler.errors import GraphError
 
     args = build_parser().parse_args(argv)
+    _setup_logging(args)
     try:
         return args.func(args) or 0
     except (FileNotFoundError, GraphError, ValueError) as e:

@@ -6,6 +6,7 @@ the first one, so `graphc validate` can report all of them.
 
 from __future__ import annotations
 
+import difflib
 import os
 import traceback
 from pathlib import Path
@@ -59,8 +60,11 @@ def resolve_graph_path(graph: str | os.PathLike) -> Path:
     for candidate in (GRAPHS_DIR / p.name, GRAPHS_DIR / f"{p.name}.yaml"):
         if candidate.exists():
             return candidate
-    known = ", ".join(sorted(x.stem for x in GRAPHS_DIR.glob("*.yaml")))
-    raise FileNotFoundError(f"graph '{graph}' not found: not a file, and not a built-in graph ({known})")
+    names = sorted(x.stem for x in GRAPHS_DIR.glob("*.yaml"))
+    close = difflib.get_close_matches(p.stem, names, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise FileNotFoundError(f"graph '{graph}' not found: not a file, and not a built-in graph "
+                            f"({', '.join(names)}){hint}")
 
 
 def render(text: str, file: str, context: dict[str, Any]) -> tuple[str | None, list[Diagnostic]]:

@@ -12,6 +12,7 @@ runs it on its own thread (see docs/embedding.md).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -28,6 +29,8 @@ from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
 from .text import TextState, token_bytes_table
+
+log = logging.getLogger("graphc.load")
 
 
 class Engine:
@@ -48,7 +51,9 @@ class Engine:
         self.model_path = model_path
         # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
         # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
+        t0 = time.perf_counter()
         self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=lowering)
+        log.info("compiled the step graph and ran the load-time self-check: %.1f s", time.perf_counter() - t0)
         if "next_tokens" not in self.compiled.prefill.outputs:
             name = self.compiled.spec.name
             raise ValueError(f"graph '{name}' has no next_tokens output, so it cannot generate; load the model with "
@@ -213,6 +218,7 @@ class Engine:
                 "graphc never downloads weights — build a test model with `graphc make-model`"
             )
         config = json.loads((path / "config.json").read_text())
+        t0 = time.perf_counter()
         try:
             model, tokenizer = mlx_lm.load(str(path))
         except Exception as e:  # noqa: BLE001 - whatever mlx-lm (or transformers under it) raises
@@ -222,6 +228,7 @@ class Engine:
                 f"model type '{config.get('model_type', '?')}': mlx_lm.load could not load '{path}': "
                 f"{type(e).__name__}: {e}. graphc loads models through mlx-lm; fix the folder (config.json, "
                 "tokenizer files) so that mlx_lm.load reads it") from e
+        log.info("loaded weights and tokenizer from %s: %.1f s", path, time.perf_counter() - t0)
         # model_path is what the user named (a .gguf file stays a .gguf file in names and logs).
         return cls(model, tokenizer, config, graph, model_path=str(model_dir), **kwargs)
 
@@ -320,7 +327,10 @@ class Engine:
                 continue
             req.first_token_time = req.first_token_time or time.perf_counter()
             self.scheduler.started(req)  # it joins the decode batch in run_decode unless it ends here
-            self._append(req, done.token, done.logprobs)
+            if req.params.max_tokens == 0:  # the prompt only (its prompt logprobs, if asked): no token
+                self._finish(req, "length")
+            else:
+                self._append(req, done.token, done.logprobs)
             touched.append(req)
         return touched
 

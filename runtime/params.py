@@ -35,7 +35,9 @@ def _encodable(s: str) -> bool:
 class SamplingParams:
     """Per-request generation settings. Defaults give greedy decoding of up to 256 tokens.
 
-    max_tokens         tokens to generate at most (finish_reason "length").
+    max_tokens         tokens to generate at most (finish_reason "length"). 0: the prompt only —
+                       it is prefilled (prompt logprobs if asked), nothing is generated, and it
+                       finishes with "length" (the same rule in the CLI and the server).
     temperature        0.0 = greedy (argmax); > 0 divides the logits.
     top_k              0 = off; else keep the k highest-ranked tokens.
     top_p              1.0 = off; nucleus over the (top-k renormalised) probabilities.

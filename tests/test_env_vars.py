@@ -18,8 +18,8 @@ ALLOWED = {
     "GRAPHC_API_KEY": "runtime/server/cli.py: the default of `graphc serve --api-key` (a credential)",
     "GRAPHC_DIST_TIMEOUT": "runtime/distributed/watchdog.py: how long a hung rank may go unnoticed",
     "GRAPHC_DEBUG": "cli/main.py: print the traceback instead of a one-line error",
-    "GRAPHC_CACHE": "compiler/gguf/convert.py: where converted GGUF models are cached",
-    "GRAPHC_CACHE_DIR": "compiler/modelgen: where the demo model is cached",
+    "GRAPHC_CACHE_DIR": "compiler/cache_dir.py: where the demo model's tokenizer and converted GGUF models are cached",
+    "GRAPHC_CACHE": "compiler/cache_dir.py: the old name of GRAPHC_CACHE_DIR, read with a FutureWarning",
     # where the CUDA toolchain of the offline kernel build is found (tests and a bench script only)
     "GRAPHC_NVRTC": "benchmarks/kernel_builds.py: where libnvrtc.so is",
     "GRAPHC_CUDA_INCLUDE": "benchmarks/kernel_builds.py: where cuda_bf16.h is",
@@ -43,3 +43,20 @@ def test_only_the_listed_environment_variables_are_read():
     found = env_names(ROOT)
     assert {k: v for k, v in found.items() if k not in ALLOWED} == {}
     assert "GRAPHC_DEBUG" in found  # the scan sees them at all
+
+
+def test_one_cache_variable_and_the_old_name_warns(monkeypatch, tmp_path):
+    import warnings
+
+    from graphc.compiler.cache_dir import cache_root
+
+    monkeypatch.delenv("GRAPHC_CACHE_DIR", raising=False)
+    monkeypatch.setenv("GRAPHC_CACHE", str(tmp_path / "old"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cache_root() == tmp_path / "old"
+    assert any(issubclass(w.category, FutureWarning) and "GRAPHC_CACHE_DIR" in str(w.message) for w in caught)
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "new"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name set: no warning at all
+        assert cache_root() == tmp_path / "new"

@@ -168,7 +168,7 @@ def test_engine_and_cli_take_a_gguf_path(llama, tmp_path, monkeypatch, capsys):
     from graphc.cli import main
     from graphc.runtime import Engine, SamplingParams
 
-    monkeypatch.setenv("GRAPHC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
     f = tmp_path / "tiny.gguf"
     write_gguf(llama, f, "F32")
     folder = resolve_model_path(f)

@@ -5,7 +5,7 @@ static shared memory, and a launch that would need more than a block may have fa
 the H200 ("too many resources requested for launch": the top-ranks select variant, run 20a).
 
 The build tests skip only where the nvidia-cuda-{nvrtc,runtime,nvcc}-cu12 wheels are not
-installed (the `test` extra installs them on Linux x86_64)."""
+installed (the `kernels` extra installs them on Linux x86_64: `pip install -e '.[cpu,test,kernels]'`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from graphc.benchmarks import kernel_builds as ob
 @pytest.fixture(scope="module")
 def toolchain() -> ob.Tools:
     for module in ("nvidia.cuda_nvrtc", "nvidia.cuda_runtime", "nvidia.cuda_nvcc"):
-        pytest.importorskip(module, reason="the CUDA toolchain wheels are not installed (pip install -e '.[test]')")
+        pytest.importorskip(module, reason="the CUDA toolchain wheels are not installed (pip install -e '.[kernels]')")
     return ob.tools()  # installed but not found where expected: an error, not a skip
 
 

@@ -72,7 +72,6 @@ BAD_COMPLETION_FIELDS = [
     ({"stop_token_ids": [99999]}, "stop_token_ids"),
     ({"n": 0}, "n"),
     ({"n": 17}, "n"),
-    ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": -1}, "max_tokens"),
     ({"seed": "abc"}, "seed"),
     ({"temperature": "hot"}, "temperature"),
@@ -86,7 +85,6 @@ BAD_COMPLETION_FIELDS = [
     ({"suffix": "end"}, "suffix"),
     ({"best_of": 3}, "best_of"),
     ({"echo": True, "logprobs": 1, "stream": True}, "echo"),
-    ({"max_tokens": 0, "echo": False}, "max_tokens"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
     ({"response_format": {"type": "json_schema"}}, "response_format"),
@@ -107,7 +105,7 @@ BAD_CHAT_FIELDS = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
     ({"top_logprobs": 3}, "top_logprobs"),
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs"),
-    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens"),
     ({"tools": [{"type": "retrieval"}]}, "tools"),  # tools are function tools only (docs/server.md#tool-calling)
     ({"temperature": -0.5}, "temperature"),
 ]

@@ -3,7 +3,7 @@
 `import_gguf` writes config.json, model.safetensors (quantized tensors kept as stored),
 tokenizer.json, tokenizer_config.json and special_tokens_map.json. `resolve_model_path`
 lets every loader take a .gguf path: the folder is made once under the cache directory
-(~/.cache/graphc/gguf/<key>, or $GRAPHC_CACHE/gguf/<key>), keyed by the file's path, size,
+(~/.cache/graphc/gguf/<key>, or $GRAPHC_CACHE_DIR/gguf/<key>), keyed by the file's path, size,
 mtime and the converter's version, so editing or replacing the file converts it again.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -19,6 +18,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from graphc.compiler.cache_dir import cache_root as shared_cache_root
 
 from .arch import arch_of, make_config
 from .reader import GGUFError, read_header
@@ -82,8 +82,7 @@ def import_gguf(path: str | Path, out: str | Path, progress=None, widen_dtype: s
 
 
 def cache_root() -> Path:
-    base = os.environ.get("GRAPHC_CACHE")
-    return Path(base) if base else Path.home() / ".cache" / "graphc"
+    return shared_cache_root()  # compiler/cache_dir.py: $GRAPHC_CACHE_DIR (GRAPHC_CACHE still read)
 
 
 def cache_key(path: Path) -> str:

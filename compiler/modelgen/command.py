@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import sys
 
 from .archs import ARCHS
@@ -12,7 +13,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arch", required=True, choices=ARCHS, help="mlx-lm architecture to build"
     )
-    parser.add_argument("--out", required=True, help="folder to write the model into")
+    parser.add_argument("--out", required=True, help="folder to write the model into (new or empty)")
+    parser.add_argument("--force", action="store_true",
+                        help="write into a non-empty --out folder, overwriting its config.json, weights, tokenizer")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     size = parser.add_argument_group("sizes (default: the arch's tiny preset)")
     size.add_argument("--hidden-size", type=int)
@@ -39,6 +42,11 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from .make import make_model
 
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not getattr(args, "force", False):
+        what = "is not a folder" if not out.is_dir() else "is not empty"
+        print(f"graphc make-model: error: --out '{out}' {what}; pass --force to overwrite it", file=sys.stderr)
+        return 2
     try:
         path = make_model(
             args.arch,

@@ -14,6 +14,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from graphc.compiler.cache_dir import cache_root
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 CORPUS_DIR = PACKAGE_DIR / "corpus"
 SHIPPED_DIR = PACKAGE_DIR / "tokenizers"
@@ -118,11 +120,7 @@ def train_tokenizer(vocab_size: int):
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("GRAPHC_CACHE_DIR")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "graphc"
+    return cache_root()  # compiler/cache_dir.py
 
 
 def shipped_tokenizer_path(vocab_size: int) -> Path:

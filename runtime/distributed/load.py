@@ -21,6 +21,7 @@ from ..engine import Engine
 from .follower import follow
 from .group import GroupFailed, broadcast_ints, crc, gather_ints, world
 from .leader import LeaderEngine
+from .launcher_watch import stop_with_parent
 from .watchdog import Watchdog, default_timeout
 
 log = logging.getLogger("graphc.distributed")
@@ -34,6 +35,8 @@ def load_sharded(model_dir, graph=None, *, timeout: float | None = None, heartbe
         log.warning("distributed=True but this process was not launched as part of a group "
                     "(world size 1): serving on this process alone")
         return Engine.load(model_dir, graph, **kwargs)
+    if group.rank() == 0:
+        stop_with_parent()  # SIGTERM to mlx.launch ends the group (runtime/distributed/launcher_watch.py)
     try:
         path, config, model, tokenizer = _load_shard(model_dir, group, kwargs)
         loaded, error = (model, tokenizer, config, str(path)), None

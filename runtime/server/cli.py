@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from graphc.compiler.argtypes import positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 
 from .config import ServerConfig, parse_bytes
@@ -30,8 +31,8 @@ def add_parser(subparsers) -> None:
     s.add_argument("--api-key", default=os.environ.get("GRAPHC_API_KEY"),
                    help="require `Authorization: Bearer KEY` on /v1/* (default: $GRAPHC_API_KEY)")
     s.add_argument("--served-model-name", help="the model name clients send (default: the model folder's name)")
-    s.add_argument("--max-batch", type=int, default=64, help="rows in the decode batch")
-    s.add_argument("--prefill-chunk", type=int, default=2048, help="prompt tokens per prefill chunk")
+    s.add_argument("--max-batch", type=positive_int, default=64, help="rows in the decode batch")
+    s.add_argument("--prefill-chunk", type=positive_int, default=2048, help="prompt tokens per prefill chunk")
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
     s.add_argument("--speculative", choices=["off", "prompt_lookup", "draft_model"],

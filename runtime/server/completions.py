@@ -41,7 +41,7 @@ async def create_completion(request: Request, state):
     prompts, texts = await state.run_cpu(completion_prompts, state, req.prompt)
     items = []
     for ids in prompts:
-        requested = 1 if score_only else req.max_tokens  # the engine always makes one token; dropped below
+        requested = req.max_tokens
         max_tokens = state.max_tokens_for(len(ids), requested, state.config.default_completion_max_tokens)
         for j in range(req.n):
             params = build_params(req, max_tokens=max_tokens, vocab_size=state.vocab_size,

@@ -38,6 +38,12 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
                        distributed=c.distributed, **extra, **kwargs)
 
 
+
+def served_name(model_path: str) -> str:
+    """The model name clients send by default: the folder's name, or a .gguf file's without the extension."""
+    p = Path(model_path)
+    return p.stem if p.suffix.lower() == ".gguf" else p.name
+
 class ServerState:
     def __init__(self, config: ServerConfig, engine: Engine | None = None,
                  loader: Callable[[], Engine] | None = None):
@@ -52,7 +58,7 @@ class ServerState:
         self.load_error: str | None = None
         self.warmup_s: float | None = None  # seconds the warm-up took (None: none ran)
         self.metrics = ServerMetrics()
-        self.model_name = config.served_model_name or (Path(config.model).name if config.model else "graphc")
+        self.model_name = config.served_model_name or (served_name(config.model) if config.model else "graphc")
         self.created = int(time.time())
         self.max_model_len = 0
         self.max_prompt_tokens = 0
@@ -102,7 +108,7 @@ class ServerState:
         self.vocab_size = engine.vocab_size
         self.reasoning = detect_reasoning(getattr(self.tokenizer, "chat_template", None), _vocab(self.tokenizer))
         if not c.served_model_name:
-            self.model_name = Path(engine.model_path).name if engine.model_path else "graphc"
+            self.model_name = served_name(engine.model_path) if engine.model_path else "graphc"
         cfg = engine.config or {}
         self.max_model_len = int(c.max_model_len or cfg.get("max_position_embeddings")
                                  or cfg.get("max_seq_len") or 4096)
@@ -192,8 +198,8 @@ class ServerState:
         room = ctx - prompt_len
         if requested is None:
             return min(default, room) if default else room
-        if requested < 1:
-            raise bad_request(f"{param} must be at least 1, got {requested}", param, code="invalid_value")
+        if requested < 0:  # 0: the prompt only, no tokens (the Engine's rule; docs/server.md)
+            raise bad_request(f"{param} must be at least 0, got {requested}", param, code="invalid_value")
         if requested > room:
             raise bad_request(
                 f"this model's maximum context length is {ctx} tokens; you requested {prompt_len + requested} "

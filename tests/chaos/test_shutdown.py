@@ -59,10 +59,10 @@ def _stream(url, out, i, started):
     out[i]["events"] = events
 
 
-def run_sigterm(model, n_streams: int, sig=signal.SIGTERM) -> dict:
+def run_sigterm(model, n_streams: int, sig=signal.SIGTERM, shutdown_timeout: float = 1, twice: bool = False) -> dict:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _serve(model, port, "--shutdown-timeout", "1", "--max-batch", str(max(n_streams, 8)))
+    proc = _serve(model, port, "--shutdown-timeout", str(shutdown_timeout), "--max-batch", str(max(n_streams, 8)))
     try:
         _wait_ready(url, proc)
         for _ in range(8):  # clients that hang up mid-upload: quiet 499s, nothing in the log
@@ -90,6 +90,8 @@ def run_sigterm(model, n_streams: int, sig=signal.SIGTERM) -> dict:
         proc.send_signal(sig)
         time.sleep(0.2)
         refused = httpx.post(url + "/v1/completions", json={"prompt": "late", "max_tokens": 2}, timeout=30)
+        if twice:  # a second Ctrl-C: abort the running requests now instead of waiting out the drain
+            proc.send_signal(sig)
         for t in threads:
             t.join(60)
         t_ns.join(60)
@@ -131,6 +133,12 @@ def test_sigterm_during_streams_drains_and_exits_0(mdir):
 
 def test_sigint_is_graceful_too(mdir):
     check(run_sigterm(mdir, 3, signal.SIGINT), 3)
+
+
+def test_second_sigint_aborts_at_once(mdir):
+    # A drain window of 10 minutes: only the second signal can end these 3000-token streams
+    # within the 60 s the run waits for each of them and for the exit.
+    check(run_sigterm(mdir, 3, signal.SIGINT, shutdown_timeout=600, twice=True), 3)
 
 
 @pytest.mark.slow

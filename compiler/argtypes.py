@@ -1,0 +1,37 @@
+"""argparse value types shared by every `graphc` subcommand (cli/ and runtime/server/cli.py).
+
+A bad value then fails while the flags are parsed, and argparse's message names the flag
+(`argument --prefill-chunk: must be >= 1, got 0`) instead of an error from deep in a load."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"int>={low}"  # argparse shows it in "invalid <name> value" messages
+    return parse
+
+
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """`--help` shows every flag's default, unless the help text already says it or it has none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if "default" in text or d is None or d is False or d is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)".strip()
