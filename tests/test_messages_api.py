@@ -149,7 +149,7 @@ def test_errors_are_anthropic_shaped(server, body, status, kind, needle):
 
 def test_client_raises_typed_errors(ac, server):
     with pytest.raises(anthropic.BadRequestError) as e:
-        ac.messages.create(model=MODEL, max_tokens=0, messages=HI)
+        ac.messages.create(model=MODEL, max_tokens=-1, messages=HI)
     assert e.value.body["error"]["type"] == "invalid_request_error"
     with pytest.raises(anthropic.NotFoundError):
         ac.messages.count_tokens(model="claude-nope", messages=HI)

@@ -169,7 +169,7 @@ def test_store_false_and_unknown_ids(client):
     ({}, "input"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input"),
-    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),  # 0 is prompt only (docs/quickstart.md)
     ({"input": "x", "max_output_tokens": 10 ** 7}, "max_output_tokens"),
     ({"input": "x", "temperature": -1}, "temperature"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
