@@ -60,6 +60,8 @@ def add_parser(subparsers) -> None:
                    "with scatters instead of the attention kernel's K/V write, and with separate residual adds "
                    "(residual_matmul off)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-capacity", nargs="?", const="1x4096+15x256", default=None, metavar="1xLONG+NxSHORT",
+                   help="KV bytes per live token under a mixed-length mix, graphc vs mlx-lm (benchmarks/kv_capacity.py)")
     p.add_argument("--skinny-table", default=None, metavar="FILE",
                    help="launch table for the skinny matmul (`python -m graphc.benchmarks.kernel_tune --table FILE`)")
     p.add_argument("--json", dest="json_out", default=None, help="write the results as JSON here")
@@ -168,6 +170,10 @@ def cmd_bench(args) -> int:
         from .serving.run import cmd_serving
 
         return cmd_serving(args)
+    if args.kv_capacity:
+        from .kv_capacity import cmd_kv_capacity
+
+        return cmd_kv_capacity(args)
     if args.user_api:
         return cmd_user_api(args)
     if args.dequantize:

@@ -58,6 +58,7 @@ class EngineSnapshot:
     steps: int = 0
     stats: dict = attrs.field(factory=dict)
     kv_bytes: int = 0
+    kv_live_bytes: int = 0  # of kv_bytes, the bytes holding the rows' own tokens (no padding, no spare capacity)
     kv_tokens: int = 0  # KV tokens the scheduler counts against its budget
     kv_budget: int | None = None  # the engine's kv_budget_tokens (None = unbounded)
     kv_peak: int = 0  # the most KV tokens counted against the budget after any step so far
@@ -404,7 +405,7 @@ class AsyncEngine:
         self.snapshot = EngineSnapshot(
             kv_peak=max(self.snapshot.kv_peak, info["kv_tokens"]),
             waiting=info["waiting"], running=info["running"], inflight=self._inflight, steps=info["steps"],
-            stats=stats, kv_bytes=info["kv_bytes"], cache=self._cache(now), kv_tokens=info["kv_tokens"],
+            stats=stats, kv_bytes=info["kv_bytes"], kv_live_bytes=info["kv_live_bytes"], cache=self._cache(now), kv_tokens=info["kv_tokens"],
             kv_budget=info["kv_budget"], finished=dict(self._finished), generation_tps=tps, time=now)
 
 

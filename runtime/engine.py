@@ -518,7 +518,9 @@ class Engine:
         held by running requests, the KV budget (None: unbounded)."""
         sched = self.scheduler
         return {"waiting": len(sched.waiting), "running": len(sched.running), "steps": self.runner.steps,
-                "kv_bytes": self.runner.kv_bytes, "kv_tokens": sched.kv_tokens(), "kv_budget": sched.kv_budget}
+                "kv_bytes": self.runner.kv_bytes, "kv_tokens": sched.kv_tokens(), "kv_budget": sched.kv_budget,
+                # bytes of the decode batch's KV that hold live tokens (runtime/kv_usage.py)
+                "kv_live_bytes": self.runner.kv_live_bytes}
 
     def result(self, req: Request) -> GenerationResult:
         """The GenerationResult of a request (finished or not: what it produced so far)."""

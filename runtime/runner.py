@@ -18,6 +18,7 @@ from graphc.compiler.lower import StepInputs
 from graphc.compiler.ops import HOST_EDITS, PromptTargets
 
 from . import host_read as host_reads
+from . import kv_usage
 from .batch_sampling import SamplerCache, SamplingState
 from .request import Request, Status
 
@@ -378,6 +379,11 @@ class ModelRunner:
     @property
     def kv_bytes(self) -> int:
         return sum(c.nbytes for c in self.caches) if self.caches else 0
+
+    @property
+    def kv_live_bytes(self) -> int:
+        """Of kv_bytes, the bytes holding the rows' own tokens (runtime/kv_usage.py)."""
+        return kv_usage.usage(self.caches)["live"]
 
 
 def _concat(st, a: SamplingState | None, b: SamplingState | None) -> SamplingState:

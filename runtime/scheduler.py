@@ -91,7 +91,7 @@ class Scheduler:
         if not self.running and self.waiting and self._burst_left <= 0:
             self._burst_left = self.BURST_TOKENS
         bursting = self._burst_left > 0
-        budget = max(self.prefill_chunk, self.BURST_STEP_TOKENS) if bursting else self.prefill_chunk
+        budget = step_budget = max(self.prefill_chunk, self.BURST_STEP_TOKENS) if bursting else self.prefill_chunk
         chunks = []
         slots = self.max_batch - len(self.running)
         cached = 0
@@ -105,7 +105,13 @@ class Scheduler:
                 cached += req.cached_tokens
             if req.prefilled == req.cached_tokens and not self.fits(req, chunks):
                 break  # no room for its KV yet: it waits (and nothing overtakes it)
-            n = min(budget, self.prefill_chunk, len(req.context_ids) - req.prefilled)
+            left = len(req.context_ids) - req.prefilled
+            if bursting and chunks and budget < left <= min(self.prefill_chunk, step_budget):
+                # A prompt that fits whole in the next burst step goes first there instead of being
+                # split here: its tail would run as forwards of one row each (8 prompts of 384
+                # tokens: 5 batched + 128 + 256 alone + 2 batched, against 5 + 3 batched).
+                break
+            n = min(budget, self.prefill_chunk, left)
             chunks.append((req, n))
             budget -= n
             if req.prefilled + n == len(req.context_ids):

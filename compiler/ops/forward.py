@@ -88,6 +88,28 @@ def _decoder(ctx, node, h):
                 f"model type '{b.model_type}' has no inner `.model` returning hidden states, which a graph "
                 "without a logits node needs on the generic lowering")
         return inner(h, cache=inputs.caches)
+    if _last_only(node, inputs, h.shape[1]):
+        # As the generic path (_model_forward) and mlx-lm's generate: a final chunk of L > 1
+        # tokens runs as L-1 positions, then the last one. The first pass's output feeds
+        # nothing, so MLX computes only its cache writes: the last layer's attention output and
+        # MLP run for one position instead of L (a 4-layer model: a quarter of the prefill).
+        # Any split of a prompt is exact (chunked prefill).
+        _layers(b, inputs, h[:, :-1])
+        return _layers(b, inputs, h[:, -1:])
+    return _layers(b, inputs, h)
+
+
+def _last_only(node, inputs, n: int) -> bool:
+    """Only the last position of this final chunk is read: every reader is a last-position
+    `logits` node (not scoring, embeddings or prompt logprobs, which read every position), or
+    `verify`, which runs only in speculative verify steps and those ask for all_positions."""
+    readers = set(node.consumers)
+    return (inputs.final and n > 1 and not inputs.all_positions and not node.all_positions
+            and "logits" in readers and readers <= {"logits", "verify"})
+
+
+def _layers(b, inputs, h):
+    """The fast path's layer loop over `h`'s positions, masks built once per (kind, window)."""
     n = h.shape[1]
     masks = {}
     for layer, info, cache in zip(b.adapter.layers, b.layers, inputs.caches):

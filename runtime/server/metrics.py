@@ -49,6 +49,12 @@ class ServerMetrics:
         metric("graphc_prefix_cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens, since start.",
                [(m, cached / prompt if prompt else 0.0)])
         metric("graphc_kv_cache_bytes", "gauge", "Bytes held by the decode batch's KV caches.", [(m, s.kv_bytes)])
+        metric("graphc_kv_cache_live_bytes", "gauge",
+               "Of those, bytes holding the running rows' own tokens (not left padding or spare capacity).",
+               [(m, s.kv_live_bytes)])
+        metric("graphc_kv_cache_bytes_per_live_byte", "gauge",
+               "KV bytes allocated per byte the live tokens need (1.0 = no waste; 0 with no live tokens).",
+               [(m, s.kv_bytes / s.kv_live_bytes if s.kv_live_bytes else 0.0)])
         c = s.cache
         if c.get("enabled"):
             used, total = c.get("pool_used", 0), c.get("pool_slots", 0)
