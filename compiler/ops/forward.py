@@ -88,7 +88,7 @@ def _decoder(ctx, node, h):
                 f"model type '{b.model_type}' has no inner `.model` returning hidden states, which a graph "
                 "without a logits node needs on the generic lowering")
         return inner(h, cache=inputs.caches)
-    if _last_only(node, inputs, h.shape[1]):
+    if _last_only(ctx, node, h.shape[1]):
         # As the generic path (_model_forward) and mlx-lm's generate: a final chunk of L > 1
         # tokens runs as L-1 positions, then the last one. The first pass's output feeds
         # nothing, so MLX computes only its cache writes: the last layer's attention output and
@@ -99,13 +99,20 @@ def _decoder(ctx, node, h):
     return _layers(b, inputs, h)
 
 
-def _last_only(node, inputs, n: int) -> bool:
-    """Only the last position of this final chunk is read: every reader is a last-position
-    `logits` node (not scoring, embeddings or prompt logprobs, which read every position), or
-    `verify`, which runs only in speculative verify steps and those ask for all_positions."""
+def _last_only(ctx, node, n: int) -> bool:
+    """Only the last position of this final chunk is read: the readers are `logits` nodes, one
+    of them last-position (a `positions: all` one for prompt logprobs runs with all_positions
+    then), or `verify`, which runs only in verify steps and those ask for all_positions. Not
+    for scoring or embeddings, which read every position."""
+    inputs = ctx.inputs
     readers = set(node.consumers)
-    return (inputs.final and n > 1 and not inputs.all_positions and not node.all_positions
-            and "logits" in readers and readers <= {"logits", "verify"})
+    if not (inputs.final and n > 1 and not inputs.all_positions and not node.all_positions
+            and "logits" in readers and readers <= {"logits", "verify"}):
+        return False
+    # The logits that sampling reads must be a last-position node: a graph whose only logits
+    # node is `positions: all` gets every position from a direct forward, as it asks.
+    return any(r.op == "logits" and dict(r.params).get("positions", "last") == "last" and node.id in r.inputs
+               for r in ctx.binding.spec.nodes)
 
 
 def _layers(b, inputs, h):
