@@ -28,7 +28,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 from test_gguf_kquants import _q4_k_m  # noqa: E402
 
-from graphc.compiler.gguf import GGUFError, import_gguf  # noqa: E402
+from graphc.compiler.gguf import GGUFError, import_gguf, summary_lines  # noqa: E402
 
 PROMPT = "Once upon a time, a small fox found a key under the old bridge."
 MLA = {"hidden_size": 256, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -134,6 +134,8 @@ def test_deepseek2_imports_and_equals_mlx_lm(model_dir, tmp_path, model_type, ml
         assert types["blk.0.attn_k_b.weight"] == "Q5_0"  # 64-wide rows: llama.cpp's fallback from Q4_K
         assert w["model.layers.0.self_attn.kv_b_proj.weight"].dtype == mx.float32
         assert report["Q5_0"]["transposed"] == cfg["num_hidden_layers"]
+        lines = summary_lines(json.loads((outq / "config.json").read_text()))
+        assert any("Q5_0: 3 tensors widened into mlx-lm's MLA layout" in line for line in lines), lines
     else:  # one attn_kv_b: as stored for v2; for v3 its value rows stay kept, its key rows widen
         kv_b = "kv_b_proj" if model_type == "deepseek_v2" else "unembed_out"
         assert w[f"model.layers.0.self_attn.{kv_b}.weight"].dtype == mx.uint32

@@ -33,13 +33,14 @@ class TypeReport:
     values: int = 0
     file_bytes: int = 0
     out_bytes: int = 0
-    transposed: int = 0  # tensors of a kept type widened since mlx-lm wants them transposed (MLA)
+    transposed: int = 0  # tensors of a kept type widened to fit mlx-lm's MLA layout (deepseek2)
 
     def line(self, type_name: str) -> str:
         bpw = self.out_bytes * 8 / max(self.values, 1)
         what = {"kept": "kept quantized", "widened": "widened", "plain": "as stored"}[self.fate]
-        if self.transposed:
-            what += f" ({self.transposed} widened: mlx-lm needs them transposed)"
+        if self.transposed:  # deepseek2: a transposed tensor, or one joined to a transposed one
+            what = ("" if self.transposed == self.tensors else f"{what}, {self.transposed} ") + \
+                "widened into mlx-lm's MLA layout"
         return (f"{type_name}: {self.tensors} tensors {what}, {self.file_bytes / 2**20:.1f} MiB in the file -> "
                 f"{self.out_bytes / 2**20:.1f} MiB ({bits_per_weight(type_name):.2f} -> {bpw:.2f} bits/weight)")
 
