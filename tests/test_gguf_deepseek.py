@@ -41,16 +41,19 @@ YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, 
 CONFIGS = {
     "deepseek_v2": dict(MLA, model_type="deepseek_v2", topk_method="group_limited_greedy", n_group=2, topk_group=1,
                         rope_scaling=dict(YARN, mscale=0.707, mscale_all_dim=0.707)),
+    # V2-Lite's shape: no q LoRA (a plain attn_q), greedy routing over all experts
+    "deepseek_v2_lite": dict(MLA, model_type="deepseek_v2", q_lora_rank=None, topk_method="greedy",
+                             rope_scaling=dict(YARN, mscale=0.707, mscale_all_dim=0.707)),
     "deepseek_v3": dict(MLA, model_type="deepseek_v3", topk_method="noaux_tc", scoring_func="sigmoid",
                         norm_topk_prob=True, n_group=2, topk_group=1, rope_scaling=dict(YARN, mscale=1.0, mscale_all_dim=1.0)),
 }
 
 
-def _source(llama_dir, tmp_path, model_type):
-    out = tmp_path / f"src-{model_type}"
+def _source(llama_dir, tmp_path, name):
+    out = tmp_path / f"src-{name}"
     out.mkdir()
     tok_cfg = json.loads((llama_dir / "config.json").read_text())
-    cfg = dict(CONFIGS[model_type], vocab_size=tok_cfg["vocab_size"], eos_token_id=tok_cfg["eos_token_id"],
+    cfg = dict(CONFIGS[name], vocab_size=tok_cfg["vocab_size"], eos_token_id=tok_cfg["eos_token_id"],
                bos_token_id=tok_cfg["bos_token_id"], pad_token_id=tok_cfg["pad_token_id"])
     (out / "config.json").write_text(json.dumps(cfg))
     for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
@@ -104,12 +107,14 @@ def _reference_folder(src, gguf_file, imported, out):
     return out
 
 
-CASES = [("deepseek_v2", True), ("deepseek_v2", False), ("deepseek_v3", True), ("deepseek_v3", False)]
+CASES = [("deepseek_v2", True), ("deepseek_v2", False), ("deepseek_v2_lite", True), ("deepseek_v3", True),
+         ("deepseek_v3", False)]
 
 
-@pytest.mark.parametrize(("model_type", "mla_split"), CASES, ids=[f"{m}-{'k_b+v_b' if s else 'kv_b'}" for m, s in CASES])
-def test_deepseek2_imports_and_equals_mlx_lm(model_dir, tmp_path, model_type, mla_split):
-    src = _source(model_dir("llama"), tmp_path, model_type)
+@pytest.mark.parametrize(("name", "mla_split"), CASES, ids=[f"{m}-{'k_b+v_b' if s else 'kv_b'}" for m, s in CASES])
+def test_deepseek2_imports_and_equals_mlx_lm(model_dir, tmp_path, name, mla_split):
+    src = _source(model_dir("llama"), tmp_path, name)
+    model_type = CONFIGS[name]["model_type"]
     ids = mlx_lm.load(str(src))[1].encode(PROMPT)
     f32 = tmp_path / "f32.gguf"
     write_gguf(src, f32, "F32", arch="deepseek2", mla_split=mla_split)
@@ -117,6 +122,7 @@ def test_deepseek2_imports_and_equals_mlx_lm(model_dir, tmp_path, model_type, ml
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == model_type
     assert cfg["rope_scaling"]["type"] == "yarn" and cfg["first_k_dense_replace"] == 1
+    assert cfg["q_lora_rank"] == CONFIGS[name]["q_lora_rank"]
     np.testing.assert_allclose(_logits(out, ids), _logits(src, ids), atol=1e-4, rtol=1e-4)
 
     kq = tmp_path / "q4km.gguf"

@@ -1,4 +1,4 @@
-"""llama.cpp's `deepseek2` architecture (DeepSeek-V2/V2.5/V3/R1, Kimi K2) -> mlx-lm's deepseek_v2 / deepseek_v3.
+"""llama.cpp's `deepseek2` architecture (DeepSeek-V2/V2.5/V2-Lite/V3/R1) -> mlx-lm's deepseek_v2 / deepseek_v3.
 
 One GGUF architecture holds two routers: DeepSeek-V2 scores experts with a softmax,
 DeepSeek-V3 with a sigmoid plus a per-expert bias (`exp_probs_b`). mlx-lm has one class
