@@ -177,3 +177,32 @@ def test_deepseek2_without_kv_b_is_named(model_dir, tmp_path):
     write_gguf(src, f, "F32", arch="deepseek2")
     with pytest.raises(GGUFError, match="layer 2 has neither attn_kv_b nor attn_k_b/attn_v_b"):
         import_gguf(f, tmp_path / "o")
+
+
+def test_deepseek_v3_without_the_score_bias_reads_it_as_zero(model_dir, tmp_path):
+    """llama.cpp loads exp_probs_b as optional; without it the router adds nothing."""
+    src = _source(model_dir("llama"), tmp_path, "deepseek_v3")
+    weights = mx.load(str(src / "model.safetensors"))
+    mx.save_safetensors(str(src / "model.safetensors"),
+                        {k: mx.zeros_like(v) if k.endswith("e_score_correction_bias") else v for k, v in weights.items()})
+    f = tmp_path / "nobias.gguf"
+    write_gguf(src, f, "F32", arch="deepseek2")
+    stripped = tmp_path / "stripped.gguf"  # the same file without its exp_probs_b tensors
+    reader = gguf.GGUFReader(str(f))
+    w = gguf.GGUFWriter(str(stripped), "deepseek2")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        w.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    for t in reader.tensors:
+        if "exp_probs_b" not in t.name:
+            w.add_tensor(t.name, np.array(t.data))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert not any("exp_probs_b" in t.name for t in gguf.GGUFReader(str(stripped)).tensors)
+    out = import_gguf(stripped, tmp_path / "o")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "deepseek_v3"
+    ids = mlx_lm.load(str(src))[1].encode(PROMPT)
+    np.testing.assert_allclose(_logits(out, ids), _logits(src, ids), atol=1e-4, rtol=1e-4)

@@ -128,6 +128,9 @@ def mla_weights(layer: str, parts: dict, cfg: dict, path) -> list[tuple[str, obj
             raise GGUFError(f"{path}: {t.name} (DeepSeek-V3's expert score bias) in a softmax-routed file: "
                             "mlx-lm's deepseek_v2 router has no such bias")
         out.append((f"{pre}.mlp.gate.e_score_correction_bias", np.asarray(bias, np.float32), [t], False))
+    elif v3 and cfg["n_routed_experts"] and int(layer) >= cfg["first_k_dense_replace"]:
+        # llama.cpp treats the bias as optional (none = zero); mlx-lm's class always has one
+        out.append((f"{pre}.mlp.gate.e_score_correction_bias", np.zeros(cfg["n_routed_experts"], np.float32), [], False))
     if "attn_kv_b" in parts:
         t, kv = parts["attn_kv_b"]
         if t.shape != (heads * (nope + vdim), rank):

@@ -125,7 +125,7 @@ def convert_weights(header: GGUFHeader, path, arch: Arch, config: dict,
 
     def emit(module: str, kind: str, decoded, sources, dtype=None):
         """`sources`: the file tensors it was made from; they share its bytes in the report."""
-        type_name = sources[-1].type_name
+        type_name = sources[-1].type_name if sources else "F32"  # no source: a zero the file leaves out
         parts = _mlx_parts(decoded, kind)
         if module.endswith("shared_expert_gate") and parts[kind].ndim == 1:  # llama.cpp keeps it 1-D
             parts[kind] = parts[kind].reshape(1, -1)
@@ -143,7 +143,7 @@ def convert_weights(header: GGUFHeader, path, arch: Arch, config: dict,
             if arch.permuted_qk and n_heads is not None:
                 arr = unpermute_rows(arr, n_heads)
             out[f"{module}.{part}"] = arr
-            total = sum(src.n_values for src in sources)
+            total = max(sum(src.n_values for src in sources), 1)
             for src in sources:
                 report[src.type_name].out_bytes += arr.nbytes * src.n_values // total
 
