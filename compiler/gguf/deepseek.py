@@ -91,9 +91,10 @@ def _yarn(get, path) -> dict | None:
         return None
     if kind != "yarn":
         raise GGUFError(f"{path}: deepseek2 RoPE scaling '{kind}' is not supported (none and yarn are)")
-    # llama.cpp stores DeepSeek's mscale_all_dim as yarn_log_multiplier = 0.1·mscale_all_dim and
-    # applies the same factor to the rotation's mscale, i.e. mscale = mscale_all_dim (as in every
-    # DeepSeek config): mlx-lm's rope ratio mscale/mscale_all_dim is then 1, as llama.cpp's is.
+    # llama.cpp's converter stores DeepSeek's mscale_all_dim as yarn_log_multiplier = 0.1·mscale_all_dim;
+    # its graph scales the logits by (1 + 0.1·mscale_all_dim·ln factor)² and keeps the rotated
+    # values' magnitude. No separate mscale is stored: mscale = mscale_all_dim (as in every
+    # DeepSeek config) makes mlx-lm's rope ratio mscale/mscale_all_dim 1, as llama.cpp's is.
     m = float(get("rope.scaling.yarn_log_multiplier", 0.0, required=False)) / 0.1
     return {"type": "yarn", "factor": float(get("rope.scaling.factor")),
             "original_max_position_embeddings": int(get("rope.scaling.original_context_length")),
