@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import attrs
 
+from .deepseek import ATTN as DEEPSEEK_TENSORS
+from .deepseek import JOINED as DEEPSEEK_JOINED
+from .deepseek import deepseek_config, is_v3
 from .reader import GGUFError, GGUFHeader
 
 
@@ -27,6 +30,7 @@ class Arch:
     hf_class: str = "LlamaForCausalLM"
     tensors: dict = attrs.field(factory=dict)  # per-layer names beyond (or replacing) LAYER_TENSORS
     norm_shift: float = 0.0  # llama.cpp stored every *norm.weight plus this (Gemma's 1 + w norms)
+    joined: frozenset = frozenset()  # per-layer tensors that map many-to-many (deepseek's MLA)
 
 
 ARCHS = {
@@ -54,14 +58,18 @@ ARCHS = {
     "gemma2": Arch("gemma2", permuted_qk=False, needs_head_dim=True, hf_class="Gemma2ForCausalLM",
                    tensors={"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
                             "post_ffw_norm": "post_feedforward_layernorm"}, norm_shift=1.0),
+    # DeepSeek-V2 (softmax router); a sigmoid-routed deepseek2 file is DeepSeek-V3 (below)
+    "deepseek2": Arch("deepseek_v2", permuted_qk=False, hf_class="DeepseekV2ForCausalLM",
+                      tensors=DEEPSEEK_TENSORS, joined=DEEPSEEK_JOINED),
 }
+DEEPSEEK_V3 = Arch("deepseek_v3", permuted_qk=False, hf_class="DeepseekV3ForCausalLM",
+                   tensors=DEEPSEEK_TENSORS, joined=DEEPSEEK_JOINED)
 # Mixtral files say "llama" and carry llama.expert_count: the llama layout plus experts.
 MIXTRAL = Arch("mixtral", permuted_qk=True, hf_class="MixtralForCausalLM", tensors=_experts("block_sparse_moe"))
 # Named in the refusal: llama.cpp architectures whose mlx-lm class exists but whose tensor
 # layout graphc does not map yet (docs/gguf.md says why for each).
 NOT_YET = {
     "gemma": "norm weights stored +1 and GELU MLP: not mapped yet",
-    "deepseek2": "multi-head latent attention (attn_kv_a_mqa, attn_kv_b split): not mapped yet",
 }
 
 # GGUF tensor names -> mlx-lm parameter paths (per layer: blk.N.<name>).
@@ -85,6 +93,8 @@ def arch_of(header: GGUFHeader, path) -> tuple[str, Arch]:
                         "convert the original Hugging Face model with `mlx_lm.convert` instead")
     if name in ("llama", "mistral") and int(header.metadata.get(f"{name}.expert_count", 0) or 0) > 0:
         return name, MIXTRAL
+    if name == "deepseek2" and is_v3(header):
+        return name, DEEPSEEK_V3
     return name, ARCHS[name]
 
 
@@ -127,7 +137,9 @@ def make_config(header: GGUFHeader, path, arch_name: str, arch: Arch, vocab_size
     if head_dim is not None or arch.needs_head_dim:
         cfg["head_dim"] = int(head_dim if head_dim is not None else hidden // n_heads)
     scaling = get("rope.scaling.type", required=False)
-    if scaling not in (None, "none"):
+    if arch.model_type.startswith("deepseek"):  # MLA sizes, MoE routing, YaRN: compiler/gguf/deepseek.py
+        deepseek_config(get, header, path, cfg)
+    elif scaling not in (None, "none"):
         if scaling != "linear":
             raise GGUFError(f"{path}: RoPE scaling '{scaling}' is not supported by graphc's GGUF import "
                             "(none and linear are)")

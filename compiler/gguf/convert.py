@@ -74,7 +74,8 @@ def import_gguf(path: str | Path, out: str | Path, progress=None, widen_dtype: s
     config["graphc_gguf"] = {"source": str(path.resolve()), "converter_version": CONVERTER_VERSION,
                              "widen_dtype": widen_dtype,
                              "types": {k: {"fate": r.fate, "tensors": r.tensors, "values": r.values,
-                                           "file_bytes": r.file_bytes, "out_bytes": r.out_bytes}
+                                           "file_bytes": r.file_bytes, "out_bytes": r.out_bytes,
+                                           "transposed": r.transposed}
                                        for k, r in sorted(report.items())}}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     _say(progress, f"graphc: imported in {time.perf_counter() - t0:.1f}s")

@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from .arch import GLOBAL_TENSORS, LAYER_TENSORS, Arch
+from .deepseek import mla_weights
 from .quants import BLOCKS, GROUP_SIZE, KEPT_BITS, PLAIN, Affine, bits_per_weight, decode, pack
 from .reader import GGUFError, GGUFHeader, tensor_bytes
 
@@ -32,10 +33,14 @@ class TypeReport:
     values: int = 0
     file_bytes: int = 0
     out_bytes: int = 0
+    transposed: int = 0  # tensors of a kept type widened to fit mlx-lm's MLA layout (deepseek2)
 
     def line(self, type_name: str) -> str:
         bpw = self.out_bytes * 8 / max(self.values, 1)
         what = {"kept": "kept quantized", "widened": "widened", "plain": "as stored"}[self.fate]
+        if self.transposed:  # deepseek2: a transposed tensor, or one joined to a transposed one
+            what = ("" if self.transposed == self.tensors else f"{what}, {self.transposed} ") + \
+                "widened into mlx-lm's MLA layout"
         return (f"{type_name}: {self.tensors} tensors {what}, {self.file_bytes / 2**20:.1f} MiB in the file -> "
                 f"{self.out_bytes / 2**20:.1f} MiB ({bits_per_weight(type_name):.2f} -> {bpw:.2f} bits/weight)")
 
@@ -90,7 +95,7 @@ def summary_lines(config: dict) -> list[str]:
     lines = [f"gguf: {info.get('source')} (widened types in {info.get('widen_dtype')})"]
     for name, r in sorted(types.items()):
         lines.append("gguf:   " + TypeReport(r["fate"], r["tensors"], r["values"], r["file_bytes"],
-                                             r["out_bytes"]).line(name))
+                                             r["out_bytes"], r.get("transposed", 0)).line(name))
     return lines
 
 
@@ -116,33 +121,66 @@ def convert_weights(header: GGUFHeader, path, arch: Arch, config: dict,
     bits_of: dict[str, int] = {}  # module path -> bits, for quantized modules
     report: dict[str, TypeReport] = {}
     heads = {"self_attn.q_proj": config["num_attention_heads"], "self_attn.k_proj": config["num_key_value_heads"]}
+    joined: dict[str, dict] = {}  # layer -> {gguf name: (TensorInfo, decoded)}, many-to-many tensors
+
+    def emit(module: str, kind: str, decoded, sources, dtype=None):
+        """`sources`: the file tensors it was made from; they share its bytes in the report."""
+        type_name = sources[-1].type_name if sources else "F32"  # no source: a zero the file leaves out
+        parts = _mlx_parts(decoded, kind)
+        if module.endswith("shared_expert_gate") and parts[kind].ndim == 1:  # llama.cpp keeps it 1-D
+            parts[kind] = parts[kind].reshape(1, -1)
+        fate = _fate(type_name)
+        if isinstance(decoded, Affine):
+            bits_of[module] = decoded.bits
+        elif dtype is not None:
+            parts[kind] = parts[kind].astype(dtype)
+        elif fate == "widened" or type_name == "BF16":
+            parts[kind] = parts[kind].astype(widen if fate == "widened" else mx.bfloat16)
+        if arch.norm_shift and module.endswith("norm") and kind == "weight":
+            parts[kind] = (parts[kind].astype(mx.float32) - arch.norm_shift).astype(parts[kind].dtype)
+        n_heads = next((n for suffix, n in heads.items() if module.endswith(suffix)), None)
+        for part, arr in parts.items():
+            if arch.permuted_qk and n_heads is not None:
+                arr = unpermute_rows(arr, n_heads)
+            out[f"{module}.{part}"] = arr
+            total = max(sum(src.n_values for src in sources), 1)
+            for src in sources:
+                report[src.type_name].out_bytes += arr.nbytes * src.n_values // total
+
     for t in header.tensors:
+        rep = report.setdefault(t.type_name, TypeReport(_fate(t.type_name)))
+        rep.tensors += 1
+        rep.values += t.n_values
+        rep.file_bytes += t.n_bytes
+        decoded = decode(t.type_name, tensor_bytes(path, header, t), t.shape)
+        m = _LAYER.match(t.name)
+        if m and m.group(2) in arch.joined:
+            joined.setdefault(m.group(1), {})[m.group(2)] = (t, decoded)
+            continue
         name = hf_name(t.name, arch)
         if name is None:
             raise GGUFError(f"{path}: tensor '{t.name}' has no counterpart in mlx-lm's "
                             f"{arch.model_type} model; this file's layout is not supported")
         module, kind = name.rsplit(".", 1)
-        decoded = decode(t.type_name, tensor_bytes(path, header, t), t.shape)
-        parts = _mlx_parts(decoded, kind)
-        if module.endswith("shared_expert_gate") and parts[kind].ndim == 1:  # llama.cpp keeps it 1-D
-            parts[kind] = parts[kind].reshape(1, -1)
-        fate = _fate(t.type_name)
-        if fate == "kept":
-            bits_of[module] = decoded.bits
-        elif fate == "widened" or t.type_name == "BF16":
-            parts[kind] = parts[kind].astype(widen if fate == "widened" else mx.bfloat16)
-        if arch.norm_shift and module.endswith("norm") and kind == "weight":
-            parts[kind] = (parts[kind].astype(mx.float32) - arch.norm_shift).astype(parts[kind].dtype)
-        n_heads = next((n for suffix, n in heads.items() if module.endswith(suffix)), None)
-        rep = report.setdefault(t.type_name, TypeReport(fate))
-        rep.tensors += 1
-        rep.values += t.n_values
-        rep.file_bytes += t.n_bytes
-        for part, arr in parts.items():
-            if arch.permuted_qk and n_heads is not None:
-                arr = unpermute_rows(arr, n_heads)
-            out[f"{module}.{part}"] = arr
-            rep.out_bytes += arr.nbytes
+        emit(module, kind, decoded, [t])
+    if arch.joined:
+        for layer in range(config["num_hidden_layers"]):
+            parts = joined.get(str(layer), {})
+            if not parts.keys() & {"attn_kv_b", "attn_k_b"}:
+                raise GGUFError(f"{path}: layer {layer} has neither attn_kv_b nor attn_k_b/attn_v_b")
+            for name, value, sources, transposed in mla_weights(str(layer), parts, config, path):
+                module, kind = name.rsplit(".", 1)
+                types = [src.type_name for src in sources]
+                dtype = None
+                if transposed:  # a quantized source had to be widened; plain sources keep their width
+                    for ty in types:
+                        report[ty].transposed += ty in KEPT_BITS
+                    if not all(ty in PLAIN for ty in types):
+                        dtype = widen
+                    else:  # F16 (or BF16) sources alike stay so; mixed plain widths go to float32
+                        dtype = {"F16": mx.float16, "BF16": mx.bfloat16}.get(types[0]) if len(set(types)) == 1 else None
+                        dtype = dtype or mx.float32
+                emit(module, kind, value, sources, dtype)
     if not bits_of:
         return out, None, report
     # The most common width is the default; modules of the other widths are named one by one.
