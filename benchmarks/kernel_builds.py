@@ -25,7 +25,7 @@ as the GPU would build it:
 The toolchain is the nvidia-cuda-{nvrtc,runtime,nvcc}-cu12 wheels (the `test` extra on Linux
 x86_64); GRAPHC_NVRTC (libnvrtc.so), GRAPHC_CUDA_INCLUDE (the folder of cuda_bf16.h) and
 GRAPHC_PTXAS override where each is found. tests/test_kernel_builds.py runs it all;
-`python docs/bench/nvrtc_compile_check.py` prints the table.
+`python -m graphc.benchmarks.kernel_builds [--only NAME] [--full] [--log]` prints the table.
 
 What it cannot see: a wrong answer (that is `check()`'s job on the GPU) and dynamic limits such
 as occupancy. The GPU's MLX (the `cuda` extra) builds with NVRTC 13; these wheels are 12.9, so
