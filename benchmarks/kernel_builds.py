@@ -3,8 +3,8 @@ launch configuration the engine uses could run.
 
 A kernel whose source compiles can still fail every launch: the select variant of the top-ranks
 kernel needed 147-255 registers a thread at 512 threads a block, more than the 65,536 a block may
-hold, and the H200 answered "too many resources requested for launch" (run 20a; `check()` then
-quietly fell back to the slower variant). Nothing off the GPU saw it. Here each launch is built
+hold, and the H200 answered "too many resources requested for launch" (`check()` then quietly
+fell back to the slower variant). Nothing off the GPU saw it. Here each launch is built
 as the GPU would build it:
 
 1. `launches()` runs the kernels' own launch code (`ragged_attention`, `skinny_matmul`,
