@@ -18,7 +18,6 @@ import mlx.core as mx
 from graphc.runtime.kernels import gumbel_choose as GC
 from graphc.runtime.kernels import top_ranks as TR
 from graphc.runtime.sampling import SamplingParams, SamplingTensors, select_tokens
-from graphc.runtime.sampling import fused as F
 
 B = int(sys.argv[1]) if len(sys.argv) > 1 else 64
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 200
