@@ -26,15 +26,6 @@ def reference_logits(model, ids: list[int]) -> mx.array:
     return logits[0].astype(mx.float32)
 
 
-def reference_last_logits_stepwise(model, ids: list[int], prompt_len: int) -> list[mx.array]:
-    """Last-position logits after the prompt and after each following token, fed one at a time."""
-    cache = make_prompt_cache(model)
-    out = [model(mx.array(ids[:prompt_len])[None], cache=cache)[0, -1].astype(mx.float32)]
-    for t in ids[prompt_len:]:
-        out.append(model(mx.array([[t]]), cache=cache)[0, -1].astype(mx.float32))
-    return out
-
-
 def random_prompts(n: int, vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     """Token-id prompts drawn at random (not tuned): ids 3.. so special tokens are avoided."""
     rng = random.Random(seed)
