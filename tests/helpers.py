@@ -9,6 +9,8 @@ import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from graphc.runtime import Engine, SamplingParams
+
 
 def reference_greedy(model, prompt_ids: list[int], max_tokens: int) -> list[int]:
     """mlx-lm's generate_step with its own caches, one prompt at a time, greedy."""
@@ -17,6 +19,25 @@ def reference_greedy(model, prompt_ids: list[int], max_tokens: int) -> list[int]
                                 prompt_cache=make_prompt_cache(model)):
         out.append(int(tok))
     return out
+
+
+def assert_greedy_matches_mlx_lm(model, prompts: list[list[int]], results, max_tokens) -> None:
+    """Each result's tokens equal mlx-lm's own greedy decode of its prompt, alone
+    (`max_tokens`: one count for every prompt, or one per prompt)."""
+    counts = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
+    assert len(results) == len(prompts) == len(counts)
+    for prompt, n, res in zip(prompts, counts, results):
+        assert res.token_ids == reference_greedy(model, prompt, n)
+
+
+def assert_chained_equals_unchained(path, prompts: list[list[int]], max_tokens: list[int], **load_kw) -> list:
+    """The chained decode loop (step N + 1 queued before the host reads step N's tokens) gives the
+    tokens the unchained one does; returns the chained results."""
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
+    chained = Engine.load(path, chain=True, **load_kw).generate(prompts, params)
+    unchained = Engine.load(path, chain=False, **load_kw).generate(prompts, params)
+    assert [r.token_ids for r in chained] == [r.token_ids for r in unchained]
+    return chained
 
 
 def reference_logits(model, ids: list[int]) -> mx.array:
@@ -68,8 +89,6 @@ def assert_generic_lowering_matches(path, prefill_chunk: int = 8, max_tokens: in
     """The generic lowering (the model's own forward on graphc's caches, forced) equals mlx-lm:
     a batch of mixed lengths (some past the prefill chunk), then prompts sharing a prefix one
     after another, so the later ones hit the prefix cache."""
-    from graphc.runtime import Engine, SamplingParams
-
     eng = Engine.load(path, prefill_chunk=prefill_chunk, max_total_tokens=4096, lowering="generic")
     assert eng.compiled.binding.lowering == "generic" and eng.compiled.binding.check.ok
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
