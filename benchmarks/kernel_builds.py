@@ -3,8 +3,8 @@ launch configuration the engine uses could run.
 
 A kernel whose source compiles can still fail every launch: the select variant of the top-ranks
 kernel needed 147-255 registers a thread at 512 threads a block, more than the 65,536 a block may
-hold, and the H200 answered "too many resources requested for launch" (run 20a; `check()` then
-quietly fell back to the slower variant). Nothing off the GPU saw it. Here each launch is built
+hold, and the H200 answered "too many resources requested for launch" (`check()` then quietly
+fell back to the slower variant). Nothing off the GPU saw it. Here each launch is built
 as the GPU would build it:
 
 1. `launches()` runs the kernels' own launch code (`ragged_attention`, `skinny_matmul`,
@@ -25,7 +25,7 @@ as the GPU would build it:
 The toolchain is the nvidia-cuda-{nvrtc,runtime,nvcc}-cu12 wheels (the `test` extra on Linux
 x86_64); GRAPHC_NVRTC (libnvrtc.so), GRAPHC_CUDA_INCLUDE (the folder of cuda_bf16.h) and
 GRAPHC_PTXAS override where each is found. tests/test_kernel_builds.py runs it all;
-`python docs/bench/nvrtc_compile_check.py` prints the table.
+`python -m graphc.benchmarks.kernel_builds [--only NAME] [--full] [--log]` prints the table.
 
 What it cannot see: a wrong answer (that is `check()`'s job on the GPU) and dynamic limits such
 as occupancy. The GPU's MLX (the `cuda` extra) builds with NVRTC 13; these wheels are 12.9, so

@@ -24,7 +24,7 @@ calls alternate on one Engine and each pair gives a ratio of per-step medians, e
   python -m graphc.benchmarks.step_profile --model llama-3.2-1b --batch 64 --repeats 9 \
       --paired '{"temperature": 0.8, "top_p": 0.9, "top_k": 50}'
 `--control` adds mlx-lm's plain loop after every call and a ratio normalized by it: the host's
-own speed moves between calls (run 21c), and a host-bound step moves with it. Each ratio's
+own speed moves between calls, and a host-bound step moves with it. Each ratio's
 summary ends with a distribution-free 95 % interval of its median (order statistics; 6 pairs at
 least) and what it shows against `--limit` (default 0.05: "sampling at most 5 % over greedy"):
 shown, the opposite shown, or not resolved. `--budget SECONDS` starts no new pair once that
@@ -161,7 +161,7 @@ def paired(eng, rng, vocab: int, B: int, args, sampling: dict, model=None) -> di
     With `args.control` (and `model`), mlx-lm's plain loop runs right after every call on B fresh
     prompts of its own, and each call's step is also taken relative to that control's:
     `normalized` = (sampled / its control) / (greedy / its control). The host's own speed can move
-    between calls of one process (run 21c: the plain loop's build went from 0.86 to 1.30 ms), which
+    between calls of one process (on the H200 the plain loop's build went from 0.86 to 1.30 ms), which
     moves a host-bound step with it; the control moves too, and the normalized ratio cancels it."""
     from .contestants import graphc_params
 

@@ -21,7 +21,7 @@
                                # as one kernel, once it matched MLX bit for bit (default true)
       host_read_pieces: false  # CUDA: the host reads each decode step's tokens as 8-byte copies
                                # (MLX's scalar pool), so no page a later step uses migrates to the
-                               # host (run 21: faster lookup under ncu, no gain through the API;
+                               # host (a faster lookup under ncu, no gain through the API, so
                                # default false; runtime/host_read.py)
 
 `Engine(compile=..., skinny_gemm=..., decode_options=...)` may override any of them; the

@@ -94,11 +94,6 @@ def parse_text(text: str, file: str = "<memory>", config: dict | None = None) ->
     return spec
 
 
-def parse_file(path: str | os.PathLike, config: dict | None = None) -> GraphSpec:
-    path = resolve_graph_path(path)
-    return parse_text(path.read_text(), str(path), config)
-
-
 def parse_collect(text: str, file: str, config: dict | None = None) -> tuple[GraphSpec | None, list[Diagnostic]]:
     """Like parse_text but returns (spec or None, diagnostics) without raising."""
     config = dict(config or {})

@@ -116,9 +116,9 @@ def _write_columns(buf, new, idx):
     Why not always `mx.slice_update(buf, new, idx, axes=(2,))`: at an array index MLX's CUDA
     backend runs it as a dynamic copy whose device time grows with the whole buffer, not with
     the L columns written — 92 µs per layer-write at batch 64 and capacity 256, 293 µs at
-    1,024, against 8 µs for this scatter (H200, docs/bench/proto_kv_write.py, run 14). At
+    1,024, against 8 µs for this scatter (H200, benchmarks/probes/kv_write.py). At
     Llama-3.1-8B batch 64 that copy was 8.5 of the compiled step's 17.2 ms of device time
-    (docs/performance.md, run 14). On the CPU the slice update is the faster of the two
+    (ncu). On the CPU the slice update is the faster of the two
     (11 against 53 µs at batch 4), so it stays there."""
     if not _scatter_writes():
         return mx.slice_update(buf, new, idx, axes=(2,))
@@ -161,20 +161,20 @@ def _bucket(n: int) -> int:
 
 
 # `Engine(compile="auto")`: batches up to this many rows decode compiled, larger ones eager.
-# Until run 14 the limit was 16: the compiled step lost at batch 64 (8B: 16.0-16.6 against
-# 9.7-10.9 ms in run 5) because the K/V write at an array column (then `mx.slice_update`) cost
-# device time in proportion to the whole buffer — 8.5 of the compiled step's 17.2 ms of device
-# time at 8B batch 64 under ncu. With the scatter write (`_write_columns`) the same step has
-# 9.4 ms of device time against eager's 9.9, and per step it ran 7.9-8.2 against 7.8-9.1 ms
+# Why 64 and not less: a K/V write at an array column with `mx.slice_update` costs device time in
+# proportion to the whole buffer (8.5 of the compiled step's 17.2 ms at 8B batch 64 under ncu),
+# which made the compiled step lose at batch 64 (8B: 16.0-16.6 against 9.7-10.9 ms). With the
+# scatter write (`_write_columns`) the same step has 9.4 ms of device time against eager's 9.9,
+# and per step it ran 7.9-8.2 against 7.8-9.1 ms
 # (8B batch 64), 2.7-4.0 against 3.7-5.8 (1B batch 64), 5.0 against 5.9-6.3 (8B batch 1); through
-# the public API at 8B batch 64 13.6 against eager 15.6 ms (docs/performance.md, run 14). Larger
+# the public API at 8B batch 64 13.6 against eager 15.6 ms (H200). Larger
 # batches have not been measured, so they stay eager; `compile="measured"` decides per batch.
 AUTO_MAX_BATCH = 64
 
 # ... and only while rows x KV capacity stays within this many columns. A compiled step attends
 # over its fixed-capacity buffers with a mask, so on CUDA its attention is graphc's kernel; the
 # eager step of rows that started together gets MLX's fused one-query kernel, which reads long
-# contexts about twice as fast (H200, docs/bench/proto_gqa_attention.py, run 16, 8B shape: 57
+# contexts about twice as fast (H200, benchmarks/probes/gqa_attention.py, 8B shape: 57
 # against 57 µs a layer at batch 64 and 272 columns, 145 against 89 at 1,040, 513 against 274 at
 # 4,112; batch 16 at 4,112: 144 against 87). At 32 layers that loss passes what compiling saves
 # (~2 ms a step at 8B batch 64) near 64 x 1,024 columns; below 32,768 it is within 0.3 ms.

@@ -4,8 +4,8 @@ MLX's CUDA allocator moves any buffer the host reads (`tolist`) into managed mem
 buffer goes back to its cache for the next array of its size class. A chained decode reads step
 N's tokens while step N + 1 (queued on those tokens) runs, so the next lookup's index and every
 later [B] int32 array of the step can sit in pages the host touched: the GPU faults and the page
-migrates. Run 21 measured the embedding lookup at 156-295 µs inside an 8B batch-64 step against
-3 µs alone (ncu; docs/performance.md, "H200, run 21").
+migrates. Under ncu on the H200 the embedding lookup took 156-295 µs inside an 8B batch-64 step
+against 3 µs alone.
 
 The strategies (`ModelRunner(host_read=...)`; the Engine picks "pieces" on CUDA when the graph
 says `decode: {host_read_pieces: true}`, else "tokens"):
@@ -16,7 +16,7 @@ says `decode: {host_read_pieces: true}`, else "tokens"):
             the GPU uses ever moves to the host. B/2 tiny copies and host reads per step.
 
 Why "tokens" stays the default: under ncu "pieces" takes the lookup from 258 µs to 4.7 µs (8B,
-batch 64), but through `Engine.generate` (run 21b, 7 paired repeats) it gained nothing resolvable
+batch 64), but through `Engine.generate` (7 paired repeats on the H200) it gained nothing resolvable
 at 8B (tokens / pieces per-step median 0.974, spread 0.85-1.23; batch 1: 1.004) and lost at 1B
 batch 64 (0.958), where the step is host-bound and the B/2 copies and reads are host work. ncu
 serialises kernels and so times the fault at its worst; unprofiled, the chain hides most of it.

@@ -9,7 +9,7 @@ one query (or a few) without an array mask. Two eager steps miss it:
 
 Both then fall back to a chain of kernels, two of them cuBLAS calls that each query cuBLAS's
 heuristics on the host; on the H200 that cost ~175 us of host encode per layer against ~24 us
-for the kernel (docs/performance.md, run 12), and small-batch steps are host-bound.
+for the kernel, and small-batch steps are host-bound.
 
 How: for one forward each layer's `FullKV` is wrapped in a view (`_KernelKV`) that
 delegates mlx-lm's cache protocol to it and adds `run_layer` / `attend`
@@ -31,7 +31,7 @@ from .cache.full import FullKV
 
 
 # Padded eager decode steps take the kernel up to this many rows. Measured on the H200
-# (docs/bench/proto_padded_decode.py, Llama-3.2-1B shape, run 13): MLX's masked attention over
+# (benchmarks/probes/padded_decode.py, Llama-3.2-1B shape): MLX's masked attention over
 # the kernel 1.20x at 4 rows, 1.70x at 8, 1.15x at 16 and 1.00x at 32 — no gain above 16, where
 # the kernel's per-(row, head) reads of K and V (repeated for each query head of a KV group) catch
 # up with MLX's batched path.

@@ -16,7 +16,7 @@ speculator credits it with its rows times the tokens its slowest row got
 (Speculator.end_cycle), not the total: in a batch where some rows accept long drafts and one
 accepts none, verifying raises the total while that one row gets a token per (dearer) verify
 step instead of per plain step — on the H200 a fixed batch of 16 grounded prompts finished
-0.57–0.81x slower that way (run 11), its stragglers setting the time. Crediting the slowest row
+0.57–0.81x slower that way, its stragglers setting the time. Crediting the slowest row
 means speculation runs only where no request is slowed by it; at batch 1 it is the token
 rate. The compile gate credits every token (both arms emit one per row).
 
@@ -87,8 +87,8 @@ class ArmGate:
     # Arms whose rates are within CLOSE of the best one's are re-checked every EXPLORE_CLOSE
     # measured cycles instead: two windows of 16 noisy cycles can put them in the wrong order,
     # and a wrong order then held for 64 cycles — at batch 1 two thirds of a 96-token request
-    # (H200 run 12e, compile "auto": plain and verify 273 and 346 tok/s, gated 1.02x (noise)
-    # against ungated 1.67x). Exploring a close arm costs little: it is close.
+    # (H200, compile "auto": plain and verify measured 273 and 346 tok/s, and the gate gave
+    # 1.02x (noise) against ungated 1.67x). Exploring a close arm costs little: it is close.
     CLOSE = 1.5
     EXPLORE_CLOSE = 16
 

@@ -6,8 +6,7 @@ MLX's kernels (JIT-compiled on CUDA, cached on disk per machine under /tmp/mlx/<
 on the CPU, `mx.compile`'s C++), graphc's own CUDA kernels (attention, the top-ranks and
 choose kernels of sampling), and the compiled decode step's trace. On a freshly started H200,
 a benchmark's model build and first two calls at Llama-3.2-1B batch 64 took more than 150 s
-together (run 25f, docs/performance.md; docs/bench/proto_cold_start.py splits it, with and
-without this warm-up). Two short requests run here instead, before `/health` says ok: one
+together (benchmarks/probes/cold_start.py splits it, with and without this warm-up). Two short requests run here instead, before `/health` says ok: one
 greedy, one sampled with temperature, top-p and top-k, each at batch 1, through the engine's
 defaults (so a server default of speculative decoding is warmed too). Other batch sizes'
 compiled traces (`compile="auto"`) are still built when a batch of that size first decodes.

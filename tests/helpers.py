@@ -9,6 +9,8 @@ import numpy as np
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
+from graphc.runtime import Engine, SamplingParams
+
 
 def reference_greedy(model, prompt_ids: list[int], max_tokens: int) -> list[int]:
     """mlx-lm's generate_step with its own caches, one prompt at a time, greedy."""
@@ -19,20 +21,30 @@ def reference_greedy(model, prompt_ids: list[int], max_tokens: int) -> list[int]
     return out
 
 
+def assert_greedy_matches_mlx_lm(model, prompts: list[list[int]], results, max_tokens) -> None:
+    """Each result's tokens equal mlx-lm's own greedy decode of its prompt, alone
+    (`max_tokens`: one count for every prompt, or one per prompt)."""
+    counts = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
+    assert len(results) == len(prompts) == len(counts)
+    for prompt, n, res in zip(prompts, counts, results):
+        assert res.token_ids == reference_greedy(model, prompt, n)
+
+
+def assert_chained_equals_unchained(path, prompts: list[list[int]], max_tokens: list[int], **load_kw) -> list:
+    """The chained decode loop (step N + 1 queued before the host reads step N's tokens) gives the
+    tokens the unchained one does; returns the chained results."""
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
+    chained = Engine.load(path, chain=True, **load_kw).generate(prompts, params)
+    unchained = Engine.load(path, chain=False, **load_kw).generate(prompts, params)
+    assert [r.token_ids for r in chained] == [r.token_ids for r in unchained]
+    return chained
+
+
 def reference_logits(model, ids: list[int]) -> mx.array:
     """Logits at every position of `ids` [L, V], float32, from one mlx-lm forward with its cache."""
     cache = make_prompt_cache(model)
     logits = model(mx.array(ids)[None], cache=cache)
     return logits[0].astype(mx.float32)
-
-
-def reference_last_logits_stepwise(model, ids: list[int], prompt_len: int) -> list[mx.array]:
-    """Last-position logits after the prompt and after each following token, fed one at a time."""
-    cache = make_prompt_cache(model)
-    out = [model(mx.array(ids[:prompt_len])[None], cache=cache)[0, -1].astype(mx.float32)]
-    for t in ids[prompt_len:]:
-        out.append(model(mx.array([[t]]), cache=cache)[0, -1].astype(mx.float32))
-    return out
 
 
 def random_prompts(n: int, vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
@@ -77,8 +89,6 @@ def assert_generic_lowering_matches(path, prefill_chunk: int = 8, max_tokens: in
     """The generic lowering (the model's own forward on graphc's caches, forced) equals mlx-lm:
     a batch of mixed lengths (some past the prefill chunk), then prompts sharing a prefix one
     after another, so the later ones hit the prefix cache."""
-    from graphc.runtime import Engine, SamplingParams
-
     eng = Engine.load(path, prefill_chunk=prefill_chunk, max_total_tokens=4096, lowering="generic")
     assert eng.compiled.binding.lowering == "generic" and eng.compiled.binding.check.ok
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)

@@ -60,7 +60,7 @@ def test_host_and_chain_rows(result):
     assert "chained/unchained" in _rows(result, "chain")[0]["ratios"]
 
 
-def test_burst_rows(result):
+def test_burst_rows_carry_both_units_for_every_contestant(result):
     rows = _rows(result, "burst")
     assert {r["unit"] for r in rows} == {"TTFT ms (median)", "generated tok/s"}
     for r in rows:

@@ -22,7 +22,7 @@ def test_workload_is_seeded_and_within_bounds(model_dir):
     assert len({r.prompt_tokens for r in a}) > 3  # mixed lengths, not one
 
 
-def test_arrivals():
+def test_arrivals_are_sorted_seeded_and_all_at_once_at_infinite_rate():
     assert arrival_times(5, math.inf, 0) == [0.0] * 5
     t = arrival_times(200, 10.0, 1)
     assert t == sorted(t) and t[0] == 0.0 and t == arrival_times(200, 10.0, 1)

@@ -13,7 +13,7 @@ from graphc.cli.main import build_parser, main
 from graphc.runtime.server.state import served_name
 
 
-def test_version(capsys):
+def test_version_flag_prints_the_version_and_exits_zero(capsys):
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith("graphc ")

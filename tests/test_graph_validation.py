@@ -14,7 +14,7 @@ import pytest
 
 from graphc.compiler.compile import compile_graph, load_spec
 from graphc.compiler.errors import GraphError
-from graphc.compiler.parse import parse_collect
+from graphc.compiler.parse import GRAPHS_DIR, parse_collect
 from graphc.compiler.validate import validate
 
 GOOD = textwrap.dedent("""\
@@ -156,9 +156,33 @@ def test_validate_cli_reports_all_and_exits_nonzero(tmp_path):
     assert "2 error(s)" in proc.stdout
 
 
-def test_builtin_graphs_validate():
-    for name in ("dense",):
-        load_spec(name)
+SHIPPED = sorted(p.stem for p in GRAPHS_DIR.glob("*.yaml"))
+
+
+def test_the_shipped_graphs_are_all_found():
+    # The parametrized test below covers whatever graphs/ holds; it must not pass by finding none.
+    assert {"dense", "dense_noprefix", "sliding", "hybrid", "embed", "score"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_graph_validates_without_errors_or_warnings(name):
+    errors, warnings = diagnose((GRAPHS_DIR / f"{name}.yaml").read_text())
+    assert errors == [] and warnings == []
+    spec = load_spec(name)  # by name, as users and the CLI resolve it
+    assert spec.name == name
+    ids = {n.id for n in spec.nodes}
+    assert spec.outputs and all(src in ids for _, src in spec.outputs)
+
+
+@pytest.mark.parametrize("op,words", [("score", "scores need"), ("prompt_logprobs", "prompt logprobs need")])
+def test_ops_that_read_every_position_reject_last_position_logits(op, words):
+    inputs = "[logits, tokens]"
+    text = GOOD.replace("op: logits, inputs: [decoder]}", "op: logits, inputs: [decoder], params: {positions: last}}")
+    text = text.replace("  - {id: sample, op: sample, inputs: [logits]}\n",
+                        f"  - {{id: sample, op: sample, inputs: [logits]}}\n  - {{id: extra, op: {op}, inputs: {inputs}}}\n")
+    text = text.replace("  next_tokens: sample\n", "  next_tokens: sample\n  extra: extra\n")
+    errors, _ = diagnose(text)
+    assert any(words in d.message and "`positions: all`" in d.message for d in errors), errors
 
 
 def test_bind_rejects_model_with_layers_the_graph_has_no_policy_for(model_dir):

@@ -44,7 +44,7 @@ def test_the_option_reaches_the_runner_and_the_plan(model_dir, monkeypatch):
     d = model_dir("llama")
     assert "host read" not in dict(Engine.load(d).compiled.plan("decode").passes)  # off CUDA: no line
     monkeypatch.setattr(mx.cuda, "is_available", lambda: True)
-    off = Engine.load(d)  # the default: the tokens themselves (run 21: pieces did not pay through the API)
+    off = Engine.load(d)  # the default: the tokens themselves (pieces did not pay through the API)
     assert off.runner.host_read == "tokens"
     assert "the step's tokens themselves" in dict(off.compiled.plan("decode").passes)["host read"]
     on = Engine.load(d, decode_options={"host_read_pieces": True})

@@ -2,7 +2,7 @@
 checked without a GPU (benchmarks/kernel_builds.py): NVRTC compiles the source
 mx.fast.cuda_kernel would build at each configuration, ptxas reports the registers a thread and the
 static shared memory, and a launch that would need more than a block may have fails here, not on
-the H200 ("too many resources requested for launch": the top-ranks select variant, run 20a).
+the H200 ("too many resources requested for launch", as the top-ranks select variant once did).
 
 The build tests skip only where the nvidia-cuda-{nvrtc,runtime,nvcc}-cu12 wheels are not
 installed (the `kernels` extra installs them on Linux x86_64: `pip install -e '.[cpu,test,kernels]'`)."""
@@ -64,7 +64,7 @@ def test_every_kernel_builds_and_fits_its_launches(toolchain):
     assert not failed, "kernels that would not build or launch on the H200:\n" + "\n".join(
         b.line() + "\n" + b.log[-2000:] for b in failed[:5])
     assert all(b.registers > 0 for b in builds)
-    # the top-ranks kernel's 512 threads leave at most 128 registers a thread (run 20a)
+    # the top-ranks kernel's 512 threads leave at most 128 registers a thread
     assert {b.launch.threads for b in builds if "top_ranks" in b.launch.name} == {512}
 
 

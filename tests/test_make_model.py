@@ -204,7 +204,7 @@ def test_errors_are_clear(tmp_path):
         make_model("llama", tmp_path / "y", vocab_size=100)
 
 
-def test_cli(tmp_path, capsys):
+def test_make_model_cli_writes_the_config_and_rejects_an_unsupported_window(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_cli_arguments(parser)
     args = parser.parse_args(

@@ -169,7 +169,7 @@ def _args(*argv):
     return config_from_args(p.parse_args(["serve", *argv]))
 
 
-def test_cli_flags(paths):
+def test_model_flags_take_one_or_several_models_and_reject_mixes(paths):
     one = _args("--model", paths["a"])
     assert one.model == paths["a"] and not one.several_models
     two = _args("--model", f"a={paths['a']}", "--model", f"b={paths['b']}", "--max-loaded-models", "1",

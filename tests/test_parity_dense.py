@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from helpers import assert_decode_logits_match, assert_generic_lowering_matches, random_prompts, reference_greedy
+from helpers import assert_chained_equals_unchained, assert_decode_logits_match, assert_generic_lowering_matches, assert_greedy_matches_mlx_lm, random_prompts
 
 # float32 tiny models: graphc runs the same mlx-lm modules, so differences come only from
 # batching (left padding, masked columns) and chunking changing reduction order.
@@ -27,9 +27,8 @@ def test_batched_greedy_matches_mlx_lm(engine):
     prompts = random_prompts(8, engine.vocab_size, [5, 40, 17, 1, 33, 9, 64, 2], seed=11)
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     results = engine.generate(prompts, params)
-    for prompt, res in zip(prompts, results):
-        assert res.token_ids == reference_greedy(engine.model, prompt, 64)
-        assert res.finish_reason == "length"
+    assert_greedy_matches_mlx_lm(engine.model, prompts, results, 64)
+    assert all(res.finish_reason == "length" for res in results)
 
 
 def test_decode_runs_one_forward_per_step_for_the_batch(engine):
@@ -50,10 +49,7 @@ def test_last_position_logits_close_to_mlx_lm(engine):
 def test_chained_and_unchained_give_identical_tokens(model_dir):
     d = model_dir("llama")
     prompts = random_prompts(5, 1024, [4, 30, 9, 18, 2], seed=21)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 5, 17, 1, 25)]
-    chained = Engine.load(d, prefill_chunk=8, chain=True).generate(prompts, params)
-    unchained = Engine.load(d, prefill_chunk=8, chain=False).generate(prompts, params)
-    assert [r.token_ids for r in chained] == [r.token_ids for r in unchained]
+    chained = assert_chained_equals_unchained(d, prompts, [30, 5, 17, 1, 25], prefill_chunk=8)
     assert [len(r.token_ids) for r in chained] == [30, 5, 17, 1, 25]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from generic_models import make_tiny
 from graphc.runtime import Engine, SamplingParams
-from helpers import assert_decode_logits_match, random_prompts, reference_greedy
+from helpers import assert_chained_equals_unchained, assert_decode_logits_match, assert_greedy_matches_mlx_lm, random_prompts
 
 ARCHS = ["gemma", "cohere", "phi", "gemma2", "gemma3", "baichuan_m1"]
 
@@ -47,8 +47,7 @@ def test_served_by_the_generic_lowering_after_a_passing_self_check(engine):
 def test_batched_chunked_greedy_matches_mlx_lm(engine):
     prompts = random_prompts(5, engine.vocab_size, [5, 30, 17, 1, 12], seed=3)
     results = engine.generate(prompts, SamplingParams(max_tokens=14, ignore_eos=True))
-    for p, r in zip(prompts, results):
-        assert r.token_ids == reference_greedy(engine.model, p, 14)
+    assert_greedy_matches_mlx_lm(engine.model, prompts, results, 14)
 
 
 def test_batched_decode_logits_match_mlx_lm(engine):
@@ -59,10 +58,7 @@ def test_batched_decode_logits_match_mlx_lm(engine):
 def test_chained_equals_unchained(tiny_dir):
     d = tiny_dir("gemma2")
     prompts = random_prompts(3, 1024, [4, 19, 9], seed=8)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (12, 3, 9)]
-    chained = Engine.load(d, prefill_chunk=8, chain=True).generate(prompts, params)
-    plain = Engine.load(d, prefill_chunk=8, chain=False).generate(prompts, params)
-    assert [r.token_ids for r in chained] == [r.token_ids for r in plain]
+    assert_chained_equals_unchained(d, prompts, [12, 3, 9], prefill_chunk=8)
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "phi"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from helpers import assert_decode_logits_match, assert_generic_lowering_matches, random_prompts, reference_greedy
+from helpers import assert_chained_equals_unchained, assert_decode_logits_match, assert_generic_lowering_matches, assert_greedy_matches_mlx_lm, random_prompts, reference_greedy
 
 LOGIT_ATOL = 2e-4
 
@@ -39,8 +39,7 @@ def test_batched_greedy_matches_mlx_lm(engine):
     prompts = random_prompts(6, engine.vocab_size, [5, 40, 17, 1, 33, 70], seed=11)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 12, 30, 25, 3, 30)]
     results = engine.generate(prompts, params)
-    for prompt, sp, res in zip(prompts, params, results):
-        assert res.token_ids == reference_greedy(engine.model, prompt, sp.max_tokens)
+    assert_greedy_matches_mlx_lm(engine.model, prompts, results, [sp.max_tokens for sp in params])
 
 
 def test_last_position_logits_close_to_mlx_lm(engine):
@@ -50,10 +49,7 @@ def test_last_position_logits_close_to_mlx_lm(engine):
 
 def test_chained_and_unchained_give_identical_tokens(hybrid_dir):
     prompts = random_prompts(4, 1024, [4, 30, 19, 2], seed=21)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 5, 17, 25)]
-    chained = Engine.load(hybrid_dir, prefill_chunk=8, chain=True, max_total_tokens=512).generate(prompts, params)
-    plain = Engine.load(hybrid_dir, prefill_chunk=8, chain=False, max_total_tokens=512).generate(prompts, params)
-    assert [r.token_ids for r in chained] == [r.token_ids for r in plain]
+    assert_chained_equals_unchained(hybrid_dir, prompts, [30, 5, 17, 25], prefill_chunk=8, max_total_tokens=512)
 
 
 def test_prefix_hits_resume_at_snapshots_and_equal_cold(hybrid_dir):

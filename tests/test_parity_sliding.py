@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from helpers import assert_decode_logits_match, assert_generic_lowering_matches, random_prompts, reference_greedy
+from helpers import assert_chained_equals_unchained, assert_decode_logits_match, assert_generic_lowering_matches, assert_greedy_matches_mlx_lm, random_prompts, reference_greedy
 
 LOGIT_ATOL = 2e-4
 WINDOW = 8
@@ -38,8 +38,7 @@ def test_batched_greedy_matches_mlx_lm(engine):
     # Mixed lengths, most far longer than the window; 40 decode steps run past it again.
     prompts = random_prompts(7, engine.vocab_size, [5, 40, 17, 1, 33, 90, 9], seed=11)
     results = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
-    for prompt, res in zip(prompts, results):
-        assert res.token_ids == reference_greedy(engine.model, prompt, 40)
+    assert_greedy_matches_mlx_lm(engine.model, prompts, results, 40)
 
 
 @pytest.mark.parametrize("chunk", [3, 8, 64])
@@ -47,8 +46,7 @@ def test_chunked_prefill_matches_mlx_lm(sliding_dir, chunk):
     eng = Engine.load(sliding_dir, prefill_chunk=chunk, prefix_cache=False)
     prompts = random_prompts(3, eng.vocab_size, [29, 7, 50], seed=chunk)
     results = eng.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
-    for prompt, res in zip(prompts, results):
-        assert res.token_ids == reference_greedy(eng.model, prompt, 12)
+    assert_greedy_matches_mlx_lm(eng.model, prompts, results, 12)
 
 
 def test_last_position_logits_close_to_mlx_lm(engine):
@@ -59,10 +57,7 @@ def test_last_position_logits_close_to_mlx_lm(engine):
 
 def test_chained_and_unchained_give_identical_tokens(sliding_dir):
     prompts = random_prompts(4, 1024, [4, 30, 19, 2], seed=21)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (30, 5, 17, 25)]
-    chained = Engine.load(sliding_dir, prefill_chunk=8, chain=True, max_total_tokens=512).generate(prompts, params)
-    plain = Engine.load(sliding_dir, prefill_chunk=8, chain=False, max_total_tokens=512).generate(prompts, params)
-    assert [r.token_ids for r in chained] == [r.token_ids for r in plain]
+    assert_chained_equals_unchained(sliding_dir, prompts, [30, 5, 17, 25], prefill_chunk=8, max_total_tokens=512)
 
 
 def test_prefix_hits_equal_cold_and_save_prefill(sliding_dir):

@@ -63,7 +63,7 @@ def test_build_checks_vocab_range():
         SamplingTensors.build([SamplingParams(top_p=2.0)], 10)
 
 
-def test_host_flags():
+def test_batch_flags_name_the_host_work_a_batch_needs():
     V = 100
     st = SamplingTensors.build([SamplingParams()] * 3, V)
     assert st.all_greedy and not st.has_penalties and not st.needs_edits and not st.want_logprobs and st.chain_safe

@@ -47,7 +47,7 @@ def test_max_completion_tokens_wins_over_max_tokens(client):
     assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
 
 
-def test_n_and_stop(client, engine):
+def test_n_choices_each_end_at_the_stop_string(client, engine):
     ids = templated(engine, MESSAGES)
     [ref] = engine.generate([ids], SamplingParams(max_tokens=12, ignore_eos=True))
     stop = ref.text[4:7]

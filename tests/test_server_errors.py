@@ -219,7 +219,7 @@ def test_overloaded_is_503_then_recovers(small, monkeypatch):
     assert post(small, "/v1/completions", completion()).status_code == 200
 
 
-def test_api_key(model_dir):
+def test_api_key_guards_v1_but_not_health(model_dir):
     with live_server(model_dir("llama"), api_key="sekrit") as srv:
         bad = openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError) as e:

@@ -9,7 +9,7 @@ import httpx
 from server_harness import MODEL, wait_until
 
 
-def test_health(server):
+def test_health_reports_ok_and_the_served_model(server):
     r = httpx.get(server.url + "/health")
     assert r.status_code == 200
     body = r.json()

@@ -29,7 +29,7 @@ def _cycle(gate, clock, arm_cost, batch=1, available=("plain", "verify"), dirty=
     return arm
 
 
-def test_buckets():
+def test_batch_sizes_fall_in_power_of_two_buckets_up_to_16():
     assert [bucket(b) for b in (0, 1, 2, 3, 4, 5, 8, 9, 15, 16)] == [1, 1, 2, 4, 4, 8, 8, 16, 16, 16]
 
 

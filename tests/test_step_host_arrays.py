@@ -1,7 +1,7 @@
 """A decode step reads no array made on the host in that step, where a batch's rows are unchanged.
 
 On MLX's CUDA backend a host-made array of more than 8 bytes lives in managed memory and the first
-GPU kernel that reads it migrates its page (~100 µs for 64 int32s; docs/performance.md, run 19).
+GPU kernel that reads it migrates its page (~100 µs for 64 int32s on the H200; benchmarks/probes/host_arrays.py).
 The rows' left padding is the per-row array a step needs: FullKV keeps it on the device, made once
 per value and shared by every layer's cache, and the compiled step and the kernel views take that
 array instead of building one from the host list each step.

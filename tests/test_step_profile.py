@@ -72,8 +72,8 @@ def test_paired_mode_with_a_control_normalizes_each_pair_by_the_plain_loop(tmp_p
 
 def test_a_budget_cuts_the_pairs_by_time_and_keeps_the_ones_done(tmp_path, monkeypatch):
     """--budget: no new pair starts once the budget (counted from the start) is spent; the pairs
-    done are summarized and written, marked as cut (a device call's time limit otherwise loses
-    them all, as run 24's first 8B run showed)."""
+    done are summarized and written, marked as cut (a device call's time limit otherwise kills the
+    process and loses them all)."""
     ticks = iter(range(0, 10_000, 10))  # each look at the clock: 10 s later
     monkeypatch.setattr(step_profile, "_clock", lambda: next(ticks))
     out = tmp_path / "p.json"

@@ -149,10 +149,6 @@ class PromptTargets:
 
 def _check_prompt_logprobs(node, spec):
     return needs_all_positions(node, spec, "prompt logprobs")
-    if producer.op == "logits" and dict(producer.params).get("positions", "last") != "all":
-        return [f"input '{src}' has logits for the last position only; prompt logprobs need "
-                "`positions: all` on that logits node"]
-    return []
 
 
 def _describe_prompt_logprobs(node, binding, kind):

@@ -27,10 +27,6 @@ class TokenScores:
 
 def _check_score(node, spec):
     return needs_all_positions(node, spec, "scores")
-    if producer.op == "logits" and dict(producer.params).get("positions", "last") != "all":
-        return [f"input '{src}' has logits for the last position only; scoring needs "
-                "`positions: all` on that logits node"]
-    return []
 
 
 @register_op("score", inputs=(LOGITS, TOKENS), output=TOKEN_SCORES, phase="final", check=_check_score,

@@ -2,8 +2,8 @@
 
 On MLX's CUDA backend an array made on the host (``mx.array(list)``) lives in managed memory,
 and the first GPU kernel that reads it after the CPU wrote it migrates its page: ~100 µs for 64
-int32s, while an array made once and reused costs nothing more than a device-made one (run 19,
-docs/bench/proto_host_arrays.py; arrays of at most 8 bytes come from a pool the GPU reads in
+int32s, while an array made once and reused costs nothing more than a device-made one (H200,
+benchmarks/probes/host_arrays.py; arrays of at most 8 bytes come from a pool the GPU reads in
 place, so batch 1 never pays). The caches' per-row values (left padding, position bases) change
 only when the batch's rows do, so each value is made once here and every layer shares it.
 """

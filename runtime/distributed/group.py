@@ -36,8 +36,8 @@ def direct_launches_for_nccl() -> bool:
     (MLX_USE_CUDA_GRAPHS set either way). Returns whether this call turned them off.
 
     Why: MLX captures every NCCL collective into the CUDA graph it is building; such graphs are
-    not updatable, so each one is re-instantiated when it is launched. On the H200 pair (run 8,
-    docs/performance.md) that made each of a decode step's 64 collectives cost 37-71 us inside
+    not updatable, so each one is re-instantiated when it is launched. On the H200 pair
+    (benchmarks/probes/tp_h200x2.sh probe) that made each of a decode step's 64 collectives cost 37-71 us inside
     the step instead of 9-18 us, and an 8B TP=2 decode step 1.2-1.4x slower. MLX reads the
     variable once, at its first GPU op, so this must run before any: `world()` calls it, and the
     entry points call `world()` before they build the model."""

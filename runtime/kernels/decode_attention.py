@@ -7,7 +7,7 @@ versions); a batch whose rows are left-padded (rows join a running batch at diff
 lengths), a fixed-capacity buffer (the compiled decode path) or a speculative verify
 (L = k + 1 causal queries) falls back to a path of several kernels, two of them cuBLAS
 calls that each query cuBLAS's heuristics on the host: on the H200 an L = 9 attention cost
-~175 us of host encode per layer against ~24 us for one query (docs/performance.md, run 12),
+~175 us of host encode per layer against ~24 us for one query,
 and a verify step is host-bound. This kernel takes each row's first valid column and the
 end column instead of a mask — query l of a row sees the columns before it and itself,
 causal inside the L new ones — so it is one launch per layer and reads only the columns
@@ -135,9 +135,9 @@ _SOURCE = r"""
 # from nk / nv and writes them into the cache buffers in place, one block per (row, KV head,
 # query position) — so the step has no separate K/V write launch. Why: MLX writes a column
 # functionally, a scatter per layer and plane into an array that takes over the old buffer; at
-# Llama-3.1-8B batch 64 those 64 scatters were 0.94 of 8.4 ms of device time a step (ncu, run
-# 20), and 32 layers' writes + attention took 1.75 ms a step against 1.00 with the write in the
-# kernel (H200, docs/bench/proto_kv_write_kernel.py, docs/performance.md run 23). No block of a
+# Llama-3.1-8B batch 64 those 64 scatters were 0.94 of 8.4 ms of device time a step (ncu), and
+# 32 layers' writes + attention took 1.75 ms a step against 1.00 with the write in the kernel
+# (H200, benchmarks/probes/kv_write_kernel.py). No block of a
 # launch reads a cache column it writes, and the next step's reads depend on this step's
 # tokens, so the write needs no ordering beyond the stream's.
 _ROWS_PLAIN = r"""        const T* ks = kp + (size_t)jc * D;
@@ -276,9 +276,9 @@ _GROUP_CLOSE = r"""    __shared__ float sm[WARPS][G];
 # The same attention with one block per (row, KV head, query position) serving all G query heads
 # of that KV group: each K and V column is read once per group instead of once per query head
 # (the per-head kernel took 2.3 of the compiled Llama-3.1-8B batch-64 step's 9.4 ms of device
-# time under ncu, docs/performance.md, run 14). Each lane holds D/32 dims of G queries; WARPS
+# time under ncu). Each lane holds D/32 dims of G queries; WARPS
 # warps split the keys, KPI keys per warp per iteration. Measured on the H200
-# (docs/bench/proto_gqa_attention.py, run 16): 1.1-1.8x the per-head kernel at 8B batch 16-64 for
+# (benchmarks/probes/gqa_attention.py): 1.1-1.8x the per-head kernel at 8B batch 16-64 for
 # one query (1.2-1.35x at 272 columns), 1.4-2.4x for 9 (verify), 1.2-1.5x for 9 at batch 1. Splitting the keys over more blocks
 # (flash-decoding, a second combine launch) was slower at every shape tried, so it is not here.
 _GROUPED_SOURCE = r"""
@@ -332,7 +332,7 @@ _grouped_new = Kernel("graphc_grouped_decode_attention_write", _INPUTS_NEW, ["ou
 # The grouped kernel again, laid out for memory-level parallelism (the "vec" kernel). The grouped
 # kernel's lanes each hold D/32 dims of a key and load them as D/32 two-byte loads, four keys per
 # warp per trip to memory; at Llama-3.1-8B batch 64 and 272 columns it read its 36 MB per layer
-# at ~0.6 TB/s (57 µs, docs/performance.md run 16) — latency-bound, not bandwidth-bound. Here a
+# at ~0.6 TB/s (57 µs) — latency-bound, not bandwidth-bound. Here a
 # key is held by LPK = D / VEC lanes, each loading VEC = 16 / sizeof(T) consecutive elements as
 # one 16-byte load, so a warp loads 32 / LPK whole keys per instruction (consecutive keys:
 # 512 contiguous bytes), KPL of them per lane per trip; the dot products reduce over the LPK
@@ -444,12 +444,12 @@ _grouped_ok = {"ok": False, "why": "not checked"}
 _vec_ok = {"ok": False, "why": "not checked"}
 
 # (fewest blocks, warps per block, keys per lane per trip) for the vec kernel, first match wins,
-# from the H200 sweep of run 18 (docs/performance.md): 4 x 4 was the fastest configuration at
-# every batch of 16 rows and more (128+ blocks at 8 KV heads), 8 x 4 at batch 1 for 9 queries.
+# from an H200 sweep of warps x keys per lane at the Llama shapes: 4 x 4 was the fastest at every
+# batch of 16 rows and more (128+ blocks at 8 KV heads), 8 x 4 at batch 1 for 9 queries.
 VEC_CONFIG = ((128, 4, 4), (0, 8, 4))
 # Fewer blocks than this (one query at batches under 8, at 8 KV heads) take the grouped kernel:
-# through the public API the vec kernel was 1-2 % slower there (run 18: Llama-3.2-1B batch 1,
-# slower in 5 of 5 paired repeats).
+# through the public API the vec kernel was 1-2 % slower there (Llama-3.2-1B batch 1, slower in
+# 5 of 5 paired repeats).
 VEC_MIN_BLOCKS = 64
 
 

@@ -6,7 +6,7 @@ exp(s − s_0) over the kept ranks and its inclusive prefix sums (`select.top_p_
 elementwise kernel and `mx.cumsum`), the sums' total at rank top_k − 1 (a gather), the exclusive
 sums (a concatenate), the keep mask, s + Gumbel noise, an argmax and a gather of the id — seven
 launches, each encoded on the host, and at Llama-3.2-1B batch 64 the step is bound by that host
-encode (docs/performance.md, runs 17 and 21). Here one block a row does all of it:
+encode (`step_profile`: `submit` 2.5 of a 3.7 ms step). Here one block a row does all of it:
 
     p     = exp(s_r − s_0), 0 where rank ≥ min(top_k, K)        (use_top_p; the mask with use_top_k)
     c     = inclusive prefix sums of p, in the association order of MLX's CUDA `cumsum`
@@ -31,9 +31,9 @@ random rows with and without ties and with masked ranks, against `select.choose`
 the fused step compiles it; otherwise MLX's ops run (`check()` does every configuration at once,
 for the bench). NaN logits may pick differently (as in top_ranks.py).
 
-Until run 26 the scan stayed MLX's own `mx.cumsum`, read by the kernel: two launches more a
-sampled step with top-p (docs/performance.md, run 26, where what that is worth end to end stayed
-within the spread between runs).
+Why the scan is inside rather than MLX's own `mx.cumsum` read by the kernel: that is two launches
+more a sampled step with top-p, and a batch-64 step is bound by the host's encode of its launches
+(what the two are worth end to end is within the spread between H200 sessions).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ Why: on MLX's CUDA backend the same work was about 18 launches per step (a max p
 block keys, a partition over [B, V / 32] block keys, a gather, the token keys, a partition over
 [B, 32 K], a sort, the id and value decoding, the scaling, four murmur kernels), each encoded on
 the host, and a batch-64 decode step is bound by that host encode: a sampled step cost ~0.3 ms
-(+9 %) more than a greedy one at Llama-3.2-1B batch 64 (docs/performance.md, run 17). Here one
+(+9 %) more than a greedy one at Llama-3.2-1B batch 64 (H200). Here one
 block of 512 threads per row does it in shared memory:
 
   1. the best token of every BK-token block as a key (order(max), 0xFFFFFFFF - block index);
@@ -156,7 +156,7 @@ __device__ __forceinline__ void graphc_top_select(unsigned long long* s, const i
     const unsigned long long key = sel[i];
     int r = 0;
     // not unrolled whole: with k a template constant nvcc kept all of sel[] in registers (147 at
-    // k = 64, 255 at 128: no launch of 512 threads; run 20a). Now 32-34 (nvrtc_compile_check.py)
+    // k = 64, 255 at 128: no launch of 512 threads). Now 32-34 (benchmarks/kernel_builds.py)
 #pragma unroll 4
     for (int j = 0; j < k; ++j) r += sel[j] > key;
     s[r] = key;

@@ -286,13 +286,6 @@ def select_plain(x: mx.array, g: RowGroup, state: mx.array) -> mx.array:
     return f(x, g.inv_temperature, g.log_min_p, state)
 
 
-def filtered_choice(sv: mx.array, sid: mx.array, g: RowGroup, state: mx.array) -> mx.array:
-    """Filters + Gumbel-max in rank space. ``sv``/``sid`` [b, n] are the first n
-    ranks (values, ids) of each row; returns the chosen token ids int32 [b]."""
-    f = _compiled(_filtered, use_top_k=g.use_top_k, use_top_p=g.use_top_p, use_min_p=g.use_min_p)
-    return f(sv, sid, g.inv_temperature, g.top_k, g.top_p, g.log_min_p, state)
-
-
 def _select_ranked(x: mx.array, g: RowGroup, state: mx.array, width: int) -> mx.array:
     f = _compiled(_ranked, width=width, use_top_k=g.use_top_k, use_top_p=g.use_top_p, use_min_p=g.use_min_p)
     return f(x, g.inv_temperature, g.top_k, g.top_p, g.log_min_p, state)

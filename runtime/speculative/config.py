@@ -17,7 +17,7 @@ def default_num_draft_tokens(method: str = "prompt_lookup") -> int:
     what one position does (launch- and host-bound; on the H200 a SmolLM2 verify's device time
     was 0.1-0.5 ms of a 5.5-10 ms step), and lookup drafts cost nothing, so the longest draft the
     verify budget allows is the cheapest way through a copied stretch: replaying the grounded
-    bench's answers (docs/bench/proto_draft_policy.py) took 54 verify steps for 384 tokens at
+    bench's answers (benchmarks/probes/draft_policy.py) took 54 verify steps for 384 tokens at
     k = 16 against 63 at k = 8 (40 against 63 with k kept at 16 after a rejection, see
     Speculator.shrink_k). GPU, draft model: 8 — each draft token is a step of the draft model.
     CPU: 4 — the verify budget (speculator.default_max_tokens, 4 positions) caps k at 3 anyway."""

@@ -105,8 +105,8 @@ def default_pipeline() -> bool:
     """Pipelined verify is opt-in (`spec_pipeline=True`). It hides the device's run of a verify
     behind the host's build of the next one, so it pays only where that run is long; on the
     H200 with SmolLM2-135M a verify forward's device time was 0.1-0.5 ms of a 5.5-7 ms
-    host-bound step (docs/bench/proto_verify_cost.py), and pipelined measured 0.73-1.21x
-    unpipelined (run 11): a discarded guess costs a whole host build. On the CPU the forward
+    host-bound step (benchmarks/probes/verify_cost.py), and pipelined measured 0.73-1.21x
+    unpipelined: a discarded guess costs a whole host build. On the CPU the forward
     itself is the cost, so a discarded guess is a wasted step."""
     return False
 
@@ -162,7 +162,7 @@ class Speculator:
         # 9 does (host-bound), and a k halved after one bad match keeps the next copied stretch's
         # drafts short for many steps: replaying the grounded bench's answers, keeping k at 16
         # took 40 verify steps for 384 tokens against 54 when halving
-        # (docs/bench/proto_draft_policy.py). A draft model always shrinks (each draft is a step).
+        # (benchmarks/probes/draft_policy.py). A draft model always shrinks (each draft is a step).
         self.shrink_k = (mx.default_device() != mx.gpu) if shrink_k is None else shrink_k
         self.cooldown = cooldown
         self.pipeline = default_pipeline() if pipeline is None else bool(pipeline)
@@ -310,7 +310,7 @@ class Speculator:
                 # A plain step: not a sample of the verify arm. The gate weighs verifying the
                 # drafts rows have; steps with none (a stretch of new text) are plain whichever
                 # arm runs, and counting them drove the batch-1 gate to plain exactly where the
-                # drafts were good (H200 run 12: gated 1.22x against ungated 1.86x plain).
+                # drafts were good (H200, batch 1: gated 1.22x against ungated 1.86x plain).
                 self.busy()
                 return None
             L = 1 + max(map(len, drafts))
