@@ -20,3 +20,10 @@ def load(module: str, what: str) -> ModuleType:
     except ImportError as e:
         raise ImportError(f"{what} is provided by module '{module}', which failed to import: {e} "
                           "(is graphc installed completely? `pip install -e .`)") from e
+
+
+def resolve(spec: str, what: str):
+    """The object a "module:attr" string names, its module imported on first use (a command
+    that needs an optional extra, or the whole engine, is named so and loaded only when run)."""
+    module, _, attr = spec.partition(":")
+    return getattr(load(module, what), attr)

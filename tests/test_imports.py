@@ -200,6 +200,9 @@ def module_imports(path: Path, root: Path, modules: dict[str, Path]) -> list[tup
     tree = ast.parse(path.read_text(), str(path))
     local, docs = _function_scoped(tree), _docstrings(tree)
     docs |= {id(n.args[0]) for n in ast.walk(tree) if _string_import(n) is not None}  # counted once, as the call
+    # `[sys.executable, "-m", "graphc.cli", ...]` starts a process; it imports nothing here
+    docs |= {id(b) for n in ast.walk(tree) if isinstance(n, (ast.List, ast.Tuple))
+             for a, b in zip(n.elts, n.elts[1:]) if isinstance(a, ast.Constant) and a.value == "-m"}
     out = []
     for node in ast.walk(tree):
         is_local = id(node) in local
