@@ -11,7 +11,8 @@ Checked four ways: an AST scan of every import statement (function-local ones in
 and `importlib.import_module` / `__import__` of a literal name), the package-level import
 graph (networkx: no cycle), the module-level import graph (no cycle either, with string
 imports as edges: a literal naming a graphc module, or "module:attr", is code loaded by
-name), and a fresh interpreter importing compiler modules.
+name; imports under `if TYPE_CHECKING:` are annotations and never run), and a fresh
+interpreter importing compiler modules.
 
 Imports sit at module top. A function-local import hides an edge from the reader (and
 used to hide circles), so the only ones allowed are of optional dependencies: the
@@ -175,6 +176,15 @@ def _function_scoped(tree: ast.AST) -> set[int]:
     return inside
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:`: names for annotations, never imported when run."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out |= {id(n) for child in node.body for n in ast.walk(child)}
+    return out
+
+
 def _docstrings(tree: ast.AST) -> set[int]:
     return {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
 
@@ -203,8 +213,11 @@ def module_imports(path: Path, root: Path, modules: dict[str, Path]) -> list[tup
     # `[sys.executable, "-m", "graphc.cli", ...]` starts a process; it imports nothing here
     docs |= {id(b) for n in ast.walk(tree) if isinstance(n, (ast.List, ast.Tuple))
              for a, b in zip(n.elts, n.elts[1:]) if isinstance(a, ast.Constant) and a.value == "-m"}
+    skip = _type_checking_only(tree)
     out = []
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         is_local = id(node) in local
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name, is_local) for a in node.names]

@@ -38,8 +38,14 @@ within the spread between runs).
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 
+from ..sampling.noise import gumbel_from_uniform
+from ..sampling.select import choose as mlx_choose
+from ..sampling.select import rank_masks
+from ..sampling.select import top_p_sums as mlx_sums
 from . import Kernel, in_process_check
 
 # MLX's CUDA `cumsum` of one contiguous row of K <= 256 floats (mlx/backend/cuda/scan.cu,
@@ -186,18 +192,12 @@ def top_p_sums(s: mx.array, top_k: mx.array, *, use_top_k: bool) -> mx.array:
 
 def _mlx_sums(s, top_k, *, use_top_k: bool):
     """select.top_p_sums as the fused selection runs it (compiled; its keep_k from select.rank_masks)."""
-    from ..sampling.select import rank_masks
-    from ..sampling.select import top_p_sums as mlx_sums
-
     if not use_top_k:
         return mx.compile(lambda x: mlx_sums(x, None))(s)
     return mx.compile(mlx_sums)(s, rank_masks(top_k, s.shape[1])[0])
 
 
 def _mlx_choose(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_p: bool, use_min_p: bool):
-    from ..sampling.noise import gumbel_from_uniform
-    from ..sampling.select import choose as mlx_choose
-
     return mlx_choose(s, ids, gumbel_from_uniform(u), top_k, top_p, log_min_p,
                       use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p)
 
@@ -205,8 +205,6 @@ def _mlx_choose(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_
 def reference(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_p: bool, use_min_p: bool):
     """The same tokens from MLX's ops, compiled as the fused selection compiles them when the kernel
     is off (sampling/fused.py: its exp and mask are one fused kernel there, its scan MLX's cumsum)."""
-    import functools
-
     fn = mx.compile(functools.partial(_mlx_choose, use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p))
     return fn(s, ids, u, top_k, top_p, log_min_p)
 

@@ -44,6 +44,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..sampling.murmur import murmur_absorb
+from ..sampling.noise import uniform_noise
+from ..sampling.select import decode_neg_keys, first_rank_neg_keys
 from . import Kernel, in_process_check
 
 THREADS = 512  # 1,024 would cap registers at 64 a thread (the signature has no __launch_bounds__)
@@ -312,10 +315,6 @@ def candidates(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions:
 
 def reference(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions: mx.array):
     """The same three arrays from MLX's ops: what the fused selection computes without the kernel."""
-    from ..sampling.murmur import murmur_absorb
-    from ..sampling.noise import uniform_noise
-    from ..sampling.select import decode_neg_keys, first_rank_neg_keys
-
     ids, sv = decode_neg_keys(first_rank_neg_keys(x, width))
     state = murmur_absorb(h, positions.astype(mx.uint32))
     return ids, sv.astype(mx.float32) * inv_t[:, None], uniform_noise(state, ids)
