@@ -34,6 +34,7 @@ import attrs
 import mlx.core as mx
 
 from .engine import Engine
+from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
 from .params import SamplingParams
 from .request import GenerationResult, RequestOutput
 
@@ -42,10 +43,6 @@ log = logging.getLogger("graphc.async_engine")
 # on_output(out, result, error): called on the engine thread for every delta of one request;
 # `result` is the GenerationResult with the final delta, `error` an exception if the engine failed.
 Sink = Callable[[RequestOutput | None, GenerationResult | None, BaseException | None], None]
-
-
-class EngineClosed(RuntimeError):
-    """The AsyncEngine was shut down (or its thread died) before the call could run."""
 
 
 @attrs.frozen

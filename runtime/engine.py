@@ -20,6 +20,7 @@ from pathlib import Path
 
 from graphc.compiler.compile import CompiledGraph, compile_graph
 
+from .distributed import load_sharded
 from .fault import StepGuard
 from .params import SamplingParams
 from .prefix_cache import for_binding, pool_bytes_per_token
@@ -204,9 +205,7 @@ class Engine:
         from graphc.compiler.gguf import resolve_model_path
 
         if distributed:
-            from .distributed import load_sharded
-
-            return load_sharded(model_dir, graph, **kwargs)
+            return load_sharded(model_dir, graph, engine_cls=cls, **kwargs)
         if model_dir is None:
             from graphc.compiler.modelgen import demo_model_path
 
