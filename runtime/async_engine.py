@@ -35,6 +35,7 @@ import mlx.core as mx
 
 from .engine import Engine
 from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
+from .grammar import GrammarState
 from .params import SamplingParams
 from .request import GenerationResult, RequestOutput
 
@@ -188,8 +189,6 @@ class AsyncEngine:
         return group
 
     async def _precompiled(self, loop, params):
-        from .grammar import GrammarState
-
         if params is None or params.grammar is None or isinstance(params.grammar, GrammarState):
             return params
         state = await loop.run_in_executor(None, self.engine.grammar_compiler.compile, params.grammar)

@@ -32,6 +32,8 @@ Measured on an H200 it beats MLX on the narrow projections (attention q/k/v and 
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 
 from . import Kernel, available, in_process_check
@@ -238,7 +240,6 @@ def load_table(path: str | None = None) -> dict:
     """{(MT, K, N): config or None} from a tune JSON (the `skinny_table` decode option); None: MLX is
     faster. Every later `plan()` in this process follows it; no path: the heuristic alone."""
     global _table
-    import json
 
     table: dict = {}
     if path:
