@@ -49,3 +49,17 @@ def resolve(spec: str, what: str):
     that needs an optional extra, or the whole engine, is named so and loaded only when run)."""
     module, _, attr = spec.partition(":")
     return getattr(load(module, what), attr)
+
+
+class Lazy:
+    """A callable standing for the function a "module:attr" string names, imported on the first
+    call (a CLI command: parsing flags needs none of what running the command imports)."""
+
+    def __init__(self, spec: str, what: str):
+        self.spec, self.what = spec, what
+
+    def __call__(self, *args, **kwargs):
+        return resolve(self.spec, self.what)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Lazy({self.spec!r})"
