@@ -3,11 +3,20 @@
 Each module has the kernel, a `reference()` it must match, and a `check()` that compares
 the two on random inputs in this process before the kernel is used (the compiled decode
 path, runtime/compiled_decode.py, falls back to MLX on any mismatch or build failure).
+
+The CUDA itself is in cuda/<module>/*.cu (package data), read by `cuda_source`: the whole
+body of a kernel, or a fragment whose `@NAME@` markers the module fills in.
 """
 
 import hashlib
+from importlib import resources
 
 import mlx.core as mx
+
+
+def cuda_source(name: str) -> str:
+    """The text of cuda/`name` (e.g. "top_ranks/source.cu"), as the module's kernel uses it."""
+    return (resources.files(__name__) / "cuda" / name).read_text(encoding="utf-8")
 
 
 def source_tag(source: str) -> str:
