@@ -28,7 +28,8 @@ from graphc.compiler.errors import UnsupportedModel
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
 
-from .compiled_decode import AUTO_MAX_BATCH, AUTO_MAX_KV, CompiledDecode
+from . import compiled_decode
+from .compiled_decode import CompiledDecode
 from .distributed import load_sharded
 from .fault import StepGuard
 from .grammar import GrammarError, GrammarState
@@ -101,8 +102,8 @@ class Engine:
             auto = o["compile"] == "auto"
             self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
                                                   kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
-                                                  max_batch=AUTO_MAX_BATCH if auto else None,
-                                                  max_kv=AUTO_MAX_KV if auto else None,
+                                                  max_batch=compiled_decode.AUTO_MAX_BATCH if auto else None,
+                                                  max_kv=compiled_decode.AUTO_MAX_KV if auto else None,
                                                   skinny_table=o["skinny_table"], measured=o["compile"] == "measured",
                                                   kv_write=o["kv_write_kernel"], residual=o["residual_matmul"])
         self._show_compile_pass()
