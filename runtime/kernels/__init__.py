@@ -51,6 +51,35 @@ class Kernel:
         return self._built(**kwargs)
 
 
+class KernelOp:
+    """What the runtime asks of every kernel; each module exposes one as `KERNEL`, and
+    runtime/kernels/registry.py lists them by name.
+
+        applies(...)      -> bool: the kernel takes these shapes / settings at all
+        check(seed=0)     -> None, or why not: it matched `reference` on this device (once per process)
+        reference(...)    the same result from MLX's own ops
+        __call__(...)     the kernel (lazy, like any mx op)
+
+    A module's subclass forwards each to the module's functions, looked up when called."""
+
+    name = ""
+
+    def applies(self, *args, **kwargs) -> bool:
+        raise NotImplementedError
+
+    def check(self, seed: int = 0) -> str | None:
+        raise NotImplementedError
+
+    def reference(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.name}>"
+
+
 def in_process_check(compare):
     """`check(seed=0)` for a kernel module: None when `compare(seed)` (None, or why not) finds
     the kernel equal to its reference on this device; the answer is computed once per seed.

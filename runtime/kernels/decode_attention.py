@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import Kernel, cuda_source, in_process_check
+from . import Kernel, KernelOp, cuda_source, in_process_check
 
 # Both kernels read the same shapes ...
 _SHAPES = cuda_source("decode_attention/shapes.cu")
@@ -195,6 +195,11 @@ def grouped_warps(Hq: int, Hkv: int, D: int) -> int:
         if warps * G * (D + 2) * 4 <= _GROUPED_SMEM:
             return warps
     return 0
+
+
+def takes(Hq: int, Hkv: int, D: int) -> bool:
+    """Heads the kernels take: head dim a multiple of 32, query heads a multiple of KV heads."""
+    return bool(D) and D % 32 == 0 and bool(Hkv) and Hq % Hkv == 0
 
 
 def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | None = None,
@@ -415,6 +420,27 @@ def kernel_blocks(adapter) -> dict:
         block = adapter.own_block(layer)
         a = getattr(layer, "self_attn", None)
         hd, hq, hkv = (getattr(a, n, 0) for n in ("head_dim", "n_heads", "n_kv_heads"))
-        if block is not None and hd and hd % 32 == 0 and hkv and hq % hkv == 0:
+        if block is not None and takes(hq, hkv, hd):
             out[id(layer)] = block
     return out
+
+
+class DecodeAttention(KernelOp):
+    """Decode attention over ragged rows of a cache, optionally writing the new K/V (`ragged_attention`)."""
+
+    name = "decode_attention"
+
+    def applies(self, Hq: int, Hkv: int, D: int) -> bool:
+        return takes(Hq, Hkv, D)
+
+    def check(self, seed: int = 0) -> str | None:
+        return check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return ragged_attention(*args, **kwargs)
+
+
+KERNEL = DecodeAttention()

@@ -46,7 +46,7 @@ from ..sampling.noise import gumbel_from_uniform
 from ..sampling.select import choose as mlx_choose
 from ..sampling.select import rank_masks
 from ..sampling.select import top_p_sums as mlx_sums
-from . import Kernel, cuda_source, in_process_check
+from . import Kernel, KernelOp, cuda_source, in_process_check
 
 # MLX's CUDA `cumsum` of one contiguous row of K <= 256 floats (mlx/backend/cuda/scan.cu,
 # contiguous_scan, inclusive, N_READS = 4), in place in shared memory, with its additions in its
@@ -70,11 +70,15 @@ _sums_kernel = Kernel("graphc_top_p_sums", ["s", "top_k"], ["sums"], _SUMS_SOURC
 MAX_WIDTH = 256
 
 
+def takes(width: int) -> bool:
+    """Widths the kernel takes: one thread a rank, a power of two from 16 to MAX_WIDTH."""
+    return 16 <= width <= MAX_WIDTH and width & (width - 1) == 0
+
+
 def usable(width: int, use_top_k: bool, use_top_p: bool, use_min_p: bool) -> bool:
     """The kernel takes this width (one thread a rank) and, in this configuration, matched MLX here
     (`check_config`; False off CUDA)."""
-    return (16 <= width <= MAX_WIDTH and width & (width - 1) == 0
-            and check_config(width, use_top_k, use_top_p, use_min_p) is None)
+    return takes(width) and check_config(width, use_top_k, use_top_p, use_min_p) is None
 
 
 def choose(s: mx.array, ids: mx.array, u: mx.array, top_k: mx.array, top_p: mx.array, log_min_p: mx.array, *,
@@ -191,3 +195,24 @@ def _label(config: tuple) -> str:
     width, *flags = config
     on = [name for name, f in zip(("top-k", "top-p", "min-p"), flags) if f]
     return f"K={width} ({' + '.join(on) or 'no filter'})"
+
+
+class GumbelChoose(KernelOp):
+    """Top-p scan, filters and Gumbel-max over the K ranks in one launch (`choose`)."""
+
+    name = "gumbel_choose"
+
+    def applies(self, width: int) -> bool:
+        return takes(width)
+
+    def check(self, seed: int = 0) -> str | None:
+        return check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return choose(*args, **kwargs)
+
+
+KERNEL = GumbelChoose()

@@ -36,7 +36,7 @@ import json
 
 import mlx.core as mx
 
-from . import Kernel, available, cuda_source, in_process_check
+from . import Kernel, KernelOp, available, cuda_source, in_process_check
 
 MAX_ROWS = 64
 
@@ -192,3 +192,24 @@ def _compare(seed: int) -> str | None:
 
 # None when the kernel matches MLX's matmul on random inputs here; else why not.
 check = in_process_check(_compare)
+
+
+class SkinnyMatmul(KernelOp):
+    """x @ w.T for 2..MAX_ROWS rows (`skinny_matmul`)."""
+
+    name = "skinny_matmul"
+
+    def applies(self, x: mx.array, w: mx.array) -> bool:
+        return supports(x, w)
+
+    def check(self, seed: int = 0) -> str | None:
+        return check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return skinny_matmul(*args, **kwargs)
+
+
+KERNEL = SkinnyMatmul()

@@ -47,7 +47,7 @@ import mlx.core as mx
 from ..sampling.murmur import murmur_absorb
 from ..sampling.noise import uniform_noise
 from ..sampling.select import decode_neg_keys, first_rank_neg_keys
-from . import Kernel, cuda_source, in_process_check
+from . import Kernel, KernelOp, cuda_source, in_process_check
 
 THREADS = 512  # 1,024 would cap registers at 64 a thread (the signature has no __launch_bounds__)
 CAP = 4096  # shared-memory keys: 32 KB of uint64, the block keys of stage 1 and the tokens of stage 3
@@ -205,3 +205,24 @@ def note() -> str:
     if chosen() == "select":
         return "on (radix select, one launch a step, runtime/kernels/top_ranks.py)"
     return f"on (bitonic sort, one launch a step; radix select off: {_chosen['select']})"
+
+
+class TopRanks(KernelOp):
+    """The first `width` ranks of each row, their scaled logits and noise (`candidates`)."""
+
+    name = "top_ranks"
+
+    def applies(self, vocab_size: int, width: int) -> bool:
+        return layout(vocab_size, width) is not None
+
+    def check(self, seed: int = 0) -> str | None:
+        return check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return candidates(*args, **kwargs)
+
+
+KERNEL = TopRanks()
