@@ -28,7 +28,11 @@ POLICY_GROUP = "graphc.cache_policies"
 
 def builtin_policies() -> dict[str, str]:
     """name -> the module whose import registers it (graphc's entry points, read once)."""
-    return {name: ep.module for name, ep in entry_points(POLICY_GROUP).items()}
+    found = {name: ep.module for name, ep in entry_points(POLICY_GROUP).items()}
+    if not found:  # an install from before the entry points existed: say so instead of "unknown policy"
+        raise ImportError(f"no entry points in group '{POLICY_GROUP}': graphc's installed metadata is out of "
+                          "date; reinstall it (`pip install --no-deps -e .`)")
+    return found
 
 
 def __getattr__(name: str):
