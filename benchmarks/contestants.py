@@ -16,8 +16,21 @@ from __future__ import annotations
 import gc
 import inspect
 import time
+from statistics import mean, median
 
 import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+from graphc.benchmarks.kernel_tune import rotating_weights, time_matmul
+from graphc.compiler.lower import StepInputs
+from graphc.compiler.modelgen import demo_model_path
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.kernels import skinny_matmul
+from graphc.runtime.kernels import skinny_matmul as sk
+from graphc.runtime.request import Status
 
 now = time.perf_counter
 
@@ -40,15 +53,11 @@ class nogc:
 
 # -- graphc -------------------------------------------------------------------------
 def engine_options() -> set[str]:
-    from graphc.runtime import Engine
-
     return set(inspect.signature(Engine.__init__).parameters)
 
 
 def make_engine(model, tokenizer, config, *, graph=None, **kw):
     """An Engine with only the options it has (NotImplementedError naming a missing one)."""
-    from graphc.runtime import Engine
-
     opts = engine_options()
     missing = [k for k, v in kw.items() if k not in opts and v not in (None, False)]
     if missing:
@@ -58,8 +67,6 @@ def make_engine(model, tokenizer, config, *, graph=None, **kw):
 
 
 def graphc_params(max_tokens: int, sampling: dict | None = None):
-    from graphc.runtime import SamplingParams
-
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **(sampling or {}))
 
 
@@ -97,8 +104,6 @@ def graphc_host(model, tokenizer, config, prompts, *, warmup, steps, graph=None,
     The chain is switched off for this: each step is built, submitted with async_eval
     and waited for, so build time is not hidden behind the previous step.
     """
-    from graphc.compiler.lower import StepInputs
-
     B = len(prompts)
     eng = make_engine(model, tokenizer, config, graph=graph, max_batch=max(B, 1),
                       prefill_chunk=max(512, len(prompts[0])), chain=False, **engine_kw)
@@ -131,8 +136,6 @@ def graphc_host(model, tokenizer, config, prompts, *, warmup, steps, graph=None,
 
 
 def _host_summary(build, submit, device) -> dict:
-    from statistics import median
-
     return {"build_ms": median(build) * 1e3, "submit_ms": median(submit) * 1e3,
             "device_ms": median(device) * 1e3}
 
@@ -163,7 +166,6 @@ def compiled_info(model, tokenizer, config) -> dict:
     d = eng.compiled.decode
     info = {"fused_layers": len(getattr(d, "fused", {}) or {}),
             "ragged_kernel": "on" if getattr(d, "kernel", False) else f"off ({getattr(d, 'kernel_note', '?')})"}
-    from graphc.runtime.kernels import skinny_matmul
 
     note = skinny_matmul.check()  # the bench measures it wherever it works, not only when asked
     info["skinny_gemm"] = "on" if note is None else f"off ({note})"
@@ -174,9 +176,6 @@ def compiled_info(model, tokenizer, config) -> dict:
 
 # -- mlx-lm BatchGenerator ---------------------------------------------------------------
 def batchgen_decode(model, prompts, *, warmup, steps, repeats, sampling=None, tick=None) -> list[float]:
-    from mlx_lm.generate import BatchGenerator
-    from mlx_lm.sample_utils import make_sampler
-
     B = len(prompts)
     sampler = None
     if sampling:
@@ -210,8 +209,6 @@ def batchgen_decode(model, prompts, *, warmup, steps, repeats, sampling=None, ti
 
 # -- the plain mlx-lm loop -----------------------------------------------------------------
 def _plain_prefill(model, prompts, chunk: int = 2048):
-    from mlx_lm.models.cache import make_prompt_cache
-
     cache = make_prompt_cache(model)
     x = mx.array(prompts, dtype=mx.int32)  # equal lengths: no padding needed
     while x.shape[1] > 1:
@@ -310,8 +307,6 @@ def batchgen_first_times(gen, prompts) -> tuple[list, int, float]:
 
 
 def batchgen_prefix(model, prompts, max_tokens) -> dict:
-    from mlx_lm.generate import BatchGenerator
-
     gen = BatchGenerator(model, max_tokens=max_tokens, completion_batch_size=max(32, len(prompts)))
     ttfts, n, wall = batchgen_first_times(gen, prompts)
     gen.close()
@@ -321,8 +316,6 @@ def batchgen_prefix(model, prompts, max_tokens) -> dict:
 
 
 def _prefix_summary(ttfts, generated, wall) -> dict:
-    from statistics import mean, median
-
     return {"ttft_median_ms": median(ttfts) * 1e3, "ttft_mean_ms": mean(ttfts) * 1e3,
             "ttft_max_ms": max(ttfts) * 1e3, "wall_s": wall, "generated": generated,
             "tok_per_s": generated / wall}
@@ -335,9 +328,6 @@ def matmul_rows(K: int, N: int, batches, dtype=mx.bfloat16, reps: int = 20) -> l
     Two formulations of the same product: `x @ W.T` (what nn.Linear runs) and `W @ x.T`
     (the transposed problem; the library may pick another kernel for it).
     """
-    from graphc.runtime.kernels import skinny_matmul as sk
-    from graphc.benchmarks.kernel_tune import rotating_weights, time_matmul
-
     Ws = rotating_weights(K, N, dtype)
     rows = []
     variants = {"x@W.T": lambda x, w: x @ w.T, "W@x.T": lambda x, w: w @ x.T}
@@ -359,9 +349,6 @@ def text_tokenizer(tokenizer):
     shapes (token-id prompts only) the built-in demo model's byte-level BPE."""
     if hasattr(tokenizer, "_tokenizer"):
         return tokenizer
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-
-    from graphc.compiler.modelgen import demo_model_path
 
     return load_tokenizer(demo_model_path())
 
@@ -372,8 +359,6 @@ def graphc_admission(model, tokenizer, config, prompts, long_prompt, *, warmup, 
 
     Returns the running rows' ms/step before (steady) and while the long prompt is prefilled
     (each of those steps also runs one prefill chunk), and how many steps admission took."""
-    from graphc.runtime.request import Status
-
     B = len(prompts)
     eng = make_engine(model, tokenizer, config, max_batch=B + 1, prefill_chunk=prefill_chunk, **engine_kw)
     params = graphc_params(warmup + 2 * steps + len(long_prompt) // prefill_chunk + 16)
@@ -397,6 +382,5 @@ def graphc_admission(model, tokenizer, config, prompts, long_prompt, *, warmup, 
         eng.abort(i)
     del eng
     free()
-    from statistics import median
 
     return {"steady_ms": steady, "during_ms": median(during), "max_ms": max(during), "steps": len(during)}

@@ -5,6 +5,10 @@ from __future__ import annotations
 import platform
 import re
 import sys
+from importlib.metadata import version
+
+import mlx.core as mx
+import mlx_lm
 
 
 def _loaded_libs(pattern: str) -> list[str]:
@@ -17,14 +21,9 @@ def _loaded_libs(pattern: str) -> list[str]:
 
 
 def environment() -> dict:
-    import mlx.core as mx
-
     try:
-        from importlib.metadata import version
-
         mlx_lm_version = version("mlx-lm")
     except Exception:  # pragma: no cover - editable or vendored mlx-lm
-        import mlx_lm
 
         mlx_lm_version = getattr(mlx_lm, "__version__", "?")
     mx.eval(mx.ones((8, 8)) @ mx.ones((8, 8)))  # load the BLAS before looking for it

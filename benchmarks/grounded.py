@@ -23,6 +23,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from graphc.compiler.modelgen.tales import tales
+from graphc.runtime import SamplingParams
+
 from . import contestants as C
 
 INSTRUCTION = "Repeat the text above exactly, word for word."
@@ -31,8 +34,6 @@ INSTRUCTION = "Repeat the text above exactly, word for word."
 def grounded_prompts(tokenizer, n: int, seed: int = 0, vocab: int | None = None) -> list:
     """n prompts (token ids): a different story each, then the instruction. A bench shape's
     id-only tokenizer gets the text's bytes as ids (`vocab` given), so the workload still runs."""
-    from graphc.compiler.modelgen.tales import tales
-
     out = []
     for text in tales(n, seed=seed):
         msg = f"{text}\n\n{INSTRUCTION}"
@@ -52,8 +53,6 @@ def grounded_prompts(tokenizer, n: int, seed: int = 0, vocab: int | None = None)
 def run_grounded(model, tokenizer, config, cfg, log: Callable[[str], None] = print,
                  spread=None, compare=None) -> tuple[list, list]:
     """Rows for the user-api report (workload "grounded") and notes."""
-    from graphc.runtime import SamplingParams
-
     rows, notes = [], []
     # compile: the user-api default (--compile) decodes with compile="auto" — plain steps and
     # verify forwards traced up to 64 rows; --no-compile: eager, the engine's default.

@@ -58,6 +58,8 @@ from graphc.runtime.kernels import gumbel_choose as gc
 from graphc.runtime.kernels import skinny_matmul as sk
 from graphc.runtime.kernels import top_ranks as tr
 
+from .kernel_tune import sweep as tune_sweep
+
 # MLX builds for the device's own architecture and adds the "a" suffix from compute capability 9
 # (jit_module.cpp `compile`), so an H200 runs sm_90a code.
 ARCH = "90a"
@@ -186,8 +188,6 @@ def _skinny_launches(sweep: bool):
     for dt, M, K, N, cfg in sk._check_cases():
         cases.add((dt, cfg or sk.heuristic(M, K, N)))
     if sweep:
-        from .kernel_tune import sweep as tune_sweep
-
         for MT in (1, 2, 4, 8):
             for cfg in tune_sweep(MT, 14336):  # the largest K: no configuration is left out for it
                 for dt in (mx.bfloat16, mx.float16):

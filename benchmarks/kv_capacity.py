@@ -18,10 +18,15 @@ for each engine and for an ideal layout holding only live tokens (paged or ragge
 from __future__ import annotations
 
 import math
+import random
+import sys
 
 import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
 
 from . import contestants as C
+from .report import write_json
+from .shapes import SHAPES, load_shape
 
 
 def _layers_bytes(caches) -> int:
@@ -62,8 +67,6 @@ def graphc_mix(model, tokenizer, config, prompts, new_tokens: int) -> dict:
 
 
 def batchgen_mix(model, prompts, new_tokens: int) -> dict:
-    from mlx_lm.generate import BatchGenerator
-
     gen = BatchGenerator(model, max_tokens=new_tokens, completion_batch_size=len(prompts),
                          prefill_batch_size=len(prompts))
     uids = gen.insert(prompts)
@@ -103,8 +106,6 @@ def run_kv_capacity(model, tokenizer, config, *, long: int, short: int, n_short:
                     budget_gib: float, budget_config: dict | None = None, seed: int = 0, log=None) -> dict:
     """The mix through both engines; capacity in `budget_gib` for the KV bytes per token of
     `budget_config` (a model shape's config, bf16) or, without one, of the measured model."""
-    import random
-
     rng = random.Random(seed)
     vocab = config["vocab_size"]
     prompts = [[rng.randrange(3, vocab) for _ in range(long)]] + \
@@ -160,11 +161,6 @@ DEFAULT_MIX = "1x4096+15x256"
 def cmd_kv_capacity(args) -> int:
     """The `graphc bench --kv-capacity [MIX]` entry: the mix on --model, capacity for a 16 GiB
     budget at llama-3.1-8b's bf16 KV bytes per token; JSON to --json when given."""
-    import sys
-
-    from .report import write_json
-    from .shapes import SHAPES, load_shape
-
     long, short, n = parse_mix(args.kv_capacity)
     model, tokenizer, config, label = load_shape(args.model, args.dtype, args.seed)
     res = run_kv_capacity(model, tokenizer, config, long=long, short=short, n_short=n, new_tokens=32,

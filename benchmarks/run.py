@@ -17,10 +17,14 @@ from __future__ import annotations
 import math
 import random
 import time
+from importlib import resources
 from statistics import median
 from typing import Callable
 
 import attrs
+from tqdm import tqdm
+
+from graphc.runtime.grammar import Grammar
 
 from . import contestants as C
 from .env import environment
@@ -76,11 +80,12 @@ def _prompts(n: int, length: int, vocab: int, rng: random.Random, prefix: list |
     return [head + [rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def _packaged_graphs() -> list[str]:
-    from importlib import resources
+GRAPHS_PACKAGE = "graphc.graphs"  # the shipped graphs, package data
 
+
+def _packaged_graphs() -> list[str]:
     try:
-        return sorted(p.name[:-5] for p in resources.files("graphc.graphs").iterdir() if p.name.endswith(".yaml"))
+        return sorted(p.name[:-5] for p in resources.files(GRAPHS_PACKAGE).iterdir() if p.name.endswith(".yaml"))
     except Exception:
         return []
 
@@ -262,8 +267,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict:
                     lambda ps=ps, chain=chain: C.graphc_decode(**mm, prompts=ps, warmup=W, steps=N, repeats=R,
                                                                chain=chain))
     if "grammar" in wl:
-        from graphc.runtime.grammar import Grammar
-
         tok = C.text_tokenizer(tokenizer)
         for B in cfg.grammar_batches:
             ps = _prompts(B, cfg.prompt_len, vocab, rng)
@@ -353,10 +356,6 @@ class _NoBar:
 
 def _progress(total: int, on: bool):
     if not on:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
         return _NoBar()
     return tqdm(total=total, unit="run", dynamic_ncols=True, leave=False)
 

@@ -11,6 +11,11 @@ import math
 from pathlib import Path
 
 import mlx.core as mx
+import mlx_lm
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.utils import _get_classes, dequantize_model
+
+from graphc.compiler.gguf import resolve_model_path
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                 "original_max_position_embeddings": 8192}
@@ -77,9 +82,6 @@ def _std(name: str, shape: tuple, cfg: dict) -> float | None:
 
 def random_model(cfg: dict, dtype=mx.bfloat16, seed: int = 0):
     """mlx-lm's model for `cfg` with random `dtype` weights, evaluated parameter by parameter."""
-    from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_lm.utils import _get_classes
-
     model_class, args_class = _get_classes(config=cfg)
     model = model_class(args_class.from_dict(cfg))  # its own init stays lazy: never evaluated
     params = tree_flatten(model.parameters())
@@ -99,8 +101,6 @@ def random_model(cfg: dict, dtype=mx.bfloat16, seed: int = 0):
 
 
 def weight_bytes(model) -> int:
-    from mlx.utils import tree_flatten
-
     return sum(p.nbytes for _, p in tree_flatten(model.parameters()))
 
 
@@ -115,19 +115,16 @@ def load_shape(name_or_dir: str, dtype: str = "bfloat16", seed: int = 0, dequant
         cfg = dict(SHAPES[name_or_dir])
         model = random_model(cfg, getattr(mx, dtype), seed)
         return model, IdTokenizer(), cfg, name_or_dir
-    from graphc.compiler.gguf import resolve_model_path
 
     path = resolve_model_path(name_or_dir)
     if not (path / "config.json").exists():
         known = ", ".join(SHAPES)
         raise SystemExit(f"graphc bench: '{name_or_dir}' is neither a shape ({known}) nor a model folder")
-    import mlx_lm
 
     model, tokenizer = mlx_lm.load(str(path))
     config = json.loads((path / "config.json").read_text())
     if not dequantize:
         return model, tokenizer, config, path.name
-    from mlx_lm.utils import dequantize_model
 
     if "quantization" not in config:
         raise SystemExit(f"graphc bench: --dequantize: '{name_or_dir}' is not quantized "

@@ -39,9 +39,13 @@ import gc
 import json
 import random
 import time
+from math import comb
 from statistics import median
 
 import mlx.core as mx
+
+from .contestants import _plain_prefill, graphc_params, make_engine
+from .shapes import load_shape
 
 now = time.perf_counter
 PARTS = ("build", "submit", "wait", "engine", "step")
@@ -123,8 +127,6 @@ def uninstrument(engine) -> None:
 
 def plain_loop(model, prompts, new: int, skip: int) -> list[dict]:
     """mlx-lm's plain loop with the same split (build, submit, wait; no engine part)."""
-    from .contestants import _plain_prefill
-
     cache, y = _plain_prefill(model, prompts)
     nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
     mx.async_eval(nxt)
@@ -163,8 +165,6 @@ def paired(eng, rng, vocab: int, B: int, args, sampling: dict, model=None) -> di
     `normalized` = (sampled / its control) / (greedy / its control). The host's own speed can move
     between calls of one process (on the H200 the plain loop's build went from 0.86 to 1.30 ms), which
     moves a host-bound step with it; the control moves too, and the normalized ratio cancels it."""
-    from .contestants import graphc_params
-
     kinds = {"greedy": graphc_params(args.new), "sampled": graphc_params(args.new, sampling)}
     control = bool(getattr(args, "control", False)) and model is not None
 
@@ -231,8 +231,6 @@ def median_interval(values, confidence: float = 0.95) -> tuple[float, float] | N
     X ~ Bin(n, 1/2), is still at least `confidence`. It assumes only independent pairs, not a
     shape of the noise (the host's speed swings are not normal). None below 6 pairs, where no k
     reaches 95 %."""
-    from math import comb
-
     rs, n = sorted(values), len(values)
     best = None
     for k in range(1, n // 2 + 1):
@@ -284,9 +282,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     args.deadline = None if args.budget is None else _clock() + args.budget
-
-    from .contestants import graphc_params, make_engine
-    from .shapes import load_shape
 
     model, tokenizer, config, label = load_shape(args.model, args.dtype)
     eng = make_engine(model, tokenizer, config, **json.loads(args.engine_kw))

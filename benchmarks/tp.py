@@ -21,8 +21,12 @@ import random
 import time
 
 import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
 
-from graphc.runtime import SamplingParams
+from graphc.benchmarks.shapes import load_shape
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.distributed.group import world
+from graphc.runtime.distributed.load import engine_from_model
 
 
 def graphc_ms_per_step(engine, batch: int, prompt_len: int, warm: int, steps: int) -> float:
@@ -49,8 +53,6 @@ def graphc_ms_per_step(engine, batch: int, prompt_len: int, warm: int, steps: in
 
 
 def mlx_lm_ms_per_step(model, batch: int, prompt_len: int, warm: int, steps: int) -> float:
-    from mlx_lm.models.cache import make_prompt_cache
-
     vocab = model.args.vocab_size
     cache = make_prompt_cache(model)
     prompt = mx.random.randint(3, vocab, (batch, prompt_len), key=mx.random.key(batch))
@@ -69,11 +71,6 @@ def mlx_lm_ms_per_step(model, batch: int, prompt_len: int, warm: int, steps: int
 
 
 def main(argv=None) -> int:
-    from graphc.benchmarks.shapes import load_shape
-
-    from graphc.runtime.distributed.group import world
-    from graphc.runtime.distributed.load import engine_from_model
-
     ap = argparse.ArgumentParser(prog="python -m graphc.benchmarks.tp")
     ap.add_argument("--shape", default="tiny", help="a bench shape (tiny, llama-3.2-1b, llama-3.1-8b) or a model folder")
     ap.add_argument("--dtype", default="bfloat16")
@@ -91,7 +88,7 @@ def main(argv=None) -> int:
     model, tokenizer, config, label = load_shape(args.shape, args.dtype)
     rows = {b: {} for b in batches}
     try:  # rank 0 gets the engine; the others follow it inside and come out with SystemExit(0)
-        engine = engine_from_model(model, tokenizer, config, max_batch=max(batches), model_path=label,
+        engine = engine_from_model(model, tokenizer, config, engine_cls=Engine, max_batch=max(batches), model_path=label,
                                    compile=args.compile)
         for b in batches:
             rows[b]["graphc"] = graphc_ms_per_step(engine, b, args.prompt_len, args.warm, args.steps)

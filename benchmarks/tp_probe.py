@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
 import mlx.core as mx
+import mlx.nn.layers.distributed as dist_layers
+from mlx_lm.models.cache import make_prompt_cache
+
+from graphc.benchmarks.shapes import load_shape
 
 
 def _time(fn, warm: int, reps: int) -> list[float]:
@@ -87,11 +92,6 @@ def model_step(group, shape: str, rows: int, warm: int, reps: int, variant: str)
     encode (the time until `mx.async_eval` returns). Variants that change the numbers, for timing
     only: `no-collectives` (all_sum is the identity), `plain-linear` (the sharded input
     projections skip the per-call custom_function that mlx's AllToShardedLinear wraps x in)."""
-    import mlx.nn.layers.distributed as dist_layers
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from graphc.benchmarks.shapes import load_shape
-
     model = _MODELS.get(shape)
     if model is None:
         model = _MODELS[shape] = load_shape(shape, "bfloat16")[0]
@@ -129,8 +129,6 @@ _MODELS: dict = {}
 
 
 def main(argv=None) -> int:
-    import os
-
     ap = argparse.ArgumentParser(prog="python -m graphc.benchmarks.tp_probe")
     ap.add_argument("--sizes", default="16384,524288,8388608", help="bytes per all_sum for the `alone` rows")
     ap.add_argument("--rows", default="1,32,64", help="decode rows for the `in_step` chain")

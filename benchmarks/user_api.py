@@ -41,8 +41,15 @@ from typing import Callable
 
 import attrs
 import mlx.core as mx
+from mlx_lm import batch_generate as bg
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+
+from graphc.runtime.kernels import skinny_matmul
 
 from . import contestants as C
+from .grounded import run_grounded
 from .step_profile import instrument, uninstrument
 
 now = time.perf_counter
@@ -79,9 +86,6 @@ class GraphcUser:
 
 
 def batch_generate(model, tokenizer, prompts, max_tokens: int, sampling: dict | None = None):
-    from mlx_lm import batch_generate as bg
-    from mlx_lm.sample_utils import make_sampler
-
     kw = {"completion_batch_size": max(32, len(prompts))}
     if sampling:
         kw["sampler"] = make_sampler(temp=sampling["temperature"], top_p=sampling["top_p"], top_k=sampling["top_k"])
@@ -108,8 +112,6 @@ def plain_loop(model, prompts, max_tokens: int, sampling: dict | None = None):
 
 def batchgen_first_tokens(model, prompts) -> tuple[list, int]:
     """BatchGenerator with batch_generate's defaults, one new token each: TTFT per request."""
-    from mlx_lm.generate import BatchGenerator
-
     gen = BatchGenerator(model, max_tokens=1)
     ttfts, n, _ = C.batchgen_first_times(gen, prompts)
     gen.close()
@@ -119,8 +121,6 @@ def batchgen_first_tokens(model, prompts) -> tuple[list, int]:
 def plain_first_tokens(model, prompts, chunk: int = 2048) -> tuple[list, int]:
     """The floor: one request after another through mlx-lm's model and KV cache, 2,048-token
     chunks (mlx-lm's prefill step), argmax of the last position. TTFT accumulates."""
-    from mlx_lm.models.cache import make_prompt_cache
-
     t0, firsts = now(), []
     for p in prompts:
         cache = make_prompt_cache(model)
@@ -178,7 +178,6 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     notes = []
     wl = set(cfg.workloads)
     if "grounded" in wl:  # speculative decoding on a copy-the-input task (benchmarks/grounded.py)
-        from .grounded import run_grounded
 
         got, notes = run_grounded(model, tokenizer, config, cfg, log, spread=spread, compare=compare)
         rows.extend(got)
@@ -191,8 +190,6 @@ def run_user_api(model, tokenizer, config, cfg: UserConfig, log: Callable[[str],
     measured = GraphcUser(model, tokenizer, config, compile="measured") if cfg.compile and cfg.measured else None
     skinny = None
     if cfg.compile and cfg.skinny:
-        from graphc.runtime.kernels import skinny_matmul
-
         why = skinny_matmul.check()  # where the kernel does not serve, the Engine would be graphc_auto again
         if why is None:
             skinny = GraphcUser(model, tokenizer, config, compile="auto", skinny_gemm=True)

@@ -5,14 +5,16 @@ The composition root (cli/__init__.py): it wires the compiler's commands and the
 from __future__ import annotations
 
 import argparse
-import json
+import importlib
 import logging
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 from graphc.compiler.argtypes import DefaultsHelpFormatter, non_negative_int, positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
+from graphc.compiler.errors import GraphError
+from graphc.contracts.providers import Lazy, resolve
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,135 +38,23 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _model_dir(args) -> Path:
-    if args.model:
-        return Path(args.model)
-    from graphc.compiler.modelgen import demo_model_path
-
-    return demo_model_path()
-
-
-def _load_model(path: Path):
-    import mlx_lm
-
-    from graphc.compiler.gguf import resolve_model_path
-
-    path = resolve_model_path(path)
-    if not (path / "config.json").exists():
-        raise SystemExit(f"graphc: no model folder at '{path}' (expected config.json); "
-                         "make one with `graphc make-model --arch llama --out DIR`")
-    model, tokenizer = mlx_lm.load(str(path))
-    return model, tokenizer, json.loads((path / "config.json").read_text())
-
-
 _LOWERING_HELP = ("auto: the fast path where the model type has one and it passes the load-time self-check, else "
                   "the model's own forward; generic: always the model's own forward")
 
 
-def cmd_generate(args) -> int:
-    from graphc.runtime import Engine, SamplingParams
-
-    from graphc.runtime.distributed import launched
-
-    # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
-    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering,
-                         distributed=launched(), compile=COMPILE_FLAG[args.compile])
-    prompt = args.prompt
-    if args.chat:
-        prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                      add_generation_prompt=True, tokenize=True)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed)
-    rid = engine.add_request(prompt, params)
-    if isinstance(args.prompt, str) and not args.chat:
-        sys.stdout.write(args.prompt)
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.request_id == rid:
-                sys.stdout.write(out.new_text)
-                sys.stdout.flush()
-    sys.stdout.write("\n")
-    return 0
-
-
-def cmd_inspect(args) -> int:
-    from graphc.compiler.compile import compile_graph
-    from graphc.compiler.errors import GraphError
-    from graphc.compiler.inspect import inspect_plan
-
-    from graphc.compiler.gguf import summary_lines
-
-    model, tokenizer, config = _load_model(_model_dir(args))
-    for line in summary_lines(config):  # a converted GGUF: what was kept, what widened (stderr)
-        print(line, file=sys.stderr)
-    try:
-        graph = None if args.graph == "auto" else args.graph
-        if args.compile:
-            # What an Engine with compile on runs: its decode step is the compiled one, and its
-            # plan's `compile` pass says what was applied (fusion, kernels).
-            from graphc.runtime import Engine
-
-            compiled = Engine(model, tokenizer, config, graph, compile=True, prefix_cache=False,
-                              lowering=args.lowering).compiled
-        else:
-            compiled = compile_graph(graph, model, config, lowering=args.lowering)
-    except GraphError as e:
-        print(e, file=sys.stderr)
-        return 1
-    text = inspect_plan(compiled, args.kind, args.format, trace=not args.no_trace)
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def cmd_validate(args) -> int:
-    from graphc.compiler.bind import bind
-    from graphc.compiler.errors import GraphError
-    from graphc.compiler.parse import parse_collect, resolve_graph_path
-    from graphc.compiler.validate import validate
-
-    try:
-        path = resolve_graph_path(args.graph)
-    except FileNotFoundError as e:
-        print(f"graphc: {e}", file=sys.stderr)
-        return 2
-    config, model = {}, None
-    if args.model:
-        model, _, config = _load_model(Path(args.model))
-    spec, diags = parse_collect(path.read_text(), str(path), config)
-    if spec is not None:
-        diags += validate(spec)
-        if model is not None and not any(d.severity == "error" for d in diags):
-            try:
-                bind(spec, model, config)
-            except GraphError as e:
-                diags += e.diagnostics
-    errors = [d for d in diags if d.severity == "error"]
-    for d in diags:
-        print(d)
-    if errors:
-        print(f"{path}: {len(errors)} error(s), {len(diags) - len(errors)} warning(s)")
-        return 1
-    bound = f" and binds to {config.get('model_type')} model {args.model}" if model is not None else ""
-    print(f"{path}: ok{bound} ({len(diags)} warning(s))")
-    return 0
-
-
-def cmd_import_gguf(args) -> int:
-    from graphc.compiler.gguf import import_gguf
-
-    out = import_gguf(args.file, args.out, progress=lambda m: print(m, file=sys.stderr),
-                      widen_dtype=args.widen_dtype)
-    print(out)
-    return 0
-
-
-def cmd_make_model(args) -> int:
-    from graphc.compiler.modelgen import run_cli
-
-    return run_cli(args)
+# The commands themselves (cli/commands.py, the serve and bench packages) import the compiler,
+# the runtime and MLX at their top; they are named here by string and imported only when one
+# runs, so that `import graphc.cli` and the parser stay light.
+GENERATE = "graphc.cli.commands:cmd_generate"
+INSPECT = "graphc.cli.commands:cmd_inspect"
+VALIDATE = "graphc.cli.commands:cmd_validate"
+IMPORT_GGUF = "graphc.cli.commands:cmd_import_gguf"
+MAKE_MODEL = "graphc.cli.commands:cmd_make_model"
+MAKE_MODEL_ARGUMENTS = "graphc.compiler.modelgen:add_cli_arguments"
+# (command, module whose add_parser adds it): parts that need an optional extra, skipped when absent
+PARSERS = (("serve", "graphc.runtime.server.cli"), ("bench", "graphc.benchmarks.cli"))
+# A failed distributed group (runtime/distributed/) is reported without a traceback.
+DISTRIBUTED_GROUP = "graphc.runtime.distributed.group"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -188,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     g.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
     g.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
-    g.set_defaults(func=cmd_generate)
+    g.set_defaults(func=Lazy(GENERATE, "graphc generate"))
 
     i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")
     i.add_argument("graph", help="graph file or built-in name (dense, sliding, hybrid), or 'auto' (picked from the layer kinds)")
@@ -200,12 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--compile", action="store_true",
                    help="as an Engine with compile on runs it (same as the graph declaring `decode: {compile: true}`)")
     i.add_argument("-o", "--output", help="write to this file instead of stdout")
-    i.set_defaults(func=cmd_inspect)
+    i.set_defaults(func=Lazy(INSPECT, "graphc inspect"))
 
     v = sub.add_parser("validate", help="check GRAPH and report every problem found")
     v.add_argument("graph")
     v.add_argument("--model", help="also render with this model's config and bind to it")
-    v.set_defaults(func=cmd_validate)
+    v.set_defaults(func=Lazy(VALIDATE, "graphc validate"))
 
     gg = sub.add_parser("import-gguf", help="convert a llama.cpp GGUF file into an mlx-lm model folder")
     gg.add_argument("file", help="the .gguf file (architectures and types: docs/gguf.md)")
@@ -213,17 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     gg.add_argument("--widen-dtype", default="float16", choices=["float16", "bfloat16", "float32"],
                     help="dtype for types with no exact MLX form (Q2_K, Q3_K, Q6_K, IQ4_*); float32 is exact "
                          "(default: float16)")
-    gg.set_defaults(func=cmd_import_gguf)
+    gg.set_defaults(func=Lazy(IMPORT_GGUF, "graphc import-gguf"))
 
     m = sub.add_parser("make-model", help="write a tiny random-weight model folder of a real mlx-lm architecture")
-    from graphc.compiler.modelgen import add_cli_arguments
+    resolve(MAKE_MODEL_ARGUMENTS, "graphc make-model")(m)
+    m.set_defaults(func=Lazy(MAKE_MODEL, "graphc make-model"))
 
-    add_cli_arguments(m)
-    m.set_defaults(func=cmd_make_model)
-
-    for name, module in (("serve", "graphc.runtime.server.cli"), ("bench", "graphc.benchmarks.cli")):
+    for name, module in PARSERS:
         try:
-            mod = __import__(module, fromlist=["add_parser"])
+            mod = importlib.import_module(module)
         except ImportError:
             continue  # optional parts not installed
         mod.add_parser(sub)
@@ -247,10 +135,6 @@ def _setup_logging(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import os
-
-    from graphc.compiler.errors import GraphError
-
     args = build_parser().parse_args(argv)
     _setup_logging(args)
     try:
@@ -263,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RuntimeError as e:
         # A distributed group that failed (runtime/distributed/): its message says which rank and why.
-        group = sys.modules.get("graphc.runtime.distributed.group")
+        group = sys.modules.get(DISTRIBUTED_GROUP)
         if group is None or not isinstance(e, group.GroupFailed) or os.environ.get("GRAPHC_DEBUG"):
             raise
         print(f"graphc: {e}", file=sys.stderr)

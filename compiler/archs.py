@@ -16,6 +16,9 @@ binding falls back to the generic lowering. Each entry also has parity tests
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
+
+from .fused_block import FusedBlocks, llama_block, llama_blocks, llama_not_own_block, llama_unfusable
 
 
 class ArchAdapter:
@@ -46,8 +49,6 @@ class ArchAdapter:
         For runtimes that run the product with their own kernel; quantized, biased or
         otherwise special heads return None and go through `head`.
         """
-        import mlx.nn as nn
-
         if "lm_head" in self.model:
             lm = self.model.lm_head
             return lm.weight if type(lm) is nn.Linear and "bias" not in lm else None
@@ -58,8 +59,6 @@ class ArchAdapter:
     def fused_decode(self):
         """The fused decode blocks this architecture supplies (graphc-owned weights; the model
         is left untouched). None here: its layers run as mlx-lm's own modules under mx.compile."""
-        from .fused_block import FusedBlocks
-
         return FusedBlocks.none(self._no_fused_reason(), total=len(self.layers))
 
     def own_block(self, layer):
@@ -83,20 +82,14 @@ class LlamaAdapter(ArchAdapter):
     """Llama: the default decomposition, plus a fused decode block (q/k/v and gate/up as one matmul each)."""
 
     def fused_decode(self):
-        from .fused_block import llama_blocks
-
         return llama_blocks(self.layers)
 
     def own_block(self, layer):
-        from .fused_block import llama_block, llama_not_own_block
-
         if llama_not_own_block(layer) is not None:
             return None
         return lambda layer, x, cache: llama_block(layer, None, x, cache)
 
     def fused_decode_preview(self) -> str:
-        from .fused_block import llama_unfusable
-
         layers = self.layers
         reasons = [r for r in map(llama_unfusable, layers) if r is not None]
         n = len(layers) - len(reasons)

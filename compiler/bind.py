@@ -7,44 +7,15 @@ that cannot serve a layer) is an error here, at bind time, not a wrong answer la
 from __future__ import annotations
 
 import attrs
+from mlx_lm.models.cache import make_prompt_cache
 
 from graphc.contracts.policies import PolicyLike, get_policy
 
 from .archs import ArchAdapter, adapter_for
+from .cachekinds import LayerInfo, layers_from_caches, model_type_of, text_model
 from .errors import Diagnostic, GraphError
 from .ir import GraphSpec
-
-
-@attrs.frozen
-class LayerInfo:
-    """What binding learned about one layer, from the cache mlx-lm makes for it (compiler/cachekinds.py)."""
-
-    index: int
-    kind: str  # full_attention | sliding_attention | linear_attention | cache_list
-    window: int | None = None
-    sinks: bool = False
-    kv_heads: int = 0
-    head_dim: int = 0
-    dtype: str = "float32"
-    state_bytes: int = 0  # linear_attention: bytes of one request's recurrent state
-    state_size: int = 2  # linear_attention: slots of mlx-lm's ArraysCache
-    cache_type: str = "KVCache"  # the mlx-lm cache class this layer's policy stands in for
-    v_head_dim: int | None = None  # when values are narrower/wider than keys (MLA)
-    parts: tuple = ()  # cache_list: one LayerInfo per cache in the list
-    native: object = attrs.field(default=None, eq=False, repr=False)  # native: an empty mlx-lm cache to copy
-    native_reason: str = ""  # native: why graphc cannot batch it (the refusal message if unbatched fails too)
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        if self.kind == "cache_list":
-            return sum(p.kv_bytes_per_token for p in self.parts)
-        if self.kind in ("linear_attention", "native"):
-            return 0
-        vd = self.head_dim if self.v_head_dim is None else self.v_head_dim
-        return self.kv_heads * (self.head_dim + vd) * _DTYPE_BYTES.get(self.dtype, 4)
-
-
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+from .selfcheck import reference_run
 
 
 @attrs.define
@@ -76,21 +47,14 @@ class Binding:
 
 def classify_model(model, config: dict) -> list[LayerInfo]:
     """Each layer's LayerInfo from the caches mlx-lm's own forward fills (refuses what graphc cannot batch)."""
-    from .cachekinds import layers_from_caches, model_type_of, text_model
-    from .selfcheck import reference_run
-
     served = text_model(model)
     mtype = model_type_of(served, config)
-    from mlx_lm.models.cache import make_prompt_cache
-
     return layers_from_caches(reference_run(served, mtype).caches, mtype, served, make_prompt_cache(served))
 
 
 def bind(spec: GraphSpec, model, config: dict, layers: list[LayerInfo] | None = None,
          model_type: str | None = None) -> Binding:
     """Instantiate the declared policy for each layer. Raises GraphError (no policy for a kind)."""
-    from .cachekinds import model_type_of, text_model
-
     served = text_model(model)
     model_type = model_type or model_type_of(served, config)
     layers = layers if layers is not None else classify_model(model, config)

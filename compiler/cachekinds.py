@@ -26,6 +26,39 @@ few tokens of the model's own forward (compiler/selfcheck.py runs it), not off t
 
 from __future__ import annotations
 
+import attrs
+from mlx_lm.models import cache as C
+
+
+@attrs.frozen
+class LayerInfo:
+    """What binding learned about one layer, from the cache mlx-lm makes for it (below)."""
+
+    index: int
+    kind: str  # full_attention | sliding_attention | linear_attention | cache_list
+    window: int | None = None
+    sinks: bool = False
+    kv_heads: int = 0
+    head_dim: int = 0
+    dtype: str = "float32"
+    state_bytes: int = 0  # linear_attention: bytes of one request's recurrent state
+    state_size: int = 2  # linear_attention: slots of mlx-lm's ArraysCache
+    cache_type: str = "KVCache"  # the mlx-lm cache class this layer's policy stands in for
+    v_head_dim: int | None = None  # when values are narrower/wider than keys (MLA)
+    parts: tuple = ()  # cache_list: one LayerInfo per cache in the list
+    native: object = attrs.field(default=None, eq=False, repr=False)  # native: an empty mlx-lm cache to copy
+    native_reason: str = ""  # native: why graphc cannot batch it (the refusal message if unbatched fails too)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        if self.kind == "cache_list":
+            return sum(p.kv_bytes_per_token for p in self.parts)
+        if self.kind in ("linear_attention", "native"):
+            return 0
+        vd = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        return self.kv_heads * (self.head_dim + vd) * _DTYPE_BYTES.get(self.dtype, 4)
+
+
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -48,8 +81,6 @@ def model_type_of(model, config: dict | None = None) -> str:
 
 def _native(i: int, fresh, model_type: str, where: str, reason: str, need: str):
     """A layer kept on mlx-lm's own cache class (served unbatched); `fresh` is an empty one to copy."""
-    from .bind import LayerInfo
-
     why = f"model type '{model_type}': {where}: {reason}. To batch it graphc would need {need}."
     return LayerInfo(i, "native", cache_type=type(fresh).__name__, native=fresh, native_reason=why)
 
@@ -64,10 +95,6 @@ def native_reasons(layers) -> list[str]:
 def layer_info(i: int, cache, model_type: str, part: str = "", fresh=None):
     """The LayerInfo for mlx-lm cache object `cache` (already filled by a few tokens, so its shapes
     are known); `fresh` is the same layer's cache from a new make_prompt_cache (empty)."""
-    from mlx_lm.models import cache as C
-
-    from .bind import LayerInfo
-
     name = type(cache).__name__
     where = f"layer {i}{part} (cache {name})"
     if type(cache) is C.KVCache:
@@ -103,8 +130,6 @@ def _kv_shape(cache) -> dict:
 
 
 def layers_from_caches(caches: list, model_type: str, model=None, fresh: list | None = None) -> list:
-    import attrs
-
     fresh = fresh if fresh is not None else [None] * len(caches)
     infos = [layer_info(i, c, model_type, fresh=f) for i, (c, f) in enumerate(zip(caches, fresh))]
     mods = list(getattr(model, "layers", None) or []) if model is not None else []

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import attrs
+from mlx_lm.models.cache import make_prompt_cache
 
-import logging
-
-from .bind import Binding, bind, default_graph_for
+from .bind import Binding, LayerInfo, bind, default_graph_for
+from .cachekinds import layers_from_caches, model_type_of, native_reasons, text_model
 from .errors import GraphError, UnsupportedModel
 from .ir import GraphSpec
 from .lower import LoweredStep, lower
 from .parse import parse_collect, resolve_graph_path
 from .plan import Plan, build_plan
+from .selfcheck import chunking_changes_output, reference_run, run_check
 from .validate import validate
 
 
@@ -57,11 +59,6 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     fails; "fast" insists on the fast path; "generic" skips it. A model no lowering
     serves exactly is refused (UnsupportedModel) naming its type and the difference.
     """
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from .cachekinds import layers_from_caches, model_type_of, native_reasons, text_model
-    from .selfcheck import reference_run
-
     if lowering not in LOWERINGS:
         raise ValueError(f"unknown lowering '{lowering}' (known: {', '.join(LOWERINGS)})")
     served = text_model(model)
@@ -133,13 +130,6 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
 
 
 def _on_own_caches(model, config: dict, mtype: str, ref, why: str) -> CompiledGraph | None:
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from .bind import LayerInfo
-    from .cachekinds import text_model
-
-    from .selfcheck import chunking_changes_output
-
     chunked = chunking_changes_output(text_model(model), ref)
     if chunked is not None:  # its own caches would reproduce only one chunking of it: refuse
         raise UnsupportedModel(f"model type '{mtype}': {why}, and {chunked}. Serving it would need the model's "
@@ -157,8 +147,6 @@ def _on_own_caches(model, config: dict, mtype: str, ref, why: str) -> CompiledGr
 
 def _checked(spec, binding: Binding, ref, lowering: str, batched: bool) -> CompiledGraph | None:
     """The graph lowered with `lowering`, if it passes the self-check (the result is recorded either way)."""
-    from .selfcheck import run_check
-
     binding.lowering = lowering
     compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
     result = run_check(compiled, ref, lowering, batched=batched)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 import attrs
 
 
@@ -47,8 +49,6 @@ class GraphError(ValueError):
 
 def did_you_mean(word: str, choices) -> str:
     """A hint naming the closest known choice, or listing them all."""
-    import difflib
-
     choices = sorted(choices)
     close = difflib.get_close_matches(word, choices, n=1)
     if close:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import llama
 from mlx_lm.models.activations import swiglu
 
 
@@ -66,8 +67,6 @@ class FusedBlocks:
 def llama_not_own_block(layer) -> str | None:
     """Why graphc cannot run this layer as its own llama block (`llama_block`, attention through
     `cache.attend`) on the layer's own projections (None when it can)."""
-    from mlx_lm.models import llama
-
     a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if type(layer) is not llama.TransformerBlock or type(a) is not llama.Attention or type(m) is not llama.MLP:
         return f"{type(layer).__name__} is not mlx-lm's llama TransformerBlock"

@@ -10,6 +10,7 @@ import jinja2
 
 from .compile import CompiledGraph
 from .plan import Plan
+from .trace import trace_ops
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
@@ -64,8 +65,6 @@ def render_json(plan: Plan, memory: dict | None = None) -> str:
 def inspect_plan(compiled: CompiledGraph, kind: str, fmt: str = "text", trace: bool = True) -> str:
     plan = compiled.plan(kind)
     if trace:
-        from .trace import trace_ops
-
         plan = attrs.evolve(plan, ops=tuple(trace_ops(compiled, kind)))
     memory = memory_table(compiled)
     if fmt == "json":

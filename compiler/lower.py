@@ -15,15 +15,14 @@ runs (build_plan prunes prefill-only nodes from the decode plan).
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import mlx.core as mx
 
 from graphc.contracts.step import StepInputs, StepOutputs  # re-exported: the step contract
 
 from .bind import Binding
-from .ops import OPS, BoundNode, last_position
+from .bound import bound_nodes
+from .ops import OPS, last_position
 from .plan import Plan, build_plan
 
 
@@ -32,36 +31,6 @@ class StepContext:
     binding: Binding
     inputs: StepInputs
     values: dict = attrs.field(factory=dict)
-
-
-def _thaw(v):
-    if isinstance(v, tuple) and v and all(isinstance(x, tuple) and len(x) == 2 for x in v):
-        return {k: _thaw(x) for k, x in v}
-    if isinstance(v, tuple):
-        return [_thaw(x) for x in v]
-    return v
-
-
-def bound_nodes(spec, node_ids) -> list[tuple[BoundNode, Any, tuple, str]]:
-    """(node as its lowering sees it, OpDef, input ids, phase) for each id, in the given order."""
-    readers: dict[str, list] = {}
-    for n in spec.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
-
-    def always_all(n) -> bool:  # an every-position logits node some always-computed op reads
-        return (n.op == "logits" and dict(n.params).get("positions") == "all"
-                and any(r.op in OPS and not OPS[r.op].on_request for r in readers.get(n.id, [])))
-
-    out = []
-    for nid in node_ids:
-        node = spec.node(nid)
-        op = OPS[node.op]
-        params = op.resolved({k: _thaw(v) for k, v in node.param_dict.items()})
-        mine = readers.get(node.id, [])
-        bound = BoundNode(node.id, node.op, params, tuple(r.op for r in mine), any(always_all(r) for r in mine))
-        out.append((bound, op, node.inputs, op.phase_for(params)))
-    return out
 
 
 def cache_arrays(obj) -> list:

@@ -7,11 +7,16 @@ arrays, so a plan can be dumped to JSON, diffed and compared across graphs.
 from __future__ import annotations
 
 import attrs
+import networkx as nx
 
 from graphc.contracts.policies import prefix_unsupported_reason
 
 from .bind import Binding
+from .bound import bound_nodes
+from .cachekinds import native_reasons
+from .decode_options import compile_pass, resolve
 from .ops import BATCH_KINDS, EDIT_KINDS, OPS
+from .validate import to_digraph
 
 
 @attrs.frozen
@@ -97,10 +102,6 @@ class Plan:
 
 def topo_nodes(spec):
     """Graph nodes in dependency order (stable: file order among ready nodes)."""
-    import networkx as nx
-
-    from .validate import to_digraph
-
     g = to_digraph(spec)
     order = {n.id: i for i, n in enumerate(spec.nodes)}
     ids = list(nx.lexicographical_topological_sort(g, key=lambda n: order.get(n, -1)))
@@ -147,8 +148,6 @@ def binding_notes(binding: Binding) -> list[str]:
         notes.append(f"generic lowering: the model's own forward ({why})")
     if binding.mask_rank == 5:
         notes.append("per-row masks of rank 5 ([B, 1, 1, N, T]): the model splits attention scores by KV group")
-    from .cachekinds import native_reasons
-
     natives = native_reasons(binding.layers)
     if natives:
         notes.append(f"one request at a time (max_batch 1) on mlx-lm's own cache: {natives[0]}")
@@ -162,8 +161,6 @@ def binding_notes(binding: Binding) -> list[str]:
 
 
 def build_plan(binding: Binding, kind: str) -> Plan:
-    from .lower import bound_nodes
-
     if kind not in BATCH_KINDS:
         raise ValueError(f"unknown batch kind '{kind}' (known: {', '.join(BATCH_KINDS)})")
     spec = binding.spec
@@ -219,8 +216,6 @@ def build_plan(binding: Binding, kind: str) -> Plan:
         passes.append(("head placement", "final/head ops run on a prompt's final chunk only; "
                                          "earlier chunks only fill the caches"))
     if kind == "decode":
-        from .decode_options import compile_pass, resolve
-
         opts = resolve(spec.decode_options)
         # What the adapter's fused block would cover, without building its weights (an Engine
         # that compiles replaces this line with what it applied).

@@ -18,6 +18,11 @@ from __future__ import annotations
 
 import attrs
 import mlx.core as mx
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+from graphc.contracts.step import StepInputs
+
+from .errors import UnsupportedModel
 
 # Two prompts of different lengths (ids small enough for any vocabulary), the first longer
 # than CHUNK so its prefill has a non-final chunk; then two decode tokens for both rows.
@@ -93,10 +98,6 @@ class CheckResult:
 
 def reference_run(model, model_type: str) -> Reference:
     """The check's tokens through mlx-lm's own forward and caches. Refuses a model that cannot run them."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from .errors import UnsupportedModel
-
     out, first_caches, dtype = [], None, None
     try:
         for p in PROMPTS:
@@ -122,8 +123,6 @@ def run_check(compiled, ref: Reference, lowering: str, batched: bool = True) -> 
     """Drive the compiled steps over the check's tokens; compare with `ref`.
 
     batched=False checks the model served one request at a time: each prompt decoded alone."""
-    from .lower import StepInputs
-
     pols = compiled.binding.policies
     tol = ref.tolerance + max(p.lossy_tolerance for p in pols) * ref.scale
     diffs: list[float] = []
@@ -205,8 +204,6 @@ def chunking_changes_output(model, ref: Reference) -> str | None:
     Serving a model on its own caches (the last resort) is exact only when chunked prefill
     is: plamo3's sliding layers mask window + 1 keys while its rotating cache keeps window,
     so its answer depends on the prefill chunk size — no batching engine can match both."""
-    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
-
     def windows(caches):
         for c in caches:
             sub = getattr(c, "caches", None)

@@ -7,6 +7,8 @@ ops, outputs, cache policies. Binding (bind.py) adds the model-dependent checks.
 
 from __future__ import annotations
 
+import difflib
+
 import networkx as nx
 
 from graphc.contracts.policies import get_policy, policy_names
@@ -14,6 +16,7 @@ from graphc.contracts.policies import get_policy, policy_names
 from .errors import Diagnostic, SourceLoc, did_you_mean
 from .ir import GraphSpec
 from .ops import OPS, PRIMARY_OUTPUTS, REQUIRED_OPS, RUNTIME_OUTPUTS
+from .plugins import load_plugins
 
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "cache_list", "native")
 
@@ -113,7 +116,6 @@ def check_edges(spec: GraphSpec, g: nx.DiGraph) -> list[Diagnostic]:
 
 def check_required(spec: GraphSpec) -> list[Diagnostic]:
     out = []
-    import difflib
 
     ops = {n.op for n in spec.nodes}
     unknown = [op for op in ops if op not in OPS]
@@ -193,8 +195,6 @@ def check_cache(spec: GraphSpec) -> list[Diagnostic]:
 
 def check_plugins(spec: GraphSpec) -> list[Diagnostic]:
     """Import the graph's plugins first: they register the policies check_cache looks up."""
-    from .plugins import load_plugins
-
     return load_plugins(spec)
 
 

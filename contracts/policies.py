@@ -12,25 +12,34 @@ class and a YAML line:
 
 and in the graph: `cache: {full_attention: {policy: my_policy}}`.
 
-The built-in policies are runtime code (runtime/cache/); BUILTIN_POLICIES names the module
-that registers each, imported on first lookup (contracts/providers.py says why).
+The built-in policies are runtime code (runtime/cache/), declared as the entry points of group
+`graphc.cache_policies` (pyproject.toml); BUILTIN_POLICIES maps each name to the module that
+registers it, imported on first lookup (contracts/providers.py says why).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol
 
-from .providers import load
+from .providers import entry_points, provider
 
-# name -> the module whose import registers it
-BUILTIN_POLICIES: dict[str, str] = {
-    "full": "graphc.runtime.cache.full",
-    "windowed": "graphc.runtime.cache.windowed",
-    "pool_backed": "graphc.runtime.cache.pool_backed",
-    "ssm_state": "graphc.runtime.cache.ssm_state",
-    "cache_list": "graphc.runtime.cache.cache_list",
-    "native": "graphc.runtime.cache.native",
-}
+POLICY_GROUP = "graphc.cache_policies"
+
+
+def builtin_policies() -> dict[str, str]:
+    """name -> the module whose import registers it (graphc's entry points, read once)."""
+    found = {name: ep.module for name, ep in entry_points(POLICY_GROUP).items()}
+    if not found:  # an install from before the entry points existed: say so instead of "unknown policy"
+        raise ImportError(f"no entry points in group '{POLICY_GROUP}': graphc's installed metadata is out of "
+                          "date; reinstall it (`pip install --no-deps -e .`)")
+    return found
+
+
+def __getattr__(name: str):
+    if name == "BUILTIN_POLICIES":  # read on first use: scanning the installed metadata takes ~0.1 s
+        return builtin_policies()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _POLICIES: dict[str, type] = {}
 
@@ -62,7 +71,7 @@ def register_policy(name: str):
     """Class decorator: make a policy class available to graphs under `name`."""
 
     def deco(cls):
-        home = BUILTIN_POLICIES.get(name)
+        home = builtin_policies().get(name)
         if home is not None and cls.__module__ != home:
             raise ValueError(f"cache policy name '{name}' is a built-in one ({home}); register yours under "
                              "another name")
@@ -77,8 +86,8 @@ def register_policy(name: str):
 
 def get_policy(name: str) -> type:
     """The class registered under `name` (a built-in one is imported on first use). KeyError if none."""
-    if name not in _POLICIES and name in BUILTIN_POLICIES:
-        load(BUILTIN_POLICIES[name], f"the built-in cache policy '{name}'")
+    if name not in _POLICIES and name in builtin_policies():
+        provider(POLICY_GROUP, name, f"the built-in cache policy '{name}'")
     try:
         return _POLICIES[name]
     except KeyError:
@@ -87,7 +96,7 @@ def get_policy(name: str) -> type:
 
 def policy_names() -> list[str]:
     """Every name a graph may use: the built-ins and whatever plugins registered so far."""
-    return sorted(set(_POLICIES) | set(BUILTIN_POLICIES))
+    return sorted(set(_POLICIES) | set(builtin_policies()))
 
 
 def prefix_unsupported_reason(policies) -> str | None:

@@ -3,7 +3,8 @@
 The head ops (`logit_edits`, `sample`, `logprobs`, `prompt_logprobs`) are declared by the
 compiler; the math they run is the runtime's sampling package (runtime/sampling/: pure,
 lazy mx functions over the batch's SamplingTensors `st`). The compiler reaches it through
-`kernels()`, which returns the module named by SAMPLING_KERNELS with at least these names:
+`kernels()`, which returns the module the `graphc.sampling` entry point `kernels` names
+(pyproject.toml; contracts/providers.py says why) with at least these names:
 
     penalize(logits, st, counts) -> logits                     repetition / frequency / presence
     apply_edits(logits, st, *, n_generated) -> logits          logit bias, banned tokens, min_tokens
@@ -21,12 +22,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from .providers import load
+from .providers import provider
 
-SAMPLING_KERNELS = "graphc.runtime.sampling"
 FUNCTIONS = ("penalize", "apply_edits", "apply_additive_mask", "select_tokens", "logprobs_of", "CANDIDATE_MAX")
 
 
 def kernels() -> ModuleType:
     """The module providing FUNCTIONS (imported on first use)."""
-    return load(SAMPLING_KERNELS, "sampling for the head ops (" + ", ".join(FUNCTIONS) + ")")
+    return provider("graphc.sampling", "kernels", "sampling for the head ops (" + ", ".join(FUNCTIONS) + ")")

@@ -34,6 +34,8 @@ import attrs
 import mlx.core as mx
 
 from .engine import Engine
+from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
+from .grammar import GrammarState
 from .params import SamplingParams
 from .request import GenerationResult, RequestOutput
 
@@ -42,10 +44,6 @@ log = logging.getLogger("graphc.async_engine")
 # on_output(out, result, error): called on the engine thread for every delta of one request;
 # `result` is the GenerationResult with the final delta, `error` an exception if the engine failed.
 Sink = Callable[[RequestOutput | None, GenerationResult | None, BaseException | None], None]
-
-
-class EngineClosed(RuntimeError):
-    """The AsyncEngine was shut down (or its thread died) before the call could run."""
 
 
 @attrs.frozen
@@ -191,8 +189,6 @@ class AsyncEngine:
         return group
 
     async def _precompiled(self, loop, params):
-        from .grammar import GrammarState
-
         if params is None or params.grammar is None or isinstance(params.grammar, GrammarState):
             return params
         state = await loop.run_in_executor(None, self.engine.grammar_compiler.compile, params.grammar)

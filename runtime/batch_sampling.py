@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 import mlx.core as mx
 
+from .plan_contract import EDIT_KINDS, restrict
 from .sampling import SamplingTensors, advance, build_token_counts, penalty_history
 
 
@@ -54,8 +55,6 @@ class SamplerCache:
     """Builds SamplingTensors for a row list, reusing the last one while the rows are the same."""
 
     def __init__(self, vocab_size: int, eos_token_ids=(), edits: tuple | None = "all", kernel: bool = False):
-        from .plan_contract import EDIT_KINDS
-
         self.vocab_size = vocab_size
         self.eos_token_ids = sorted(eos_token_ids)
         # The edit kinds the graph's logit_edits node declares (Plan.edits): tensors carry only
@@ -72,8 +71,6 @@ class SamplerCache:
             return self._st  # the same rows as the last step: nothing to look at per row
         params = [r.params for r in rows]
         if self._restrict:
-            from .plan_contract import restrict
-
             params = [restrict(p, self.edits) for p in params]
         params = [_noise_seeded(p, r) for p, r in zip(params, rows)]
         st = None

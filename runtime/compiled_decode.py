@@ -43,6 +43,9 @@ from graphc.compiler.lower import LoweredStep, StepContext, StepInputs
 from graphc.compiler.ops.registry import is_model_dtype_key
 
 from .cache.full import MIN_CAPACITY, FullKV
+from . import kernels
+from .kernels import decode_attention, skinny_matmul
+from .measured_gate import ArmGate
 
 
 class _FixedKV:
@@ -81,9 +84,7 @@ class _FixedKV:
         row-contiguous `FullKV` arrays (`_fixed`), every step is submitted before anything that
         reads a later column is built (runner._launch), and nothing reads a column past `idx`."""
         if self.write and self._kernel_takes(q, k):
-            from .kernels.decode_attention import ragged_attention
-
-            return ragged_attention(q, self.keys, self.values, self.start, self.end, scale, new=(k, v))
+            return decode_attention.ragged_attention(q, self.keys, self.values, self.start, self.end, scale, new=(k, v))
         keys, values = self.update_and_fetch(k, v)
         return self.attend(q, keys, values, scale)
 
@@ -104,9 +105,7 @@ class _FixedKV:
 
     def attend(self, q, k, v, scale):
         if self._kernel_takes(q, k):
-            from .kernels.decode_attention import ragged_attention
-
-            return ragged_attention(q, k, v, self.start, self.end, scale)
+            return decode_attention.ragged_attention(q, k, v, self.start, self.end, scale)
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=self.mask)
 
 
@@ -129,9 +128,7 @@ def _write_columns(buf, new, idx):
 
 def _on_cuda() -> bool:
     """MLX's CUDA backend is the default device: what switches on the device-only choices here."""
-    from .kernels import available
-
-    return available()
+    return kernels.available()
 
 
 def _scatter_writes() -> bool:  # its own name: tests force the scatter alone
@@ -203,8 +200,6 @@ class CompiledDecode:
         # is never kept where it measured slower; None: compiled wherever eligible.
         self.gate = None
         if measured:
-            from .measured_gate import ArmGate
-
             self.gate = ArmGate(arms=("compiled", "eager"))
         self.step = step
         self.hidden_node = step.hidden_node
@@ -215,7 +210,6 @@ class CompiledDecode:
         self.fused = (step.binding.adapter.fused_decode() if fuse
                       else FusedBlocks.none("off (decode: {fuse_projections: false})"))
         # The ragged attention kernel: CUDA only, and only once it matched MLX here.
-        from .kernels import decode_attention
 
         self.kernel_note = "off" if kernel is False else decode_attention.check()
         self.kernel = self.kernel_note is None
@@ -231,7 +225,6 @@ class CompiledDecode:
         self.write = self.write_note is None
         # The skinny matmul for the fused blocks' projections and the head: CUDA only, and
         # only once it matched MLX's matmul here (runtime/kernels/skinny_matmul.py).
-        from .kernels import skinny_matmul
 
         self.skinny_note = skinny_matmul.check() if skinny else "off"
         self.skinny = self.skinny_note is None
@@ -355,10 +348,8 @@ class CompiledDecode:
 
     def applied(self) -> dict:
         """What this step switched on, for the plan's `compile` pass (decode_options.compile_pass)."""
-        from .kernels.decode_attention import grouped_note
-
         return {"fused_layers": len(self.fused), "fused": self.fused.note,
-                "attention_kernel": f"on ({grouped_note()})" if self.kernel else f"off ({self.kernel_note})",
+                "attention_kernel": f"on ({decode_attention.grouped_note()})" if self.kernel else f"off ({self.kernel_note})",
                 "kv_write_kernel": "on (in the attention kernel)" if self.write else self.write_note,
                 "residual_matmul": "on (mx.addmm)" if self.residual else self.residual_note,
                 "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})"}

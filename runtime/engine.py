@@ -18,17 +18,37 @@ import random
 import time
 from pathlib import Path
 
-from graphc.compiler.compile import CompiledGraph, compile_graph
+import attrs
+import mlx.core as mx
+import mlx_lm
 
+from graphc.compiler.compile import CompiledGraph, compile_graph, compile_sibling
+from graphc.compiler.decode_options import compile_pass, resolve
+from graphc.compiler.errors import UnsupportedModel
+from graphc.compiler.gguf import resolve_model_path
+from graphc.compiler.modelgen import demo_model_path
+
+from . import compiled_decode
+from .compiled_decode import CompiledDecode
+from .distributed import load_sharded
 from .fault import StepGuard
+from .grammar import GrammarError, GrammarState
+from .kernel_views import KernelViews
+from . import kernels
+from .kernels import gumbel_choose, top_ranks
+from .loop_stream import stream_in_loop
+from .oneshot import OneShotRunner, embed, score
 from .params import SamplingParams
+from .plan_contract import request_problem
 from .prefix_cache import for_binding, pool_bytes_per_token
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
+from .speculative import DraftModel, Speculator, parse_speculative, rollback_problem
 from .text import TextState, token_bytes_table
+from .warmup import warm_up
 
 log = logging.getLogger("graphc.load")
 
@@ -63,32 +83,27 @@ class Engine:
         # How decode is compiled: the graph's `decode:` section, overridden by compile= /
         # skinny_gemm= / decode_options= when given (compiler/decode_options.py). The decode
         # plan's `compile` pass says what was applied.
-        from graphc.compiler.decode_options import resolve
 
         if compile not in (None, True, False, "auto", "measured"):
             raise ValueError(f"compile must be True, False, 'auto' or 'measured', got {compile!r}")
         self.decode_options = resolve(self.compiled.spec.decode_options,
                                       {**(decode_options or {}), "compile": compile, "skinny_matmul": skinny_gemm})
         if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
-            import logging
-
             logging.getLogger("graphc.engine").warning(
                 "compile applies to the fast path only; model type '%s' runs the generic lowering "
                 "uncompiled", self.compiled.binding.model_type)
         elif self.decode_options["compile"]:  # mx.compile the decode forward on fixed-shape KV
-            from .compiled_decode import CompiledDecode
 
             # compile "auto": compiled only where it measured faster than eager (<= AUTO_MAX_BATCH
             # rows, rows x KV capacity <= AUTO_MAX_KV); other steps run eager on the same caches.
             # "measured": every batch-size bucket times both and keeps the faster (measured_gate.py).
-            from .compiled_decode import AUTO_MAX_BATCH, AUTO_MAX_KV
 
             o = self.decode_options
             auto = o["compile"] == "auto"
             self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
                                                   kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
-                                                  max_batch=AUTO_MAX_BATCH if auto else None,
-                                                  max_kv=AUTO_MAX_KV if auto else None,
+                                                  max_batch=compiled_decode.AUTO_MAX_BATCH if auto else None,
+                                                  max_kv=compiled_decode.AUTO_MAX_KV if auto else None,
                                                   skinny_table=o["skinny_table"], measured=o["compile"] == "measured",
                                                   kv_write=o["kv_write_kernel"], residual=o["residual_matmul"])
         self._show_compile_pass()
@@ -110,12 +125,10 @@ class Engine:
                                   sampling_kernel=self._sampling_kernel(), host_read=self._host_read())
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
         # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
-        from .kernel_views import KernelViews
 
         self.runner.views = views = KernelViews(getattr(self.compiled.decode, "step", self.compiled.decode),
                                                 enabled=self.decode_options["attention_kernel"])
         if views.on:  # the plan says what runs (graphc inspect)
-            import attrs
 
             d = self.compiled.decode
             d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("attention kernel", views.pass_line),))
@@ -134,12 +147,9 @@ class Engine:
     def _host_read(self) -> str:
         """How the host reads decode tokens (runtime/host_read.py): 8-byte pieces on CUDA when
         `decode: {host_read_pieces: true}`; on CUDA the decode plan says which (graphc inspect)."""
-        import mlx.core as mx
-
         if not mx.cuda.is_available():
             return "tokens"  # no managed memory: nothing migrates
         how = "pieces" if self.decode_options["host_read_pieces"] else "tokens"
-        import attrs
 
         line = ("8-byte copies of each step's tokens (MLX's scalar pool: no page a step uses migrates to the host)"
                 if how == "pieces" else "the step's tokens themselves (decode: {host_read_pieces: true} reads 8-byte copies)")
@@ -152,16 +162,13 @@ class Engine:
         the top-ranks kernel, and their top-p scan, filters and Gumbel-max in the Gumbel-choose
         kernel (CUDA, each once it matched MLX here); on CUDA the decode plan says which (graphc
         inspect)."""
-        from .kernels import available, gumbel_choose, top_ranks
-
         on = bool(self.decode_options["sampling_kernel"])
-        if not available():
+        if not kernels.available():
             return on  # FusedRows asks the check, which answers "not a CUDA device": MLX's ops run
         off = "off (decode: {sampling_kernel: false})"
         line = f"candidate stage of fused sampled steps: {top_ranks.note() if on else off}"
         if on and top_ranks.check() is None:
             line += f"; their top-p scan, filters and Gumbel-max: {gumbel_choose.note()}"
-        import attrs
 
         d = self.compiled.decode
         d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("sampling kernel", line),))
@@ -179,10 +186,6 @@ class Engine:
 
     def _show_compile_pass(self) -> None:
         """Put what this engine applied to decode into the decode plan's passes (inspect shows them)."""
-        import attrs
-
-        from graphc.compiler.decode_options import compile_pass
-
         d = self.compiled.decode
         applied = d.applied() if hasattr(d, "applied") else None
         line = compile_pass(self.decode_options, self.compiled.binding.lowering, applied)
@@ -199,17 +202,9 @@ class Engine:
         distributed=True (under `mlx.launch`): shard the model over the world group, tensor
         parallel; rank 0 gets the engine, the other ranks follow it and exit with it
         (runtime/distributed/, docs/distributed.md)."""
-        import mlx_lm
-
-        from graphc.compiler.gguf import resolve_model_path
-
         if distributed:
-            from .distributed import load_sharded
-
-            return load_sharded(model_dir, graph, **kwargs)
+            return load_sharded(model_dir, graph, engine_cls=cls, **kwargs)
         if model_dir is None:
-            from graphc.compiler.modelgen import demo_model_path
-
             model_dir = demo_model_path()
         path = resolve_model_path(model_dir)
         if not (path / "config.json").exists():
@@ -222,7 +217,6 @@ class Engine:
         try:
             model, tokenizer = mlx_lm.load(str(path))
         except Exception as e:  # noqa: BLE001 - whatever mlx-lm (or transformers under it) raises
-            from graphc.compiler.errors import UnsupportedModel
 
             raise UnsupportedModel(
                 f"model type '{config.get('model_type', '?')}': mlx_lm.load could not load '{path}': "
@@ -257,8 +251,6 @@ class Engine:
                              f"generate it does not fit the KV budget of {budget} tokens (kv_budget_tokens)")
         req = Request(ids, params) if request_id is None else Request(ids, params, id=request_id)
         if params.grammar is not None:
-            from .grammar import GrammarState
-
             g = params.grammar  # compiled already (AsyncEngine does it off the engine thread) or a spec
             req.grammar = g if isinstance(g, GrammarState) else self.grammar_compiler.compile(g)
         req.detokenizer = TextState(self.tokenizer, params.stop, self._token_bytes)
@@ -274,8 +266,6 @@ class Engine:
         """Raise ValueError when the graph cannot serve `params` as asked: an edit kind its
         logit_edits node does not declare, more top logprobs than its max_top_n, logprobs or
         prompt logprobs it does not compute (read from the lowered plan)."""
-        from .plan_contract import request_problem
-
         problem = request_problem(self.compiled.plan("prefill"), params) or self.speculator.request_problem(params)
         if problem:
             raise ValueError(problem)
@@ -370,8 +360,6 @@ class Engine:
         # A stop token ends the text; it is in token_ids but not in the text (like OpenAI's API).
         hit_stop = not stop_token and req.detokenizer.add(tok)
         if req.grammar is not None and tok not in self.eos_token_ids:
-            from .grammar import GrammarError
-
             try:
                 req.grammar.consume(tok)
             except GrammarError as e:  # e.g. the grammar left no token allowed: fail this request only
@@ -431,8 +419,6 @@ class Engine:
                request_id: str | None = None):
         """Async iterator of one request's deltas (RequestOutput), stepping this engine on the
         caller's event loop; leaving early aborts it. Servers use AsyncEngine (own thread)."""
-        from .loop_stream import stream_in_loop
-
         return stream_in_loop(self, prompt, params, request_id)
 
     def warm_up(self) -> float:
@@ -440,8 +426,6 @@ class Engine:
         does not pay for kernel builds and the compiled step's trace; `stats` is left as it
         was before. Seconds taken. `graphc serve` calls it before it reports ready
         (runtime/warmup.py)."""
-        from .warmup import warm_up
-
         return warm_up(self)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
@@ -466,10 +450,6 @@ class Engine:
         user's), compiled on first use against this engine's model and lowering."""
         key = (str(graph), output)
         if key not in self._oneshot:
-            from graphc.compiler.compile import compile_sibling
-
-            from .oneshot import OneShotRunner
-
             self._oneshot[key] = OneShotRunner(compile_sibling(self.compiled, graph, self.model), output)
         return self._oneshot[key]
 
@@ -477,8 +457,6 @@ class Engine:
         """Embeddings of each input (a string or token ids; or a list of them) through `graph`'s
         `embeddings` output. `dimensions` truncates before normalizing (OpenAI's Matryoshka
         semantics). Returns an EmbeddingResult (vectors in input order, prompt token count)."""
-        from .oneshot import embed
-
         if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], int)):
             inputs = [inputs]
         if not inputs:
@@ -500,8 +478,6 @@ class Engine:
         return self.score_many([(prompt, continuation)], graph=graph)[0]
 
     def score_many(self, pairs, *, graph="score"):
-        from .oneshot import score
-
         enc = []
         for prompt, cont in pairs:
             c = self.encode(cont)
@@ -541,10 +517,6 @@ def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, m
     for every plain greedy row when `speculative` sets a default (a draft model makes
     "draft_model" the default). Off for models whose caches cannot roll back (logged when a
     default asked for it)."""
-    import logging
-
-    from .speculative import DraftModel, Speculator, parse_speculative, rollback_problem
-
     if draft_model is not None and speculative is None:
         speculative = "draft_model"
     default = parse_speculative(speculative, num_draft_tokens)

@@ -13,6 +13,10 @@ import threading
 
 import mlx.core as mx
 
+from .grammar import GrammarCompiler
+from .grammar.matcher import bitmask_to_additive
+from .sampling import apply_logits_processors
+
 
 def _guarded(req, failures: dict):
     """The request's Python logits processors as one callable that cannot fail the batch: an
@@ -55,23 +59,17 @@ class HostEdits:
         """Built on first use; thread-safe (AsyncEngine compiles grammars on worker threads)."""
         with self._lock:
             if self._grammar is None:
-                from .grammar import GrammarCompiler
-
                 self._grammar = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
             return self._grammar
 
     def __call__(self, rows, logits):
         """Additive [B, V] edits for `rows`, or None when none of them needs the host."""
-        from .grammar.matcher import bitmask_to_additive
-
         edits = None
         if any(r.grammar is not None for r in rows):
             # Runs on the CPU while the device computes `logits` (queued by the runner).
             words = self.grammar_compiler.fill_masks([r.grammar for r in rows])
             edits = bitmask_to_additive(words, self.vocab_size)
         if any(r.params.logits_processors for r in rows):
-            from .sampling import apply_logits_processors
-
             # mlx-lm's convention: proc(token ids so far [n], logits [1, V]) -> [1, V].
             base = logits if edits is None else logits + edits
             new = apply_logits_processors(base, [_guarded(r, self.failures) for r in rows],

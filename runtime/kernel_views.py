@@ -28,6 +28,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .cache.full import FullKV
+from .kernels import decode_attention
 
 
 # Padded eager decode steps take the kernel up to this many rows. Measured on the H200
@@ -63,13 +64,11 @@ class _KernelKV:
         return self.attend(q, keys, values, scale)
 
     def attend(self, q, k, v, scale):
-        from .kernels.decode_attention import ragged_attention
-
         c = self.inner  # k, v are views of its buffers up to the written columns: read the buffers
         end = self._ends.get(c.idx)
         if end is None:
             end = self._ends[c.idx] = mx.array([c.idx], dtype=mx.int32)
-        return ragged_attention(q, c.keys, c.values, self.start, end, scale)
+        return decode_attention.ragged_attention(q, c.keys, c.values, self.start, end, scale)
 
 
 class KernelViews:
@@ -77,8 +76,6 @@ class KernelViews:
     themselves where they cannot take them); `note`: on, or why not (the bench prints it)."""
 
     def __init__(self, step, enabled: bool = True):
-        from .kernels import decode_attention
-
         binding = step.binding
         adapter = getattr(binding, "adapter", None)
         self.blocks = {}

@@ -13,6 +13,7 @@ import attrs
 import mlx.core as mx
 
 from graphc.compiler.lower import StepInputs
+from graphc.compiler.selfcheck import batch_prefill_ok
 
 # Padded tokens per forward: bigger input lists are split into several batches.
 BATCH_TOKENS = 8192
@@ -48,8 +49,6 @@ class OneShotRunner:
     """Runs a compiled graph's prefill step once over whole inputs and returns one named output."""
 
     def __init__(self, compiled, output: str):
-        from graphc.compiler.selfcheck import batch_prefill_ok
-
         self.compiled = compiled
         self.step = compiled.prefill
         if output not in self.step.outputs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from .sampling.params import MAX_INT32, validate_params
+from .speculative.config import parse_speculative
 
 
 def _bias_converter(v):
@@ -97,8 +98,6 @@ class SamplingParams:
         if (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
                 or not 0 <= self.max_tokens <= MAX_INT32):
             bad("max_tokens", f"must be an integer in 0..{MAX_INT32}, got {self.max_tokens!r}")
-
-        from .speculative.config import parse_speculative
 
         parse_speculative(self.speculative, self.num_draft_tokens)  # ValueError names the field
         validate_params(self)  # temperature, top-k/p, min-p, seed, penalties, bias, logprobs, ...

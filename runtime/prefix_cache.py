@@ -38,10 +38,12 @@ from __future__ import annotations
 import heapq
 
 import attrs
+import mlx.core as mx
 import numpy as np
 
 # The rule over the policies' prefix protocol is a neutral contract (the plan's inspect note reads it too).
 from graphc.contracts.policies import prefix_unsupported_reason  # noqa: F401 - re-exported
+from .cache.pool import device_memory
 from .cache.prefix_state import PrefixKind
 from .cache.radix import Node, RadixTree, common_prefix, tick
 from .cache.slots import SlotAllocator
@@ -449,8 +451,6 @@ def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens:
     else what `mem_fraction` of the device's memory holds at the pools' bytes per token (the
     arrays grow on demand, so an unused budget costs nothing).
     """
-    from .cache.pool import device_memory
-
     pols = binding.policies
     if prefix_unsupported_reason(pols):
         return None
@@ -484,6 +484,4 @@ def pool_bytes_per_token(policies) -> int:
 
 
 def _on_cpu() -> bool:
-    import mlx.core as mx
-
     return mx.default_device().type == mx.DeviceType.cpu

@@ -16,6 +16,7 @@ import mlx.core as mx
 from graphc.compiler.compile import CompiledGraph
 from graphc.compiler.lower import StepInputs
 from graphc.compiler.ops import HOST_EDITS, PromptTargets
+from graphc.compiler.selfcheck import batch_prefill_ok
 
 from . import host_read as host_reads
 from . import kv_usage
@@ -223,8 +224,6 @@ class ModelRunner:
     def can_batch_prefill(self) -> bool:
         """Several whole prompts in one left-padded forward: for graphs whose every layer keeps
         FullKV rows (full / pool_backed) and whose prefix cache needs no boundary captures."""
-        from graphc.compiler.selfcheck import batch_prefill_ok
-
         if self.prefix_io is not None and self.prefix_io.prefix.needs_boundaries:
             return False
         return batch_prefill_ok(self.policies)

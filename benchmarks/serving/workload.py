@@ -33,8 +33,11 @@ def _lognormal_ints(rng: random.Random, n: int, lo: int, hi: int) -> list[int]:
     return [min(hi, max(lo, round(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
 
 
+CORPUS_PACKAGE = "graphc.compiler.modelgen"  # its corpus/*.txt, package data
+
+
 def corpus_ids(tokenizer: Tokenizer) -> list[int]:
-    root = resources.files("graphc.compiler.modelgen") / "corpus"
+    root = resources.files(CORPUS_PACKAGE) / "corpus"
     text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(root.iterdir(), key=lambda p: p.name)
                      if p.name.endswith(".txt"))
     return tokenizer.encode(text[:_CORPUS_CHARS], add_special_tokens=False).ids

@@ -7,6 +7,7 @@ from pathlib import Path
 import sys
 
 from .archs import ARCHS
+from .make import make_model
 
 
 def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +41,6 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .make import make_model
-
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not getattr(args, "force", False):
         what = "is not a folder" if not out.is_dir() else "is not empty"

@@ -13,8 +13,10 @@ import json
 import os
 import shutil
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
+from .make import make_config, make_model
 from .tokenizer import PACKAGE_DIR, _cache_root, corpus_hash
 
 SHIPPED_DEMO_DIR = PACKAGE_DIR / "demo"
@@ -30,16 +32,12 @@ def _shipped_demo_ok(path: Path) -> bool:
 
 def _graphc_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("graphc")
     except Exception:
         return "0"
 
 
 def random_demo_key() -> str:
-    from .make import make_config
-
     spec = dict(_RANDOM_DEMO)
     cfg = make_config(spec.pop("arch"), **{k: v for k, v in spec.items() if k != "seed"})
     blob = json.dumps(
@@ -57,8 +55,6 @@ def random_demo_key() -> str:
 
 def random_demo_path() -> Path:
     """Build (once) and return the cached random-weight llama demo model."""
-    from .make import make_model
-
     final = _cache_root() / f"demo-llama-{random_demo_key()}"
     if _shipped_demo_ok(final):
         return final

@@ -14,6 +14,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from tokenizers import decoders, models, pre_tokenizers, Tokenizer, trainers
+
 from graphc.compiler.cache_dir import cache_root
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -98,8 +100,6 @@ def special_token_ids() -> dict[str, int]:
 
 def train_tokenizer(vocab_size: int):
     """Train a byte-level BPE on the corpus. Returns a ``tokenizers.Tokenizer``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     if vocab_size < MIN_VOCAB:
         raise ValueError(
             f"vocab_size must be at least {MIN_VOCAB} (256 bytes + "

@@ -23,7 +23,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes
 
 _DTYPES = ("float32", "float16", "bfloat16")
 
@@ -62,17 +65,12 @@ def _init_param(name: str, shape: tuple[int, ...], cfg: dict, rng) -> np.ndarray
 
 def build_model(cfg: dict[str, Any]):
     """Instantiate mlx-lm's model for ``cfg`` (the same classes mlx_lm.load uses)."""
-    from mlx_lm.utils import _get_classes
-
     model_class, args_class = _get_classes(config=cfg)
     return model_class(args_class.from_dict(cfg))
 
 
 def random_weights(cfg: dict[str, Any], seed: int, dtype: str = "float32") -> dict:
     """Name -> mx.array for a fresh model of ``cfg``, deterministic in ``seed``."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     model = build_model(cfg)
@@ -89,8 +87,6 @@ def random_weights(cfg: dict[str, Any], seed: int, dtype: str = "float32") -> di
 
 
 def save_weights(weights: dict, out: Path) -> Path:
-    import mlx.core as mx
-
     path = Path(out) / "model.safetensors"
     mx.save_safetensors(str(path), weights, metadata={"format": "mlx"})
     return path

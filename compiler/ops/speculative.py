@@ -18,6 +18,8 @@ from __future__ import annotations
 import attrs
 import mlx.core as mx
 
+from graphc.contracts.policies import rollback_problem
+
 from .registry import HIDDEN, TOKENS, register_op
 
 VERIFY = "verify"  # VerifyOutput
@@ -36,8 +38,6 @@ class VerifyOutput:
 
 
 def _describe_verify(node, binding, kind):
-    from graphc.contracts.policies import rollback_problem
-
     why = rollback_problem(binding)
     head = "every position's logits" + (" (the model's own forward)" if binding.lowering != "fast"
                                         else " (norm + lm_head on all L positions)")

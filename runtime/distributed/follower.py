@@ -8,7 +8,9 @@ or the two engines stop producing the same tokens.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 from .group import GroupFailed, broadcast_bytes, broadcast_ints, is_group_error
 from .plan import HEADER_WORDS, IDLE, NO_STEP_YET, SHUTDOWN, Plan, decode_params, error_digest, step_digest
@@ -17,9 +19,6 @@ from .watchdog import EXIT_GROUP_FAILED, Watchdog
 
 def follow(engine, group, watchdog: Watchdog, *, timeout: float) -> int:
     """Run rank 0's steps until it shuts the group down; the process exit code."""
-    import signal
-    import threading
-
     rank = group.rank()
     if threading.current_thread() is threading.main_thread():
         # Ctrl-C in a terminal reaches every rank of the launch: rank 0 decides (a clean shutdown

@@ -8,13 +8,14 @@ so the sum is the payload on every rank, bit for bit.
 
 from __future__ import annotations
 
+import logging
 import os
 import zlib
 
 import mlx.core as mx
 import numpy as np
 
-from ..async_engine import EngineClosed
+from ..engine_closed import EngineClosed
 
 # Environment variables a distributed launcher sets on every rank: mlx.launch (ring, nccl,
 # jaccl) sets MLX_RANK; mpirun sets OMPI_COMM_WORLD_SIZE / PMI_SIZE.
@@ -50,8 +51,6 @@ def direct_launches_for_nccl() -> bool:
 def world() -> mx.distributed.Group:
     """The world group of this launch (a group of one when nothing launched us)."""
     if direct_launches_for_nccl():
-        import logging
-
         logging.getLogger("graphc.distributed").info(
             "NCCL launch: MLX_USE_CUDA_GRAPHS=0 (collectives inside CUDA graphs cost 3-4x more; set "
             "MLX_USE_CUDA_GRAPHS=1 to keep them)")

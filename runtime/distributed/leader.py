@@ -1,6 +1,7 @@
 """Rank 0's engine: the Engine the server and scheduler talk to, plus the step plans it sends.
 
-It is a plain Engine that records what changes the other ranks cannot see (requests added,
+It is a plain Engine (the class Engine.load was called on: `leader_class`, so this module need
+not import the engine that loads it) that records what changes the other ranks cannot see (requests added,
 aborted) and, at the top of every `step()`, broadcasts them as one plan (plan.py), so every
 rank then runs the same step on its shard. While idle it sends a heartbeat plan every
 `heartbeat_s`, so the followers can tell an idle rank 0 from a hung one, and rank 0 learns
@@ -10,12 +11,17 @@ of a dead follower within a second even when no request is running.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
+import os
+import sys
 import threading
 import time
 import weakref
 
-from ..engine import Engine
+import mlx.core as mx
+
+from ..grammar import Grammar
 from .group import GroupFailed, broadcast_bytes, broadcast_ints, is_group_error
 from .plan import (HEADER_WORDS, IDLE, KIND_NAMES, NO_STEP_YET, SHUTDOWN, STEP, Plan, encode_params, error_digest,
                    step_digest)
@@ -36,8 +42,6 @@ class _SpecKeepingCompiler:
         self._base = base
 
     def compile(self, grammar):
-        from ..grammar import Grammar
-
         state = self._base.compile(grammar)
         state.spec = Grammar.coerce(grammar)
         return state
@@ -46,8 +50,10 @@ class _SpecKeepingCompiler:
         return getattr(self._base, name)
 
 
-class LeaderEngine(Engine):
-    """Built by `Engine.load(..., distributed=True)` on rank 0; use it like any Engine."""
+class LeaderEngine:
+    """Rank 0's part of the engine `Engine.load(..., distributed=True)` returns there; use that like
+    any Engine. Mixed in front of the engine class by `leader_class`, so every engine rank 0 runs
+    is an instance of this class."""
 
     def _start_group(self, group, watchdog: Watchdog, *, timeout: float, heartbeat_s: float = 1.0) -> None:
         self.group = group
@@ -84,7 +90,7 @@ class LeaderEngine(Engine):
 
     @property
     def grammar_compiler(self):
-        return _SpecKeepingCompiler(Engine.grammar_compiler.fget(self))
+        return _SpecKeepingCompiler(super().grammar_compiler)
 
     # -- the step ------------------------------------------------------------------------------
     def step(self):
@@ -162,8 +168,6 @@ class LeaderEngine(Engine):
             self.failed = (f"the distributed group of {self.world_size} ranks failed: {why} — a rank died, "
                            "hung or lost its connection; rank 0 exits")
             log.error("%s", self.failed)
-            import sys
-
             sys.stderr.write(f"graphc rank 0: {self.failed} (exit {EXIT_GROUP_FAILED})\n")
             sys.stderr.flush()
             t = threading.Timer(FAIL_GRACE_S, _exit_failed)
@@ -172,9 +176,14 @@ class LeaderEngine(Engine):
         raise GroupFailed(self.failed)
 
 
-def _exit_failed() -> None:
-    import os
+@functools.cache
+def leader_class(engine_cls: type) -> type:
+    """`engine_cls` with rank 0's part in front (one class per engine class)."""
+    return type("LeaderEngine", (LeaderEngine, engine_cls), {"__doc__": LeaderEngine.__doc__,
+                                                             "__module__": __name__})
 
+
+def _exit_failed() -> None:
     os._exit(EXIT_GROUP_FAILED)
 
 
@@ -182,8 +191,6 @@ def _heartbeat(ref, period: float) -> None:
     try:
         _beat(ref, period)
     finally:
-        import mlx.core as mx
-
         clear = getattr(mx, "clear_streams", None)  # this thread's MLX streams (see AsyncEngine._run)
         if clear is not None:
             clear()

@@ -3,7 +3,8 @@
 Every rank loads the same folder lazily, lets the model shard itself (`model.shard(group)`,
 mlx-lm's tensor parallelism: attention heads, KV heads and MLP/expert columns split across
 ranks, one all_sum after attention and one after the MLP), then builds the same Engine over its
-shard. Rank 0 gets a LeaderEngine back; every other rank follows rank 0's steps here and
+shard (of the class `Engine.load` was called on, passed in as `engine_cls`: this module is
+below the engine). Rank 0 gets a LeaderEngine back; every other rank follows rank 0's steps here and
 exits the process when rank 0 shuts down (so a script's code after `Engine.load` runs on
 rank 0 only).
 """
@@ -16,25 +17,28 @@ import os
 from pathlib import Path
 
 import mlx.core as mx
+import mlx_lm
+import mlx_lm.models
 
-from ..engine import Engine
+from graphc.compiler.modelgen import demo_model_path
+
 from .follower import follow
 from .group import GroupFailed, broadcast_ints, crc, gather_ints, world
-from .leader import LeaderEngine
+from .leader import leader_class
 from .launcher_watch import stop_with_parent
 from .watchdog import Watchdog, default_timeout
 
 log = logging.getLogger("graphc.distributed")
 
 
-def load_sharded(model_dir, graph=None, *, timeout: float | None = None, heartbeat_s: float = 1.0,
-                 **kwargs) -> Engine:
-    """`Engine.load(model_dir, graph, distributed=True, **kwargs)`."""
+def load_sharded(model_dir, graph=None, *, engine_cls: type, timeout: float | None = None,
+                 heartbeat_s: float = 1.0, **kwargs):
+    """`engine_cls.load(model_dir, graph, distributed=True, **kwargs)`."""
     watchdog, group = _join(timeout)
     if group.size() == 1:
         log.warning("distributed=True but this process was not launched as part of a group "
                     "(world size 1): serving on this process alone")
-        return Engine.load(model_dir, graph, **kwargs)
+        return engine_cls.load(model_dir, graph, **kwargs)
     if group.rank() == 0:
         stop_with_parent()  # SIGTERM to mlx.launch ends the group (runtime/distributed/launcher_watch.py)
     try:
@@ -42,16 +46,16 @@ def load_sharded(model_dir, graph=None, *, timeout: float | None = None, heartbe
         loaded, error = (model, tokenizer, config, str(path)), None
     except Exception as e:  # reported after every rank said how its load went
         loaded, error = None, e
-    return _start(group, watchdog, loaded, error, graph, timeout, heartbeat_s, kwargs)
+    return _start(engine_cls, group, watchdog, loaded, error, graph, timeout, heartbeat_s, kwargs)
 
 
-def engine_from_model(model, tokenizer, config: dict, graph=None, *, model_path: str | None = None,
-                      timeout: float | None = None, heartbeat_s: float = 1.0, **kwargs) -> Engine:
+def engine_from_model(model, tokenizer, config: dict, graph=None, *, engine_cls: type, model_path: str | None = None,
+                      timeout: float | None = None, heartbeat_s: float = 1.0, **kwargs):
     """Like load_sharded, for a model already in memory with the same weights on every rank (the
     bench's random shapes): shard it in place, then build the engine; a plain Engine outside a launch."""
     watchdog, group = _join(timeout)
     if group.size() == 1:
-        return Engine(model, tokenizer, config, graph, model_path=model_path, **kwargs)
+        return engine_cls(model, tokenizer, config, graph, model_path=model_path, **kwargs)
     try:
         _check_options(kwargs)
         check_shardable(model, config, group.size())
@@ -60,7 +64,7 @@ def engine_from_model(model, tokenizer, config: dict, graph=None, *, model_path:
         loaded, error = (model, tokenizer, config, model_path), None
     except Exception as e:
         loaded, error = None, e
-    return _start(group, watchdog, loaded, error, graph, timeout, heartbeat_s, kwargs)
+    return _start(engine_cls, group, watchdog, loaded, error, graph, timeout, heartbeat_s, kwargs)
 
 
 def _join(timeout):
@@ -75,7 +79,8 @@ def _join(timeout):
     return watchdog, group
 
 
-def _start(group, watchdog: Watchdog, loaded, error, graph, timeout, heartbeat_s: float, kwargs: dict) -> Engine:
+def _start(engine_cls: type, group, watchdog: Watchdog, loaded, error, graph, timeout, heartbeat_s: float,
+           kwargs: dict):
     """Every rank's load status, the setup check, the shared seed, then the engine: returned on
     rank 0; the other ranks follow rank 0 here and leave through SystemExit."""
     timeout = default_timeout() if timeout is None else float(timeout)
@@ -97,7 +102,7 @@ def _start(group, watchdog: Watchdog, loaded, error, graph, timeout, heartbeat_s
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
         seed = broadcast_ints(group, [seed], 1)[0]
-        cls = LeaderEngine if rank == 0 else Engine
+        cls = leader_class(engine_cls) if rank == 0 else engine_cls
         engine = cls(model, tokenizer, config, graph, model_path=path, seed=seed, **kwargs)
         engine = _same_prefix_capacity(group, engine, cls, (model, tokenizer, config, graph, path, seed), kwargs)
     log.info("rank %d of %d: %s sharded %d ways", rank, n, config.get("model_type"), n)
@@ -133,11 +138,7 @@ def _check_options(kwargs: dict) -> None:
 
 def _load_shard(model_dir, group, kwargs: dict):
     """This rank's slices of the model (lazy load, the model's own shard(), then materialize)."""
-    import mlx_lm
-
     if model_dir is None:
-        from graphc.compiler.modelgen import demo_model_path
-
         model_dir = demo_model_path()
     path = Path(model_dir)
     if not (path / "config.json").exists():
@@ -154,16 +155,12 @@ def _load_shard(model_dir, group, kwargs: dict):
 
 def shardable_model_types() -> list[str]:
     """mlx-lm architectures whose Model has a tensor-parallel `shard()` (read off the sources)."""
-    import mlx_lm.models
-
     d = Path(mlx_lm.models.__file__).parent
     return sorted(p.stem for p in d.glob("*.py") if "def shard(" in p.read_text(errors="ignore"))
 
 
 def check_shardable(model, config: dict, n: int) -> None:
     """Refuse, with the reason, what tensor parallelism over `n` ranks cannot split."""
-    import mlx_lm
-
     mt = config.get("model_type", type(model).__module__)
     if not hasattr(model, "shard"):
         raise ValueError(
@@ -181,8 +178,6 @@ def check_shardable(model, config: dict, n: int) -> None:
 
 def _check_same_setup(group, config: dict, graph, kwargs: dict) -> None:
     """Every rank must run the same model with the same engine settings, or their schedules differ."""
-    import mlx_lm
-
     setup = json.dumps({"config": config, "graph": str(graph), "engine": {k: repr(v) for k, v in sorted(kwargs.items())},
                         "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__}, sort_keys=True, default=str)
     digests = [row[0] for row in gather_ints(group, [crc(setup.encode())])]

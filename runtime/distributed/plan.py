@@ -17,6 +17,8 @@ import json
 
 import attrs
 
+from ..grammar import Grammar
+from ..grammar.matcher import GrammarState
 from ..params import SamplingParams
 from .group import crc
 
@@ -76,8 +78,6 @@ def decode_params(d: dict) -> SamplingParams:
     d = dict(d)
     g = d.pop("grammar")
     if g is not None:
-        from ..grammar import Grammar
-
         g = Grammar(g["kind"], g["source"])
     return SamplingParams(**d, grammar=g)
 
@@ -85,9 +85,6 @@ def decode_params(d: dict) -> SamplingParams:
 def _grammar_spec(g) -> dict | None:
     if g is None:
         return None
-    from ..grammar import Grammar
-    from ..grammar.matcher import GrammarState
-
     if isinstance(g, GrammarState):
         spec = getattr(g, "spec", None)  # set by the leader engine's grammar compiler
         if spec is None:

@@ -11,7 +11,9 @@ and end too.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -49,9 +51,6 @@ def die(rank: int, message: str) -> None:
 
 class Watchdog:
     def __init__(self, rank: int, *, poll_s: float = 0.2):
-        import faulthandler
-        import signal
-
         # `kill -USR1 <pid>` prints every thread's Python stack: where a stuck rank waits.
         if hasattr(signal, "SIGUSR1"):
             faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 
+import llguidance
+import llguidance.hf
+import mlx.core as mx
 import numpy as np
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
 from .schema import close_objects
 from .spec import Grammar
@@ -23,9 +27,6 @@ class GrammarCompiler:
     """Builds the llguidance tokenizer once per engine and compiles request grammars."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids=()):
-        import llguidance
-        import llguidance.hf
-
         hf = getattr(tokenizer, "_tokenizer", tokenizer)
         eos = sorted(eos_token_ids) or None
         self._ll = llguidance
@@ -67,8 +68,6 @@ class GrammarCompiler:
 
     def fill_masks(self, states: list["GrammarState | None"]) -> np.ndarray:
         """Bitmask words [B, ceil(V/32)] int32; rows without a grammar allow every token."""
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
-
         words = allocate_token_bitmask(len(states), self.vocab_size)
         todo = [(s.matcher, i) for i, s in enumerate(states) if s is not None]
         if todo:
@@ -98,8 +97,6 @@ class GrammarState:
 
 def bitmask_to_additive(words, vocab_size: int):
     """[B, W] int32 bit words -> [B, V] float32 additive row: 0 where allowed, -inf elsewhere (lazy mx)."""
-    import mlx.core as mx
-
     w = mx.array(words) if not isinstance(words, mx.array) else words
     shifts = mx.arange(32, dtype=mx.uint32)
     bits = (w.astype(mx.uint32)[:, :, None] >> shifts) & 1

@@ -3,11 +3,20 @@
 Each module has the kernel, a `reference()` it must match, and a `check()` that compares
 the two on random inputs in this process before the kernel is used (the compiled decode
 path, runtime/compiled_decode.py, falls back to MLX on any mismatch or build failure).
+
+The CUDA itself is in cuda/<module>/*.cu (package data), read by `cuda_source`: the whole
+body of a kernel, or a fragment whose `@NAME@` markers the module fills in.
 """
 
 import hashlib
+from importlib import resources
 
 import mlx.core as mx
+
+
+def cuda_source(name: str) -> str:
+    """The text of cuda/`name` (e.g. "top_ranks/source.cu"), as the module's kernel uses it."""
+    return (resources.files(__name__) / "cuda" / name).read_text(encoding="utf-8")
 
 
 def source_tag(source: str) -> str:
@@ -40,6 +49,35 @@ class Kernel:
         if self._built is None:
             self._built = mx.fast.cuda_kernel(**self.spec)
         return self._built(**kwargs)
+
+
+class KernelOp:
+    """What the runtime asks of every kernel; each module exposes one as `KERNEL`, and
+    runtime/kernels/registry.py lists them by name.
+
+        applies(...)      -> bool: the kernel takes these shapes / settings at all
+        check(seed=0)     -> None, or why not: it matched `reference` on this device (once per process)
+        reference(...)    the same result from MLX's own ops
+        __call__(...)     the kernel (lazy, like any mx op)
+
+    A module's subclass forwards each to the module's functions, looked up when called."""
+
+    name = ""
+
+    def applies(self, *args, **kwargs) -> bool:
+        raise NotImplementedError
+
+    def check(self, seed: int = 0) -> str | None:
+        raise NotImplementedError
+
+    def reference(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def __call__(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<kernel {self.name}>"
 
 
 def in_process_check(compare):

@@ -28,106 +28,16 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import Kernel, in_process_check
+from . import Kernel, KernelOp, cuda_source, in_process_check
 
 # Both kernels read the same shapes ...
-_SHAPES = r"""    constexpr int KPI = 4;
-    constexpr int PER = D / 32;
-    const int Hq = q_shape[1];
-    const int Lq = q_shape[2];
-    const int Hkv = k_shape[1];
-    const int C = k_shape[2];
-"""
+_SHAPES = cuda_source("decode_attention/shapes.cu")
 
 # ... and their key loop opens the same way: WARPS warps take KPI consecutive keys per
 # iteration over [s, e), all KPI keys' K and V loaded into kk / vv before any is used.
-_KEY_LOOP = r"""    for (int j0 = s + warp * KPI; j0 < e; j0 += WARPS * KPI) {
-      T kk[KPI][PER];
-      T vv[KPI][PER];
-#pragma unroll
-      for (int u = 0; u < KPI; ++u) {
-        const int jc = min(j0 + u, e - 1);  // past the end: a valid column, weight 0
-@ROWS@#pragma unroll
-        for (int i = 0; i < PER; ++i) { kk[u][i] = ks[i]; vv[u][i] = vs[i]; }
-      }
-"""
+_KEY_LOOP = cuda_source("decode_attention/key_loop.cu")
 
-_SOURCE = r"""
-    // One block per (row, query head, query position); WARPS warps each take KPI consecutive keys per
-    // iteration. All KPI keys' K and V loads are issued before any of them is used, so an
-    // iteration waits for one memory round trip, not 2 x KPI of them (a decode step at
-    // batch 64 runs thousands of these blocks, each latency-bound).
-    constexpr int WARPS = 4;
-@SHAPES@    const int bhl = blockIdx.x;  // q and out are [B, Hq, Lq, D] contiguous
-    const int bh = bhl / Lq;
-    const int b = bh / Hq;
-    const int h = bh % Hq;
-    const int kvh = h / (Hq / Hkv);
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const float sc = scale[0];
-
-    const T* qp = q + (size_t)bhl * D + lane * PER;
-    const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
-    const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + lane * PER;
-
-    float qv[PER];
-    float acc[PER];
-    for (int i = 0; i < PER; ++i) { qv[i] = static_cast<float>(qp[i]) * sc; acc[i] = 0.f; }
-    const float NEG_INF = __int_as_float(0xff800000);
-    float m = NEG_INF;
-    float l = 0.f;
-    const int s = GRAPHC_START(b);
-    const int e = end[0] - Lq + 1 + (bhl % Lq);  // causal among the Lq new columns
-@NEW@@KEYS@      float d[KPI];
-#pragma unroll
-      for (int u = 0; u < KPI; ++u) {
-        d[u] = 0.f;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) d[u] += qv[i] * static_cast<float>(kk[u][i]);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int u = 0; u < KPI; ++u) d[u] += __shfl_xor_sync(0xffffffff, d[u], o);
-      float mn = m;
-#pragma unroll
-      for (int u = 0; u < KPI; ++u) {
-        if (j0 + u >= e) d[u] = NEG_INF;
-        mn = fmaxf(mn, d[u]);
-      }
-      const float c = expf(m - mn);  // m = -inf on the first keys: c = 0; mn is finite (j0 < e)
-      l *= c;
-#pragma unroll
-      for (int i = 0; i < PER; ++i) acc[i] *= c;
-#pragma unroll
-      for (int u = 0; u < KPI; ++u) {
-        const float p = expf(d[u] - mn);
-        l += p;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) acc[i] += p * static_cast<float>(vv[u][i]);
-      }
-      m = mn;
-    }
-    __shared__ float sm[WARPS];
-    __shared__ float sl[WARPS];
-    __shared__ float sacc[WARPS][D];
-    if (lane == 0) { sm[warp] = m; sl[warp] = l; }
-    for (int i = 0; i < PER; ++i) sacc[warp][lane * PER + i] = acc[i];
-    __syncthreads();
-    if (warp == 0) {
-        float M = NEG_INF;
-        for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w]);
-        float L = 0.f;
-        float f[WARPS];
-        for (int w = 0; w < WARPS; ++w) { f[w] = (sl[w] > 0.f) ? expf(sm[w] - M) : 0.f; L += sl[w] * f[w]; }
-        for (int i = 0; i < PER; ++i) {
-            float o = 0.f;
-            for (int w = 0; w < WARPS; ++w) o += sacc[w][lane * PER + i] * f[w];
-            out[(size_t)bhl * D + lane * PER + i] = static_cast<T>(o / L);
-        }
-    }
-"""
+_SOURCE = cuda_source("decode_attention/source.cu")
 
 # Each kernel comes in two variants. The plain one reads every column from the cache (k, v).
 # The writing one (inputs nk, nv: this step's Lq new keys / values, [B, Hkv, Lq, D]) is for the
@@ -146,24 +56,7 @@ _ROWS_PLAIN = r"""        const T* ks = kp + (size_t)jc * D;
 _ROWS_NEW = r"""        const T* ks = jc < e0 ? kp + (size_t)jc * D : nkp + (jc - e0) * nkj;  // a new column: from nk / nv (strided views)
         const T* vs = jc < e0 ? vp + (size_t)jc * D : nvp + (jc - e0) * nvj;
 """
-_NEW = r"""    const int e0 = end[0] - Lq;  // this step's new columns e0 .. e0 + Lq - 1: read from nk / nv ...
-    const T* nk0 = nk + (size_t)b * nk_strides[0] + (size_t)kvh * nk_strides[1];
-    const T* nv0 = nv + (size_t)b * nv_strides[0] + (size_t)kvh * nv_strides[1];
-    const int nkj = nk_strides[2];  // one new column to the next (32 bits: registers are what limit the vec kernel)
-    const int nvj = nv_strides[2];
-    const T* nkp = nk0 + @OFF@;
-    const T* nvp = nv0 + @OFF@;
-    if (@WRITES@) {  // ... and written into the cache, each by one block
-      T* kw = const_cast<T*>(k) + ((size_t)(b * Hkv + kvh) * C + e0 + @QL@) * D;
-      T* vw = const_cast<T*>(v) + ((size_t)(b * Hkv + kvh) * C + e0 + @QL@) * D;
-      const T* ksrc = nk0 + (size_t)@QL@ * nkj;
-      const T* vsrc = nv0 + (size_t)@QL@ * nvj;
-      for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        kw[i] = ksrc[i];
-        vw[i] = vsrc[i];
-      }
-    }
-"""
+_NEW = cuda_source("decode_attention/new.cu")
 
 # How the variants take their inputs. The plain ones get row-contiguous inputs: MLX copies any
 # other layout before the launch. The writing ones take them as they are
@@ -180,18 +73,7 @@ _NEW = r"""    const int e0 = end[0] - Lq;  // this step's new columns e0 .. e0 
 # an error where they do not hold. It never misreads silently.
 _AT_PLAIN = r"""#define GRAPHC_START(b) start[b]
 """
-_AT_STRIDED = r"""#define GRAPHC_START(b) start[(size_t)(b) * start_strides[0]]
-    {
-      const int Hkv_ = k_shape[1], C_ = k_shape[2], Hq_ = q_shape[1], Lq_ = q_shape[2];
-      const bool rows = nk_strides[3] == 1 && nv_strides[3] == 1;
-      const bool query = q_strides[3] == 1 && (q_strides[2] == D || Lq_ == 1) && (q_strides[1] == (long)Lq_ * D || Hq_ == 1)
-          && (q_strides[0] == (long)Hq_ * Lq_ * D || q_shape[0] == 1);
-      const bool buffers = k_strides[3] == 1 && k_strides[2] == D && (k_strides[1] == (long)C_ * D || Hkv_ == 1)
-          && (k_strides[0] == (long)Hkv_ * C_ * D || k_shape[0] == 1) && v_strides[3] == 1 && v_strides[2] == D
-          && (v_strides[1] == (long)C_ * D || Hkv_ == 1) && (v_strides[0] == (long)Hkv_ * C_ * D || k_shape[0] == 1);
-      if (!rows || !query || !buffers) __trap();  // the loads and stores below would miss: never a silent misread
-    }
-"""
+_AT_STRIDED = cuda_source("decode_attention/at_strided.cu")
 _INPUTS = ["q", "k", "v", "start", "end", "scale"]
 _INPUTS_NEW = ["q", "k", "v", "nk", "nv", "start", "end", "scale"]
 
@@ -216,62 +98,11 @@ _kernel_new = Kernel("graphc_ragged_decode_attention_write", _INPUTS_NEW, ["out"
 # The grouped and vec kernels open the same way: one block per (row, KV head, query position)
 # serving the G query heads of that KV group; @LANES@ sets `off`, the first of the @N@ dims of a
 # key (and of each query) that this lane holds ...
-_GROUP_OPEN = _SHAPES + r"""    int blk = blockIdx.x;  // (b, kvh, l)
-    const int ql = blk % Lq;
-    blk /= Lq;
-    const int kvh = blk % Hkv;
-    const int b = blk / Hkv;
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const float sc = scale[0];
-@LANES@
-    const T* kp = k + (size_t)(b * Hkv + kvh) * C * D + off;
-    const T* vp = v + (size_t)(b * Hkv + kvh) * C * D + off;
-    float qv[G][@N@];
-    float acc[G][@N@];
-    float m[G];
-    float lsum[G];
-    const float NEG_INF = __int_as_float(0xff800000);
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const T* qp = q + ((size_t)(b * Hq + kvh * G + g) * Lq + ql) * D + off;
-#pragma unroll
-      for (int i = 0; i < @N@; ++i) { qv[g][i] = static_cast<float>(qp[i]) * sc; acc[g][i] = 0.f; }
-      m[g] = NEG_INF;
-      lsum[g] = 0.f;
-    }
-    const int s = GRAPHC_START(b);
-    const int e = end[0] - Lq + 1 + ql;  // causal among the Lq new columns
-@NEW@"""
+_GROUP_OPEN = _SHAPES + cuda_source("decode_attention/group_open.cu")
 
 # ... and close the same way: each warp's (max, sum, weighted values) per query head go to shared
 # memory (from the lanes where @WRITER@), and warp w combines query heads w, w + WARPS, ...
-_GROUP_CLOSE = r"""    __shared__ float sm[WARPS][G];
-    __shared__ float sl[WARPS][G];
-    __shared__ float sacc[WARPS][G][D];
-    if (@WRITER@) {
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        if (lane == 0) { sm[warp][g] = m[g]; sl[warp][g] = lsum[g]; }
-#pragma unroll
-        for (int i = 0; i < @N@; ++i) sacc[warp][g][off + i] = acc[g][i];
-      }
-    }
-    __syncthreads();
-    for (int g = warp; g < G; g += WARPS) {
-      float M = NEG_INF;
-      for (int w = 0; w < WARPS; ++w) M = fmaxf(M, sm[w][g]);
-      float L = 0.f;
-      float f[WARPS];
-      for (int w = 0; w < WARPS; ++w) { f[w] = (sl[w][g] > 0.f) ? expf(sm[w][g] - M) : 0.f; L += sl[w][g] * f[w]; }
-      const size_t bhl = (size_t)(b * Hq + kvh * G + g) * Lq + ql;
-      for (int i = lane; i < D; i += 32) {
-        float o = 0.f;
-        for (int w = 0; w < WARPS; ++w) o += sacc[w][g][i] * f[w];
-        out[bhl * D + i] = static_cast<T>(o / L);
-      }
-    }
-"""
+_GROUP_CLOSE = cuda_source("decode_attention/group_close.cu")
 
 # The same attention with one block per (row, KV head, query position) serving all G query heads
 # of that KV group: each K and V column is read once per group instead of once per query head
@@ -281,46 +112,7 @@ _GROUP_CLOSE = r"""    __shared__ float sm[WARPS][G];
 # (benchmarks/probes/gqa_attention.py): 1.1-1.8x the per-head kernel at 8B batch 16-64 for
 # one query (1.2-1.35x at 272 columns), 1.4-2.4x for 9 (verify), 1.2-1.5x for 9 at batch 1. Splitting the keys over more blocks
 # (flash-decoding, a second combine launch) was slower at every shape tried, so it is not here.
-_GROUPED_SOURCE = r"""
-@OPEN@@KEYS@      float d[G][KPI];
-#pragma unroll
-      for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int u = 0; u < KPI; ++u) {
-          float t = 0.f;
-#pragma unroll
-          for (int i = 0; i < PER; ++i) t += qv[g][i] * static_cast<float>(kk[u][i]);
-          d[g][u] = t;
-        }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-#pragma unroll
-          for (int u = 0; u < KPI; ++u) d[g][u] += __shfl_xor_sync(0xffffffff, d[g][u], o);
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float mn = m[g];
-#pragma unroll
-        for (int u = 0; u < KPI; ++u) {
-          if (j0 + u >= e) d[g][u] = NEG_INF;
-          mn = fmaxf(mn, d[g][u]);
-        }
-        const float c = expf(m[g] - mn);  // m = -inf on the first keys: c = 0; mn is finite (j0 < e)
-        lsum[g] *= c;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) acc[g][i] *= c;
-#pragma unroll
-        for (int u = 0; u < KPI; ++u) {
-          const float p = expf(d[g][u] - mn);
-          lsum[g] += p;
-#pragma unroll
-          for (int i = 0; i < PER; ++i) acc[g][i] += p * static_cast<float>(vv[u][i]);
-        }
-        m[g] = mn;
-      }
-    }
-@CLOSE@"""
+_GROUPED_SOURCE = cuda_source("decode_attention/grouped_source.cu")
 
 _GROUPED_SOURCE = (_GROUPED_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@KEYS@", _KEY_LOOP)
                    .replace("@CLOSE@", _GROUP_CLOSE).replace("@N@", "PER").replace("@WRITER@", "true")
@@ -340,92 +132,7 @@ _grouped_new = Kernel("graphc_grouped_decode_attention_write", _INPUTS_NEW, ["ou
 # merged with shuffles, the warps through shared memory as in the grouped kernel. WARPS and KPL
 # (keys per lane per trip) are template arguments (`vec_config` picks them from the number of
 # blocks).
-_VEC_SOURCE = r"""
-    constexpr int VEC = 16 / sizeof(T);  // elements per 16-byte load
-    constexpr int LPK = D / VEC;           // lanes per key
-    constexpr int GPW = 32 / LPK;          // keys one warp-wide load covers
-    constexpr int STRIDE = WARPS * GPW;    // keys one block-wide load covers
-@OPEN@    // 16-byte loads need 16-byte addresses; a view at an odd offset takes the element loads.
-    const bool aligned = ((reinterpret_cast<unsigned long long>(kp) | reinterpret_cast<unsigned long long>(vp)@NEWPTRS@) & 15) == 0
-                         @NEWALIGN@;
-    for (int jw = s + warp * GPW; jw < e; jw += STRIDE * KPL) {  // warp-uniform: shuffles below
-      uint4 kr[KPL];
-      uint4 vr[KPL];
-#pragma unroll
-      for (int u = 0; u < KPL; ++u) {
-        const int jc = min(jw + grp + u * STRIDE, e - 1);  // past the end: a valid column, weight 0
-@ROWS@        if (aligned) {
-          kr[u] = *reinterpret_cast<const uint4*>(ks);
-          vr[u] = *reinterpret_cast<const uint4*>(vs);
-        } else {
-          T* kt = reinterpret_cast<T*>(&kr[u]);
-          T* vt = reinterpret_cast<T*>(&vr[u]);
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) { kt[i] = ks[i]; vt[i] = vs[i]; }
-        }
-      }
-      float d[G][KPL];
-#pragma unroll
-      for (int u = 0; u < KPL; ++u) {
-        const T* ke = reinterpret_cast<const T*>(&kr[u]);
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-          float t = 0.f;
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) t += qv[g][i] * static_cast<float>(ke[i]);
-          d[g][u] = t;
-        }
-      }
-#pragma unroll
-      for (int o = LPK / 2; o > 0; o >>= 1)  // sum over the LPK lanes of each key
-#pragma unroll
-        for (int g = 0; g < G; ++g)
-#pragma unroll
-          for (int u = 0; u < KPL; ++u) d[g][u] += __shfl_xor_sync(0xffffffff, d[g][u], o);
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float mn = m[g];
-#pragma unroll
-        for (int u = 0; u < KPL; ++u) {
-          if (jw + grp + u * STRIDE >= e) d[g][u] = NEG_INF;
-          mn = fmaxf(mn, d[g][u]);
-        }
-        if (mn == NEG_INF) continue;  // this lane group has had no valid key yet
-        const float c = expf(m[g] - mn);  // m = -inf on a group's first keys: c = 0
-        lsum[g] *= c;
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[g][i] *= c;
-#pragma unroll
-        for (int u = 0; u < KPL; ++u) {
-          const float p = expf(d[g][u] - mn);
-          const T* ve = reinterpret_cast<const T*>(&vr[u]);
-          lsum[g] += p;
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) acc[g][i] += p * static_cast<float>(ve[i]);
-        }
-        m[g] = mn;
-      }
-    }
-    // Merge the warp's GPW lane groups (lanes LPK apart hold the same dims).
-#pragma unroll
-    for (int o = LPK; o < 32; o <<= 1) {
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        const float mo = __shfl_xor_sync(0xffffffff, m[g], o);
-        const float lo = __shfl_xor_sync(0xffffffff, lsum[g], o);
-        const float M = fmaxf(m[g], mo);
-        const float fs = (m[g] == NEG_INF) ? 0.f : expf(m[g] - M);
-        const float fo = (mo == NEG_INF) ? 0.f : expf(mo - M);
-        lsum[g] = lsum[g] * fs + lo * fo;
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) {
-          const float ao = __shfl_xor_sync(0xffffffff, acc[g][i], o);
-          acc[g][i] = acc[g][i] * fs + ao * fo;
-        }
-        m[g] = M;
-      }
-    }
-@CLOSE@"""
+_VEC_SOURCE = cuda_source("decode_attention/vec_source.cu")
 
 _VEC_SOURCE = (_VEC_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@CLOSE@", _GROUP_CLOSE).replace("@N@", "VEC")
                .replace("@WRITER@", "grp == 0").replace("@LANES@", """    const int sub = lane % LPK;  // this lane's VEC dims of a key: sub * VEC ..
@@ -488,6 +195,11 @@ def grouped_warps(Hq: int, Hkv: int, D: int) -> int:
         if warps * G * (D + 2) * 4 <= _GROUPED_SMEM:
             return warps
     return 0
+
+
+def takes(Hq: int, Hkv: int, D: int) -> bool:
+    """Heads the kernels take: head dim a multiple of 32, query heads a multiple of KV heads."""
+    return bool(D) and D % 32 == 0 and bool(Hkv) and Hq % Hkv == 0
 
 
 def ragged_attention(q, k, v, start, end, scale: float | mx.array, kind: str | None = None,
@@ -708,6 +420,27 @@ def kernel_blocks(adapter) -> dict:
         block = adapter.own_block(layer)
         a = getattr(layer, "self_attn", None)
         hd, hq, hkv = (getattr(a, n, 0) for n in ("head_dim", "n_heads", "n_kv_heads"))
-        if block is not None and hd and hd % 32 == 0 and hkv and hq % hkv == 0:
+        if block is not None and takes(hq, hkv, hd):
             out[id(layer)] = block
     return out
+
+
+class DecodeAttention(KernelOp):
+    """Decode attention over ragged rows of a cache, optionally writing the new K/V (`ragged_attention`)."""
+
+    name = "decode_attention"
+
+    def applies(self, Hq: int, Hkv: int, D: int) -> bool:
+        return takes(Hq, Hkv, D)
+
+    def check(self, seed: int = 0) -> str | None:
+        return check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return ragged_attention(*args, **kwargs)
+
+
+KERNEL = DecodeAttention()

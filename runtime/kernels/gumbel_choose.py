@@ -38,9 +38,15 @@ more a sampled step with top-p, and a batch-64 step is bound by the host's encod
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 
-from . import Kernel, in_process_check
+from ..sampling.noise import gumbel_from_uniform
+from ..sampling.select import choose as mlx_choose
+from ..sampling.select import rank_masks
+from ..sampling.select import top_p_sums as mlx_sums
+from . import Kernel, KernelOp, cuda_source, in_process_check
 
 # MLX's CUDA `cumsum` of one contiguous row of K <= 256 floats (mlx/backend/cuda/scan.cu,
 # contiguous_scan, inclusive, N_READS = 4), in place in shared memory, with its additions in its
@@ -48,89 +54,9 @@ from . import Kernel, in_process_check
 # cooperative_groups' exclusive_scan over a warp is an inclusive Kogge-Stone scan (out + shfl_up
 # by 1, 2, 4, 8, 16) shifted up by one lane, lane 0 getting 0; over at most two warps, the second
 # warp's exclusive warp sum is the first warp's total itself. Called by every thread of the block.
-_HEADER = r"""
-template <int K>
-__device__ __forceinline__ void graphc_mlx_cumsum(float* c) {
-  static_assert(K >= 4 && K <= 256, "at most two scanning warps");
-  constexpr int NT = ((K / 4 + 31) / 32) * 32;
-  __shared__ float warp_sums[2];
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  float v[4];
-  float prev = 0.0f;
-  if (t < NT) {  // whole warps: every lane of a scanning warp takes the shuffles
-    for (int j = 0; j < 4; ++j) v[j] = (t * 4 + j < K) ? c[t * 4 + j] : 0.0f;
-    for (int j = 1; j < 4; ++j) v[j] = v[j] + v[j - 1];
-    float incl = v[3];
-    for (int m = 1; m < 32; m <<= 1) {
-      const float up = __shfl_up_sync(0xffffffffu, incl, m);
-      if (m <= lane) incl = incl + up;
-    }
-    prev = __shfl_up_sync(0xffffffffu, incl, 1);
-    if (lane == 0) prev = 0.0f;
-    if (lane == 31) warp_sums[warp] = prev + v[3];
-  }
-  __syncthreads();  // every read of c is done, and the warp totals are in
-  if (t < NT) {
-    const float before = warp == 0 ? 0.0f : warp_sums[0];
-    for (int j = 0; j < 4; ++j) {
-      v[j] = v[j] + 0.0f;  // MLX's running prefix of earlier block passes: 0 in its only pass
-      v[j] = v[j] + before;
-      v[j] = v[j] + prev;
-      if (t * 4 + j < K) c[t * 4 + j] = v[j];
-    }
-  }
-  __syncthreads();
-}
+_HEADER = cuda_source("gumbel_choose/header.cu")
 
-// select.top_p_sums into c [K] (shared): where(rank < kk, exp(s_r - s_0), 0) (no mask without
-// top-k: MASK false), then MLX's scan. Thread i < K is rank i; called by every thread of the block.
-template <int K, bool MASK>
-__device__ __forceinline__ void graphc_top_p_sums(float* c, float sv, float s0, int kk) {
-  const int i = threadIdx.x;
-  if (i < K) c[i] = (!MASK || i < kk) ? expf(sv - s0) : 0.0f;
-  __syncthreads();
-  graphc_mlx_cumsum<K>(c);
-}
-"""
-
-_SOURCE = r"""
-    // One block per row, max(K, 32) threads: thread i < K is rank i (K: the candidate width, a
-    // power of two <= 256); the scan needs whole warps.
-    const int row = blockIdx.x;
-    const int i = threadIdx.x;
-    const bool rank = i < K;
-    const size_t base = (size_t)row * K;
-    const float s0 = s[base];
-    const float sv = rank ? s[base + i] : s0;
-    const int kk = min(top_k[row], K);  // select.rank_masks: rank < min(top_k, K); the last kept rank kk - 1
-    bool keep = rank;
-    if (USE_TOP_K) keep = keep && i < kk;
-    if (USE_TOP_P) {
-      __shared__ float c[K];
-      graphc_top_p_sums<K, USE_TOP_K>(c, sv, s0, kk);
-      const float tp = top_p[row];
-      const float excl = (i == 0 || !rank) ? 0.0f : c[i - 1];
-      keep = keep && ((excl < tp * c[kk - 1]) || (tp >= 1.0f));
-    }
-    if (USE_MIN_P) keep = keep && ((sv - s0) >= log_min_p[row]);
-    __shared__ float best[K];
-    __shared__ int at[K];
-    if (rank) {
-      const float g = -logf(-logf(u[base + i]));  // noise.gumbel_from_uniform (libdevice's logf, as MLX's Log)
-      best[i] = keep ? sv + g : __uint_as_float(0xFF800000u);  // -inf
-      at[i] = i;
-    }
-    __syncthreads();
-    // argmax as MLX's: the larger value, or on a tie the lower rank
-    for (int w = K / 2; w > 0; w >>= 1) {
-      if (i < w) {
-        const float a = best[i], b = best[i + w];
-        if (a < b || (a == b && at[i + w] < at[i])) { best[i] = b; at[i] = at[i + w]; }
-      }
-      __syncthreads();
-    }
-    if (i == 0) token[row] = ids[base + at[0]];
-"""
+_SOURCE = cuda_source("gumbel_choose/source.cu")
 
 _kernel = Kernel("graphc_gumbel_choose", ["s", "ids", "u", "top_k", "top_p", "log_min_p"], ["token"], _SOURCE,
                  header=_HEADER)
@@ -138,25 +64,21 @@ _kernel = Kernel("graphc_gumbel_choose", ["s", "ids", "u", "top_k", "top_p", "lo
 # The kernel's prefix sums alone, for check(): they must equal select.top_p_sums bit for bit (random
 # magnitudes: an addition in another order would show), which a token comparison alone would
 # catch only when a sum lands on a top-p boundary.
-_SUMS_SOURCE = r"""
-    const int row = blockIdx.x;
-    const int i = threadIdx.x;
-    const size_t base = (size_t)row * K;
-    const float s0 = s[base];
-    __shared__ float c[K];
-    graphc_top_p_sums<K, MASK>(c, i < K ? s[base + i] : s0, s0, min(top_k[row], K));
-    if (i < K) sums[base + i] = c[i];
-"""
+_SUMS_SOURCE = cuda_source("gumbel_choose/sums_source.cu")
 _sums_kernel = Kernel("graphc_top_p_sums", ["s", "top_k"], ["sums"], _SUMS_SOURCE, header=_HEADER)
 
 MAX_WIDTH = 256
 
 
+def takes(width: int) -> bool:
+    """Widths the kernel takes: one thread a rank, a power of two from 16 to MAX_WIDTH."""
+    return 16 <= width <= MAX_WIDTH and width & (width - 1) == 0
+
+
 def usable(width: int, use_top_k: bool, use_top_p: bool, use_min_p: bool) -> bool:
     """The kernel takes this width (one thread a rank) and, in this configuration, matched MLX here
     (`check_config`; False off CUDA)."""
-    return (16 <= width <= MAX_WIDTH and width & (width - 1) == 0
-            and check_config(width, use_top_k, use_top_p, use_min_p) is None)
+    return takes(width) and check_config(width, use_top_k, use_top_p, use_min_p) is None
 
 
 def choose(s: mx.array, ids: mx.array, u: mx.array, top_k: mx.array, top_p: mx.array, log_min_p: mx.array, *,
@@ -186,18 +108,12 @@ def top_p_sums(s: mx.array, top_k: mx.array, *, use_top_k: bool) -> mx.array:
 
 def _mlx_sums(s, top_k, *, use_top_k: bool):
     """select.top_p_sums as the fused selection runs it (compiled; its keep_k from select.rank_masks)."""
-    from ..sampling.select import rank_masks
-    from ..sampling.select import top_p_sums as mlx_sums
-
     if not use_top_k:
         return mx.compile(lambda x: mlx_sums(x, None))(s)
     return mx.compile(mlx_sums)(s, rank_masks(top_k, s.shape[1])[0])
 
 
 def _mlx_choose(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_p: bool, use_min_p: bool):
-    from ..sampling.noise import gumbel_from_uniform
-    from ..sampling.select import choose as mlx_choose
-
     return mlx_choose(s, ids, gumbel_from_uniform(u), top_k, top_p, log_min_p,
                       use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p)
 
@@ -205,8 +121,6 @@ def _mlx_choose(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_
 def reference(s, ids, u, top_k, top_p, log_min_p, *, use_top_k: bool, use_top_p: bool, use_min_p: bool):
     """The same tokens from MLX's ops, compiled as the fused selection compiles them when the kernel
     is off (sampling/fused.py: its exp and mask are one fused kernel there, its scan MLX's cumsum)."""
-    import functools
-
     fn = mx.compile(functools.partial(_mlx_choose, use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p))
     return fn(s, ids, u, top_k, top_p, log_min_p)
 
@@ -281,3 +195,24 @@ def _label(config: tuple) -> str:
     width, *flags = config
     on = [name for name, f in zip(("top-k", "top-p", "min-p"), flags) if f]
     return f"K={width} ({' + '.join(on) or 'no filter'})"
+
+
+class GumbelChoose(KernelOp):
+    """Top-p scan, filters and Gumbel-max over the K ranks in one launch (`choose`)."""
+
+    name = "gumbel_choose"
+
+    def applies(self, width: int) -> bool:
+        return takes(width)
+
+    def check(self, seed: int = 0) -> str | None:
+        return check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return choose(*args, **kwargs)
+
+
+KERNEL = GumbelChoose()

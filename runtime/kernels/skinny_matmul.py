@@ -32,161 +32,17 @@ Measured on an H200 it beats MLX on the narrow projections (attention q/k/v and 
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 
-from . import Kernel, available, in_process_check
+from . import Kernel, KernelOp, available, cuda_source, in_process_check
 
 MAX_ROWS = 64
 
-_HEADER = r"""
-__device__ __forceinline__ uint4 graphc_ld_stream(const void* p) {
-  uint4 r;  // weights: read once, keep them out of L1
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint4 graphc_ld_keep(const void* p) {
-  uint4 r;  // activations: every warp reads them, let L1 keep them
-  asm("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-template <bool BF16>
-__device__ __forceinline__ void graphc_mma(float* d, unsigned a0, unsigned a1, unsigned a2,
-                                           unsigned a3, unsigned b0, unsigned b1) {
-  if constexpr (BF16) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-// One 32-wide k chunk: thread (g = lane / 4, t = lane % 4) holds k [8t, 8t + 8) of w rows
-// g and g + 8 of each 16-row tile and of x row g of each 8-row tile. mma 1 takes k
-// 8t..8t+3 as the fragment's (2t, 2t+1, 2t+8, 2t+9), mma 2 takes 8t+4..8t+7.
-template <bool BF16, int RT, int MT>
-__device__ __forceinline__ void graphc_chunk(float (&acc)[RT][MT][4], const uint4 (&wv)[RT][2],
-                                             const char* const (&xp)[MT], int off) {
-  uint4 xv[MT];
-#pragma unroll
-  for (int j = 0; j < MT; ++j) xv[j] = graphc_ld_keep(xp[j] + off);
-#pragma unroll
-  for (int r = 0; r < RT; ++r) {
-#pragma unroll
-    for (int j = 0; j < MT; ++j) {
-      graphc_mma<BF16>(acc[r][j], wv[r][0].x, wv[r][1].x, wv[r][0].y, wv[r][1].y, xv[j].x, xv[j].y);
-      graphc_mma<BF16>(acc[r][j], wv[r][0].z, wv[r][1].z, wv[r][0].w, wv[r][1].w, xv[j].z, xv[j].w);
-    }
-  }
-}
-"""
+_HEADER = cuda_source("skinny_matmul/header.cu")
 
-_SOURCE = r"""
-    // Block: WN x WK warps. Warp (wn, wk) owns output columns [row0, row0 + 16 RT) and the
-    // wk-th of WK contiguous k ranges; the WK partial sums meet in shared memory.
-    const int M = x_shape[0];
-    const int K = x_shape[1];
-    const int N = w_shape[0];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int wn = warp % WN;
-    const int wk = warp / WN;
-    const int g = lane >> 2;
-    const int t = lane & 3;
-    const int row0 = (blockIdx.x * WN + wn) * (16 * RT);
-    const int chunks = K >> 5;
-    const int per = (chunks + WK - 1) / WK;
-    const int cb = wk * per;
-    const int ce = min(chunks, cb + per);
-
-    float acc[RT][MT][4];
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-      for (int j = 0; j < MT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.f;
-
-    // Rows past N (w) or M (x) read a valid row instead; their outputs are never stored.
-    const char* wp[RT][2];
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        wp[r][h] = reinterpret_cast<const char*>(w + (size_t)min(row0 + r * 16 + h * 8 + g, N - 1) * K + t * 8);
-    const char* xp[MT];
-#pragma unroll
-    for (int j = 0; j < MT; ++j)
-      xp[j] = reinterpret_cast<const char*>(x + (size_t)min(j * 8 + g, M - 1) * K + t * 8);
-
-    int c = cb;
-    for (; c + UNROLL <= ce; c += UNROLL) {
-      uint4 wv[UNROLL][RT][2];  // all of this group's weight loads in flight at once
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) wv[u][r][h] = graphc_ld_stream(wp[r][h] + (size_t)(c + u) * 64);
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) graphc_chunk<BF16, RT, MT>(acc, wv[u], xp, (c + u) * 64);
-    }
-    for (; c < ce; ++c) {
-      uint4 wv[RT][2];
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) wv[r][h] = graphc_ld_stream(wp[r][h] + (size_t)c * 64);
-      graphc_chunk<BF16, RT, MT>(acc, wv, xp, c * 64);
-    }
-
-    if constexpr (WK > 1) {
-      // Fixed order (wk = 1, 2, ... added into wk = 0's registers): the same inputs give
-      // the same bits on every run.
-      __shared__ float part[WN][RT][MT][4][32];
-      for (int s = 1; s < WK; ++s) {
-        if (wk == s) {
-#pragma unroll
-          for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int j = 0; j < MT; ++j)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) part[wn][r][j][i][lane] = acc[r][j][i];
-        }
-        __syncthreads();
-        if (wk == 0) {
-#pragma unroll
-          for (int r = 0; r < RT; ++r)
-#pragma unroll
-            for (int j = 0; j < MT; ++j)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[r][j][i] += part[wn][r][j][i][lane];
-        }
-        __syncthreads();
-      }
-      if (wk != 0) return;
-    }
-
-    // acc[r][j]: w rows (output columns) row0 + 16r + g (+8 for [2], [3]),
-    // x rows (output rows) 8j + 2t (+1 for [1], [3]).
-#pragma unroll
-    for (int r = 0; r < RT; ++r) {
-#pragma unroll
-      for (int j = 0; j < MT; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int n = row0 + r * 16 + g + (i >> 1) * 8;
-          const int m = j * 8 + 2 * t + (i & 1);
-          if (n < N && m < M) y[(size_t)m * N + n] = static_cast<T>(acc[r][j][i]);
-        }
-      }
-    }
-"""
+_SOURCE = cuda_source("skinny_matmul/source.cu")
 
 _kernel = Kernel("graphc_skinny_matmul", ["x", "w"], ["y"], _SOURCE, _HEADER)
 
@@ -238,7 +94,6 @@ def load_table(path: str | None = None) -> dict:
     """{(MT, K, N): config or None} from a tune JSON (the `skinny_table` decode option); None: MLX is
     faster. Every later `plan()` in this process follows it; no path: the heuristic alone."""
     global _table
-    import json
 
     table: dict = {}
     if path:
@@ -337,3 +192,24 @@ def _compare(seed: int) -> str | None:
 
 # None when the kernel matches MLX's matmul on random inputs here; else why not.
 check = in_process_check(_compare)
+
+
+class SkinnyMatmul(KernelOp):
+    """x @ w.T for 2..MAX_ROWS rows (`skinny_matmul`)."""
+
+    name = "skinny_matmul"
+
+    def applies(self, x: mx.array, w: mx.array) -> bool:
+        return supports(x, w)
+
+    def check(self, seed: int = 0) -> str | None:
+        return check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return skinny_matmul(*args, **kwargs)
+
+
+KERNEL = SkinnyMatmul()

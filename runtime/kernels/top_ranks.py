@@ -44,205 +44,23 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from . import Kernel, in_process_check
+from ..sampling.murmur import murmur_absorb
+from ..sampling.noise import uniform_noise
+from ..sampling.select import decode_neg_keys, first_rank_neg_keys
+from . import Kernel, KernelOp, cuda_source, in_process_check
 
 THREADS = 512  # 1,024 would cap registers at 64 a thread (the signature has no __launch_bounds__)
 CAP = 4096  # shared-memory keys: 32 KB of uint64, the block keys of stage 1 and the tokens of stage 3
 MAX_WIDTH = 256  # K; also the size of the block-index table
 
-_HEADER = r"""
-__device__ __forceinline__ unsigned int graphc_order_bits(float f) {
-  // select._order_keys: -0.0 as +0.0; IEEE order -> unsigned order
-  unsigned int b = __float_as_uint(f);
-  if (b == 0x80000000u) b = 0u;
-  return (b >> 31) ? ~b : (b | 0x80000000u);
-}
+_HEADER = cuda_source("top_ranks/header.cu")
 
-__device__ __forceinline__ unsigned int graphc_absorb(unsigned int h, unsigned int w) {
-  // murmur.murmur_absorb: one 4-byte block of MurmurHash3_x86_32's body
-  unsigned int k = w * 0xCC9E2D51u;
-  k = (k << 15) | (k >> 17);
-  k *= 0x1B873593u;
-  h ^= k;
-  h = (h << 13) | (h >> 19);
-  return h * 5u + 0xE6546B64u;
-}
-
-__device__ __forceinline__ void graphc_sort_desc(unsigned long long* s, int n) {
-  // bitonic sort of s[0, n) (n a power of two) into descending order, all threads of the block
-  for (int k = 2; k <= n; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const int p = i ^ j;
-        if (p > i) {
-          const unsigned long long a = s[i], b = s[p];
-          if (((i & k) == 0) ? (a < b) : (a > b)) { s[i] = b; s[p] = a; }
-        }
-      }
-      __syncthreads();
-    }
-  }
-}
-
-__device__ __forceinline__ void graphc_top_select(unsigned long long* s, const int n, const int k,
-                                                  unsigned long long* sel, unsigned int* hist,
-                                                  unsigned long long* sh_key, int* sh_int) {
-  // s[0, k) := the k largest keys of s[0, n), descending. Keys are unique but for zero padding,
-  // which ranks below every real key, and there are at least k real keys (layout() sees to it).
-  // 1. radix select of the k-th largest key, 8 bits a pass from the top: a 256-bin histogram of
-  //    the keys that share the bits found so far, then the bin that holds the k-th of them. When
-  //    that bin holds exactly the keys still needed, every key in it is taken and the passes
-  //    stop early: the keys at or above `prefix` (its lower bits zero) are then exactly the k
-  //    (random logits: after 2-3 of the 8 passes)
-  unsigned long long prefix = 0ull, mask = 0ull;
-  int need = k;  // the rank of the k-th key among the keys under `prefix`
-  const int lane = threadIdx.x & 31;
-  if (threadIdx.x == 0) sh_int[2] = 0;  // "done": written by the finding lane, read after a sync
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0u;
-    __syncthreads();
-    for (int i0 = 0; i0 < n; i0 += blockDim.x) {  // every thread takes every trip: whole warps below
-      const int i = i0 + threadIdx.x;
-      int bin = -1;
-      if (i < n) {
-        const unsigned long long key = s[i];
-        if ((key & mask) == prefix) bin = (int)((key >> shift) & 0xFFull);
-      }
-      const unsigned int same = __match_any_sync(__activemask(), bin);  // one atomic per bin a warp
-      if (bin >= 0 && lane == __ffs(same) - 1) atomicAdd(&hist[bin], (unsigned int)__popc(same));
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      // lane l holds bins 255 - 8l down to 248 - 8l; a scan over the lanes finds the bin
-      unsigned int c = 0u;
-      for (int j = 0; j < 8; ++j) c += hist[255 - 8 * lane - j];
-      unsigned int cum = c;
-      for (int o = 1; o < 32; o <<= 1) {
-        const unsigned int t = __shfl_up_sync(0xFFFFFFFFu, cum, o);
-        if (lane >= o) cum += t;
-      }
-      const unsigned int hit = __ballot_sync(0xFFFFFFFFu, cum >= (unsigned int)need);
-      if (lane == __ffs(hit) - 1) {
-        unsigned int above = cum - c;
-        int b = 255 - 8 * lane;
-        // within this lane's 8 bins by the scan; the bound only keeps a broken invariant in range
-        while (b > 248 - 8 * lane && above + hist[b] < (unsigned int)need) above += hist[b--];
-        sh_int[0] = need - (int)above;
-        sh_int[2] = hist[b] == (unsigned int)need - above;  // the whole bin is needed: done
-        sh_key[0] = prefix | ((unsigned long long)b << shift);
-      }
-    }
-    __syncthreads();
-    need = sh_int[0];
-    prefix = sh_key[0];
-    mask |= 0xFFull << shift;
-    const bool done = sh_int[2] != 0;  // the same for every thread: the loop is left together
-    __syncthreads();  // all read before the next pass writes them
-    if (done) break;
-  }
-  // 2. the keys at or above the k-th: exactly k (unique keys), in no order yet
-  if (threadIdx.x == 0) sh_int[1] = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const unsigned long long key = s[i];
-    if (key >= prefix) {
-      const int at = atomicAdd(&sh_int[1], 1);
-      if (at < k) sel[at] = key;  // exactly k when keys are unique; never past sel[k)
-    }
-  }
-  __syncthreads();
-  // 3. each one's place is the number of larger ones
-  for (int i = threadIdx.x; i < k; i += blockDim.x) {
-    const unsigned long long key = sel[i];
-    int r = 0;
-    // not unrolled whole: with k a template constant nvcc kept all of sel[] in registers (147 at
-    // k = 64, 255 at 128: no launch of 512 threads). Now 32-34 (benchmarks/kernel_builds.py)
-#pragma unroll 4
-    for (int j = 0; j < k; ++j) r += sel[j] > key;
-    s[r] = key;
-  }
-  __syncthreads();
-}
-"""
-
-_SOURCE = r"""
-    // One block per row. Template: T (logits dtype), K (ranks wanted), BK (tokens per block),
-    // P (block count rounded up to a power of two). K * BK <= CAP and P <= CAP (host checks).
-    const int V = x_shape[1];
-    const int G = (V + BK - 1) / BK;
-    const int row = blockIdx.x;
-    const T* xr = x + (size_t)row * V;
-    __shared__ unsigned long long s[CAP];
-    __shared__ int top[K];
-    SHARED_EXTRA
-
-    // 1. block keys; a thread takes whole blocks so its BK loads are independent of each other
-    for (int j = threadIdx.x; j < P; j += blockDim.x) {
-      unsigned long long key = 0ull;  // padding: below every real key
-      if (j < G) {
-        unsigned int o = 0u;
-        const int t0 = j * BK;
-        if (t0 + BK <= V) {
-          BLOCK_MAX
-        } else {
-          for (int t = t0; t < V; ++t) o = max(o, graphc_order_bits(static_cast<float>(xr[t])));
-        }
-        key = ((unsigned long long)o << 32) | (unsigned long long)(0xFFFFFFFFu - (unsigned int)j);
-      }
-      s[j] = key;
-    }
-    __syncthreads();
-    // 2. the K best blocks
-    FIRST_K(P);
-    if (threadIdx.x < K) top[threadIdx.x] = (int)(0xFFFFFFFFu - (unsigned int)(s[threadIdx.x] & 0xFFFFFFFFull));
-    __syncthreads();
-    // 3. their tokens' rank keys (consecutive threads read consecutive tokens), the K best; a
-    //    token outside [0, V) is padding (never read), whatever stage 2 left in `top`
-    constexpr int N = K * BK;
-    for (int c = threadIdx.x; c < N; c += blockDim.x) {
-      const int t = top[c / BK] * BK + (c % BK);
-      s[c] = (t >= 0 && t < V) ? (((unsigned long long)graphc_order_bits(static_cast<float>(xr[t])) << 32) |
-                        (unsigned long long)(0xFFFFFFFFu - (unsigned int)t))
-                     : 0ull;
-    }
-    __syncthreads();
-    FIRST_K(N);
-    if (threadIdx.x < K) {
-      // decode (select.decode_neg_keys), scale (one rounding), noise (noise.py's key layout)
-      const unsigned long long key = s[threadIdx.x];
-      const int id = (int)(0xFFFFFFFFu - (unsigned int)(key & 0xFFFFFFFFull));
-      const unsigned int o = (unsigned int)(key >> 32);
-      const float v = __uint_as_float((o >> 31) ? (o & 0x7FFFFFFFu) : ~o);
-      const size_t at = (size_t)row * K + threadIdx.x;
-      ids[at] = id;
-      scaled[at] = __fmul_rn(v, inv_t[row]);
-      unsigned int hh = graphc_absorb(graphc_absorb(h[row], (unsigned int)pos[row]), (unsigned int)id);
-      hh ^= 12u;  // murmur finalize over the 12-byte key
-      hh ^= hh >> 16; hh *= 0x85EBCA6Bu; hh ^= hh >> 13; hh *= 0xC2B2AE35u; hh ^= hh >> 16;
-      const float two32 = __uint_as_float(0x2F800000u);  // 2**-32
-      const float uu = __fmul_rn(__fadd_rn(__uint2float_rn(hh), 0.5f), two32);
-      u[at] = fminf(fmaxf(uu, two32), __uint_as_float(0x3F7FFFFFu));  // [2**-32, 1 - 2**-24]
-    }
-"""
+_SOURCE = cuda_source("top_ranks/source.cu")
 
 # Stage 1's max over a whole block: BK loads of one element (the first kernel), or 16-byte loads
 # where the row is 16-byte aligned (BK * sizeof(T) is a multiple of 16 for every BK layout() picks).
-_BLOCK_MAX_SCALAR = r"""
-#pragma unroll
-          for (int i = 0; i < BK; ++i) o = max(o, graphc_order_bits(static_cast<float>(xr[t0 + i])));"""
-_BLOCK_MAX_VEC = r"""
-          if ((reinterpret_cast<size_t>(xr) & 15) == 0) {
-            constexpr int E = 16 / sizeof(T);
-            const uint4* p = reinterpret_cast<const uint4*>(xr + t0);
-#pragma unroll
-            for (int q = 0; q < BK / E; ++q) {
-              const uint4 w = p[q];
-              const T* e = reinterpret_cast<const T*>(&w);
-#pragma unroll
-              for (int i = 0; i < E; ++i) o = max(o, graphc_order_bits(static_cast<float>(e[i])));
-            }
-          } else {""" + _BLOCK_MAX_SCALAR + r"""
-          }"""
+_BLOCK_MAX_SCALAR = cuda_source("top_ranks/block_max_scalar.cu")
+_BLOCK_MAX_VEC = cuda_source("top_ranks/block_max_vec.cu").replace("@SCALAR@", _BLOCK_MAX_SCALAR)
 
 # How s[0, K) gets the K largest keys of s[0, n), in order, at stages 2 and 3: a bitonic sort of
 # all n (the first kernel, kept as it was: the fallback), or a radix select of the K-th key and a
@@ -312,10 +130,6 @@ def candidates(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions:
 
 def reference(x: mx.array, width: int, inv_t: mx.array, h: mx.array, positions: mx.array):
     """The same three arrays from MLX's ops: what the fused selection computes without the kernel."""
-    from ..sampling.murmur import murmur_absorb
-    from ..sampling.noise import uniform_noise
-    from ..sampling.select import decode_neg_keys, first_rank_neg_keys
-
     ids, sv = decode_neg_keys(first_rank_neg_keys(x, width))
     state = murmur_absorb(h, positions.astype(mx.uint32))
     return ids, sv.astype(mx.float32) * inv_t[:, None], uniform_noise(state, ids)
@@ -391,3 +205,24 @@ def note() -> str:
     if chosen() == "select":
         return "on (radix select, one launch a step, runtime/kernels/top_ranks.py)"
     return f"on (bitonic sort, one launch a step; radix select off: {_chosen['select']})"
+
+
+class TopRanks(KernelOp):
+    """The first `width` ranks of each row, their scaled logits and noise (`candidates`)."""
+
+    name = "top_ranks"
+
+    def applies(self, vocab_size: int, width: int) -> bool:
+        return layout(vocab_size, width) is not None
+
+    def check(self, seed: int = 0) -> str | None:
+        return check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return candidates(*args, **kwargs)
+
+
+KERNEL = TopRanks()

@@ -6,6 +6,8 @@ The step graph's ``logit_edits``, ``sample`` and ``logprobs`` nodes. Build a
 ``token_logprobs``) and ``advance``. See docs/sampling.md.
 """
 
+from graphc.contracts.providers import resolve
+
 from .edits import (
     apply_additive_mask,
     apply_edits,
@@ -63,11 +65,12 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    # graphc.runtime.SamplingParams, re-exported here on first use: runtime/params.py imports
-    # this package's rules at load time, so importing it back at load time would be a cycle.
-    if name == "SamplingParams":
-        from ..params import SamplingParams
+# graphc.runtime.SamplingParams, re-exported here on first use: runtime/params.py imports
+# this package's rules (sampling/params.py) at load time, which runs this __init__ first.
+SAMPLING_PARAMS = "graphc.runtime.params:SamplingParams"
 
-        return SamplingParams
+
+def __getattr__(name: str):
+    if name == "SamplingParams":
+        return resolve(SAMPLING_PARAMS, "graphc.runtime.sampling.SamplingParams")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,10 @@ a ratio to greedy argmax. ``run_bench`` returns the rows for ``graphc bench``.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import statistics
+import tempfile
 import time
 
 import mlx.core as mx
@@ -56,10 +59,6 @@ def _host_us(fn, iters: int) -> float:
 
 def graph_nodes(outs) -> int:
     """Primitives in the lazy graph of ``outs`` (views included), read from mx.export_to_dot."""
-    import os
-    import re
-    import tempfile
-
     fd, path = tempfile.mkstemp(suffix=".dot")
     os.close(fd)
     try:

@@ -30,8 +30,10 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
+from ..kernels import gumbel_choose, top_ranks
 from .murmur import murmur_absorb
 from .noise import gumbel_from_uniform
+from .kinds import CANDIDATES, GREEDY
 from .select import _filtered, choose, decode_neg_keys, first_rank_neg_keys, rank_masks
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
@@ -75,14 +77,17 @@ class FusedRows:
     kernel: bool = False
     choose_kernel: bool = False
 
+    def select(self, logits: mx.array, st, positions: mx.array, key: mx.array | None) -> mx.array:
+        """select.select_tokens for a batch these rows were built for (a method, so that select.py
+        reaches the fused path through the value it is handed, not by importing this module)."""
+        return fused_select(logits, st, positions, key)
+
     @classmethod
     def build(cls, kinds, groups, batch_size: int, has_seed: np.ndarray, seed_lo: mx.array,
               seed_hi: mx.array, vocab_size: int, kernel: bool = False) -> "FusedRows | None":
         """From the grouped form (tensors.py): None unless every row is greedy or candidates.
         ``kernel``: take the top-ranks kernel where it applies (CUDA, this width and vocabulary,
         and it matched MLX in this process)."""
-        from .tensors import CANDIDATES, GREEDY
-
         if not set(kinds) <= {GREEDY, CANDIDATES} or CANDIDATES not in kinds:
             return None
         cand = next(g for g in groups if g.kind == CANDIDATES)
@@ -120,16 +125,12 @@ class FusedRows:
 
 def top_ranks_usable(vocab_size: int, width: int) -> bool:
     """The top-ranks kernel takes this search and passed its check here (False off CUDA)."""
-    from ..kernels import top_ranks
-
     return top_ranks.layout(vocab_size, width) is not None and top_ranks.check() is None
 
 
 def gumbel_choose_usable(width: int, use_top_k: bool, use_top_p: bool, use_min_p: bool) -> bool:
     """The Gumbel-choose kernel takes this width and passed its check in this filter configuration
     here (False off CUDA)."""
-    from ..kernels import gumbel_choose
-
     return gumbel_choose.usable(width, use_top_k, use_top_p, use_min_p)
 
 
@@ -142,12 +143,8 @@ def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, k
         fresh = murmur_absorb(rnd[:, 0], rnd[:, 1])
         h = fresh if seeding == NONE else mx.where(has_seed, h, fresh)
     if kernel:  # one launch for the ranks, their scaled logits and their noise, bit for bit MLX's
-        from ..kernels import top_ranks
-
         sid, s, u = top_ranks.candidates(x, width, inv_t, h, positions)
         if choose_kernel:  # the top-p scan, the filters and Gumbel-max in one more launch
-            from ..kernels import gumbel_choose
-
             return gumbel_choose.choose(s, sid, u, top_k, top_p, log_min_p,
                                         use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p)
         return choose(s, sid, gumbel_from_uniform(u), top_k, top_p, log_min_p,

@@ -26,9 +26,12 @@ give g = +inf, and u = 0 would give -inf.
 
 from __future__ import annotations
 
-import mlx.core as mx
+import math
 
-from .murmur import murmur_absorb, murmur_finalize
+import mlx.core as mx
+import numpy as np
+
+from .murmur import murmur3_32_words_py, murmur_absorb, murmur_finalize
 
 KEY_BYTES = 12
 U_MIN = 2.0**-32
@@ -88,12 +91,6 @@ def gumbel_from_uniform(u: mx.array) -> mx.array:
 
 def gumbel_noise_py(seed: int, position: int, token_id: int) -> float:
     """Host reference of one noise value (float64 logs of the float32 u)."""
-    import math
-
-    import numpy as np
-
-    from .murmur import murmur3_32_words_py
-
     lo, hi = split_seed(seed)
     h = murmur3_32_words_py([hi, position, token_id], lo)
     u = np.float32(np.float32(h) + np.float32(0.5)) * np.float32(2.0**-32)

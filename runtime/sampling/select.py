@@ -22,11 +22,15 @@ keyed by token id, so a row picks the same token on either path.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
 from .noise import gumbel_noise, row_noise_state
-from .tensors import CANDIDATES, FULL, GREEDY, PLAIN, RowGroup, SamplingTensors
+from .kinds import CANDIDATES, FULL, GREEDY, PLAIN
+
+if TYPE_CHECKING:  # annotations only: tensors.py builds fused rows, whose selection uses this module
+    from .tensors import RowGroup, SamplingTensors
 
 _NEG_INF = float("-inf")
 
@@ -356,9 +360,7 @@ def select_tokens(
     if positions is None:
         raise ValueError("positions are required when any row samples")
     if st.fused is not None:  # greedy and top-k rows only: one compiled selection, no gathers
-        from .fused import fused_select
-
-        return fused_select(logits, st, positions, key)
+        return st.fused.select(logits, st, positions, key)
     state = noise_state(st, positions, key)
     outs = []
     for g in st.groups:

@@ -27,6 +27,8 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
+from .fused import FusedRows
+from .kinds import CANDIDATES, FULL, GREEDY, PLAIN
 from .noise import split_seed
 from .params import SamplingParamsLike, check_token_ids, validate_params
 
@@ -38,7 +40,6 @@ _MIN_WIDTH = 16
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
-GREEDY, PLAIN, CANDIDATES, FULL = "greedy", "plain", "candidates", "full"
 
 
 @attrs.frozen(eq=False)
@@ -326,8 +327,6 @@ class SamplingTensors:
 def _fused_rows(kinds, groups, B: int, has_seed, seed_lo, seed_hi, V: int, kernel: bool):
     if not FUSED:
         return None
-    from .fused import FusedRows  # fused.py imports select.py, which imports this module
-
     return FusedRows.build(kinds, groups, B, has_seed, seed_lo, seed_hi, V, kernel)
 
 

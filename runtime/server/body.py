@@ -19,7 +19,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from .errors import APIError, bad_request, from_validation_errors
+from .errors import APIError, bad_request, client_gone, from_validation_errors
 
 # Containers nested deeper than this are refused: no OpenAI request needs more than a few
 # levels (a JSON schema in response_format the most), and deep nesting is what makes
@@ -63,13 +63,6 @@ async def read_json(request: Request, max_bytes: int) -> dict:
     # Large bodies parse on a worker thread so /health and running streams are not held up.
     data = parse_json(bytes(body)) if len(body) < 65536 else await asyncio.to_thread(parse_json, bytes(body))
     return data
-
-
-def client_gone() -> APIError:
-    """The client hung up before its request was read: nobody will see this response; 499 is
-    nginx's "client closed request", counted apart from server errors in /metrics."""
-    return APIError(499, "the client closed the connection before the request body was read",
-                    code="client_closed_request")
 
 
 def parse_json(body: bytes) -> dict:

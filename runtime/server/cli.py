@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
 
 from graphc.compiler.argtypes import positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
+
+from graphc.contracts.providers import resolve
 
 from .config import ServerConfig, parse_bytes
 
@@ -98,46 +99,19 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+# The server itself (FastAPI, uvicorn, the engine) is imported only when `graphc serve` runs,
+# so that `graphc --help` needs neither the server extra nor the seconds MLX takes to load.
+SERVE = "graphc.runtime.server.serve:serve"
+
+
 def cmd_serve(args) -> int:
     # A signal before the server is up (while mlx / the model load) is a clean exit too;
     # GracefulServer takes the signals over once it runs.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_early)
     try:
-        import uvicorn
-
-        from .app import create_app
-        from .guard import is_loopback
-        from .shutdown import GracefulServer
+        serve = resolve(SERVE, "graphc serve")
     except ImportError as e:
         print(f"graphc serve needs the server extra: pip install 'graphc[server]' ({e})", file=sys.stderr)
         return 2
-    config = config_from_args(args)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if config.shutdown_timeout < 0:
-        print("--shutdown-timeout must be >= 0", file=sys.stderr)
-        return 2
-    from graphc.runtime.distributed import launched
-
-    engine = None
-    if launched() and config.several_models:
-        print("a distributed server serves one model (give --model once)", file=sys.stderr)
-        return 2
-    if launched():  # under mlx.launch: rank 0 serves, the others follow it (docs/distributed.md)
-        from .state import load_engine
-
-        config.distributed = True
-        # Loaded before the server starts, on every rank alike: a rank that cannot load (or shard)
-        # the model ends the launch instead of leaving rank 0 serving 503s. Ranks other than 0
-        # follow rank 0's steps inside load_engine and exit there.
-        engine = load_engine(config)
-    if not is_loopback(config.host) and not config.api_key:
-        logging.getLogger("graphc.server").warning(
-            "binding %s without --api-key: anyone who can reach this address can use the model", config.host)
-    app = create_app(config, engine=engine)
-    # SIGTERM/SIGINT drain (runtime/server/shutdown.py): 503 for new requests, running ones get
-    # --shutdown-timeout to finish, the rest end with finish_reason "abort"; then exit 0.
-    server = GracefulServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5), app.state.graphc, config.shutdown_timeout)
-    server.run()
-    return 0
+    return serve(args, config_from_args(args))

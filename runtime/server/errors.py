@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("graphc.server")
 
@@ -52,6 +53,13 @@ class _SafeJSON(JSONResponse):
 
     def render(self, content) -> bytes:
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def client_gone() -> APIError:
+    """The client hung up before its request was read: nobody will see this response; 499 is
+    nginx's "client closed request", counted apart from server errors in /metrics."""
+    return APIError(499, "the client closed the connection before the request body was read",
+                    code="client_closed_request")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -93,11 +101,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
-        from starlette.requests import ClientDisconnect
-
         if isinstance(exc, ClientDisconnect):  # the client hung up mid-upload: not a server error
-            from .body import client_gone
-
             return client_gone().response()
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()

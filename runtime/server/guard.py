@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from starlette.middleware.cors import CORSMiddleware
+
 from .errors import APIError
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
@@ -76,8 +78,6 @@ class HostGuard:
 def install(app, config) -> None:
     """Host checking always (per policy); CORS only when origins were configured."""
     if config.cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"],
                            allow_headers=["Authorization", "Content-Type"], max_age=600)

@@ -36,6 +36,7 @@ from typing import Mapping
 import attrs
 
 from graphc.runtime.grammar import Grammar
+from graphc.runtime.grammar.schema import close_objects
 
 from .errors import bad_request
 
@@ -216,8 +217,6 @@ def _not_containing(marker: str) -> str:
 def _answer_rules(g: Grammar) -> str:
     """`g` as lark rules whose start symbol is `answer`."""
     if g.kind == "json_schema":
-        from graphc.runtime.grammar.schema import close_objects
-
         schema = close_objects(json.loads(g.source))
         schema.setdefault("x-guidance", {"whitespace_flexible": False})
         return f"answer: %json {json.dumps(schema)}\n"

@@ -9,6 +9,7 @@ has the last word on ranges; its ValueError names the field, which becomes `para
 from __future__ import annotations
 
 from graphc.runtime import SamplingParams
+from graphc.runtime.grammar import Grammar
 
 from .errors import APIError, bad_request
 from .protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
@@ -51,8 +52,6 @@ def grammar_for(fmt: ResponseFormat | None):
     """response_format -> the engine's Grammar (None for text)."""
     if fmt is None or fmt.type == "text":
         return None
-    from graphc.runtime.grammar import Grammar
-
     if fmt.type == "json_object":
         return Grammar.json_object()
     js = fmt.json_schema

@@ -15,6 +15,8 @@ from typing import Callable
 from fastapi import Request
 from pydantic import BaseModel
 
+from .errors import APIError
+
 DONE = "data: [DONE]\n\n"
 
 
@@ -43,8 +45,6 @@ async def drain(watcher, group, want_logprobs: bool) -> tuple[list[list], list[b
     """Run a non-streaming request group to the end: per choice, the logprob entries its deltas
     carried and whether they cover every token. Engine failures become a 500; the disconnect
     watcher stops and the group is aborted (a no-op once finished) whatever happens."""
-    from .errors import APIError
-
     entries: list[list] = [[] for _ in group.results]
     complete = [True] * len(group.results)
     try:
@@ -66,8 +66,6 @@ async def guarded(events, watcher, group):
     """A streaming response's events, made safe: an engine failure after the headers are out is
     reported in-band (an error event, then [DONE]), as OpenAI does; whatever happens — the end,
     an error, the client gone — the disconnect watcher stops and the group is aborted."""
-    from .errors import APIError
-
     try:
         async for event in events:
             yield event

@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 import attrs
+import llguidance
 
 from graphc.runtime.grammar import Grammar
 from graphc.runtime.grammar.schema import close_objects
@@ -73,8 +74,6 @@ class ToolPlan:
 
     def grammar(self) -> Grammar:
         """The reply's grammar; a function schema llguidance cannot compile is a 400 naming the function."""
-        import llguidance
-
         for f in self.allowed():
             err = llguidance.LLMatcher.validate_grammar(f"start: %json {json.dumps(call_schema(f))}", None)
             if err:

@@ -4,6 +4,7 @@ or an engine default (`Engine(speculative=...)`, `graphc serve --speculative`) a
 from __future__ import annotations
 
 import attrs
+import mlx.core as mx
 
 SPEC_METHODS = ("prompt_lookup", "draft_model")  # draft_model: needs Engine(draft_model=...)
 OFF = "off"
@@ -21,8 +22,6 @@ def default_num_draft_tokens(method: str = "prompt_lookup") -> int:
     k = 16 against 63 at k = 8 (40 against 63 with k kept at 16 after a rejection, see
     Speculator.shrink_k). GPU, draft model: 8 — each draft token is a step of the draft model.
     CPU: 4 — the verify budget (speculator.default_max_tokens, 4 positions) caps k at 3 anyway."""
-    import mlx.core as mx
-
     if mx.default_device() != mx.gpu:
         return 4
     return MAX_DRAFT_TOKENS if method == "prompt_lookup" else 8

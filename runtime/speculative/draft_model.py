@@ -15,6 +15,10 @@ import weakref
 
 import attrs
 import mlx.core as mx
+import mlx_lm
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+from graphc.compiler.gguf import resolve_model_path
 
 PREFILL_CHUNK = 512  # draft-model prompt tokens per forward when a row first drafts
 
@@ -28,8 +32,6 @@ class _DraftRow:
 class DraftModel:
     def __init__(self, model, tokenizer=None, *, target_tokenizer=None, target_vocab: int | None = None,
                  path: str = "draft model"):
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
-
         self.model, self.path = model, path
         if not can_trim_prompt_cache(make_prompt_cache(model)):
             raise ValueError(f"draft model '{path}': its caches cannot be trimmed (sliding-window or recurrent "
@@ -40,10 +42,6 @@ class DraftModel:
     @classmethod
     def load(cls, path, target_tokenizer=None, target_vocab: int | None = None) -> "DraftModel":
         """A model folder or .gguf file, loaded through mlx_lm.load like the target."""
-        import mlx_lm
-
-        from graphc.compiler.gguf import resolve_model_path
-
         folder = resolve_model_path(path)
         if not (folder / "config.json").exists():
             raise FileNotFoundError(f"no draft model folder at '{path}' (expected a config.json there)")
@@ -51,8 +49,6 @@ class DraftModel:
         return cls(model, tokenizer, target_tokenizer=target_tokenizer, target_vocab=target_vocab, path=str(path))
 
     def __call__(self, req, k: int) -> list[int]:
-        from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
-
         seq = req.prompt_ids + req.output_ids
         row = self._rows.get(req)
         if row is None:
