@@ -30,6 +30,7 @@ BUILTIN_POLICIES: dict[str, str] = {
     "ssm_state": "graphc.runtime.cache.ssm_state",
     "cache_list": "graphc.runtime.cache.cache_list",
     "native": "graphc.runtime.cache.native",
+    "quantized": "graphc.runtime.cache.quantized",
 }
 
 _POLICIES: dict[str, type] = {}
