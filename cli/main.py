@@ -11,7 +11,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from graphc.compiler.argtypes import DefaultsHelpFormatter, non_negative_int, positive_int
+from graphc.compiler.argtypes import DefaultsHelpFormatter, add_kv_bits_arguments, non_negative_int, positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 
 
@@ -105,9 +105,11 @@ def cmd_inspect(args) -> int:
             from graphc.runtime import Engine
 
             compiled = Engine(model, tokenizer, config, graph, compile=True, prefix_cache=False,
-                              lowering=args.lowering).compiled
+                              lowering=args.lowering, kv_bits=args.kv_bits,
+                              kv_group_size=args.kv_group_size).compiled
         else:
-            compiled = compile_graph(graph, model, config, lowering=args.lowering)
+            compiled = compile_graph(graph, model, config, lowering=args.lowering, kv_bits=args.kv_bits,
+                                     kv_group_size=args.kv_group_size)
     except GraphError as e:
         print(e, file=sys.stderr)
         return 1
@@ -200,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--compile", action="store_true",
                    help="as an Engine with compile on runs it (same as the graph declaring `decode: {compile: true}`)")
     i.add_argument("-o", "--output", help="write to this file instead of stdout")
+    add_kv_bits_arguments(i)
     i.set_defaults(func=cmd_inspect)
 
     v = sub.add_parser("validate", help="check GRAPH and report every problem found")

@@ -31,7 +31,7 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
     if c.compile is not None:
         extra["compile"] = c.compile
     if c.kv_bits is not None:  # opt-in quantized KV (runtime/cache/quantized.py)
-        extra["kv_bits"] = c.kv_bits
+        extra.update(kv_bits=c.kv_bits, kv_group_size=c.kv_group_size)
     if c.speculative is not None:  # the default for requests without a `speculative` field
         extra.update(speculative=c.speculative, num_draft_tokens=c.num_draft_tokens)
     if c.draft_model is not None:  # its drafts become the default unless --speculative says otherwise
