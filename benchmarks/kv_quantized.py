@@ -11,7 +11,8 @@ Three measurements, each on the model given (a folder or .gguf):
   reference's tokens — and at every position compares log-softmax rows: mean and max
   |logprob diff| of the reference's token, and top-1 agreement. Also reported: graphc's
   unquantized KV against the same reference (what a cache that ignored kv_bits would
-  score) and graphc's quantized KV against mlx-lm's bf16 `KVCache` (what rounding costs);
+  score) and graphc's quantized KV along mlx-lm's greedy tokens on its unquantized
+  `KVCache` (what rounding costs);
 - **speed**: decode step time of the Engine at a small batch (prefill excluded: a run of 1
   new token is subtracted from a run of 1 + N), bf16 KV against 8 and 4 bits, the arms
   interleaved and repeated; the same for mlx-lm's own loop on KVCache vs QuantizedKVCache.
@@ -50,14 +51,6 @@ def reference_run(model, prompt: list[int], n: int, caches) -> tuple[list[int], 
         toks.append(t)
         logits = model(mx.array([[t]]), cache=caches)[0, -1].astype(mx.float32)
     return toks, rows
-
-
-def reference_stepwise(model, prompt: list[int], tokens: list[int], caches) -> list[mx.array]:
-    """mlx-lm's logits after `prompt` and after each of `tokens[:-1]` (teacher forced)."""
-    out = [model(mx.array(prompt)[None], cache=caches)[0, -1].astype(mx.float32)]
-    for t in tokens[:-1]:
-        out.append(model(mx.array([[t]]), cache=caches)[0, -1].astype(mx.float32))
-    return out
 
 
 def graphc_teacher_forced(engine, prompts: list[list[int]], conts: list[list[int]], chunk: int = 16):
@@ -119,11 +112,14 @@ def quality(model_dir: str, bits: int, prompts: list[list[int]], n: int, group_s
     got, _ = graphc_teacher_forced(eng, prompts, tokens, chunk)
     plain = Engine.load(model_dir, prefill_chunk=chunk)
     unq, _ = graphc_teacher_forced(plain, prompts, tokens, chunk)
-    bf16 = [reference_stepwise(model, p, t, make_prompt_cache(model)) for p, t in zip(prompts, tokens)]
+    # What rounding costs: along mlx-lm's own greedy tokens on unquantized KV.
+    full = [reference_run(model, p, n, make_prompt_cache(model)) for p in prompts]
+    full_tokens = [t for t, _ in full]
+    got_full, _ = graphc_teacher_forced(eng, prompts, full_tokens, chunk)
     return {"bits": bits, "group_size": group_size,
             "graphc_quantized_vs_mlx_lm_quantized": logprob_agreement(got, want, tokens),
             "graphc_unquantized_vs_mlx_lm_quantized": logprob_agreement(unq, want, tokens),
-            "graphc_quantized_vs_mlx_lm_unquantized": logprob_agreement(got, bf16, tokens)}
+            "graphc_quantized_vs_mlx_lm_unquantized": logprob_agreement(got_full, [r for _, r in full], full_tokens)}
 
 
 def kv_bytes_per_token(caches) -> dict:
@@ -159,29 +155,32 @@ def _arrays(c):
 
 
 def _engine_decode_s(eng, prompts, n: int) -> float:
+    """Seconds per decode step of the Engine once every row decodes (prefill not timed)."""
     from graphc.runtime import SamplingParams
 
-    def run(k):
-        t0 = time.perf_counter()
-        eng.generate(prompts, SamplingParams(max_tokens=k, ignore_eos=True))
-        return time.perf_counter() - t0
+    for p in prompts:
+        eng.add_request(p, SamplingParams(max_tokens=n + 2, ignore_eos=True))
+    while eng.scheduler.waiting or len(eng.runner.rows) < len(prompts):
+        eng.step()
+    eng.step()
+    t0, steps = time.perf_counter(), 0
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+    return (time.perf_counter() - t0) / max(1, steps)
 
-    return (run(1 + n) - run(1)) / n
 
-
-def _mlx_lm_decode_s(model, prompt, n: int, caches_fn) -> float:
-    def run(k):
-        caches = caches_fn()
-        t0 = time.perf_counter()
-        y = model(mx.array(prompt)[None], cache=caches)[:, -1]
-        tok = mx.argmax(y, axis=-1)
+def _mlx_lm_decode_s(model, prompts, n: int, caches_fn) -> float:
+    """Seconds per step of mlx-lm's own forward decoding `prompts` as one batch (rows of equal
+    length: no padding needed) on caches_fn()'s caches, prefill not timed."""
+    caches = caches_fn()
+    tok = mx.argmax(model(mx.array(prompts), cache=caches)[:, -1], axis=-1)
+    mx.eval(tok)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        tok = mx.argmax(model(tok[:, None], cache=caches)[:, -1], axis=-1)
         mx.eval(tok)
-        for _ in range(k - 1):
-            tok = mx.argmax(model(tok[:, None], cache=caches)[:, -1], axis=-1)
-            mx.eval(tok)
-        return time.perf_counter() - t0
-
-    return (run(1 + n) - run(1)) / n
+    return (time.perf_counter() - t0) / n
 
 
 def speed(model_dir: str, batch: int, prompt_len: int, n: int, repeats: int) -> dict:
@@ -206,7 +205,7 @@ def speed(model_dir: str, batch: int, prompt_len: int, n: int, repeats: int) -> 
         for name, eng in engines.items():
             times[f"graphc_{name}"].append(_engine_decode_s(eng, prompts, n))
         for name, fn in mlx_arms.items():
-            times[f"mlx_lm_{name}"].append(_mlx_lm_decode_s(model, prompts[0], n, fn))
+            times[f"mlx_lm_{name}"].append(_mlx_lm_decode_s(model, prompts, n, fn))
     out = {"batch": batch, "prompt_len": prompt_len, "new_tokens": n, "repeats": repeats,
            "step_ms": {k: [round(x * 1e3, 3) for x in v] for k, v in times.items()}}
     for who in ("graphc", "mlx_lm"):
@@ -215,7 +214,8 @@ def speed(model_dir: str, batch: int, prompt_len: int, n: int, repeats: int) -> 
             r = [q / f for q, f in zip(times[f"{who}_{b}"], base)]
             out[f"{who}_{b}bit_over_unquantized"] = {"median": round(statistics.median(r), 3),
                                                       "min": round(min(r), 3), "max": round(max(r), 3)}
-    out["note"] = "mlx_lm arms: one prompt (batch 1), its own loop; graphc arms: Engine.generate at `batch`"
+    out["note"] = ("graphc arms: Engine.step() once every row decodes (eager decode, rows of equal length); "
+                   "mlx_lm arms: its model forward + argmax per step on the same prompts as one batch")
     return out
 
 
@@ -233,7 +233,9 @@ def main(argv=None) -> int:
     from graphc.compiler.gguf import resolve_model_path
 
     model_dir = str(resolve_model_path(args.model))
-    report = {"model": args.model}
+    from .env import environment
+
+    report = {"model": args.model, "environment": environment()}
     rng = np.random.default_rng(1)
     cfg = json.load(open(f"{model_dir}/config.json"))
     vocab = int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size"))

@@ -250,3 +250,54 @@ def test_serve_flag_reaches_the_engine(llama, monkeypatch):
     assert (seen["kv_bits"], seen["kv_group_size"]) == (4, 32)
     with pytest.raises(SystemExit):
         p.parse_args(["serve", "--kv-bits", "3"])
+
+
+# -- the real model: SmolLM2-135M-Instruct (Q4_1 GGUF, tests/real_model.py; skipped when absent) ----
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+    from real_model import smollm2_gguf
+
+    from graphc.compiler.gguf import import_gguf
+
+    path, why = smollm2_gguf()
+    if path is None:
+        pytest.skip(f"SmolLM2 GGUF not available: {why}")
+    return import_gguf(path, tmp_path_factory.mktemp("smollm2") / "model")
+
+
+@pytest.mark.parametrize("bits", [4, pytest.param(8, marks=pytest.mark.slow)])
+def test_smollm2_logprobs_match_mlx_lm_quantized_cache(smol, bits):
+    """Chat prompts, 6 teacher-forced tokens each (MLX's CPU quantized matmul is slow)."""
+    eng = Engine.load(smol, kv_bits=bits, prefill_chunk=16)
+    tok = eng.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+               for q in ("What is the capital of France?", "Name three primary colors.")]
+    ref = [reference_run(eng.model, p, 6, quantized_reference_caches(eng.model, bits)) for p in prompts]
+    tokens = [t for t, _ in ref]
+    got, _ = graphc_teacher_forced(eng, prompts, tokens, chunk=16)
+    m = logprob_agreement(got, [r for _, r in ref], tokens)
+    assert m["mean_abs_logprob_diff"] < MEAN_LOGPROB_BOUND and m["top1_agreement"] == 1.0, m
+    plain, _ = graphc_teacher_forced(Engine.load(smol, prefill_chunk=16), prompts, tokens, chunk=16)
+    broken = logprob_agreement(plain, [r for _, r in ref], tokens)
+    assert broken["mean_abs_logprob_diff"] > 3 * MEAN_LOGPROB_BOUND, broken
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text", "qwen3_next"])
+def test_other_families_quantize_their_full_attention_layers_only(model_dir, arch):
+    """qwen3 (dense), gemma3 (sliding + full: windowed layers stay unquantized), qwen3_next (linear
+    attention + full: recurrent state stays): batched greedy equals mlx-lm on QuantizedKVCache for
+    the full-attention layers, and prefix hits equal cold runs."""
+    d = model_dir(arch, **DIMS)
+    eng = Engine.load(d, kv_bits=4, prefill_chunk=16, max_total_tokens=1024)
+    names = [p.name for p in eng.compiled.binding.policies]
+    kinds = [l.kind for l in eng.compiled.binding.layers]
+    assert [n == "quantized" for n in names] == [k == "full_attention" for k in kinds] and "quantized" in names
+    prompts = random_prompts(3, eng.vocab_size, [40, 5, 23], seed=9)
+    got = [r.token_ids for r in eng.generate(prompts, GREEDY)]
+    assert got == [reference_greedy_q(eng.model, p, 16, 4) for p in prompts]
+    shared = prompts[0]
+    again = [eng.generate([shared + [7, 8, 9]], GREEDY)[0] for _ in range(2)]
+    cold = Engine.load(d, kv_bits=4, prefill_chunk=16, prefix_cache=False).generate([shared + [7, 8, 9]], GREEDY)[0]
+    assert [r.token_ids for r in again] == [cold.token_ids] * 2
+    assert again[1].cached_tokens > 0
