@@ -68,7 +68,8 @@ def cmd_generate(args) -> int:
 
     # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
     engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering,
-                         distributed=launched(), compile=COMPILE_FLAG[args.compile])
+                         distributed=launched(), compile=COMPILE_FLAG[args.compile], kv_bits=args.kv_bits,
+                         kv_group_size=args.kv_group_size)
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
@@ -190,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     g.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
     g.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
+    add_kv_bits_arguments(g)
     g.set_defaults(func=cmd_generate)
 
     i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")

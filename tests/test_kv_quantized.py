@@ -301,3 +301,8 @@ def test_other_families_quantize_their_full_attention_layers_only(model_dir, arc
     cold = Engine.load(d, kv_bits=4, prefill_chunk=16, prefix_cache=False).generate([shared + [7, 8, 9]], GREEDY)[0]
     assert [r.token_ids for r in again] == [cold.token_ids] * 2
     assert again[1].cached_tokens > 0
+
+
+def test_generate_cli_takes_the_flag(llama, capsys):
+    assert cli(["generate", "hello there", "--model", str(llama), "--kv-bits", "4", "--max-tokens", "4"]) == 0
+    assert capsys.readouterr().out.strip()

@@ -38,6 +38,7 @@ from .registry import register_policy
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)  # what mx.quantize accepts
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_FORMATS: dict = {}  # (base class, bits, group_size) -> its cache class
 
 
 class QuantizedKV(FullKV):
@@ -49,9 +50,12 @@ class QuantizedKV(FullKV):
 
     @classmethod
     def with_format(cls, bits: int, group_size: int) -> type:
-        """The cache class of one format: FullKV makes new instances with type(self)(...)
-        (extract, restore), so the format travels with the class."""
-        return type(f"QuantizedKV{bits}g{group_size}", (cls,), {"bits": bits, "group_size": group_size})
+        """The cache class of one format (one class per format, made once): FullKV makes new
+        instances with type(self)(...) (extract, restore), so the format travels with the class."""
+        key = (cls, bits, group_size)
+        if key not in _FORMATS:
+            _FORMATS[key] = type(f"QuantizedKV{bits}g{group_size}", (cls,), {"bits": bits, "group_size": group_size})
+        return _FORMATS[key]
 
     def update_and_fetch(self, keys, values):
         q = dict(group_size=self.group_size, bits=self.bits)
