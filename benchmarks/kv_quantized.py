@@ -9,7 +9,9 @@ Three measurements, each on the model given (a folder or .gguf):
   (the reference) decodes each prompt greedily; graphc then runs the same tokens — prompts
   prefilled alone in chunks, joined into one left-padded decode batch, each row fed the
   reference's tokens — and at every position compares log-softmax rows: mean and max
-  |logprob diff| of the reference's token, and top-1 agreement. Also reported: graphc's
+  |logprob diff| of the reference's token, top-1 agreement, and the mean KL divergence of
+  graphc's distribution from the reference's (the whole vocabulary: a peaked model hides
+  differences from the token's own logprob). Also reported: graphc's
   unquantized KV against the same reference (what a cache that ignored kv_bits would
   score) and graphc's quantized KV along mlx-lm's greedy tokens on its unquantized
   `KVCache` (what rounding costs);
@@ -86,15 +88,16 @@ def graphc_teacher_forced(engine, prompts: list[list[int]], conts: list[list[int
 def logprob_agreement(got: list[list[mx.array]], want: list[list[mx.array]], tokens: list[list[int]]) -> dict:
     """Mean / max |log p_got(t) - log p_want(t)| at the reference tokens t, and the fraction of
     positions where got's argmax is t (over every row and position)."""
-    diffs, agree = [], []
+    diffs, agree, kl = [], [], []
     for g_row, w_row, t_row in zip(got, want, tokens):
         for g, w, t in zip(g_row, w_row, t_row):
             lg = g - mx.logsumexp(g)
             lw = w - mx.logsumexp(w)
             diffs.append(abs(float(lg[t]) - float(lw[t])))
             agree.append(int(mx.argmax(g)) == t)
+            kl.append(float(mx.sum(mx.exp(lw) * (lw - lg))))  # KL(want || got) over the vocabulary
     return {"mean_abs_logprob_diff": float(np.mean(diffs)), "max_abs_logprob_diff": float(np.max(diffs)),
-            "top1_agreement": float(np.mean(agree)), "positions": len(diffs)}
+            "top1_agreement": float(np.mean(agree)), "mean_kl": float(np.mean(kl)), "positions": len(diffs)}
 
 
 def quality(model_dir: str, bits: int, prompts: list[list[int]], n: int, group_size: int = 64,
