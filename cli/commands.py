@@ -40,7 +40,8 @@ def _load_model(path: Path):
 def cmd_generate(args) -> int:
     # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
     engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering,
-                         distributed=launched(), compile=COMPILE_FLAG[args.compile])
+                         distributed=launched(), compile=COMPILE_FLAG[args.compile], kv_bits=args.kv_bits,
+                         kv_group_size=args.kv_group_size)
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
@@ -69,9 +70,11 @@ def cmd_inspect(args) -> int:
             # What an Engine with compile on runs: its decode step is the compiled one, and its
             # plan's `compile` pass says what was applied (fusion, kernels).
             compiled = Engine(model, tokenizer, config, graph, compile=True, prefix_cache=False,
-                              lowering=args.lowering).compiled
+                              lowering=args.lowering, kv_bits=args.kv_bits,
+                              kv_group_size=args.kv_group_size).compiled
         else:
-            compiled = compile_graph(graph, model, config, lowering=args.lowering)
+            compiled = compile_graph(graph, model, config, lowering=args.lowering, kv_bits=args.kv_bits,
+                                     kv_group_size=args.kv_group_size)
     except GraphError as e:
         print(e, file=sys.stderr)
         return 1

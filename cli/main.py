@@ -11,7 +11,7 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from graphc.compiler.argtypes import DefaultsHelpFormatter, non_negative_int, positive_int
+from graphc.compiler.argtypes import DefaultsHelpFormatter, add_kv_bits_arguments, non_negative_int, positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 from graphc.compiler.errors import GraphError
 from graphc.contracts.providers import Lazy, resolve
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     g.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
     g.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
+    add_kv_bits_arguments(g)
     g.set_defaults(func=Lazy(GENERATE, "graphc generate"))
 
     i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--compile", action="store_true",
                    help="as an Engine with compile on runs it (same as the graph declaring `decode: {compile: true}`)")
     i.add_argument("-o", "--output", help="write to this file instead of stdout")
+    add_kv_bits_arguments(i)
     i.set_defaults(func=Lazy(INSPECT, "graphc inspect"))
 
     v = sub.add_parser("validate", help="check GRAPH and report every problem found")

@@ -35,3 +35,12 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         if "default" in text or d is None or d is False or d is argparse.SUPPRESS:
             return text
         return f"{text} (default: %(default)s)".strip()
+
+
+def add_kv_bits_arguments(p) -> None:
+    """--kv-bits / --kv-group-size: full-attention KV quantized (policy `quantized`, not exact)."""
+    p.add_argument("--kv-bits", type=int, choices=[8, 4],
+                   help="keep full-attention KV quantized to 8 or 4 bits (policy `quantized`, mlx-lm's "
+                        "QuantizedKVCache format; not exact, docs/cache-policies.md); default: the graph's policy")
+    p.add_argument("--kv-group-size", type=int, choices=[32, 64, 128],
+                   help="values per quantization scale/bias along head_dim with --kv-bits (default 64)")

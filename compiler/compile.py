@@ -50,7 +50,54 @@ log = logging.getLogger("graphc.compile")
 LOWERINGS = ("auto", "fast", "generic")
 
 
-def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering: str = "auto") -> CompiledGraph:
+# Full-attention policies `kv_bits` may replace: the shared-prefix one, and the no-sharing one
+# (which stays without a prefix cache), or a graph that is quantized already (new bits win).
+KV_BITS_REPLACES = ("pool_backed", "full", "quantized")
+
+
+def with_kv_bits(spec: GraphSpec, bits: int, group_size: int | None = None) -> GraphSpec:
+    """The graph with its full-attention layers on the built-in `quantized` policy (opt-in, not
+    exact: runtime/cache/quantized.py): what `--kv-bits` / `Engine.load(kv_bits=)` do. Refuses,
+    naming the option, a graph it cannot rewrite (never serves something else instead)."""
+    entries = [c for c in spec.cache if c.layer_type == "full_attention"]
+    if not entries:
+        raise ValueError(f"kv_bits={bits}: graph '{spec.name}' declares no full_attention cache entry to quantize")
+    entry = entries[0]
+    if entry.policy not in KV_BITS_REPLACES:
+        raise ValueError(f"kv_bits={bits}: graph '{spec.name}' keeps full_attention KV in policy '{entry.policy}', "
+                         f"which kv_bits does not replace (it replaces {', '.join(KV_BITS_REPLACES)}); declare "
+                         "`full_attention: {policy: quantized, bits: ...}` in the graph instead")
+    params = dict(entry.params) if entry.policy == "quantized" else {}
+    params["bits"] = bits
+    if group_size is not None:
+        params["group_size"] = group_size
+    if entry.policy == "full":
+        params["prefix"] = False  # the no-sharing graph stays without a prefix cache
+    q = attrs.evolve(entry, policy="quantized", params=tuple(params.items()))
+    return attrs.evolve(spec, cache=tuple(q if c.layer_type == "full_attention" else c for c in spec.cache))
+
+
+def _lossy_reference(binding: Binding, served, mtype: str, ref):
+    """The self-check's reference for policies that round KV on purpose: mlx-lm's own forward on
+    the mlx-lm cache each such policy reproduces (`reference_cache()`: QuantizedKVCache for
+    `quantized`), the other layers on their usual caches. `ref` when no policy has one."""
+    makers = [getattr(p, "reference_cache", None) for p in binding.policies]
+    if not any(makers):
+        return ref
+
+    def caches(model):
+        return [m() if m else c for m, c in zip(makers, make_prompt_cache(model))]
+
+    name = next(p.describe() for p, m in zip(binding.policies, makers) if m)
+    try:
+        return reference_run(served, mtype, make_caches=caches)
+    except UnsupportedModel as e:
+        raise UnsupportedModel(f"{name} (kv_bits): mlx-lm's own forward cannot run this model on its quantized "
+                               f"KV cache either, so there is nothing to check graphc against: {e}") from e
+
+
+def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering: str = "auto",
+                  kv_bits: int | None = None, kv_group_size: int | None = None) -> CompiledGraph:
     """Pick (when None), parse, validate, bind and lower a graph for a loaded model.
 
     Layer kinds come from the model's own caches (compiler/cachekinds.py). `lowering`:
@@ -69,11 +116,22 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     if graph is None:
         graph = default_graph_for(layers)
     spec = load_spec(graph, config)
+    if kv_bits is not None:
+        spec = with_kv_bits(spec, kv_bits, kv_group_size)
+    elif kv_group_size is not None:
+        raise ValueError("kv_group_size is a setting of kv_bits (quantized KV); pass kv_bits=8 or 4 with it")
     if "next_tokens" not in spec.output_dict:
         # An embedding / scoring graph: the self-check compares next-token logits, so it runs on
         # the model's generation graph, and this graph reuses what that check chose.
         return compile_sibling(compile_graph(None, model, config, lowering), graph, model)
     binding = bind(spec, model, config, layers, mtype)
+    if kv_bits is not None and not any(p.name == "quantized" for p in binding.policies):
+        raise UnsupportedModel(f"kv_bits={kv_bits}: model type '{mtype}' has no full-attention layers to quantize "
+                               f"(its layers: {', '.join(sorted({l.kind for l in layers}))})")
+    # Policies that round KV on purpose are checked against mlx-lm on the same rounding; such a
+    # graph is never served by a fallback that drops it (the last resort below).
+    lossy = [p for p in binding.policies if getattr(p, "reference_cache", None)]
+    ref = _lossy_reference(binding, served, mtype, ref)
     if lowering == "fast" and binding.adapter is None:
         raise ValueError(f"model type '{mtype}' has no fast path (compiler/archs.py ADAPTERS); "
                          "use lowering='auto' or 'generic'")
@@ -116,6 +174,11 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
                         "rows at different positions (%s); serving one request at a time", mtype, last.error)
             return compiled
     tried = "; ".join(c.describe() for c in binding.checks)
+    if lossy:
+        raise UnsupportedModel(
+            f"model type '{mtype}': {lossy[0].describe()} (kv_bits) does not reproduce mlx-lm's own forward on "
+            f"its QuantizedKVCache ({tried}; first difference: {last.error}). Refusing rather than serve it on "
+            "other caches; load it without kv_bits")
     if auto_graph and lowering != "fast" and not natives:
         # Last resort: every layer on mlx-lm's own cache, one request at a time — the model's
         # own forward on its own caches, only chunked; exact unless chunking changes it.

@@ -96,12 +96,16 @@ class CheckResult:
         return f"{self.name}: max |diff| {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}) {verdict}"
 
 
-def reference_run(model, model_type: str) -> Reference:
-    """The check's tokens through mlx-lm's own forward and caches. Refuses a model that cannot run them."""
+def reference_run(model, model_type: str, make_caches=None) -> Reference:
+    """The check's tokens through mlx-lm's own forward and caches. Refuses a model that cannot run them.
+
+    `make_caches(model)`: the caches to run on instead of `make_prompt_cache(model)` (a policy
+    that rounds KV on purpose is checked against mlx-lm's cache of that rounding: compile.py)."""
+    new_caches = make_caches or make_prompt_cache
     out, first_caches, dtype = [], None, None
     try:
         for p in PROMPTS:
-            cache = make_prompt_cache(model)
+            cache = new_caches(model)
             y = model(mx.array(p)[None], cache=cache)
             dtype = str(y.dtype).replace("mlx.core.", "")
             rows = [y[0, -1]]

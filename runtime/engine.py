@@ -62,7 +62,8 @@ class Engine:
                  skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
                  speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
                  spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None,
-                 spec_adaptive: bool | None = None):
+                 spec_adaptive: bool | None = None, kv_bits: int | None = None,
+                 kv_group_size: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -72,7 +73,8 @@ class Engine:
         # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
         # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
         t0 = time.perf_counter()
-        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=lowering)
+        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=lowering,
+                                                     kv_bits=kv_bits, kv_group_size=kv_group_size)
         log.info("compiled the step graph and ran the load-time self-check: %.1f s", time.perf_counter() - t0)
         if "next_tokens" not in self.compiled.prefill.outputs:
             name = self.compiled.spec.name

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from graphc.compiler.argtypes import positive_int
+from graphc.compiler.argtypes import add_kv_bits_arguments, positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 
 from graphc.contracts.providers import resolve
@@ -36,6 +36,7 @@ def add_parser(subparsers) -> None:
     s.add_argument("--prefill-chunk", type=positive_int, default=2048, help="prompt tokens per prefill chunk")
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
+    add_kv_bits_arguments(s)
     s.add_argument("--speculative", choices=["off", "prompt_lookup", "draft_model"],
                    help="speculative decoding for requests that do not set `speculative` (default: off, or "
                         "draft_model with --draft-model; docs/speculative.md)")
@@ -82,7 +83,7 @@ def config_from_args(args) -> ServerConfig:
         max_loaded_models=args.max_loaded_models, max_loaded_bytes=args.max_loaded_bytes,
         served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-        kv_budget_tokens=args.kv_budget_tokens, speculative=args.speculative,
+        kv_budget_tokens=args.kv_budget_tokens, kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, speculative=args.speculative,
         num_draft_tokens=args.num_draft_tokens, draft_model=args.draft_model,
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,

@@ -32,6 +32,8 @@ class ServerConfig:
     max_batch: int = 64  # decode batch rows
     prefill_chunk: int = 2048
     kv_budget_tokens: int | None = None  # KV tokens the scheduler may hold; None = unbounded
+    kv_bits: int | None = None  # full-attention KV quantized to 8 or 4 bits (not exact); None = the graph's
+    kv_group_size: int | None = None  # with kv_bits: values per scale/bias (None: 64)
     speculative: str | None = None  # default for requests that do not say: "prompt_lookup" | "off" (docs/speculative.md)
     num_draft_tokens: int | None = None  # k for that default (None: the method's default)
     draft_model: str | None = None  # a small model of the same tokenizer drafting for method "draft_model"

@@ -30,6 +30,8 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
     extra = {"kv_budget_tokens": c.kv_budget_tokens} if c.kv_budget_tokens is not None else {}
     if c.compile is not None:
         extra["compile"] = c.compile
+    if c.kv_bits is not None:  # opt-in quantized KV (runtime/cache/quantized.py)
+        extra.update(kv_bits=c.kv_bits, kv_group_size=c.kv_group_size)
     if c.speculative is not None:  # the default for requests without a `speculative` field
         extra.update(speculative=c.speculative, num_draft_tokens=c.num_draft_tokens)
     if c.draft_model is not None:  # its drafts become the default unless --speculative says otherwise

@@ -1,0 +1,148 @@
+"""`quantized`: full-attention KV stored as `bits`-bit codes, opt-in and not exact.
+
+The format is mlx-lm's own `QuantizedKVCache`: `mx.quantize(x, group_size, bits)` along
+head_dim, so per token and KV head a layer keeps head_dim * bits / 8 bytes of codes (packed
+in uint32) plus one scale and one bias per `group_size` values, in the model's dtype. At
+bf16, head_dim 128, group 64: 136 bytes per K or V row at 8 bits and 72 at 4 bits, against
+256 for bf16.
+
+Attention runs on the codes, as mlx-lm's does: the cache has `bits` and `group_size`, so the
+model's own attention (mlx_lm.models.base.scaled_dot_product_attention) sees a quantized
+cache and calls `quantized_scaled_dot_product_attention` — `mx.quantized_matmul` of the
+queries against the packed keys, softmax, `mx.quantized_matmul` against the packed values —
+on the (codes, scales, biases) triples `update_and_fetch` returns. Nothing is dequantized
+into a float buffer.
+
+Everything that batches, trims or moves KV applies unchanged: codes, scales and biases are
+six planes of one `FullKV` (growth by doubling, left-padded rows, `filter` / `extend` /
+`extract`, speculative `trim_rows`), and the prefix cache stores the six planes in the
+shared pool at their own dtypes, so a hit restores exactly the codes a cold run computed.
+Quantizing is per token (groups run along head_dim), so chunked prefill and prefix hits
+give the codes a whole-prompt prefill gives.
+
+What it is checked against: the load-time self-check runs mlx-lm's forward on
+`QuantizedKVCache(group_size, bits)` for these layers (`reference_cache`) and requires
+graphc's batched, chunked steps to match it to rounding; how far either is from bf16 KV is
+measured, not assumed (tests/test_kv_quantized.py, docs/cache-policies.md).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import QuantizedKVCache
+
+from .base import CachePolicy, PolicyParam
+from .full import FullKV
+from .prefix_state import PrefixKind, PrefixState
+from .registry import register_policy
+
+BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)  # what mx.quantize accepts
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_FORMATS: dict = {}  # (base class, bits, group_size) -> its cache class
+
+
+class QuantizedKV(FullKV):
+    PLANES = ("keys", "values", "k_scales", "k_biases", "v_scales", "v_biases")
+    # mlx-lm's attention switches to its quantized SDPA when the cache has `bits`; with_format
+    # sets both per (bits, group_size).
+    bits = 8
+    group_size = 64
+
+    @classmethod
+    def with_format(cls, bits: int, group_size: int) -> type:
+        """The cache class of one format (one class per format, made once): FullKV makes new
+        instances with type(self)(...) (extract, restore), so the format travels with the class."""
+        key = (cls, bits, group_size)
+        if key not in _FORMATS:
+            _FORMATS[key] = type(f"QuantizedKV{bits}g{group_size}", (cls,), {"bits": bits, "group_size": group_size})
+        return _FORMATS[key]
+
+    def update_and_fetch(self, keys, values):
+        q = dict(group_size=self.group_size, bits=self.bits)
+        kq, ks, kb = mx.quantize(keys, **q)
+        vq, vs, vb = mx.quantize(values, **q)
+        out = self.append({"keys": kq, "values": vq, "k_scales": ks, "k_biases": kb,
+                           "v_scales": vs, "v_biases": vb})
+        return ((out["keys"], out["k_scales"], out["k_biases"]),
+                (out["values"], out["v_scales"], out["v_biases"]))
+
+    def keys_and_values(self):
+        """(codes, scales, biases) of the keys and of the values, as mlx-lm's QuantizedKVCache
+        returns them (KV-sharing layers attend over another layer's cache this way)."""
+        if self.keys is None:
+            return None, None
+        n = self.idx
+        return (tuple(getattr(self, p)[..., :n, :] for p in ("keys", "k_scales", "k_biases")),
+                tuple(getattr(self, p)[..., :n, :] for p in ("values", "v_scales", "v_biases")))
+
+    @property
+    def state(self):
+        return self.keys_and_values()
+
+
+@register_policy("quantized")
+class QuantizedPolicy(CachePolicy):
+    """Full-attention KV as `bits`-bit codes with a scale and a bias per `group_size` values
+    (mlx-lm's QuantizedKVCache format); prefixes shared through the pool, stored quantized."""
+
+    LAYER_KINDS = ("full_attention",)
+    PARAMS = {
+        "bits": PolicyParam(int, 8, "bits per KV value: 8 or 4"),
+        "group_size": PolicyParam(int, 64, "values per scale and bias along head_dim: 32, 64 or 128"),
+        "prefix": PolicyParam(bool, True, "share prompt prefixes through the pool (false: no prefix cache)"),
+    }
+    # Checked against mlx-lm's own QuantizedKVCache (reference_cache), not bf16 KV: no allowance.
+    lossy_tolerance = 0.0
+    prefix_kind = PrefixKind.TOKENS
+    exact = False  # what `graphc inspect` reports: the numbers differ from bf16 KV on purpose
+
+    def __init__(self, layer, **params):
+        super().__init__(layer, **params)
+        bits, group = self.params["bits"], self.params["group_size"]
+        if bits not in BITS:
+            raise ValueError(f"cache policy 'quantized': bits (kv_bits) must be one of {BITS}, got {bits}")
+        if group not in GROUP_SIZES:
+            raise ValueError(f"cache policy 'quantized': group_size (kv_group_size) must be one of "
+                             f"{GROUP_SIZES}, got {group}")
+        dims = {layer.head_dim, layer.v_head_dim or layer.head_dim}
+        bad = sorted(d for d in dims if d % group)
+        if bad:
+            fits = [g for g in GROUP_SIZES if all(d % g == 0 for d in dims)]
+            hint = f"group_size (kv_group_size) {fits[-1]}" if fits else "policy pool_backed (no group size fits)"
+            raise ValueError(f"cache policy 'quantized': layer {layer.index}'s head_dim {bad[0]} is not a multiple "
+                             f"of group_size (kv_group_size) {group}; use {hint}")
+        self.cache_class = QuantizedKV.with_format(bits, group)
+
+    def bytes_per_token(self) -> int:
+        h, bits, group = self.layer.kv_heads, self.params["bits"], self.params["group_size"]
+        item = _ITEMSIZE.get(self.layer.dtype, 4)  # scales and biases keep the model's dtype
+        dims = (self.layer.head_dim, self.layer.v_head_dim or self.layer.head_dim)
+        return sum(h * (d * bits // 8 + 2 * (d // group) * item) for d in dims)
+
+    def describe(self) -> str:
+        p = self.params
+        return (f"quantized(bits={p['bits']}, group_size={p['group_size']}"
+                + ("" if p["prefix"] else ", prefix=false") + "; not exact: KV rounded to codes)")
+
+    def new_cache(self) -> QuantizedKV:
+        return self.cache_class(1)
+
+    def reference_cache(self):
+        """The mlx-lm cache this policy reproduces: what the load-time self-check compares it to."""
+        return QuantizedKVCache(group_size=self.params["group_size"], bits=self.params["bits"])
+
+    # -- the prefix protocol (runtime/cache/prefix_state.py) -----------------------------
+    def prefix_unsupported(self) -> str | None:
+        if not self.params["prefix"]:
+            return f"policy '{self.name}' was declared with prefix: false"
+        return None
+
+    def prefix_capture(self, cache: QuantizedKV, row: int, start: int, end: int) -> PrefixState:
+        return PrefixState(PrefixKind.TOKENS, start, end, cache.positions(row, start, end))
+
+    def prefix_capture_rows(self, cache: QuantizedKV, spans: list) -> tuple:
+        return cache.positions_rows(spans)
+
+    def prefix_restore(self, state: PrefixState) -> QuantizedKV:
+        return self.cache_class.restored(state.arrays)
