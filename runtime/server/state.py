@@ -30,6 +30,8 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
     extra = {"kv_budget_tokens": c.kv_budget_tokens} if c.kv_budget_tokens is not None else {}
     if c.compile is not None:
         extra["compile"] = c.compile
+    if c.kv_cache_dir is not None:
+        extra.update(kv_cache_dir=c.kv_cache_dir, kv_cache_disk_gb=c.kv_cache_disk_gb)
     if c.speculative is not None:  # the default for requests without a `speculative` field
         extra.update(speculative=c.speculative, num_draft_tokens=c.num_draft_tokens)
     if c.draft_model is not None:  # its drafts become the default unless --speculative says otherwise
