@@ -43,6 +43,7 @@ from .plan_contract import request_problem
 from .prefix_cache import for_binding, pool_bytes_per_token
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
+from .cache.disk_tier import DEFAULT_BLOCK_TOKENS, attach_disk_tier
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
@@ -63,7 +64,8 @@ class Engine:
                  speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
                  spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None,
                  spec_adaptive: bool | None = None, kv_bits: int | None = None,
-                 kv_group_size: int | None = None):
+                 kv_group_size: int | None = None, kv_cache_dir: str | None = None,
+                 kv_cache_disk_gb: float | None = None, kv_cache_block_tokens: int = DEFAULT_BLOCK_TOKENS):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -117,6 +119,8 @@ class Engine:
             self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
             interval=prefix_interval or min(prefill_chunk, 512)) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
+        self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, model_path, kv_cache_dir,
+                                          kv_cache_disk_gb, kv_cache_block_tokens) if kv_cache_dir else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.

@@ -99,7 +99,12 @@ class PrefixCache:
         self.n_boundaries = 0  # nodes whose window is kept
         self.holds: dict[str, Hold] = {}
         self.counters = {"queries": 0, "hits": 0, "hit_tokens": 0, "declined_hits": 0, "inserted_tokens": 0,
-                         "evicted_tokens": 0, "window_tombstones": 0, "snapshot_evictions": 0}
+                         "evicted_tokens": 0, "window_tombstones": 0, "snapshot_evictions": 0,
+                         "disk_hits": 0, "disk_hit_tokens": 0}
+        # The disk tier (runtime/cache/disk_tier.py), attached by the engine with kv_cache_dir: blocks
+        # are read back before a match (promote) and written before a leaf's slots are reused.
+        self.disk = None
+        self.disk_off: str | None = None  # why a disk tier was asked for and is off
 
     @property
     def needs_boundaries(self) -> bool:
@@ -121,6 +126,8 @@ class PrefixCache:
         if getattr(req.params, "prompt_logprobs", None) is not None:
             return 0  # it needs logits at every prompt position: compute them all
         tokens = np.asarray(req.context_ids, dtype=np.int32)
+        # The disk's blocks past the tree's match join the tree first; then the match sees them.
+        from_disk = self.disk.promote(tokens) if self.disk is not None else 0
         path, m0 = self.tree.match(tokens)
         m = self._usable(path, min(m0, len(tokens) - 1))
         if m <= 0:
@@ -146,6 +153,9 @@ class PrefixCache:
         hold.hit = hit
         self.counters["hits"] += 1
         self.counters["hit_tokens"] += m
+        if from_disk:  # a hit by tier: what the disk added is what made it longer
+            self.counters["disk_hits"] += 1
+            self.counters["disk_hit_tokens"] += min(from_disk, m)
         return m
 
     def should_wait(self, req, ahead: list) -> bool:
@@ -250,6 +260,11 @@ class PrefixCache:
         """A finished request's whole sequence (prompt + output whose KV exists)."""
         caps = {len(seq): capture} if capture is not None else {}
         plan, _ = self._insert(seq, caps)
+        return plan
+
+    def insert_tokens(self, seq) -> WritePlan:
+        """Tokens whose KV comes from outside any request (the disk tier): store what the tree lacks."""
+        plan, _ = self._insert(seq, {})
         return plan
 
     def _insert(self, seq: list[int], captures: dict) -> tuple[WritePlan, Node | None]:
@@ -357,6 +372,8 @@ class PrefixCache:
         if leaf.snapshot is not None:
             leaf.snapshot = None
             self.n_snapshots -= 1
+        if self.disk is not None:
+            self.disk.spill_leaf(leaf)  # before its slots are released and reused
         self.tree.remove_leaf(leaf)
         self.slots.release(leaf.slots)
         self.counters["evicted_tokens"] += len(leaf.slots)
@@ -411,6 +428,10 @@ class PrefixCache:
                        boundaries=self.n_boundaries)
         if self.snapshots:
             out.update(snapshots=self.n_snapshots, max_snapshots=self.max_snapshots)
+        disk = self.disk.stats() if self.disk is not None else {"disk_enabled": False}
+        if self.disk_off:
+            disk["disk_off"] = self.disk_off
+        out.update(disk, memory_hits=self.counters["hits"] - self.counters["disk_hits"])
         return out
 
     def check(self) -> None:

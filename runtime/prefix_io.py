@@ -45,6 +45,7 @@ class PrefixIO:
         self.window_pool = (KVPool(self.tail_layers, prefix.window_slots.capacity)
                             if prefix.window_slots is not None else None)
         self.gathered_tokens = 0
+        self.disk = None  # the disk tier (runtime/cache/disk_tier.py) when kv_cache_dir is set
 
     # -- admission ------------------------------------------------------------------
     def restore(self, req) -> None:
@@ -117,12 +118,15 @@ class PrefixIO:
 
     def store_rows(self, reqs: list, rows: list[int], caches: list) -> None:
         """Requests leaving the decode batch: store prompt + output whose KV the batch holds."""
-        plans = []
+        plans, seqs = [], []
         for req, row in zip(reqs, rows):
             n = self.row_length(caches, row)
             seq = (req.prompt_ids + req.output_ids)[:n]
+            seqs.append(seq)
             plans.append((self.prefix.insert_finished(req, seq, self.capture(caches, row, n)), row))
         self._write_rows(plans, caches)
+        if self.disk is not None:  # the conversation so far outlives the pool and the process
+            self.disk.spill_sequences(seqs)
 
     def _write_rows(self, plans: list, caches: list) -> None:
         """(plan, row) pairs of one batch, already inserted into the tree in this order: their TOKENS

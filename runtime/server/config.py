@@ -40,6 +40,8 @@ class ServerConfig:
     distributed: bool = False  # tensor parallel over mlx.launch's world group (docs/distributed.md)
     compile: bool | str | None = None  # Engine(compile=): True / False / "auto" / "measured"; None = the graph's
     warmup: bool = True  # a greedy and a sampled request before ready (runtime/warmup.py); single-process only
+    kv_cache_dir: str | None = None  # the prefix cache's disk tier (docs/cache-policies.md#the-disk-tier)
+    kv_cache_disk_gb: float | None = None  # its size cap, least recently used files first; None: no cap
 
     # limits
     max_model_len: int | None = None  # context; default: config.json's max_position_embeddings

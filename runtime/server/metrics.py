@@ -78,6 +78,23 @@ class ServerMetrics:
                    [(m, c.get("declined_hits", 0))])
             metric("graphc_prefix_cache_evicted_tokens_total", "counter", "Tokens evicted from the tree (LRU).",
                    [(m, c.get("evicted_tokens", 0))])
+            metric("graphc_prefix_cache_tier_hits_total", "counter",
+                   "Prefix hits by tier: memory (the tree alone) or disk (blocks read back made the hit longer).",
+                   [({**m, "tier": "memory"}, c.get("memory_hits", 0)), ({**m, "tier": "disk"}, c.get("disk_hits", 0))])
+            metric("graphc_prefix_cache_disk_hit_tokens_total", "counter", "Prompt tokens of hits read back from disk.",
+                   [(m, c.get("disk_hit_tokens", 0))])
+            if c.get("disk_enabled"):
+                metric("graphc_prefix_cache_disk_bytes", "gauge", "Bytes of KV block files in --kv-cache-dir.",
+                       [(m, c.get("disk_bytes", 0))])
+                metric("graphc_prefix_cache_disk_files", "gauge", "KV block files in --kv-cache-dir.",
+                       [(m, c.get("disk_files", 0))])
+                metric("graphc_prefix_cache_disk_written_blocks_total", "counter", "KV blocks written to disk.",
+                       [(m, c.get("disk_written_blocks", 0))])
+                metric("graphc_prefix_cache_disk_rejected_files_total", "counter",
+                       "Block files skipped as corrupt, truncated or another model's (never served).",
+                       [(m, c.get("disk_rejected_files", 0))])
+                metric("graphc_prefix_cache_disk_removed_files_total", "counter",
+                       "Block files removed by the size cap (--kv-cache-disk-gb).", [(m, c.get("disk_removed_files", 0))])
         if s.kv_budget is not None:
             metric("graphc_kv_budget_tokens", "gauge", "The scheduler's KV token budget.", [(m, s.kv_budget)])
             metric("graphc_kv_budget_used_tokens", "gauge", "KV tokens counted against the budget.", [(m, s.kv_tokens)])

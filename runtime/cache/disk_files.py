@@ -1,0 +1,238 @@
+"""The prefix cache's disk tier, file side: one checksummed safetensors file per KV block.
+
+A block is `block_tokens` consecutive prompt positions of every pool-backed layer, named by
+a chained hash of the model identity and *all* token ids up to the block's end (so a name
+says both "this model" and "this exact prefix"). Files are write-once and content-addressed:
+two servers writing the same block write the same bytes, and each writes to a private temp
+name and renames it into place (atomic on POSIX), so a reader never sees half a file and
+concurrent writers never corrupt one. A file is trusted only after its checksum, model
+identity, name and token ids check out; anything else is skipped with a log line.
+
+Layout: `DIR/<model id[:32]>/<block hash>.safetensors`. Each file is a plain safetensors
+file (readable by any safetensors tool): tensors `tokens` (int32 [n]) and `l<layer>.<plane>`
+(the pool's planes, [heads, n, ...], at the pool's dtype), and `__metadata__` with
+`format`, `model`, `block`, `start`, `tokens_n` and `checksum` (blake2b of the data section).
+
+Size cap: least recently used files first (mtime; a read touches the file), over the
+whole folder, enforced by the writer thread after its writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+log = logging.getLogger("graphc.kvdisk")
+
+FORMAT = "graphc-kv-block/1"
+SUFFIX = ".safetensors"
+_DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.int8: "I8", mx.uint8: "U8",
+           mx.int32: "I32", mx.uint32: "U32", mx.int16: "I16", mx.uint16: "U16"}
+_BY_NAME = {v: k for k, v in _DTYPES.items()}
+
+
+class BadBlock(Exception):
+    """A block file that must not be served (corrupt, truncated, foreign, or not what its name says)."""
+
+
+def chain_hash(prev: str, tokens: np.ndarray) -> str:
+    return hashlib.blake2b(prev.encode() + np.asarray(tokens, np.int32).tobytes(), digest_size=20).hexdigest()
+
+
+def encode_block(meta: dict, tokens: np.ndarray, arrays: dict[str, tuple]) -> bytes:
+    """The safetensors bytes of one block; `arrays`: name -> (mx dtype, shape, raw bytes) (raw bytes,
+    not numpy arrays: bfloat16 has no numpy dtype, and no mx work happens on the writer thread)."""
+    parts, header, off = [], {}, 0
+    items = [("tokens", "I32", list(tokens.shape), np.asarray(tokens, np.int32).tobytes())]
+    for name, (dtype, shape, raw) in arrays.items():
+        items.append((name, _DTYPES[dtype], list(shape), raw))
+    for name, dt, shape, raw in items:
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        parts.append(raw)
+        off += len(raw)
+    data = b"".join(parts)
+    header["__metadata__"] = {**{k: str(v) for k, v in meta.items()}, "format": FORMAT,
+                              "checksum": hashlib.blake2b(data, digest_size=20).hexdigest()}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return struct.pack("<Q", len(head)) + head + data
+
+
+def decode_block(buf: bytes) -> tuple[dict, np.ndarray, dict[str, mx.array]]:
+    """(metadata, tokens, arrays) of a block file's bytes; BadBlock when they do not check out."""
+    if len(buf) < 8:
+        raise BadBlock(f"{len(buf)} bytes: shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", buf[:8])
+    if n > len(buf) - 8:
+        raise BadBlock(f"truncated: header of {n} bytes in a file of {len(buf)}")
+    try:
+        header = json.loads(buf[8:8 + n])
+        meta = header.pop("__metadata__")
+    except (ValueError, KeyError) as e:
+        raise BadBlock(f"unreadable header ({e})") from None
+    data = memoryview(buf)[8 + n:]
+    if meta.get("format") != FORMAT:
+        raise BadBlock(f"format {meta.get('format')!r}, expected {FORMAT!r}")
+    if hashlib.blake2b(data, digest_size=20).hexdigest() != meta.get("checksum"):
+        raise BadBlock("checksum mismatch (corrupt or truncated data)")
+    tokens, arrays = None, {}
+    try:
+        for name, t in header.items():
+            lo, hi = t["data_offsets"]
+            raw = np.frombuffer(data[lo:hi], np.uint8)
+            if name == "tokens":
+                tokens = raw.view(np.int32).copy()
+                continue
+            dt = _BY_NAME[t["dtype"]]
+            shape = list(t["shape"])
+            arrays[name] = mx.array(raw.reshape(shape[:-1] + [shape[-1] * dt.size])).view(dt)
+    except (KeyError, ValueError, TypeError) as e:
+        raise BadBlock(f"bad tensor entry ({type(e).__name__}: {e})") from None
+    if tokens is None:
+        raise BadBlock("no tokens tensor")
+    return meta, tokens, arrays
+
+
+class BlockStore:
+    """The folder: reads (on the caller's thread) and a background writer that renames finished
+    files into place and keeps the folder under its size cap."""
+
+    def __init__(self, root: str | Path, model_id: str, cap_bytes: int | None = None):
+        self.root = Path(root)
+        self.dir = self.root / model_id[:32]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cap = cap_bytes
+        self.counters = {"disk_written_blocks": 0, "disk_rejected_files": 0, "disk_removed_files": 0,
+                         "disk_write_errors": 0}
+        self.bytes_on_disk = 0
+        self.files = 0
+        self._queue: queue.Queue = queue.Queue()
+        self._writes_since_scan = 0
+        # The folder may hold files of an earlier run (or other servers): indexed in the background
+        # so a large folder does not delay the engine's start; lookups go by name and never wait.
+        self._thread = threading.Thread(target=self._run, name="graphc-kvdisk", daemon=True)
+        self._thread.start()
+        self._queue.put(("scan", None, None))
+
+    def path(self, block: str) -> Path:
+        return self.dir / (block + SUFFIX)
+
+    def exists(self, block: str) -> bool:
+        return self.path(block).is_file()
+
+    def read(self, block: str) -> tuple[dict, np.ndarray, dict] | None:
+        """A block's contents if its file is there and checks out; a bad file is logged, removed
+        (a later write puts a good one back) and never returned."""
+        p = self.path(block)
+        try:
+            buf = p.read_bytes()
+        except FileNotFoundError:
+            return None  # not there, or another server's cap removed it just now
+        except OSError as e:
+            log.warning("kv disk tier: skipping %s: %s", p, e)
+            return None
+        try:
+            out = decode_block(buf)
+        except BadBlock as e:
+            self.reject(p, str(e))
+            return None
+        try:
+            os.utime(p)  # least recently *used* goes first under the cap
+        except OSError:
+            pass
+        return out
+
+    def reject(self, p: Path, why: str) -> None:
+        log.warning("kv disk tier: skipping %s: %s", p, why)
+        self.counters["disk_rejected_files"] += 1
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+    def put(self, block: str, payload) -> None:
+        """Queue a block for writing: `payload()` returns its bytes (built on the writer thread)."""
+        self._queue.put(("write", block, payload))
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until every queued write is on disk (tests, shutdown)."""
+        done = threading.Event()
+        self._queue.put(("mark", done, None))
+        done.wait(timeout)
+
+    # -- the writer thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            op, a, b = self._queue.get()
+            try:
+                if op == "write":
+                    self._write(a, b)
+                elif op == "scan":
+                    self._scan()
+                elif op == "mark":
+                    a.set()
+            except Exception as e:  # noqa: BLE001 - a full disk or a permission must not stop the engine
+                self.counters["disk_write_errors"] += 1
+                log.warning("kv disk tier: %s failed: %s: %s", op, type(e).__name__, e)
+
+    def _write(self, block: str, payload) -> None:
+        final = self.path(block)
+        if final.exists():
+            return  # write-once: another server (or an earlier run) has it
+        data = payload()
+        tmp = self.dir / f".tmp-{block}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        self.counters["disk_written_blocks"] += 1
+        self.bytes_on_disk += len(data)
+        self.files += 1
+        self._writes_since_scan += 1
+        if self.cap is not None and (self.bytes_on_disk > self.cap or self._writes_since_scan >= 64):
+            self._scan()  # other servers write here too: recount before removing anything
+
+    def _scan(self) -> None:
+        entries = []
+        for sub in self.root.iterdir() if self.root.is_dir() else ():
+            if not sub.is_dir():
+                continue
+            for f in sub.iterdir():
+                if f.name.endswith(SUFFIX):
+                    try:
+                        st = f.stat()
+                    except OSError:
+                        continue
+                    entries.append((st.st_mtime, st.st_size, f))
+        total, removed = sum(e[1] for e in entries), 0
+        if self.cap is not None and total > self.cap:
+            for _, size, f in sorted(entries, key=lambda e: e[0]):
+                if total <= self.cap:
+                    break
+                try:
+                    f.unlink()
+                except OSError:
+                    continue  # another server removed it first
+                total -= size
+                removed += 1
+            self.counters["disk_removed_files"] += removed
+        self.bytes_on_disk = total
+        self.files = len(entries) - removed
+        self._writes_since_scan = 0
+
+    def stats(self) -> dict:
+        return {"disk_bytes": self.bytes_on_disk, "disk_files": self.files, "disk_cap_bytes": self.cap or 0,
+                **self.counters}

@@ -1,0 +1,225 @@
+"""The prefix cache's disk tier: KV blocks that outlive the memory pool and the process.
+
+The radix tree (runtime/prefix_cache.py) and the pool (runtime/cache/pool.py) stay the only
+place a hit is restored from; this tier moves fixed blocks of `block_tokens` positions
+between the pool and a folder (runtime/cache/disk_files.py):
+
+- **Out** (`spill`): when a request finishes, the full blocks of its sequence (prompt +
+  output) that the folder lacks are gathered from the pool and written by a background
+  thread; when the tree evicts a leaf, its blocks are written the same way before the slots
+  are reused. A partial last block stays in memory only.
+- **In** (`promote`, called by `PrefixCache.admit` before it matches): when the folder holds
+  blocks of the prompt beyond what the tree matched, they are read, checked, inserted into
+  the tree and written into the pool, so the ordinary match then hits on them.
+
+Block names chain a hash of the model identity (config, weight files, graph and cache
+policies, dtype, lowering, device) through every token id, so a block can only be found by
+the same model with the same prefix. Restored blocks are bit-identical to what the pool
+held, so greedy output after a disk hit equals a cold run.
+
+Only graphs whose every prefix layer keeps per-token rows (PrefixKind.TOKENS) spill: the
+window tails of sliding layers and the recurrent snapshots of linear-attention / SSM layers
+are not written, and such models run with the memory tier only (a log line, and
+`cache_stats()["disk_off"]` says why).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from .disk_files import BlockStore, chain_hash, encode_block
+from .prefix_state import PrefixKind
+
+log = logging.getLogger("graphc.kvdisk")
+
+DEFAULT_BLOCK_TOKENS = 256
+_EDGE_BYTES = 1 << 20  # of each weight file hashed at its start and end: identity without reading 16 GB
+
+
+def disk_unsupported_reason(policies) -> str | None:
+    for i, p in enumerate(policies):
+        if p.prefix_kind is PrefixKind.SNAPSHOT:
+            return (f"layer {i} ({p.layer.kind}, {p.name}) keeps recurrent state snapshots, which the disk "
+                    "tier does not write yet; this model uses the in-memory prefix cache only")
+        if p.prefix_kind is PrefixKind.TAIL:
+            return (f"layer {i} ({p.layer.kind}, {p.name}) keeps sliding-window tails, which the disk tier "
+                    "does not write yet; this model uses the in-memory prefix cache only")
+    return None
+
+
+def model_identity(config: dict, model_path: str | None, compiled) -> str:
+    """What KV depends on: the config, the weights (names, sizes, first and last MiB of each
+    file), the graph and its cache policies, dtypes, the lowering and the device."""
+    if model_path is None:
+        raise ValueError("kv_cache_dir needs a model folder (Engine.load(dir, ...)): the disk tier keys its "
+                         "files by the weights they were computed with")
+    h = hashlib.blake2b(digest_size=20)
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    p = Path(model_path)
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.suffix in (".safetensors", ".gguf", ".npz"))
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(_EDGE_BYTES))
+            if size > _EDGE_BYTES:
+                fh.seek(max(_EDGE_BYTES, size - _EDGE_BYTES))
+                h.update(fh.read())
+    b = compiled.binding
+    h.update(repr((compiled.spec.name, b.lowering, mx.default_device().type.name,
+                   [(p.layer.kind, str(p.layer.dtype), p.describe()) for p in b.policies])).encode())
+    return h.hexdigest()
+
+
+class DiskTier:
+    def __init__(self, prefix, io, store: BlockStore, model_id: str, block_tokens: int):
+        if block_tokens < 1:
+            raise ValueError(f"kv_cache_block_tokens must be >= 1, got {block_tokens}")
+        self.prefix = prefix
+        self.pool = io.pool
+        self.layers = io.token_layers
+        self.store = store
+        self.model_id = model_id
+        self.block = block_tokens
+        self.known: set[str] = set()  # blocks this process wrote or read: never written again
+        self.counters = {"disk_loaded_blocks": 0, "disk_spilled_blocks": 0}
+
+    def hashes(self, tokens: np.ndarray, n_blocks: int) -> list[str]:
+        out, h, B = [], self.model_id, self.block
+        for j in range(n_blocks):
+            h = chain_hash(h, tokens[j * B:(j + 1) * B])
+            out.append(h)
+        return out
+
+    # -- in -------------------------------------------------------------------------------
+    def promote(self, tokens: np.ndarray) -> int:
+        """Load the prompt's blocks past the tree's match from disk into the tree and pool.
+        Returns the tokens gained (0: nothing usable on disk)."""
+        B = self.block
+        n_blocks = len(tokens) // B
+        _, m0 = self.prefix.tree.match(tokens)
+        j0 = m0 // B
+        if j0 >= n_blocks:
+            return 0
+        hs = self.hashes(tokens, n_blocks)
+        loaded = []
+        for j in range(j0, n_blocks):
+            got = self.store.read(hs[j])
+            if got is None or not self._valid(hs[j], j, tokens, *got):
+                break
+            loaded.append(got[2])
+            self.known.add(hs[j])
+            self.counters["disk_loaded_blocks"] += 1
+        if not loaded:
+            return 0
+        base, end = j0 * B, (j0 + len(loaded)) * B
+        plan = self.prefix.insert_tokens(tokens[:end])
+        for i in self.layers:
+            k = sum(1 for name in loaded[0] if name.startswith(f"l{i}."))
+            planes = [mx.concatenate([blk[f"l{i}.{p}"] for blk in loaded], axis=1) for p in range(k)]
+            for slots, s, e in plan.pool:
+                self.pool.write(i, slots, tuple(a[:, s - base:e - base] for a in planes))
+        self.pool.flush()
+        return max((e for _, _, e in plan.pool), default=m0) - m0
+
+    def _valid(self, block: str, j: int, tokens: np.ndarray, meta: dict, toks: np.ndarray, arrays: dict) -> bool:
+        B, path = self.block, self.store.path(block)
+        why = None
+        if meta.get("model") != self.model_id:
+            why = f"written by another model ({str(meta.get('model'))[:12]}..., this one is {self.model_id[:12]}...)"
+        elif meta.get("block") != block or meta.get("start") != str(j * B) or len(toks) != B:
+            why = "its metadata does not match its name"
+        elif not np.array_equal(toks, tokens[j * B:(j + 1) * B]):
+            why = "its token ids differ from the prompt's"
+        else:
+            for i in self.layers:
+                names = [n for n in arrays if n.startswith(f"l{i}.")]
+                mine = self.pool.planes.get(i)
+                if not names or any(arrays[n].ndim < 2 or arrays[n].shape[1] != B for n in names):
+                    why = f"layer {i}'s planes are missing or not {B} positions long"
+                elif mine is not None and (len(mine) != len(names) or any(
+                        arrays[f"l{i}.{p}"].dtype != a.dtype or arrays[f"l{i}.{p}"].shape[2:] != a.shape[2:]
+                        or arrays[f"l{i}.{p}"].shape[0] != a.shape[1] for p, a in enumerate(mine))):
+                    why = f"layer {i}'s planes do not fit the pool (shape / dtype)"
+                if why:
+                    break
+        if why:
+            self.store.reject(path, why)
+            return False
+        return True
+
+    # -- out ------------------------------------------------------------------------------
+    def spill(self, seq: np.ndarray, slots: np.ndarray, start: int = 0) -> None:
+        """Queue the full blocks of `seq` (its KV in pool `slots`, one per position) that end after
+        `start` and that the folder lacks."""
+        B = self.block
+        n_blocks = min(len(seq), len(slots)) // B
+        if n_blocks == 0 or n_blocks * B <= start:
+            return
+        hs = self.hashes(seq, n_blocks)
+        todo = [j for j in range(start // B, n_blocks) if hs[j] not in self.known]
+        if not todo:
+            return
+        gathered = {j: {f"l{i}.{p}": a for i in self.layers
+                        for p, a in enumerate(self.pool.gather(i, slots[j * B:(j + 1) * B]))} for j in todo}
+        mx.eval([a for d in gathered.values() for a in d.values()])
+        for j in todo:
+            # numpy bytes here, on the engine thread; the writer thread only hashes and writes
+            raw = {name: (a.dtype, a.shape, np.array(a.view(mx.uint8)).tobytes()) for name, a in gathered[j].items()}
+            meta = {"model": self.model_id, "block": hs[j], "start": j * B, "tokens_n": B}
+            toks = np.array(seq[j * B:(j + 1) * B], np.int32)
+            self.store.put(hs[j], lambda m=meta, t=toks, r=raw: encode_block(m, t, r))
+            self.known.add(hs[j])
+            self.counters["disk_spilled_blocks"] += 1
+
+    def spill_sequences(self, seqs: list) -> None:
+        """Finished requests' sequences, already inserted into the tree and written to the pool."""
+        for seq in seqs:
+            tokens = np.asarray(seq, np.int32)
+            path, m = self.prefix.tree.match(tokens)
+            if m >= self.block:
+                self.spill(tokens[:m], np.concatenate([n.slots for n in path])[:m])
+
+    def spill_leaf(self, leaf) -> None:
+        """A leaf about to be evicted: its blocks (with its ancestors' positions before them)."""
+        nodes, n = [], leaf
+        while n is not self.prefix.tree.root:
+            nodes.append(n)
+            n = n.parent
+        nodes.reverse()
+        self.spill(np.concatenate([x.key for x in nodes]), np.concatenate([x.slots for x in nodes]), leaf.start)
+
+    def flush(self, timeout: float = 60.0) -> None:
+        self.store.flush(timeout)
+
+    def stats(self) -> dict:
+        return {"disk_enabled": True, "disk_block_tokens": self.block, **self.counters, **self.store.stats()}
+
+
+def attach_disk_tier(prefix, io, compiled, config: dict, model_path: str | None, root: str,
+                     disk_gb: float | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> DiskTier | None:
+    """Give `prefix` (a PrefixCache) a disk tier in folder `root`, or log why it cannot have one."""
+    if prefix is None:
+        log.warning("kv disk tier off: this graph has no prefix cache (prefix_cache=False or a policy that "
+                    "takes no part), so there is nothing to spill")
+        return None
+    why = disk_unsupported_reason(compiled.binding.policies)
+    if why:
+        log.warning("kv disk tier off: %s", why)
+        prefix.disk_off = why
+        return None
+    if disk_gb is not None and disk_gb <= 0:
+        raise ValueError(f"kv_cache_disk_gb must be > 0, got {disk_gb}")
+    model_id = model_identity(config, model_path, compiled)
+    store = BlockStore(root, model_id, None if disk_gb is None else int(disk_gb * (1 << 30)))
+    tier = DiskTier(prefix, io, store, model_id, block_tokens)
+    prefix.disk = io.disk = tier
+    log.info("kv disk tier: %s (model %s, blocks of %d tokens%s)", store.dir, model_id[:12], block_tokens,
+             "" if disk_gb is None else f", cap {disk_gb:g} GB")
+    return tier

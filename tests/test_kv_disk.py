@@ -1,0 +1,212 @@
+"""The prefix cache's disk tier (runtime/cache/disk_tier.py, disk_files.py): KV blocks spilled to
+a folder, read back by a new engine (a restart), exact; bad files are skipped, never served.
+
+Blocks of 16 tokens keep the tiny model's prompts short. A "restart" is a second Engine on
+the same folder: it starts with an empty pool and tree, so any hit it gets is from disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.cache.disk_files import SUFFIX, BadBlock, decode_block
+
+GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
+B = 16
+
+
+@pytest.fixture(scope="module")
+def dense_dir(model_dir):
+    return model_dir("llama")
+
+
+def prompt(n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 1000, n).tolist()
+
+
+def engine(model, folder, **kw) -> Engine:
+    return Engine.load(model, prefill_chunk=32, kv_cache_dir=str(folder), kv_cache_block_tokens=B, **kw)
+
+
+def written(eng: Engine) -> list:
+    eng.disk_tier.flush()
+    return sorted(eng.disk_tier.store.dir.glob("*" + SUFFIX))
+
+
+@pytest.fixture(scope="module")
+def cold(dense_dir):
+    """Greedy tokens of the test prompts with no prefix cache at all."""
+    eng = Engine.load(dense_dir, prefill_chunk=32, graph="dense_noprefix")
+    return lambda p: eng.generate([p], GREEDY)[0].token_ids
+
+
+def test_restart_hits_disk_and_equals_cold(dense_dir, tmp_path, cold):
+    p = prompt(70)
+    first = engine(dense_dir, tmp_path)
+    assert first.generate([p], GREEDY)[0].cached_tokens == 0
+    files = written(first)
+    assert len(files) == (70 + 8 - 1) // B  # the finished sequence's full blocks (its KV: prompt + 7 outputs)
+    second = engine(dense_dir, tmp_path)  # the restart: empty tree, same folder
+    follow = p + first.generate([p], GREEDY)[0].token_ids + prompt(20, seed=1)  # the next turn
+    r = second.generate([follow], GREEDY)[0]
+    assert r.cached_tokens == len(files) * B
+    assert r.token_ids == cold(follow)
+    s = second.cache_stats()
+    assert s["disk_hits"] == 1 and s["memory_hits"] == 0 and s["disk_hit_tokens"] == len(files) * B
+    assert s["disk_loaded_blocks"] == len(files)
+    # the same prompt again is a memory hit now
+    assert second.generate([follow], GREEDY)[0].token_ids == r.token_ids
+    s = second.cache_stats()
+    assert s["memory_hits"] == 1 and s["disk_hits"] == 1
+    second.prefix.check()
+
+
+def test_evicted_blocks_spill_and_come_back(dense_dir, tmp_path, cold):
+    eng = engine(dense_dir, tmp_path, max_total_tokens=100)
+    a, b = prompt(64, seed=2), prompt(64, seed=3)
+    eng.generate([a], SamplingParams(max_tokens=0))  # a prompt only: stored in the tree, not at finish
+    before = len(written(eng))
+    eng.generate([b], GREEDY)  # b does not fit beside a: a is evicted and spills
+    assert len(written(eng)) > before
+    assert eng.cache_stats()["evicted_tokens"] > 0
+    r = eng.generate([a + [5, 6, 7]], GREEDY)[0]
+    assert r.cached_tokens == 64 and eng.cache_stats()["disk_hits"] == 1
+    assert r.token_ids == cold(a + [5, 6, 7])
+    eng.prefix.check()
+
+
+def _spoil(files, how: str) -> None:
+    f = files[-1]
+    data = bytearray(f.read_bytes())
+    if how == "flip":
+        data[-5] ^= 0x40
+        f.write_bytes(bytes(data))
+    elif how == "truncate":
+        f.write_bytes(bytes(data[: len(data) // 2]))
+    elif how == "empty":
+        f.write_bytes(b"")
+    elif how == "header":
+        data[12] ^= 0x01
+        f.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "empty", "header"])
+def test_a_spoiled_block_is_skipped_with_a_log_line(dense_dir, tmp_path, cold, caplog, how):
+    p = prompt(70, seed=4)
+    first = engine(dense_dir, tmp_path)
+    first.generate([p], GREEDY)
+    files = written(first)
+    _spoil(files, how)
+    second = engine(dense_dir, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="graphc.kvdisk"):
+        r = second.generate([p + [9, 9]], GREEDY)[0]
+    assert r.token_ids == cold(p + [9, 9])
+    assert any("skipping" in rec.message for rec in caplog.records)
+    s = second.cache_stats()
+    assert s["disk_rejected_files"] == 1
+    assert r.cached_tokens < len(files) * B  # not served past the bad block
+    # The bad file was removed, and the finished request wrote a good copy back under its name.
+    decode_block(files[-1].read_bytes())
+
+
+def test_blocks_past_a_spoiled_one_are_not_used(dense_dir, tmp_path, cold):
+    p = prompt(70, seed=5)
+    first = engine(dense_dir, tmp_path)
+    first.generate([p], GREEDY)
+    files = written(first)
+    by_start = sorted(files, key=lambda f: int(decode_block(f.read_bytes())[0]["start"]))
+    by_start[1].write_bytes(b"\0" * 100)  # block 1 of 4
+    second = engine(dense_dir, tmp_path)
+    r = second.generate([p + [9]], GREEDY)[0]
+    assert r.cached_tokens == B  # block 0 only: the chain stops at the bad block
+    assert r.token_ids == cold(p + [9])
+
+
+def test_another_models_file_is_not_served(dense_dir, model_dir, tmp_path, cold, caplog):
+    other = model_dir("llama", seed=7)  # same config, other weights
+    p = prompt(70, seed=6)
+    theirs = engine(other, tmp_path)
+    theirs.generate([p], GREEDY)
+    foreign = written(theirs)
+    mine = engine(dense_dir, tmp_path)
+    assert mine.disk_tier.model_id != theirs.disk_tier.model_id
+    assert mine.disk_tier.store.dir != theirs.disk_tier.store.dir
+    # Their files copied under my model's names: the metadata says whose they are.
+    mine_hashes = mine.disk_tier.hashes(np.asarray(p, np.int32), len(foreign))
+    for j, h in enumerate(mine_hashes):
+        src = next(f for f in foreign if int(decode_block(f.read_bytes())[0]["start"]) == j * B)
+        mine.disk_tier.store.path(h).write_bytes(src.read_bytes())
+    with caplog.at_level(logging.WARNING, logger="graphc.kvdisk"):
+        r = mine.generate([p + [1]], GREEDY)[0]
+    assert r.cached_tokens == 0 and r.token_ids == cold(p + [1])
+    assert any("another model" in rec.message for rec in caplog.records)
+
+
+def test_files_being_written_are_invisible(dense_dir, tmp_path):
+    eng = engine(dense_dir, tmp_path)
+    p = prompt(40, seed=8)
+    h = eng.disk_tier.hashes(np.asarray(p, np.int32), 1)[0]
+    # A writer that died mid-write leaves its temp name; a reader looks up final names only.
+    (eng.disk_tier.store.dir / f".tmp-{h}-1-2-3").write_bytes(b"partial")
+    r = eng.generate([p], GREEDY)[0]
+    assert r.cached_tokens == 0
+    assert eng.cache_stats()["disk_rejected_files"] == 0
+    assert eng.disk_tier.store.path(h) in written(eng)  # the real block, written beside it
+
+
+def test_two_engines_share_one_folder(dense_dir, tmp_path, cold):
+    a, b = engine(dense_dir, tmp_path), engine(dense_dir, tmp_path)
+    p, q = prompt(70, seed=9), prompt(70, seed=10)
+    # Both write the same blocks (same prompt) and their own ones, interleaved.
+    a.generate([p], GREEDY)
+    b.generate([p], GREEDY)
+    b.generate([q], GREEDY)
+    a.generate([q], GREEDY)
+    files = written(a) and written(b)
+    for f in files:
+        decode_block(f.read_bytes())  # every file is whole and checks out
+    assert not list(a.disk_tier.store.dir.glob(".tmp-*"))
+    c = engine(dense_dir, tmp_path)
+    for x in (p, q):
+        r = c.generate([x + [3]], GREEDY)[0]
+        assert r.cached_tokens == 64 and r.token_ids == cold(x + [3])
+
+
+def test_size_cap_removes_least_recently_used(dense_dir, tmp_path):
+    eng = engine(dense_dir, tmp_path)
+    eng.generate([prompt(33, seed=11)], GREEDY)
+    one = written(eng)[0].stat().st_size  # every block file of this model has the same size
+    cap_gb = 3.5 * one / (1 << 30)
+    capped = engine(dense_dir, tmp_path / "capped", kv_cache_disk_gb=cap_gb)
+    for s in range(4):
+        capped.generate([prompt(40, seed=20 + s)], GREEDY)  # 48 tokens of KV each: three blocks
+    left = written(capped)
+    last = prompt(40, seed=23) + capped.generate([prompt(40, seed=23)], GREEDY)[0].token_ids
+    newest = {capped.disk_tier.store.path(h) for h in capped.disk_tier.hashes(np.asarray(last, np.int32), 3)}
+    assert set(left) == newest  # the most recently used blocks stay
+    st = capped.cache_stats()
+    assert st["disk_bytes"] <= cap_gb * (1 << 30) and st["disk_files"] == 3
+    assert st["disk_removed_files"] == st["disk_written_blocks"] - 3 == 9
+
+
+def test_hybrid_and_sliding_models_say_the_disk_tier_is_off(model_dir, tmp_path, caplog):
+    for arch in ("qwen3_next", "gpt_oss"):
+        with caplog.at_level(logging.WARNING, logger="graphc.kvdisk"):
+            eng = engine(model_dir(arch), tmp_path / arch)
+        assert eng.disk_tier is None
+        s = eng.cache_stats()
+        assert s["disk_enabled"] is False and "does not write" in s["disk_off"]
+        assert any("kv disk tier off" in r.message for r in caplog.records)
+        assert eng.generate([prompt(40)], GREEDY)[0].token_ids
+        assert not os.path.exists(tmp_path / arch) or not any((tmp_path / arch).rglob("*" + SUFFIX))
+
+
+def test_decode_rejects_garbage():
+    for buf in (b"", b"\x01", b"\xff" * 16, (8).to_bytes(8, "little") + b"{}      "):
+        with pytest.raises(BadBlock):
+            decode_block(buf)
