@@ -27,7 +27,7 @@ from .host_edits import HostEdits
 from .prefix_io import PrefixIO
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import STEP_TOKENS, Scheduler
 from .text import TextState, token_bytes_table
 
 log = logging.getLogger("graphc.load")
@@ -42,7 +42,7 @@ class Engine:
                  skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
                  speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
                  spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None,
-                 spec_adaptive: bool | None = None):
+                 spec_adaptive: bool | None = None, step_tokens: int | None = STEP_TOKENS):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -120,7 +120,7 @@ class Engine:
             d = self.compiled.decode
             d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("attention kernel", views.pass_line),))
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
-                                   kv_budget=kv_budget_tokens,
+                                   kv_budget=kv_budget_tokens, step_tokens=step_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard(self)  # a failing step ends only the request(s) responsible

@@ -1,8 +1,8 @@
 """The scheduler: plain Python state (queues, counters); it decides, the runner does.
 
-Each engine step: spend up to `prefill_chunk` prompt tokens on waiting requests
-(chunked, so a long prompt never stalls the decode batch for more than one chunk),
-then run one decode step for every running request.
+Each engine step: spend up to `prefill_chunk` prompt tokens on waiting requests (chunked), or
+up to `step_tokens` while rows are decoding (so a long prompt never stalls the running streams
+for more than one bounded step), then run one decode step for every running request.
 
 It owns admission: matching a waiting request against the prefix cache (the radix tree's
 bookkeeping, runtime/prefix_cache.py — like nano-vllm's scheduler owns its block manager),
@@ -20,6 +20,12 @@ from collections import deque
 import attrs
 
 from .request import Request, Status
+
+
+# Prompt tokens a step may spend while rows decode (Engine(step_tokens=), `graphc serve
+# --step-tokens`): every running stream waits for the step's prefill before its next token.
+# Chosen by the CPU sweep in docs/scheduling.md (benchmarks/step_timeline.py).
+STEP_TOKENS = 256
 
 
 @attrs.define
@@ -50,13 +56,19 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
 
 class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
-                 kv_budget: int | None = None, batch_prefill: bool = False):
+                 kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | None = None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if step_tokens is not None and step_tokens < 1:
+            raise ValueError(f"step_tokens must be >= 1, got {step_tokens}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        # Prompt tokens one step may spend while rows are decoding (None: prefill_chunk). Every
+        # running stream waits for the step's prefill before its next token, so this bounds the
+        # stall a long prompt causes; an idle engine still prefills prefill_chunk per step.
+        self.step_tokens = step_tokens
         # The prefix cache's bookkeeping (runtime/prefix_cache.py: PrefixCache) or None. A waiting
         # request is matched against it before its first chunk is sized; it waits a step instead
         # when requests scheduled ahead of it share a longer prefix than the cache holds (they
@@ -91,7 +103,10 @@ class Scheduler:
         if not self.running and self.waiting and self._burst_left <= 0:
             self._burst_left = self.BURST_TOKENS
         bursting = self._burst_left > 0
-        budget = step_budget = max(self.prefill_chunk, self.BURST_STEP_TOKENS) if bursting else self.prefill_chunk
+        if bursting:
+            budget = step_budget = max(self.prefill_chunk, self.BURST_STEP_TOKENS)
+        else:
+            budget = step_budget = self.step_budget()
         chunks = []
         slots = self.max_batch - len(self.running)
         cached = 0
@@ -125,6 +140,12 @@ class Scheduler:
             if not chunks or len(self.waiting) == admitted:
                 self._burst_left = 0
         return Schedule(chunks, decode=self._burst_left <= 0, groups=self.group_prefill(chunks), cached_tokens=cached)
+
+    def step_budget(self) -> int:
+        """Prompt tokens this step may spend outside a burst: step_tokens while rows decode."""
+        if self.running and self.step_tokens is not None:
+            return min(self.prefill_chunk, self.step_tokens)
+        return self.prefill_chunk
 
     def schedule_decode(self, decode: bool = True) -> DecodeBatch:
         """The decode half of a step, after its prefill is postprocessed: preempt the newest running

@@ -31,6 +31,7 @@ class ServerConfig:
     # engine
     max_batch: int = 64  # decode batch rows
     prefill_chunk: int = 2048
+    step_tokens: int | None = None  # prompt tokens a step spends while rows decode; None = the engine's default
     kv_budget_tokens: int | None = None  # KV tokens the scheduler may hold; None = unbounded
     speculative: str | None = None  # default for requests that do not say: "prompt_lookup" | "off" (docs/speculative.md)
     num_draft_tokens: int | None = None  # k for that default (None: the method's default)
