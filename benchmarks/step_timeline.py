@@ -158,7 +158,7 @@ def summarize(res: dict, top: int = 5) -> dict:
                       "step_ms": [s["ms"] for s in spanned],
                       "copies_mib": round(sum(sum(s["copies_mib"].values()) for s in spanned), 2)})
     g_ms = [g * 1e3 for g, *_ in gaps]
-    return {"steps": len(steps), "no_decode_steps_with_rows": sum(1 for s in steps if not s["decode"] and s["rows"]),
+    return {"steps": len(steps), "wall_s": round(ends[-1], 2) if ends else 0.0, "no_decode_steps_with_rows": sum(1 for s in steps if not s["decode"] and s["rows"]),
             "plain_decode_ms_p50": _pct(plain, 0.5), "max_step_ms": max((s["ms"] for s in steps), default=None),
             "max_prefill_in_a_step_with_rows": max((s["prefill"] for s in steps if s["rows"]), default=0),
             "itl_ms_p50": _pct(g_ms, 0.5), "itl_ms_p99": _pct(g_ms, 0.99), "itl_ms_max": max(g_ms, default=None),
@@ -167,11 +167,34 @@ def summarize(res: dict, top: int = 5) -> dict:
             "worst_gaps": worst}
 
 
+TABLE_KEYS = (("itl_ms_p99", "ITL p99 ms"), ("itl_ms_max", "ITL max ms"), ("plain_decode_ms_p50", "plain decode step ms"),
+              ("ttft_ms_p50", "TTFT p50 ms"), ("ttft_ms_p99", "TTFT p99 ms"), ("wall_s", "wall s"))
+
+
+def table(paths: list[str]) -> str:
+    """A markdown table of --json files: per file, each metric's median [min-max] over repeats."""
+    rows = ["| run | " + " | ".join(h for _, h in TABLE_KEYS) + " |", "|---" * (len(TABLE_KEYS) + 1) + "|"]
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        cells = []
+        for k, _ in TABLE_KEYS:
+            xs = [r["summary"][k] for r in d["runs"]]
+            cells.append(f"{statistics.median(xs):.0f} [{min(xs):.0f}-{max(xs):.0f}]")
+        a = d["args"]
+        name = f"step_tokens={a['step_tokens'] or 'engine default'} rate={a['rate']:g}"
+        if a.get("burst_tokens") is not None:
+            name += f" burst={a['burst_tokens']}"
+        rows.append(f"| {name} ({path.rsplit('/', 1)[-1]}) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
     from graphc.runtime import Engine
 
     p = argparse.ArgumentParser(prog="python -m graphc.benchmarks.step_timeline", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="model folder (graphc make-model)")
+    p.add_argument("--model", help="model folder (graphc make-model)")
+    p.add_argument("--table", nargs="+", metavar="JSON", help="print a table of earlier --json files and exit")
     p.add_argument("--requests", type=int, default=48)
     p.add_argument("--rate", type=float, default=20.0, help="requests/s (Poisson); inf: all at t=0")
     p.add_argument("--input", default="16,1024", help="prompt tokens lo,hi (lognormal)")
@@ -188,6 +211,11 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write every step record and the summaries here")
     p.add_argument("--top", type=int, default=5, help="longest gaps to explain")
     a = p.parse_args(argv)
+    if a.table:
+        print(table(a.table))
+        return 0
+    if not a.model:
+        p.error("--model is required (or --table)")
     lo_i, hi_i = map(int, a.input.split(","))
     lo_o, hi_o = map(int, a.output.split(","))
     kw = {"max_batch": a.max_batch, "prefill_chunk": a.prefill_chunk}

@@ -91,20 +91,22 @@ class Scheduler:
         self.waiting.append(req)
         self.by_id[req.id] = req
 
-    # A *burst* starts when requests arrive at an idle engine. Its prompts are admitted over a
-    # few steps of BURST_STEP_TOKENS each, and decoding waits until the burst is in (at most
-    # BURST_TOKENS of prompt): each step still hands out first tokens (time to first token stays
-    # low), and the rows then decode together from equal starting points — equal-length prompts
-    # need no padding mask, and no row is held back by prefill work mid-decode.
-    BURST_TOKENS = 8192
+    # A *burst* starts when requests arrive at an idle engine: its prompts are admitted in steps of
+    # BURST_STEP_TOKENS (batched where they are whole), and decoding waits until the burst is in,
+    # at most BURST_TOKENS (or one prefill_chunk) of prompt, so its rows decode together from equal
+    # starting points. The burst's rows are streams already (each step hands out first tokens), so
+    # the burst is one step by default: every step after it decodes. At 8,192 tokens (four steps)
+    # the first rows' second token waited for three more full prefill steps, and the burst's last
+    # step could overrun it; benchmarks/step_timeline.py showed both (docs/scheduling.md).
+    BURST_TOKENS = 2048
     BURST_STEP_TOKENS = 2048
 
     def schedule(self) -> Schedule:
         if not self.running and self.waiting and self._burst_left <= 0:
-            self._burst_left = self.BURST_TOKENS
+            self._burst_left = max(self.BURST_TOKENS, self.prefill_chunk)
         bursting = self._burst_left > 0
-        if bursting:
-            budget = step_budget = max(self.prefill_chunk, self.BURST_STEP_TOKENS)
+        if bursting:  # a step of the burst, never past what the burst has left
+            budget = step_budget = min(max(self.prefill_chunk, self.BURST_STEP_TOKENS), self._burst_left)
         else:
             budget = step_budget = self.step_budget()
         chunks = []
@@ -121,10 +123,12 @@ class Scheduler:
             if req.prefilled == req.cached_tokens and not self.fits(req, chunks):
                 break  # no room for its KV yet: it waits (and nothing overtakes it)
             left = len(req.context_ids) - req.prefilled
-            if bursting and chunks and budget < left <= min(self.prefill_chunk, step_budget):
+            if (bursting and chunks and budget < left <= min(self.prefill_chunk, step_budget)
+                    and self._burst_left - step_budget >= left):
                 # A prompt that fits whole in the next burst step goes first there instead of being
                 # split here: its tail would run as forwards of one row each (8 prompts of 384
-                # tokens: 5 batched + 128 + 256 alone + 2 batched, against 5 + 3 batched).
+                # tokens: 5 batched + 128 + 256 alone + 2 batched, against 5 + 3 batched), when the
+                # burst has a next step for it.
                 break
             n = min(budget, self.prefill_chunk, left)
             chunks.append((req, n))
@@ -134,7 +138,7 @@ class Scheduler:
             else:
                 break  # a request mid-prompt goes first next step too (FIFO, no starvation)
         if bursting:
-            self._burst_left -= sum(n for _, n in chunks)
+            self._burst_left -= step_budget  # a whole step of the burst, even one that stopped short above
             admitted = sum(1 for r, n in chunks if r.prefilled + n == len(r.context_ids))
             # The burst is in when nothing more could be admitted this step or none is left.
             if not chunks or len(self.waiting) == admitted:

@@ -180,7 +180,6 @@ def test_prompt_tokens_per_step_are_capped_while_rows_decode():
     from graphc.runtime.scheduler import Scheduler
 
     s = Scheduler(prefill_chunk=512, step_tokens=64)
-    s.BURST_TOKENS = 0  # no burst: the plain per-step budgets
     first = Request([1] * 100, SamplingParams())
     s.add(first)
     assert s.schedule().prefill == [(first, 100)]  # idle: a whole chunk's worth
@@ -197,6 +196,28 @@ def test_prompt_tokens_per_step_are_capped_while_rows_decode():
     assert spent == [64, 64, 64, 64, 44]
     with pytest.raises(ValueError, match="step_tokens"):
         Scheduler(step_tokens=0)
+
+
+def test_a_burst_is_one_step_and_never_overruns():
+    """Requests reaching an idle engine form a burst: its step admits up to BURST_TOKENS of prompt
+    (here two whole prompts of 700 tokens, batched, and the first 648 of a third); the next step
+    decodes the burst's rows and spends only step_tokens, however much still waits."""
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler
+
+    s = Scheduler(prefill_chunk=2048, step_tokens=128, batch_prefill=True)
+    reqs = [Request([i + 1] * 700, SamplingParams()) for i in range(5)]
+    for r in reqs:
+        s.add(r)
+    sched = s.schedule()
+    assert sum(n for _, n in sched.prefill) == s.BURST_TOKENS == 2048
+    assert [len(g) for g in sched.groups] == [2, 1]
+    for r, n in sched.prefill:
+        s.advance(r, r.prefilled + n)
+        if r.prefilled == len(r.context_ids):
+            s.started(r)
+    nxt = s.schedule()
+    assert nxt.decode and sum(n for _, n in nxt.prefill) == 128
 
 
 def test_step_tokens_bound_the_stall_and_keep_greedy_tokens(mdir):
