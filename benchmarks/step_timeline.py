@@ -1,117 +1,242 @@
-"""Where a served step's time goes under load: the serving mix replayed in-process, one line per
-engine step (prompt tokens computed, decode rows, wall time, memory), so that a stall the serving
-bench shows as an inter-token-latency p99 can be pinned on the step that caused it.
+"""Per-step timeline of the Engine under Poisson arrivals: why running streams stall.
 
-    python -m graphc.benchmarks.step_timeline --model DIR --requests 48 --rate 4 --json out.json
+Drives `Engine.step()` directly (no HTTP) with requests arriving over wall-clock time, mixed
+prompt and output lengths, and records for every step: its wall time, the prompt tokens it
+prefilled, whether it decoded (a burst holds decode back), the decode rows, the requests that
+finished their prompt, and the KV copies the batch caches made (capacity growth, a joining row's
+concatenate, a leaving row's filter) in bytes. Then it pools every request's inter-token gaps and
+says which steps the longest gaps spanned.
 
-Requests arrive as Poisson arrivals on the wall clock (the workload of `graphc bench --serving`,
-benchmarks/serving/workload.py); the loop adds the arrived ones and calls `Engine.step()` like
-the server's engine thread does. It prints the slowest steps and a summary per step kind.
+The probe instruments from the outside (wrappers on the engine's scheduler and runner objects and
+on the FullKV class for the duration of the run); the runtime has no probe code.
+
+    python -m graphc.benchmarks.step_timeline --model /tmp/small --requests 48 --rate 20
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
-import sys
 import time
+from contextlib import contextmanager
 
 import mlx.core as mx
 
-from graphc.runtime.params import SamplingParams
-from graphc.runtime.engine import Engine
-
-from .serving.workload import make_workload
-
-_GB = 1 << 30
+from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.cache import full as full_cache
 
 
-def replay(engine: Engine, workload, rate: float, seed: int = 0) -> list[dict]:
+def _lognormal(rng: random.Random, n: int, lo: int, hi: int) -> list[int]:
+    if lo >= hi:
+        return [lo] * n
+    mu, sigma = (math.log(lo) + math.log(hi)) / 2, (math.log(hi) - math.log(lo)) / 4
+    return [min(hi, max(lo, round(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
+
+
+def make_mix(n: int, vocab: int, inputs: tuple[int, int], outputs: tuple[int, int], rate: float, seed: int):
+    """(arrival s, prompt ids, max_tokens) per request; rate inf: all at t=0."""
     rng = random.Random(seed)
-    t, arrivals = 0.0, []
-    for _ in workload:
-        arrivals.append(t)
-        t += rng.expovariate(rate) if rate != float("inf") else 0.0
-    start = time.perf_counter()
-    pending = list(zip(arrivals, workload))
-    steps, first, last = [], {}, {}
-    while pending or engine.has_unfinished():
-        now = time.perf_counter() - start
-        while pending and pending[0][0] <= now:
-            _, w = pending.pop(0)
-            rid = engine.add_request(w.prompt, SamplingParams(max_tokens=w.max_tokens, temperature=0.0,
-                                                              ignore_eos=True))
-            first[rid] = None
-        if not engine.has_unfinished():
-            time.sleep(max(0.0, pending[0][0] - now))
-            continue
-        before = dict(engine.stats)
-        sched = engine.scheduler
-        running, waiting = len(sched.running), len(sched.waiting)
-        t0 = time.perf_counter()
-        outs = engine.step()
-        dt = time.perf_counter() - t0
-        tnow = time.perf_counter() - start
-        for o in outs:
-            if first.get(o.request_id) is None:
-                first[o.request_id] = tnow
-            last[o.request_id] = tnow
-        steps.append(dict(
-            t=round(tnow, 4), ms=round(dt * 1e3, 2), running_before=running, waiting_before=waiting,
-            prompt_tokens=engine.stats["computed_prompt_tokens"] - before["computed_prompt_tokens"],
-            generated=engine.stats["generated_tokens"] - before["generated_tokens"],
-            active_gb=round(mx.get_active_memory() / _GB, 2), cache_gb=round(mx.get_cache_memory() / _GB, 2)))
-    return steps
+    ins, outs = _lognormal(rng, n, *inputs), _lognormal(rng, n, *outputs)
+    t, out = 0.0, []
+    for n_in, n_out in zip(ins, outs):
+        out.append((t, [rng.randrange(3, vocab) for _ in range(n_in)], n_out))
+        t += 0.0 if math.isinf(rate) else rng.expovariate(rate)
+    return out
 
 
-def summarize(steps: list[dict], top: int = 15) -> str:
-    lines = [f"{len(steps)} steps, {sum(s['ms'] for s in steps) / 1e3:.1f} s in step()"]
-    kinds = {"decode only": [s for s in steps if not s["prompt_tokens"]],
-             "prefill+decode": [s for s in steps if s["prompt_tokens"] and s["running_before"]],
-             "prefill only": [s for s in steps if s["prompt_tokens"] and not s["running_before"]]}
-    for k, ss in kinds.items():
-        if ss:
-            ms = sorted(s["ms"] for s in ss)
-            lines.append(f"  {k:15s} n={len(ss):5d} median {statistics.median(ms):8.1f} ms  p99 "
-                         f"{ms[min(len(ms) - 1, int(0.99 * len(ms)))]:8.1f} ms  max {ms[-1]:8.1f} ms  "
-                         f"prompt tokens/step median {statistics.median([s['prompt_tokens'] for s in ss]):.0f}")
-    lines.append(f"slowest {top} steps:")
-    for s in sorted(steps, key=lambda s: -s["ms"])[:top]:
-        lines.append("  " + " ".join(f"{k}={v}" for k, v in s.items()))
-    peak = max(s["active_gb"] + s["cache_gb"] for s in steps)
-    lines.append(f"peak active+cache {peak:.1f} GB; mx peak {mx.get_peak_memory() / _GB:.1f} GB")
-    return "\n".join(lines)
+class _Copies:
+    """Bytes the batch caches copied during the current step, by cause."""
+
+    def __init__(self):
+        self.step = {"grow": 0, "join": 0, "leave": 0}
+
+
+def _nbytes(c) -> int:
+    return sum(getattr(c, n).nbytes for n in c.PLANES if getattr(c, n) is not None)
+
+
+@contextmanager
+def _watch_caches(copies: _Copies):
+    """Count the bytes FullKV's growth, extend (a row joining) and filter (rows leaving) write."""
+    cls = full_cache.FullKV
+    grow, extend, filt = cls._grow, cls.extend, cls.filter
+
+    def _grow(self, new, need):
+        grow(self, new, need)
+        copies.step["grow"] += _nbytes(self)
+
+    def _extend(self, other):
+        extend(self, other)
+        copies.step["join"] += _nbytes(self)
+
+    def _filter(self, rows):
+        filt(self, rows)
+        copies.step["leave"] += _nbytes(self)
+
+    cls._grow, cls.extend, cls.filter = _grow, _extend, _filter
+    try:
+        yield
+    finally:
+        cls._grow, cls.extend, cls.filter = grow, extend, filt
+
+
+def run_timeline(engine, mix, *, log=None) -> dict:
+    """Run `mix` (make_mix) through `engine`; the per-step records and per-request token times."""
+    sched, runner = engine.scheduler, engine.runner
+    copies = _Copies()
+    steps: list[dict] = []
+    cur: dict = {}
+    plain_schedule = sched.schedule
+
+    def schedule():
+        s = plain_schedule()
+        cur.update(prefill=sum(n for _, n in s.prefill), decode_flag=s.decode,
+                   bursting=sched._burst_left > 0 or not s.decode, running_before=len(sched.running))
+        return s
+
+    sched.schedule = schedule
+    pending = list(mix)
+    t0 = time.perf_counter()
+    times: dict[str, list[float]] = {}
+    arrival: dict[str, float] = {}
+    with _watch_caches(copies):
+        while pending or engine.has_unfinished():
+            now = time.perf_counter() - t0
+            while pending and pending[0][0] <= now:
+                at, ids, n_out = pending.pop(0)
+                rid = engine.add_request(ids, SamplingParams(max_tokens=n_out, ignore_eos=True))
+                arrival[rid], times[rid] = at, []
+            if not engine.has_unfinished():
+                time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - t0)))
+                continue
+            copies.step = {"grow": 0, "join": 0, "leave": 0}
+            cur.clear()
+            rows_before = len(runner.rows)
+            ts = time.perf_counter()
+            outs = engine.step()
+            te = time.perf_counter()
+            firsts = [o.request_id for o in outs if o.new_token_ids and not times[o.request_id]]
+            for o in outs:
+                times[o.request_id] += [te - t0] * len(o.new_token_ids)
+            steps.append({"i": len(steps), "t": round(ts - t0, 4), "ms": round((te - ts) * 1e3, 2),
+                          "prefill": cur.get("prefill", 0), "decode": cur.get("decode_flag", True),
+                          "rows": rows_before, "first_tokens": len(firsts),
+                          "waiting": len(sched.waiting), "copies_mib": {k: round(v / 2**20, 2)
+                                                                       for k, v in copies.step.items()},
+                          "capacity": runner.caches[0].capacity if runner.caches else 0})
+    sched.schedule = plain_schedule
+    return {"steps": steps, "times": times, "arrival": arrival}
+
+
+def _pct(xs, q):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def summarize(res: dict, top: int = 5) -> dict:
+    steps, times = res["steps"], res["times"]
+    ends = [s["t"] + s["ms"] / 1e3 for s in steps]
+    gaps = []  # (gap s, request, index of the step that ended it)
+    for rid, ts in times.items():
+        for a, b in zip(ts, ts[1:]):
+            if b > a:
+                gaps.append((b - a, rid, a, b))
+    ttft = [ts[0] - res["arrival"][r] for r, ts in times.items() if ts]
+    plain = [s["ms"] for s in steps if s["decode"] and not s["prefill"] and not any(s["copies_mib"].values())]
+    worst = []
+    for g, rid, a, b in sorted(gaps, reverse=True)[:top]:
+        spanned = [s for s, e in zip(steps, ends) if a + 1e-3 < e <= b + 1e-3]  # records are rounded
+        worst.append({"gap_ms": round(g * 1e3, 1), "steps": len(spanned),
+                      "no_decode_steps": sum(not s["decode"] for s in spanned),
+                      "prefill_tokens": sum(s["prefill"] for s in spanned),
+                      "step_ms": [s["ms"] for s in spanned],
+                      "copies_mib": round(sum(sum(s["copies_mib"].values()) for s in spanned), 2)})
+    g_ms = [g * 1e3 for g, *_ in gaps]
+    return {"steps": len(steps), "wall_s": round(ends[-1], 2) if ends else 0.0, "no_decode_steps_with_rows": sum(1 for s in steps if not s["decode"] and s["rows"]),
+            "plain_decode_ms_p50": _pct(plain, 0.5), "max_step_ms": max((s["ms"] for s in steps), default=None),
+            "max_prefill_in_a_step_with_rows": max((s["prefill"] for s in steps if s["rows"]), default=0),
+            "itl_ms_p50": _pct(g_ms, 0.5), "itl_ms_p99": _pct(g_ms, 0.99), "itl_ms_max": max(g_ms, default=None),
+            "ttft_ms_p50": _pct([t * 1e3 for t in ttft], 0.5), "ttft_ms_p99": _pct([t * 1e3 for t in ttft], 0.99),
+            "copies_mib_total": {k: round(sum(s["copies_mib"][k] for s in steps), 1) for k in ("grow", "join", "leave")},
+            "worst_gaps": worst}
+
+
+TABLE_KEYS = (("itl_ms_p99", "ITL p99 ms"), ("itl_ms_max", "ITL max ms"), ("plain_decode_ms_p50", "plain decode step ms"),
+              ("ttft_ms_p50", "TTFT p50 ms"), ("ttft_ms_p99", "TTFT p99 ms"), ("wall_s", "wall s"))
+
+
+def table(paths: list[str]) -> str:
+    """A markdown table of --json files: per file, each metric's median [min-max] over repeats."""
+    rows = ["| run | " + " | ".join(h for _, h in TABLE_KEYS) + " |", "|---" * (len(TABLE_KEYS) + 1) + "|"]
+    for path in paths:
+        with open(path) as f:
+            d = json.load(f)
+        cells = []
+        for k, _ in TABLE_KEYS:
+            xs = [r["summary"][k] for r in d["runs"]]
+            cells.append(f"{statistics.median(xs):.0f} [{min(xs):.0f}-{max(xs):.0f}]")
+        a = d["args"]
+        name = f"step_tokens={a['step_tokens'] or 'engine default'} rate={a['rate']:g}"
+        if a.get("burst_tokens") is not None:
+            name += f" burst={a['burst_tokens']}"
+        rows.append(f"| {name} ({path.rsplit('/', 1)[-1]}) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m graphc.benchmarks.step_timeline", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--requests", type=int, default=48)
-    ap.add_argument("--rate", type=float, default=4.0, help="req/s (inf: all at once)")
-    ap.add_argument("--min-input", type=int, default=64)
-    ap.add_argument("--max-input", type=int, default=4096)
-    ap.add_argument("--min-output", type=int, default=32)
-    ap.add_argument("--max-output", type=int, default=512)
-    ap.add_argument("--max-batch", type=int, default=64)
-    ap.add_argument("--engine-args", default="{}", help="more Engine.load keywords, as JSON")
-    ap.add_argument("--no-warmup", action="store_true", help="skip Engine.warm_up (the replay's first requests warm up anyway)")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args(argv)
-    engine = Engine.load(a.model, max_batch=a.max_batch, **json.loads(a.engine_args))
-    if not a.no_warmup:
-        print(f"warm-up {engine.warm_up():.1f} s", file=sys.stderr)
-    work = make_workload(a.model, a.requests, a.min_input, a.max_input, a.min_output, a.max_output)
-    replay(engine, work[:4], float("inf"), seed=1)  # first shapes of each kind, outside the timeline
-    steps = replay(engine, work, a.rate)
-    print(summarize(steps))
+    p = argparse.ArgumentParser(prog="python -m graphc.benchmarks.step_timeline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="model folder (graphc make-model)")
+    p.add_argument("--table", nargs="+", metavar="JSON", help="print a table of earlier --json files and exit")
+    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--rate", type=float, default=20.0, help="requests/s (Poisson); inf: all at t=0")
+    p.add_argument("--input", default="16,1024", help="prompt tokens lo,hi (lognormal)")
+    p.add_argument("--output", default="16,128", help="output tokens lo,hi (lognormal)")
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--prefill-chunk", type=int, default=2048)
+    p.add_argument("--step-tokens", type=int, default=None,
+                   help="Engine(step_tokens=): prompt tokens per step while rows decode (default: the engine's)")
+    p.add_argument("--burst-tokens", type=int, default=None,
+                   help="Scheduler.BURST_TOKENS for this engine: prompt tokens an idle engine's burst may admit "
+                        "before decoding (default: the scheduler's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--json", help="write every step record and the summaries here")
+    p.add_argument("--top", type=int, default=5, help="longest gaps to explain")
+    a = p.parse_args(argv)
+    if a.table:
+        print(table(a.table))
+        return 0
+    if not a.model:
+        p.error("--model is required (or --table)")
+    lo_i, hi_i = map(int, a.input.split(","))
+    lo_o, hi_o = map(int, a.output.split(","))
+    kw = {"max_batch": a.max_batch, "prefill_chunk": a.prefill_chunk}
+    if a.step_tokens is not None:
+        kw["step_tokens"] = a.step_tokens
+    engine = Engine.load(a.model, **kw)
+    if a.burst_tokens is not None:
+        engine.scheduler.BURST_TOKENS = a.burst_tokens
+    vocab = int(engine.config["vocab_size"])
+    warm = make_mix(4, vocab, (lo_i, hi_i), (4, 8), math.inf, a.seed + 999)
+    run_timeline(engine, warm)  # first-call costs (kernel builds, lazy loads) out of the timeline
+    out = []
+    for r in range(a.repeats):
+        # a fresh mix each repeat (its own seed): a repeat of the same prompts would hit the prefix cache
+        res = run_timeline(engine, make_mix(a.requests, vocab, (lo_i, hi_i), (lo_o, hi_o), a.rate, a.seed + r))
+        s = summarize(res, a.top)
+        print(json.dumps({"repeat": r, **{k: v for k, v in s.items() if k != "worst_gaps"}}), flush=True)
+        out.append({"summary": s, **res})
+        mx.clear_cache()
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "steps": steps}, f)
+            json.dump({"args": vars(a), "runs": out}, f)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

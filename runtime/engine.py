@@ -46,7 +46,7 @@ from .prefix_io import PrefixIO
 from .cache.disk_tier import DEFAULT_BLOCK_TOKENS, attach_disk_tier
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import STEP_TOKENS, Scheduler
 from .speculative import DraftModel, Speculator, parse_speculative, rollback_problem
 from .text import TextState, token_bytes_table
 from .warmup import warm_up
@@ -65,7 +65,8 @@ class Engine:
                  spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None,
                  spec_adaptive: bool | None = None, kv_bits: int | None = None,
                  kv_group_size: int | None = None, kv_cache_dir: str | None = None,
-                 kv_cache_disk_gb: float | None = None, kv_cache_block_tokens: int = DEFAULT_BLOCK_TOKENS):
+                 kv_cache_disk_gb: float | None = None, kv_cache_block_tokens: int = DEFAULT_BLOCK_TOKENS,
+                 step_tokens: int | None = STEP_TOKENS):
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
@@ -139,7 +140,7 @@ class Engine:
             d = self.compiled.decode
             d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("attention kernel", views.pass_line),))
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
-                                   kv_budget=kv_budget_tokens,
+                                   kv_budget=kv_budget_tokens, step_tokens=step_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard(self)  # a failing step ends only the request(s) responsible

@@ -1,8 +1,8 @@
 """The scheduler: plain Python state (queues, counters); it decides, the runner does.
 
-Each engine step: spend up to `prefill_chunk` prompt tokens on waiting requests
-(chunked, so a long prompt never stalls the decode batch for more than one chunk),
-then run one decode step for every running request.
+Each engine step: spend up to `prefill_chunk` prompt tokens on waiting requests (chunked), or
+up to `step_tokens` while rows are decoding (so a long prompt never stalls the running streams
+for more than one bounded step), then run one decode step for every running request.
 
 It owns admission: matching a waiting request against the prefix cache (the radix tree's
 bookkeeping, runtime/prefix_cache.py — like nano-vllm's scheduler owns its block manager),
@@ -20,6 +20,12 @@ from collections import deque
 import attrs
 
 from .request import Request, Status
+
+
+# Prompt tokens a step may spend while rows decode (Engine(step_tokens=), `graphc serve
+# --step-tokens`): every running stream waits for the step's prefill before its next token.
+# Chosen by the CPU sweep in docs/scheduling.md (benchmarks/step_timeline.py).
+STEP_TOKENS = 256
 
 
 @attrs.define
@@ -50,13 +56,19 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
 
 class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
-                 kv_budget: int | None = None, batch_prefill: bool = False):
+                 kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | None = None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if step_tokens is not None and step_tokens < 1:
+            raise ValueError(f"step_tokens must be >= 1, got {step_tokens}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        # Prompt tokens one step may spend while rows are decoding (None: prefill_chunk). Every
+        # running stream waits for the step's prefill before its next token, so this bounds the
+        # stall a long prompt causes; an idle engine still prefills prefill_chunk per step.
+        self.step_tokens = step_tokens
         # The prefix cache's bookkeeping (runtime/prefix_cache.py: PrefixCache) or None. A waiting
         # request is matched against it before its first chunk is sized; it waits a step instead
         # when requests scheduled ahead of it share a longer prefix than the cache holds (they
@@ -79,19 +91,24 @@ class Scheduler:
         self.waiting.append(req)
         self.by_id[req.id] = req
 
-    # A *burst* starts when requests arrive at an idle engine. Its prompts are admitted over a
-    # few steps of BURST_STEP_TOKENS each, and decoding waits until the burst is in (at most
-    # BURST_TOKENS of prompt): each step still hands out first tokens (time to first token stays
-    # low), and the rows then decode together from equal starting points — equal-length prompts
-    # need no padding mask, and no row is held back by prefill work mid-decode.
-    BURST_TOKENS = 8192
+    # A *burst* starts when requests arrive at an idle engine: its prompts are admitted in steps of
+    # BURST_STEP_TOKENS (batched where they are whole), and decoding waits until the burst is in,
+    # at most BURST_TOKENS (or one prefill_chunk) of prompt, so its rows decode together from equal
+    # starting points. The burst's rows are streams already (each step hands out first tokens), so
+    # the burst is one step by default: every step after it decodes. At 8,192 tokens (four steps)
+    # the first rows' second token waited for three more full prefill steps, and the burst's last
+    # step could overrun it; benchmarks/step_timeline.py showed both (docs/scheduling.md).
+    BURST_TOKENS = 2048
     BURST_STEP_TOKENS = 2048
 
     def schedule(self) -> Schedule:
         if not self.running and self.waiting and self._burst_left <= 0:
-            self._burst_left = self.BURST_TOKENS
+            self._burst_left = max(self.BURST_TOKENS, self.prefill_chunk)
         bursting = self._burst_left > 0
-        budget = step_budget = max(self.prefill_chunk, self.BURST_STEP_TOKENS) if bursting else self.prefill_chunk
+        if bursting:  # a step of the burst, never past what the burst has left
+            budget = step_budget = min(max(self.prefill_chunk, self.BURST_STEP_TOKENS), self._burst_left)
+        else:
+            budget = step_budget = self.step_budget()
         chunks = []
         slots = self.max_batch - len(self.running)
         cached = 0
@@ -106,10 +123,12 @@ class Scheduler:
             if req.prefilled == req.cached_tokens and not self.fits(req, chunks):
                 break  # no room for its KV yet: it waits (and nothing overtakes it)
             left = len(req.context_ids) - req.prefilled
-            if bursting and chunks and budget < left <= min(self.prefill_chunk, step_budget):
+            if (bursting and chunks and budget < left <= min(self.prefill_chunk, step_budget)
+                    and self._burst_left - step_budget >= left):
                 # A prompt that fits whole in the next burst step goes first there instead of being
                 # split here: its tail would run as forwards of one row each (8 prompts of 384
-                # tokens: 5 batched + 128 + 256 alone + 2 batched, against 5 + 3 batched).
+                # tokens: 5 batched + 128 + 256 alone + 2 batched, against 5 + 3 batched), when the
+                # burst has a next step for it.
                 break
             n = min(budget, self.prefill_chunk, left)
             chunks.append((req, n))
@@ -119,12 +138,18 @@ class Scheduler:
             else:
                 break  # a request mid-prompt goes first next step too (FIFO, no starvation)
         if bursting:
-            self._burst_left -= sum(n for _, n in chunks)
+            self._burst_left -= step_budget  # a whole step of the burst, even one that stopped short above
             admitted = sum(1 for r, n in chunks if r.prefilled + n == len(r.context_ids))
             # The burst is in when nothing more could be admitted this step or none is left.
             if not chunks or len(self.waiting) == admitted:
                 self._burst_left = 0
         return Schedule(chunks, decode=self._burst_left <= 0, groups=self.group_prefill(chunks), cached_tokens=cached)
+
+    def step_budget(self) -> int:
+        """Prompt tokens this step may spend outside a burst: step_tokens while rows decode."""
+        if self.running and self.step_tokens is not None:
+            return min(self.prefill_chunk, self.step_tokens)
+        return self.prefill_chunk
 
     def schedule_decode(self, decode: bool = True) -> DecodeBatch:
         """The decode half of a step, after its prefill is postprocessed: preempt the newest running

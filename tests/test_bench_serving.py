@@ -56,3 +56,25 @@ def test_serving_bench_both_servers(model_dir, tmp_path, capsys):
         assert (tmp_path / "serving.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "rate inf (saturation)" in printed and "graphc/mlx_lm" in printed
+
+
+def test_serving_bench_32_requests_on_the_cpu_defaults(model_dir, tmp_path):
+    """The issue's CI line, `graphc bench --serving --model DIR --requests 32`, on the tiny model with
+    the CPU's default mix and rates (one repeat instead of three, to stay fast): every request of
+    every rate completes on both servers, at its exact length on graphc. No timing is asserted."""
+    m = model_dir("llama")
+    out = tmp_path / "serving.json"
+    rc = main(["bench", "--serving", "--model", str(m), "--requests", "32", "--serving-repeats", "1",
+               "--json", str(out), "--log-dir", str(tmp_path / "logs"), "--no-progress"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert len(res["workload"]["requests_list"]) == 32
+    targets = sum(r["max_tokens"] for r in res["workload"]["requests_list"])
+    rates = {r["rate"] for r in res["runs"]}
+    assert rates == set(res["summary"]) and len(rates) >= 2  # the CPU defaults: a Poisson rate and saturation
+    for r in res["runs"]:
+        mt = r["metrics"]
+        assert mt["errors"] == 0, (r["server"], r["rate"], mt["error_samples"])
+        assert mt["target_tokens"] == targets
+        if r["server"] == "graphc":
+            assert mt["exact_length"] == 32 and mt["output_tokens"] == targets

@@ -170,3 +170,81 @@ def test_the_scheduler_admits_against_the_prefix_cache_once_and_records_the_hit(
     s.finish(req, "abort")
     assert not prefix.holds and req.finish_time is not None
     prefix.check()
+
+
+def test_prompt_tokens_per_step_are_capped_while_rows_decode():
+    """Scheduler(step_tokens=): an idle engine prefills up to prefill_chunk a step; once rows are
+    decoding, a step spends at most step_tokens of prompt, so a long prompt stalls the running
+    streams for one bounded step at a time (plain Python, no engine)."""
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler
+
+    s = Scheduler(prefill_chunk=512, step_tokens=64)
+    first = Request([1] * 100, SamplingParams())
+    s.add(first)
+    assert s.schedule().prefill == [(first, 100)]  # idle: a whole chunk's worth
+    s.advance(first, 100)
+    s.started(first)
+    long = Request([2] * 300, SamplingParams())
+    s.add(long)
+    spent = []
+    while long.prefilled < 300:
+        sched = s.schedule()
+        assert sched.decode
+        spent.append(sum(n for _, n in sched.prefill))
+        s.advance(long, long.prefilled + spent[-1])
+    assert spent == [64, 64, 64, 64, 44]
+    with pytest.raises(ValueError, match="step_tokens"):
+        Scheduler(step_tokens=0)
+
+
+def test_a_burst_is_one_step_and_never_overruns():
+    """Requests reaching an idle engine form a burst: its step admits up to BURST_TOKENS of prompt
+    (here two whole prompts of 700 tokens, batched, and the first 648 of a third); the next step
+    decodes the burst's rows and spends only step_tokens, however much still waits."""
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler
+
+    s = Scheduler(prefill_chunk=2048, step_tokens=128, batch_prefill=True)
+    reqs = [Request([i + 1] * 700, SamplingParams()) for i in range(5)]
+    for r in reqs:
+        s.add(r)
+    sched = s.schedule()
+    assert sum(n for _, n in sched.prefill) == s.BURST_TOKENS == 2048
+    assert [len(g) for g in sched.groups] == [2, 1]
+    for r, n in sched.prefill:
+        s.advance(r, r.prefilled + n)
+        if r.prefilled == len(r.context_ids):
+            s.started(r)
+    nxt = s.schedule()
+    assert nxt.decode and sum(n for _, n in nxt.prefill) == 128
+
+
+def test_step_tokens_bound_the_stall_and_keep_greedy_tokens(mdir):
+    """A 150-token prompt that arrives while 4 rows decode is spread over steps of step_tokens;
+    every running row gets its token every step, and every request's greedy tokens are those it
+    gets alone."""
+    prompts = [[5 + i, 6, 7] for i in range(4)]
+    long_prompt = random_prompts(1, 1024, [150], seed=1)[0]
+    p = SamplingParams(max_tokens=30, ignore_eos=True)
+    alone = [Engine.load(mdir).generate([x], [p])[0].token_ids for x in prompts + [long_prompt]]
+    eng = Engine.load(mdir, step_tokens=16)
+    short = [eng.add_request(x, p) for x in prompts]
+    outs = {r: [] for r in short}
+    while any(eng.scheduler.by_id[r].status is not Status.RUNNING for r in short):
+        for o in eng.step():
+            outs[o.request_id] += o.new_token_ids
+    long_id = eng.add_request(long_prompt, p)
+    outs[long_id] = []
+    steps = 0
+    while eng.scheduler.by_id[long_id].status is not Status.RUNNING:
+        got = {o.request_id: o for o in eng.step()}
+        steps += 1
+        for o in got.values():
+            outs[o.request_id] += o.new_token_ids
+        assert all(len(got[r].new_token_ids) == 1 for r in short), "every running row got its token this step"
+    assert steps >= 150 // 16
+    while eng.has_unfinished():
+        for o in eng.step():
+            outs[o.request_id] += o.new_token_ids
+    assert [outs[r] for r in short + [long_id]] == alone

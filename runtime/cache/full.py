@@ -1,8 +1,13 @@
-"""`full`: per-request contiguous KV that grows by doubling, on prefill and on decode writes.
+"""`full`: per-request contiguous KV that grows in fixed steps, on prefill and on decode writes.
 
 Batched rows are left-padded so all rows write the same column; the mask hides
-each row's padding. Growth doubles capacity, so a request that decodes T tokens
-pays O(log T) reallocations, each O(T) — amortized O(1) per token.
+each row's padding. Capacity is bucketed like mlx-lm's KVCache step: powers of two up to
+CAPACITY_STEP (256) columns, then multiples of it (`capacity_for`). Doubling wasted up to half
+the buffer at long contexts, and every row of a batch pays for the longest row's capacity (one
+4,128-token row among 15 short ones held 8,192 columns in all 16 rows); a fixed step wastes at
+most 255 columns a row, and costs one copy per 256 decode steps (amortized O(B x T / 256)).
+The compiled decode path (runtime/compiled_decode.py) buckets capacities the same way, so its
+traces see the shapes this makes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,16 @@ from .device_ints import offsets, on_device
 from .registry import register_policy
 
 MIN_CAPACITY = 64
+CAPACITY_STEP = 256
+
+
+def capacity_for(n: int) -> int:
+    """Columns to allocate for n: powers of two from MIN_CAPACITY up to CAPACITY_STEP, then the
+    next multiple of CAPACITY_STEP (runtime/compiled_decode.py's _bucket, the same rule)."""
+    cap = MIN_CAPACITY
+    while cap < n and cap < CAPACITY_STEP:
+        cap *= 2
+    return cap if cap >= n else -(-n // CAPACITY_STEP) * CAPACITY_STEP
 
 
 class FullKV(LayerCache):
@@ -84,9 +99,7 @@ class FullKV(LayerCache):
         return {name: getattr(self, name)[..., :need, :] for name in self.PLANES}
 
     def _grow(self, new: dict, need: int):
-        cap = MIN_CAPACITY if self.keys is None else self.keys.shape[2]
-        while cap < need:
-            cap *= 2
+        cap = capacity_for(need)
         for name in self.PLANES:
             x = new[name]
             grown = mx.zeros(x.shape[:2] + (cap,) + x.shape[3:], x.dtype)
@@ -170,10 +183,11 @@ class FullKV(LayerCache):
         # Drop the columns that are padding for every remaining row.
         shift = min(self.left_pad) if self.left_pad else 0
         for name in self.PLANES:
-            x = getattr(self, name)[idx]
-            # Contiguous, not a view: kernels that read the whole buffer (the ragged attention
-            # kernel, runtime/kernel_views.py) would otherwise copy it on every step.
-            setattr(self, name, mx.contiguous(x[..., shift:, :]) if shift else x)
+            # One gather of the kept rows' columns (a contiguous result, not a view: kernels that
+            # read the whole buffer, the ragged attention kernel in runtime/kernel_views.py, would
+            # otherwise copy it on every step).
+            x = getattr(self, name)
+            setattr(self, name, (x[..., shift:, :] if shift else x)[idx])
         if shift:
             self.idx -= shift
             self.left_pad = [p - shift for p in self.left_pad]
@@ -184,22 +198,25 @@ class FullKV(LayerCache):
             self._offset = None
             return
         idx = max(self.idx, other.idx)
-        cap = max(c.keys.shape[2] - c.idx for c in (self, other) if c.keys is not None) + idx
+        # Room for the next decode write, in capacity_for's steps (not the larger headroom of the
+        # two: a row prefilled alone must not widen every row of the batch).
+        cap = capacity_for(idx + 1)
         ref = self if self.keys is not None else other
-        pads = []
-        parts = {name: [] for name in self.PLANES}
+        B = self.batch + other.batch
+        pads, row = [], 0
+        # One fresh buffer per plane and one write of each part's columns into it, right-aligned at
+        # column idx (a pad of each part then a concatenate copied every row twice).
+        out = {name: mx.zeros((B,) + getattr(ref, name).shape[1:2] + (cap,) + getattr(ref, name).shape[3:],
+                              getattr(ref, name).dtype) for name in self.PLANES}
         for c in (self, other):
-            shift = idx - c.idx  # right-align both at column idx
-            for name in self.PLANES:
-                r = getattr(ref, name)
-                if c.keys is None:
-                    x = mx.zeros((c.batch,) + r.shape[1:2] + (cap,) + r.shape[3:], r.dtype)
-                else:
-                    x = mx.pad(getattr(c, name)[..., : c.idx, :], [(0, 0), (0, 0), (shift, cap - idx), (0, 0)])
-                parts[name].append(x)
+            shift = idx - c.idx
+            if c.keys is not None and c.idx:
+                for name in self.PLANES:
+                    out[name][row:row + c.batch, :, shift:idx] = getattr(c, name)[..., : c.idx, :]
             pads += [p + shift for p in c.left_pad]
+            row += c.batch
         for name in self.PLANES:
-            setattr(self, name, mx.concatenate(parts[name], axis=0))
+            setattr(self, name, mx.contiguous(out[name]))
         self.left_pad, self.idx, self._offset = pads, idx, None
 
     def extract(self, row: int) -> "FullKV":
@@ -231,9 +248,7 @@ class FullKV(LayerCache):
     def restored(cls, planes: tuple) -> "FullKV":
         """A batch-of-one cache holding positions 0..m-1 (`planes` in PLANES order, [H, m, ...])."""
         m = planes[0].shape[1]
-        cap = MIN_CAPACITY
-        while cap < m + 1:
-            cap *= 2
+        cap = capacity_for(m + 1)
         out = cls(1)
         for name, x in zip(cls.PLANES, planes):
             setattr(out, name, mx.pad(x[None], [(0, 0), (0, 0), (0, cap - m)] + [(0, 0)] * (x.ndim - 2)))
