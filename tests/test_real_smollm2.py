@@ -13,9 +13,8 @@ import json
 
 import jsonschema
 import pytest
-from real_model import smollm2_gguf
+from real_model import smollm2_folder
 
-from graphc.compiler.gguf import import_gguf
 
 PROMPTS = ["What is the capital of France?", "Name three primary colors.", "What is 2 + 2?",
            "Write one sentence about cats.", "Who wrote Romeo and Juliet?",
@@ -27,10 +26,7 @@ LONG = 48
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
-    path, why = smollm2_gguf()
-    if path is None:
-        pytest.skip(f"SmolLM2 GGUF not available: {why}")
-    return import_gguf(path, tmp_path_factory.mktemp("smollm2") / "model")
+    return smollm2_folder(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
