@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from .agent_replay_options import add_arguments as agent_replay_arguments
 from .serving.options import add_arguments as serving_arguments
 
 
@@ -84,6 +85,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--serving", action="store_true",
                    help="load-test graphc serve against mlx_lm.server over HTTP (docs/serving-bench.md)")
     serving_arguments(p)
+    agent_replay_arguments(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -170,6 +172,10 @@ def cmd_bench(args) -> int:
         from .serving.run import cmd_serving
 
         return cmd_serving(args)
+    if args.agent_replay:
+        from .agent_replay import cmd_agent_replay
+
+        return cmd_agent_replay(args)
     if args.kv_capacity:
         from .kv_capacity import cmd_kv_capacity
 
