@@ -8,6 +8,7 @@ import sys
 from graphc.contracts.providers import Lazy
 
 from .run import WORKLOADS
+from .agent_replay_options import add_arguments as agent_replay_arguments
 from .serving.options import add_arguments as serving_arguments
 
 # What the command runs (benchmarks/commands.py: graphc, mlx-lm, the workloads) is imported only
@@ -90,6 +91,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--serving", action="store_true",
                    help="load-test graphc serve against mlx_lm.server over HTTP (docs/serving-bench.md)")
     serving_arguments(p)
+    agent_replay_arguments(p)
     p.set_defaults(func=Lazy(BENCH, "graphc bench"))
 
 

@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from graphc.runtime.kernels import skinny_matmul
 
+from .agent_replay import cmd_agent_replay
 from .env import environment
 from .kv_capacity import cmd_kv_capacity
 from .report import plot, tables, write_json
@@ -89,6 +90,8 @@ def cmd_bench(args) -> int:
         skinny_matmul.load_table(args.skinny_table)
     if args.serving:
         return cmd_serving(args)
+    if args.agent_replay:
+        return cmd_agent_replay(args)
     if args.kv_capacity:
         return cmd_kv_capacity(args)
     if args.user_api:

@@ -110,11 +110,15 @@ class PrefixIO:
     def store_prompt(self, req, upto: int | None = None) -> None:
         """Prompt positions [0, upto) are in req.caches: write what the tree lacks."""
         self._write(self.prefix.insert_prompt(req, upto), req.caches, 0)
+        if upto is None and self.disk is not None:  # a whole prompt: to disk too (a request may end here)
+            self.disk.spill_sequences([req.context_ids])
 
     def store_prompt_rows(self, reqs: list, caches: list) -> None:
         """Like store_prompt, for the requests whose prompts are the rows of one batched prefill
         (request i is row i), written together (see _write_rows)."""
         self._write_rows([(self.prefix.insert_prompt(req, None), row) for row, req in enumerate(reqs)], caches)
+        if self.disk is not None:
+            self.disk.spill_sequences([req.context_ids for req in reqs])
 
     def store_rows(self, reqs: list, rows: list[int], caches: list) -> None:
         """Requests leaving the decode batch: store prompt + output whose KV the batch holds."""

@@ -66,14 +66,22 @@ def test_restart_hits_disk_and_equals_cold(dense_dir, tmp_path, cold):
     second.prefix.check()
 
 
+def test_a_one_token_request_leaves_its_prompt_on_disk(dense_dir, tmp_path, cold):
+    p = prompt(64, seed=12)
+    engine(dense_dir, tmp_path).generate([p], SamplingParams(max_tokens=1))  # ends at prefill: no decode row
+    r = engine(dense_dir, tmp_path).generate([p + [4, 4]], GREEDY)[0]
+    assert r.cached_tokens == 64 and r.token_ids == cold(p + [4, 4])
+
+
 def test_evicted_blocks_spill_and_come_back(dense_dir, tmp_path, cold):
     eng = engine(dense_dir, tmp_path, max_total_tokens=100)
+    eng.runner.prefix_io.disk = None  # no writes at prompt end / finish: only the eviction hook writes
     a, b = prompt(64, seed=2), prompt(64, seed=3)
-    eng.generate([a], SamplingParams(max_tokens=0))  # a prompt only: stored in the tree, not at finish
-    before = len(written(eng))
+    eng.generate([a], SamplingParams(max_tokens=0))
+    assert written(eng) == []
     eng.generate([b], GREEDY)  # b does not fit beside a: a is evicted and spills
-    assert len(written(eng)) > before
     assert eng.cache_stats()["evicted_tokens"] > 0
+    assert len(written(eng)) == 4  # a's four blocks
     r = eng.generate([a + [5, 6, 7]], GREEDY)[0]
     assert r.cached_tokens == 64 and eng.cache_stats()["disk_hits"] == 1
     assert r.token_ids == cold(a + [5, 6, 7])

@@ -1,0 +1,187 @@
+"""`graphc bench --agent-replay`: a growing multi-turn conversation replayed turn by turn against
+graphc serve and mlx_lm.server; time to first token per turn, cached vs cold, in memory, with
+graphc's disk tier, and after a restart. See docs/agent-replay.md.
+
+The conversation is a replay (as of a recorded agent trace): turn k's prompt is the first
+L_k tokens of one text, L_k growing evenly to --replay-context; the servers' answers are not
+appended, so both servers get the same prompts. Each turn is one streamed /v1/completions
+request of one greedy token (its latency is the time to first token: prefill + one step), sent
+after the previous one finished.
+
+Per repeat, on fresh server processes (the restart is a new process on the same folder):
+
+- cold:    every turn with a text of its own (same lengths, nothing shared): no cache can help.
+- warm:    the replay on the same server after the cold pass: each turn reuses the previous prompt.
+- disk:    graphc with --kv-cache-dir on a fresh folder: the replay (it also writes the folder).
+- restart: the conversation goes on after a restart: a new process (graphc: on that folder)
+           whose first request is the last turn. Only the last turn: the turns before it would
+           hit the restarted process's own memory cache and say nothing about the restart.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+from tokenizers import Tokenizer
+
+from .env import describe, environment
+from .report import write_json
+from .serving.run import _free_port
+from .serving.servers import SERVERS, Server
+from .serving.workload import Request, corpus_ids, eos_token_ids
+
+PASSES = ("cold", "warm", "disk", "restart")
+
+
+@dataclass
+class ReplayConfig:
+    model: str
+    context: int = 4096  # tokens of the last turn
+    turns: int = 8
+    max_tokens: int = 1  # 1: the request's latency is its time to first token
+    repeats: int = 3
+    servers: tuple = ("graphc", "mlx_lm")
+    graphc_args: tuple = ()
+    mlx_args: tuple = ()
+    log_dir: str = "agent-replay-logs"
+    seed: int = 0
+
+
+def conversation(model: str, context: int, turns: int, seed: int) -> tuple[list[Request], list[Request]]:
+    """(replay, cold): turn k of the replay is a prefix of turn k+1; the cold turns have the same
+    lengths, each cut from its own place in the corpus."""
+    tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    ids = corpus_ids(tok)
+    while len(ids) < context * (turns + 2):
+        ids = ids + ids
+    rng = random.Random(seed)
+    lengths = [max(16, context * (k + 1) // turns) for k in range(turns)]
+
+    def req(start: int, n: int) -> Request:
+        text = tok.decode(ids[start:start + n])
+        return Request(text, len(tok.encode(text, add_special_tokens=False).ids), 0)
+
+    base = rng.randrange(len(ids) - context)
+    starts = rng.sample(range(0, len(ids) - context, max(1, context // 4)), turns)
+    return [req(base, n) for n in lengths], [req(s, n) for s, n in zip(starts, lengths)]
+
+
+def replay(url: str, reqs: list[Request], max_tokens: int, body: dict) -> list[float]:
+    """Time to first token of each turn in seconds, one turn after the other: the latency of a
+    one-token request (prefill + one step), timed the same way on both servers: streamed first
+    chunks are no measure here, as random-weight models often emit tokens whose text is empty."""
+    out = []
+    with httpx.Client(timeout=600) as client:
+        for r in reqs:
+            t0 = time.perf_counter()
+            resp = client.post(url + "/v1/completions", json={"prompt": r.prompt, "max_tokens": max_tokens,
+                                                               "temperature": 0.0, **body})
+            dt = time.perf_counter() - t0
+            if resp.status_code != 200:
+                raise RuntimeError(f"turn of {r.prompt_tokens} tokens: HTTP {resp.status_code}: {resp.text[:200]}")
+            out.append(dt)
+    return out
+
+
+def run_replay(cfg: ReplayConfig, log=print) -> dict:
+    turns, cold_turns = conversation(cfg.model, cfg.context, cfg.turns, cfg.seed)
+    warm = [Request("warm up the kernels", 4, 0)]
+    eos = eos_token_ids(cfg.model)
+    env = environment()
+    log(f"agent replay: {describe(env)}; {cfg.turns} turns to {turns[-1].prompt_tokens} tokens, "
+        f"{cfg.max_tokens} new tokens per turn, {cfg.repeats} repeats")
+    runs = []  # {server, repeat, pass, ttft: [per turn]}
+    logs = Path(cfg.log_dir)
+    for rep in range(cfg.repeats):
+        order = [s for s in SERVERS if s.name in cfg.servers]
+        order = order if rep % 2 == 0 else order[::-1]  # alternate who goes first: drift hits both
+        for spec in order:
+            body = spec.fixed_length_body(eos)
+            extra = list(cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args)
+
+            def start(more=()):
+                return Server(spec, cfg.model, _free_port(), 1, logs / f"{spec.name}.log", extra + list(more))
+
+            def record(pass_, ttft):
+                runs.append({"server": spec.name, "repeat": rep, "pass": pass_, "ttft": ttft})
+                log(f"  repeat {rep + 1} {spec.name:7s} {pass_:8s}: TTFT per turn "
+                    + " ".join(f"{t * 1e3:.0f}" for t in ttft) + " ms")
+
+            with start() as url:  # cold, then warm, on one process
+                replay(url, warm, 2, body)
+                record("cold", replay(url, cold_turns, cfg.max_tokens, body))
+                record("warm", replay(url, turns, cfg.max_tokens, body))
+            with tempfile.TemporaryDirectory(prefix="graphc-kv-") as folder:
+                disk = ("--kv-cache-dir", folder) if spec.name == "graphc" else ()
+                if disk:
+                    with start(disk) as url:
+                        replay(url, warm, 2, body)
+                        record("disk", replay(url, turns, cfg.max_tokens, body))
+                with start(disk) as url:  # the restart: a new process (graphc: on the same folder)
+                    replay(url, warm, 1, body)
+                    record("restart", replay(url, turns[-1:], cfg.max_tokens, body))
+    return {"kind": "agent_replay", "environment": env, "config": asdict(cfg),
+            "turn_tokens": [r.prompt_tokens for r in turns], "runs": runs, "summary": summarize(runs, cfg)}
+
+
+def _spread(xs: list) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def summarize(runs: list, cfg: ReplayConfig) -> dict:
+    """Per server and pass: per turn the median TTFT over repeats (min / max), and per repeat the
+    ratio to that repeat's cold pass of the last turn and of turns 2.. summed, as spreads."""
+    out = {}
+    for server in cfg.servers:
+        cold = {r["repeat"]: r["ttft"] for r in runs if r["server"] == server and r["pass"] == "cold"}
+        for p in PASSES:
+            mine = [r for r in runs if r["server"] == server and r["pass"] == p]
+            if not mine:
+                continue
+            n = len(mine[0]["ttft"])  # the last n turns (restart: the last one)
+            per_turn = [None] * (cfg.turns - n) + [_spread([r["ttft"][k] for r in mine]) for k in range(n)]
+            ratios = [sum(r["ttft"][1:]) / sum(cold[r["repeat"]][1:]) for r in mine if r["repeat"] in cold and n > 1]
+            last = [r["ttft"][-1] / cold[r["repeat"]][-1] for r in mine if r["repeat"] in cold]
+            out[f"{server}/{p}"] = {"per_turn": per_turn, "vs_cold_turns_2_on": _spread(ratios) if ratios else None,
+                                    "vs_cold_last_turn": _spread(last) if last else None}
+    return out
+
+
+def table(result: dict) -> str:
+    s, tokens = result["summary"], result["turn_tokens"]
+    head = "| server / pass | " + " | ".join(f"turn {k + 1} ({n} tok)" for k, n in enumerate(tokens)) + \
+           " | last turn / cold | turns 2.. / cold |"
+    rows = [head, "|" + "---|" * (len(tokens) + 3)]
+    for key, v in s.items():
+        cells = [f"{c['median'] * 1e3:.0f} ({c['min'] * 1e3:.0f}-{c['max'] * 1e3:.0f})" if c else "-"
+                 for c in v["per_turn"]]
+        ratio = [f"{x['median']:.3f} ({x['min']:.3f}-{x['max']:.3f})" if x else "-"
+                 for x in (v["vs_cold_last_turn"], v["vs_cold_turns_2_on"])]
+        rows.append(f"| {key} | " + " | ".join(cells + ratio) + " |")
+    return "TTFT ms, median over repeats (min-max)\n" + "\n".join(rows)
+
+
+def cmd_agent_replay(args) -> int:
+    if not args.model or not (Path(args.model) / "config.json").exists():
+        raise SystemExit("graphc bench --agent-replay: --model must be a model folder both servers can load "
+                         "(make one with `graphc make-model` or benchmarks/serving/make_shape.py)")
+    if args.replay_turns < 2 or args.replay_repeats < 1:
+        raise SystemExit("graphc bench --agent-replay: --replay-turns must be >= 2 and --replay-repeats >= 1")
+    servers = tuple(s for s in args.servers.split(",") if s)
+    cfg = ReplayConfig(model=args.model, context=args.replay_context, turns=args.replay_turns,
+                       max_tokens=args.replay_max_tokens, repeats=args.replay_repeats, servers=servers,
+                       graphc_args=tuple(args.graphc_args.split()), mlx_args=tuple(args.mlx_args.split()),
+                       log_dir=args.log_dir, seed=args.seed)
+    result = run_replay(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
+    result["command"] = "graphc " + " ".join(sys.argv[1:])
+    print(table(result))
+    if args.json_out:
+        write_json(result, args.json_out)
+    return 0
