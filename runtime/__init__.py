@@ -1,5 +1,10 @@
 """graphc runtime: the engine, cache policies, scheduler, sampling and server."""
 
+from .mlx_env import apply_defaults
+
+apply_defaults()  # before any MLX GPU op reads them (runtime/mlx_env.py says why)
+
+
 from .async_engine import AsyncEngine
 from .engine import Engine
 from .params import SamplingParams
