@@ -20,6 +20,7 @@ from pathlib import Path
 
 from graphc.compiler.compile import CompiledGraph, compile_graph
 
+from .config import EngineConfig
 from .fault import StepGuard
 from .params import SamplingParams
 from .prefix_cache import for_binding, pool_bytes_per_token
@@ -34,25 +35,22 @@ log = logging.getLogger("graphc.load")
 
 
 class Engine:
-    def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 2048,
-                 max_batch: int = 64, chain: bool = True, model_path: str | None = None,
-                 compile: bool | str | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
-                 max_total_tokens: int | None = None, prefix_interval: int | None = None,
-                 seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
-                 skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
-                 speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
-                 spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None,
-                 spec_adaptive: bool | None = None):
+    def __init__(self, model, tokenizer, config: dict, graph=None, *, engine_config: EngineConfig | None = None,
+                 **options):
+        """`options` are EngineConfig's fields as keywords (runtime/config.py), applied over
+        `engine_config` (or the defaults); an unknown one is a TypeError naming it."""
+        c = self.engine_config = EngineConfig.from_kwargs(engine_config, **options)
+        prefill_chunk, max_batch, batch_prefill = c.prefill_chunk, c.max_batch, c.batch_prefill
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         # Where the seeds of sampled requests without one come from (add_request): `seed` fixes them.
-        self._noise_seeds = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
-        self.model_path = model_path
+        self._noise_seeds = random.Random(c.seed if c.seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self.model_path = c.model_path
         # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
         # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
         t0 = time.perf_counter()
-        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=lowering)
+        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=c.lowering)
         log.info("compiled the step graph and ran the load-time self-check: %.1f s", time.perf_counter() - t0)
         if "next_tokens" not in self.compiled.prefill.outputs:
             name = self.compiled.spec.name
@@ -65,10 +63,8 @@ class Engine:
         # plan's `compile` pass says what was applied.
         from graphc.compiler.decode_options import resolve
 
-        if compile not in (None, True, False, "auto", "measured"):
-            raise ValueError(f"compile must be True, False, 'auto' or 'measured', got {compile!r}")
         self.decode_options = resolve(self.compiled.spec.decode_options,
-                                      {**(decode_options or {}), "compile": compile, "skinny_matmul": skinny_gemm})
+                                      {**(c.decode_options or {}), "compile": c.compile, "skinny_matmul": c.skinny_gemm})
         if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
             import logging
 
@@ -96,16 +92,16 @@ class Engine:
             max_batch, batch_prefill = 1, False
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
-        self.prefix = prefix_cache and for_binding(
-            self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
-            interval=prefix_interval or min(prefill_chunk, 512)) or None
+        self.prefix = c.prefix_cache and for_binding(
+            self.compiled.binding, mem_fraction=c.mem_fraction, max_total_tokens=c.max_total_tokens,
+            interval=c.prefix_interval or min(prefill_chunk, 512)) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
         self._leaving: list | None = None  # rows ending in the decode step being postprocessed
-        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
+        self.runner = ModelRunner(self.compiled, chain=c.chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                                   sampling_kernel=self._sampling_kernel(), host_read=self._host_read())
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
@@ -120,16 +116,16 @@ class Engine:
             d = self.compiled.decode
             d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("attention kernel", views.pass_line),))
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
-                                   kv_budget=kv_budget_tokens,
+                                   kv_budget=c.kv_budget_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard(self)  # a failing step ends only the request(s) responsible
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
-        self.speculator = self.runner.speculator = _speculator(self, speculative, num_draft_tokens, spec_max_batch,
-                                                               spec_max_tokens, draft_model, spec_pipeline,
-                                                               spec_adaptive)
+        self.speculator = self.runner.speculator = _speculator(self, c.speculative, c.num_draft_tokens,
+                                                               c.spec_max_batch, c.spec_max_tokens, c.draft_model,
+                                                               c.spec_pipeline, c.spec_adaptive)
 
     def _host_read(self) -> str:
         """How the host reads decode tokens (runtime/host_read.py): 8-byte pieces on CUDA when
