@@ -14,7 +14,6 @@ ms/step; the caller takes the median. Prefill is never inside a window.
 from __future__ import annotations
 
 import gc
-import inspect
 import time
 
 import mlx.core as mx
@@ -40,9 +39,9 @@ class nogc:
 
 # -- graphc -------------------------------------------------------------------------
 def engine_options() -> set[str]:
-    from graphc.runtime import Engine
+    from graphc.runtime import EngineConfig
 
-    return set(inspect.signature(Engine.__init__).parameters)
+    return set(EngineConfig.option_names())
 
 
 def make_engine(model, tokenizer, config, *, graph=None, **kw):

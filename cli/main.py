@@ -13,6 +13,7 @@ from pathlib import Path
 
 from graphc.compiler.argtypes import DefaultsHelpFormatter, non_negative_int, positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
+from graphc.compiler.target import Requested
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,15 +100,13 @@ def cmd_inspect(args) -> int:
         print(line, file=sys.stderr)
     try:
         graph = None if args.graph == "auto" else args.graph
-        if args.compile:
-            # What an Engine with compile on runs: its decode step is the compiled one, and its
-            # plan's `compile` pass says what was applied (fusion, kernels).
-            from graphc.runtime import Engine
+        # The choice passes get this machine's facts (runtime/target.py), so the plan shows what an
+        # engine here would run; --compile asks what Engine(compile=True) asks. (Imported here:
+        # `import graphc.cli` loads no runtime module, tests/test_imports.py.)
+        from graphc.runtime.target import probe_target
 
-            compiled = Engine(model, tokenizer, config, graph, compile=True, prefix_cache=False,
-                              lowering=args.lowering).compiled
-        else:
-            compiled = compile_graph(graph, model, config, lowering=args.lowering)
+        compiled = compile_graph(graph, model, config, lowering=args.lowering, target=probe_target(),
+                                 requested=Requested.of({"compile": True} if args.compile else None))
     except GraphError as e:
         print(e, file=sys.stderr)
         return 1

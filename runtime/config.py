@@ -86,9 +86,14 @@ class EngineConfig:
     model_path: str | None = None
 
     @classmethod
+    def option_names(cls) -> tuple:
+        """The keywords Engine(...) / Engine.load(...) take besides model, tokenizer, config, graph."""
+        return tuple(f.name for f in attrs.fields(cls))
+
+    @classmethod
     def from_kwargs(cls, base: "EngineConfig | None" = None, **kwargs) -> "EngineConfig":
         """`base` (or the defaults) with `kwargs` applied; TypeError for a keyword no field has."""
-        names = [f.name for f in attrs.fields(cls)]
+        names = cls.option_names()
         unknown = [k for k in kwargs if k not in names]
         if unknown:
             k = unknown[0]
@@ -96,6 +101,8 @@ class EngineConfig:
             hint = f"; did you mean '{near[0]}'?" if near else f" (known: {', '.join(sorted(names))})"
             raise TypeError(f"Engine got an unexpected keyword argument '{k}'{hint}")
         return attrs.evolve(base, **kwargs) if base is not None else cls(**kwargs)
+
+
 
 
 __all__ = ["EngineConfig"]

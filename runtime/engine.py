@@ -20,8 +20,10 @@ from pathlib import Path
 
 from graphc.compiler.compile import CompiledGraph, compile_graph
 
+from .compiled_decode import build_decode_step
 from .config import EngineConfig
 from .fault import StepGuard
+from .kernel_views import KernelViews
 from .params import SamplingParams
 from .prefix_cache import for_binding, pool_bytes_per_token
 from .host_edits import HostEdits
@@ -29,6 +31,7 @@ from .prefix_io import PrefixIO
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
+from .target import probe_target, requested_of
 from .text import TextState, token_bytes_table
 
 log = logging.getLogger("graphc.load")
@@ -48,46 +51,29 @@ class Engine:
         self._noise_seeds = random.Random(c.seed if c.seed is not None else int.from_bytes(os.urandom(8), "little"))
         self.model_path = c.model_path
         # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
-        # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
+        # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md. How decode
+        # runs (compile mode, attention, sampling, speculative arms) is chosen by the compiler's
+        # choice passes from the graph's `decode:` section under this config's overrides and the
+        # device's facts (runtime/target.py); the runtime below only obeys the plan's choices.
         t0 = time.perf_counter()
-        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=c.lowering)
+        compiled = compile_graph(graph, model, config, lowering=c.lowering, target=probe_target(),
+                                 requested=requested_of(c))
         log.info("compiled the step graph and ran the load-time self-check: %.1f s", time.perf_counter() - t0)
-        if "next_tokens" not in self.compiled.prefill.outputs:
-            name = self.compiled.spec.name
+        if "next_tokens" not in compiled.prefill.outputs:
+            name = compiled.spec.name
             raise ValueError(f"graph '{name}' has no next_tokens output, so it cannot generate; load the model with "
                              f"a generation graph and pass '{name}' to Engine.embed(..., graph=) / "
                              "Engine.score(..., graph=)")
         self._oneshot: dict = {}  # (graph, output) -> OneShotRunner: embed / score graphs, compiled on first use
-        # How decode is compiled: the graph's `decode:` section, overridden by compile= /
-        # skinny_gemm= / decode_options= when given (compiler/decode_options.py). The decode
-        # plan's `compile` pass says what was applied.
-        from graphc.compiler.decode_options import resolve
-
-        self.decode_options = resolve(self.compiled.spec.decode_options,
-                                      {**(c.decode_options or {}), "compile": c.compile, "skinny_matmul": c.skinny_gemm})
-        if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
-            import logging
-
+        plan = compiled.decode.plan
+        self.decode_options = dict(plan.decode_options)
+        if self.decode_options["compile"] and compiled.binding.lowering != "fast":
             logging.getLogger("graphc.engine").warning(
                 "compile applies to the fast path only; model type '%s' runs the generic lowering "
-                "uncompiled", self.compiled.binding.model_type)
-        elif self.decode_options["compile"]:  # mx.compile the decode forward on fixed-shape KV
-            from .compiled_decode import CompiledDecode
-
-            # compile "auto": compiled only where it measured faster than eager (<= AUTO_MAX_BATCH
-            # rows, rows x KV capacity <= AUTO_MAX_KV); other steps run eager on the same caches.
-            # "measured": every batch-size bucket times both and keeps the faster (measured_gate.py).
-            from .compiled_decode import AUTO_MAX_BATCH, AUTO_MAX_KV
-
-            o = self.decode_options
-            auto = o["compile"] == "auto"
-            self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
-                                                  kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
-                                                  max_batch=AUTO_MAX_BATCH if auto else None,
-                                                  max_kv=AUTO_MAX_KV if auto else None,
-                                                  skinny_table=o["skinny_table"], measured=o["compile"] == "measured",
-                                                  kv_write=o["kv_write_kernel"], residual=o["residual_matmul"])
-        self._show_compile_pass()
+                "uncompiled", compiled.binding.model_type)
+        # The decode step the plan's compile mode names (runtime/compiled_decode.py): a new
+        # CompiledGraph carrying it, the compiler's plans unchanged.
+        self.compiled: CompiledGraph = compiled.with_decode(build_decode_step(compiled.decode))
         if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
             max_batch, batch_prefill = 1, False
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
@@ -103,18 +89,11 @@ class Engine:
         self._leaving: list | None = None  # rows ending in the decode step being postprocessed
         self.runner = ModelRunner(self.compiled, chain=c.chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
-                                  sampling_kernel=self._sampling_kernel(), host_read=self._host_read())
+                                  sampling_kernel=plan.choice("sampling").choice == "fused cuda",
+                                  host_read=plan.choice("host read").choice)
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
-        # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
-        from .kernel_views import KernelViews
-
-        self.runner.views = views = KernelViews(getattr(self.compiled.decode, "step", self.compiled.decode),
-                                                enabled=self.decode_options["attention_kernel"])
-        if views.on:  # the plan says what runs (graphc inspect)
-            import attrs
-
-            d = self.compiled.decode
-            d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("attention kernel", views.pass_line),))
+        # kernel where the plan chose it (runtime/kernel_views.py).
+        self.runner.views = KernelViews(compiled.decode)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=c.kv_budget_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
@@ -127,42 +106,6 @@ class Engine:
                                                                c.spec_max_batch, c.spec_max_tokens, c.draft_model,
                                                                c.spec_pipeline, c.spec_adaptive)
 
-    def _host_read(self) -> str:
-        """How the host reads decode tokens (runtime/host_read.py): 8-byte pieces on CUDA when
-        `decode: {host_read_pieces: true}`; on CUDA the decode plan says which (graphc inspect)."""
-        import mlx.core as mx
-
-        if not mx.cuda.is_available():
-            return "tokens"  # no managed memory: nothing migrates
-        how = "pieces" if self.decode_options["host_read_pieces"] else "tokens"
-        import attrs
-
-        line = ("8-byte copies of each step's tokens (MLX's scalar pool: no page a step uses migrates to the host)"
-                if how == "pieces" else "the step's tokens themselves (decode: {host_read_pieces: true} reads 8-byte copies)")
-        d = self.compiled.decode
-        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("host read", line),))
-        return how
-
-    def _sampling_kernel(self) -> bool:
-        """Whether fused sampled steps may run their candidate stage (first K ranks, 1/T, noise) in
-        the top-ranks kernel, and their top-p scan, filters and Gumbel-max in the Gumbel-choose
-        kernel (CUDA, each once it matched MLX here); on CUDA the decode plan says which (graphc
-        inspect)."""
-        from .kernels import available, gumbel_choose, top_ranks
-
-        on = bool(self.decode_options["sampling_kernel"])
-        if not available():
-            return on  # FusedRows asks the check, which answers "not a CUDA device": MLX's ops run
-        off = "off (decode: {sampling_kernel: false})"
-        line = f"candidate stage of fused sampled steps: {top_ranks.note() if on else off}"
-        if on and top_ranks.check() is None:
-            line += f"; their top-p scan, filters and Gumbel-max: {gumbel_choose.note()}"
-        import attrs
-
-        d = self.compiled.decode
-        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("sampling kernel", line),))
-        return on
-
     @property
     def batch_prefill(self) -> bool:
         """Whole short prompts share one left-padded prefill forward (when the graph's caches allow)."""
@@ -172,18 +115,6 @@ class Engine:
     def batch_prefill(self, on: bool) -> None:
         self._batch_prefill = on
         self.scheduler.batch_prefill = on and self.runner.can_batch_prefill
-
-    def _show_compile_pass(self) -> None:
-        """Put what this engine applied to decode into the decode plan's passes (inspect shows them)."""
-        import attrs
-
-        from graphc.compiler.decode_options import compile_pass
-
-        d = self.compiled.decode
-        applied = d.applied() if hasattr(d, "applied") else None
-        line = compile_pass(self.decode_options, self.compiled.binding.lowering, applied)
-        passes = tuple(p for p in d.plan.passes if p[0] != "compile") + ((line,) if line else ())
-        d.plan = attrs.evolve(d.plan, passes=passes)
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -518,6 +449,26 @@ class Engine:
                 # bytes of the decode batch's KV that hold live tokens (runtime/kv_usage.py)
                 "kv_live_bytes": self.runner.kv_live_bytes}
 
+    def describe(self) -> dict:
+        """How this engine's decode step runs: the decode plan's choices ({name, choice,
+        alternatives, why, arms}: compiler/passes/), and for each measured choice the arm its gate
+        runs now (`in_use`: the latest (arm, batch bucket) and the arm per bucket) with the rates it
+        measured; `built`: what the compiled step built as the plan chose (fused blocks' memory).
+        Plain data: `json.dumps(engine.describe())`; docs/inspect.md."""
+        plan = self.compiled.plan("decode")
+        gates = {"compile mode": getattr(self.compiled.decode, "gate", None), "speculative arm": self.speculator.gate}
+        choices = []
+        for c in plan.choices:
+            d = c.to_dict()
+            gate = gates.get(c.name) if c.measured else None
+            if gate is not None:
+                d["in_use"] = gate.in_use()
+                d["rates"] = {str(b): r for b, r in gate.rates().items()}
+            choices.append(d)
+        applied = getattr(self.compiled.decode, "applied", None)
+        return {"graph": plan.graph, "model_type": plan.model_type, "lowering": plan.lowering, "target": plan.target,
+                "choices": choices, "built": applied() if applied is not None else None}
+
     def result(self, req: Request) -> GenerationResult:
         """The GenerationResult of a request (finished or not: what it produced so far)."""
         return GenerationResult(
@@ -544,6 +495,12 @@ def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, m
     if draft_model is not None and speculative is None:
         speculative = "draft_model"
     default = parse_speculative(speculative, num_draft_tokens)
+    # The plan's "speculative arm" choice: measured among its arms, or one fixed arm (compiler/passes/).
+    arm = engine.compiled.plan("decode").choice("speculative arm")
+    if arm.measured:
+        pipeline, adaptive = "pipelined" in arm.arms, True
+    elif arm.choice in ("verify", "pipelined"):
+        pipeline, adaptive = arm.choice == "pipelined", False
     spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
                       max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats,
                       pipeline=pipeline, adaptive=adaptive, views=engine.runner.views)
