@@ -18,24 +18,19 @@ import random
 import time
 from pathlib import Path
 
-import attrs
-import mlx.core as mx
 import mlx_lm
 
 from graphc.compiler.compile import CompiledGraph, compile_graph, compile_sibling
-from graphc.compiler.decode_options import compile_pass, resolve
 from graphc.compiler.errors import UnsupportedModel
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
 
-from . import compiled_decode
-from .compiled_decode import CompiledDecode
+from .compiled_decode import build_decode_step
+from .config import EngineConfig
 from .distributed import load_sharded
 from .fault import StepGuard
 from .grammar import GrammarError, GrammarState
 from .kernel_views import KernelViews
-from . import kernels
-from .kernels import gumbel_choose, top_ranks
 from .loop_stream import stream_in_loop
 from .oneshot import OneShotRunner, embed, score
 from .params import SamplingParams
@@ -46,8 +41,9 @@ from .prefix_io import PrefixIO
 from .cache.disk_tier import DEFAULT_BLOCK_TOKENS, attach_disk_tier
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
-from .scheduler import STEP_TOKENS, Scheduler
+from .scheduler import Scheduler
 from .speculative import DraftModel, Speculator, parse_speculative, rollback_problem
+from .target import probe_target, requested_of
 from .text import TextState, token_bytes_table
 from .warmup import warm_up
 
@@ -55,131 +51,75 @@ log = logging.getLogger("graphc.load")
 
 
 class Engine:
-    def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 2048,
-                 max_batch: int = 64, chain: bool = True, model_path: str | None = None,
-                 compile: bool | str | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
-                 max_total_tokens: int | None = None, prefix_interval: int | None = None,
-                 seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
-                 skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
-                 speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
-                 spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None,
-                 spec_adaptive: bool | None = None, kv_bits: int | None = None,
-                 kv_group_size: int | None = None, kv_cache_dir: str | None = None,
-                 kv_cache_disk_gb: float | None = None, kv_cache_block_tokens: int = DEFAULT_BLOCK_TOKENS,
-                 step_tokens: int | None = STEP_TOKENS):
+    def __init__(self, model, tokenizer, config: dict, graph=None, *, engine_config: EngineConfig | None = None,
+                 **options):
+        """`options` are EngineConfig's fields as keywords (runtime/config.py), applied over
+        `engine_config` (or the defaults); an unknown one is a TypeError naming it."""
+        c = self.engine_config = EngineConfig.from_kwargs(engine_config, **options)
+        prefill_chunk, max_batch, batch_prefill = c.prefill_chunk, c.max_batch, c.batch_prefill
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         # Where the seeds of sampled requests without one come from (add_request): `seed` fixes them.
-        self._noise_seeds = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
-        self.model_path = model_path
+        self._noise_seeds = random.Random(c.seed if c.seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self.model_path = c.model_path
         # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
-        # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
+        # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md. How decode
+        # runs (compile mode, attention, sampling, speculative arms) is chosen by the compiler's
+        # choice passes from the graph's `decode:` section under this config's overrides and the
+        # device's facts (runtime/target.py); the runtime below only obeys the plan's choices.
         t0 = time.perf_counter()
-        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=lowering,
-                                                     kv_bits=kv_bits, kv_group_size=kv_group_size)
+        compiled = compile_graph(graph, model, config, lowering=c.lowering, kv_bits=c.kv_bits,
+                                 kv_group_size=c.kv_group_size, target=probe_target(), requested=requested_of(c))
         log.info("compiled the step graph and ran the load-time self-check: %.1f s", time.perf_counter() - t0)
-        if "next_tokens" not in self.compiled.prefill.outputs:
-            name = self.compiled.spec.name
+        if "next_tokens" not in compiled.prefill.outputs:
+            name = compiled.spec.name
             raise ValueError(f"graph '{name}' has no next_tokens output, so it cannot generate; load the model with "
                              f"a generation graph and pass '{name}' to Engine.embed(..., graph=) / "
                              "Engine.score(..., graph=)")
         self._oneshot: dict = {}  # (graph, output) -> OneShotRunner: embed / score graphs, compiled on first use
-        # How decode is compiled: the graph's `decode:` section, overridden by compile= /
-        # skinny_gemm= / decode_options= when given (compiler/decode_options.py). The decode
-        # plan's `compile` pass says what was applied.
-
-        if compile not in (None, True, False, "auto", "measured"):
-            raise ValueError(f"compile must be True, False, 'auto' or 'measured', got {compile!r}")
-        self.decode_options = resolve(self.compiled.spec.decode_options,
-                                      {**(decode_options or {}), "compile": compile, "skinny_matmul": skinny_gemm})
-        if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
+        plan = compiled.decode.plan
+        self.decode_options = dict(plan.decode_options)
+        if self.decode_options["compile"] and compiled.binding.lowering != "fast":
             logging.getLogger("graphc.engine").warning(
                 "compile applies to the fast path only; model type '%s' runs the generic lowering "
-                "uncompiled", self.compiled.binding.model_type)
-        elif self.decode_options["compile"]:  # mx.compile the decode forward on fixed-shape KV
-
-            # compile "auto": compiled only where it measured faster than eager (<= AUTO_MAX_BATCH
-            # rows, rows x KV capacity <= AUTO_MAX_KV); other steps run eager on the same caches.
-            # "measured": every batch-size bucket times both and keeps the faster (measured_gate.py).
-
-            o = self.decode_options
-            auto = o["compile"] == "auto"
-            self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
-                                                  kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
-                                                  max_batch=compiled_decode.AUTO_MAX_BATCH if auto else None,
-                                                  max_kv=compiled_decode.AUTO_MAX_KV if auto else None,
-                                                  skinny_table=o["skinny_table"], measured=o["compile"] == "measured",
-                                                  kv_write=o["kv_write_kernel"], residual=o["residual_matmul"])
-        self._show_compile_pass()
+                "uncompiled", compiled.binding.model_type)
+        # The decode step the plan's compile mode names (runtime/compiled_decode.py): a new
+        # CompiledGraph carrying it, the compiler's plans unchanged.
+        self.compiled: CompiledGraph = compiled.with_decode(build_decode_step(compiled.decode))
         if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
             max_batch, batch_prefill = 1, False
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
-        self.prefix = prefix_cache and for_binding(
-            self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
-            interval=prefix_interval or min(prefill_chunk, 512)) or None
+        self.prefix = c.prefix_cache and for_binding(
+            self.compiled.binding, mem_fraction=c.mem_fraction, max_total_tokens=c.max_total_tokens,
+            interval=c.prefix_interval or min(prefill_chunk, 512)) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
-        self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, model_path, kv_cache_dir,
-                                          kv_cache_disk_gb, kv_cache_block_tokens) if kv_cache_dir else None
+        self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, c.model_path, c.kv_cache_dir,
+                                          c.kv_cache_disk_gb, c.kv_cache_block_tokens) if c.kv_cache_dir else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
         self._leaving: list | None = None  # rows ending in the decode step being postprocessed
-        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
+        self.runner = ModelRunner(self.compiled, chain=c.chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
-                                  sampling_kernel=self._sampling_kernel(), host_read=self._host_read())
+                                  sampling_kernel=plan.choice("sampling").choice == "fused cuda",
+                                  host_read=plan.choice("host read").choice)
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
-        # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
-
-        self.runner.views = views = KernelViews(getattr(self.compiled.decode, "step", self.compiled.decode),
-                                                enabled=self.decode_options["attention_kernel"])
-        if views.on:  # the plan says what runs (graphc inspect)
-
-            d = self.compiled.decode
-            d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("attention kernel", views.pass_line),))
+        # kernel where the plan chose it (runtime/kernel_views.py).
+        self.runner.views = KernelViews(compiled.decode)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
-                                   kv_budget=kv_budget_tokens, step_tokens=step_tokens,
+                                   kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard(self)  # a failing step ends only the request(s) responsible
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
-        self.speculator = self.runner.speculator = _speculator(self, speculative, num_draft_tokens, spec_max_batch,
-                                                               spec_max_tokens, draft_model, spec_pipeline,
-                                                               spec_adaptive)
-
-    def _host_read(self) -> str:
-        """How the host reads decode tokens (runtime/host_read.py): 8-byte pieces on CUDA when
-        `decode: {host_read_pieces: true}`; on CUDA the decode plan says which (graphc inspect)."""
-        if not mx.cuda.is_available():
-            return "tokens"  # no managed memory: nothing migrates
-        how = "pieces" if self.decode_options["host_read_pieces"] else "tokens"
-
-        line = ("8-byte copies of each step's tokens (MLX's scalar pool: no page a step uses migrates to the host)"
-                if how == "pieces" else "the step's tokens themselves (decode: {host_read_pieces: true} reads 8-byte copies)")
-        d = self.compiled.decode
-        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("host read", line),))
-        return how
-
-    def _sampling_kernel(self) -> bool:
-        """Whether fused sampled steps may run their candidate stage (first K ranks, 1/T, noise) in
-        the top-ranks kernel, and their top-p scan, filters and Gumbel-max in the Gumbel-choose
-        kernel (CUDA, each once it matched MLX here); on CUDA the decode plan says which (graphc
-        inspect)."""
-        on = bool(self.decode_options["sampling_kernel"])
-        if not kernels.available():
-            return on  # FusedRows asks the check, which answers "not a CUDA device": MLX's ops run
-        off = "off (decode: {sampling_kernel: false})"
-        line = f"candidate stage of fused sampled steps: {top_ranks.note() if on else off}"
-        if on and top_ranks.check() is None:
-            line += f"; their top-p scan, filters and Gumbel-max: {gumbel_choose.note()}"
-
-        d = self.compiled.decode
-        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("sampling kernel", line),))
-        return on
+        self.speculator = self.runner.speculator = _speculator(self, c.speculative, c.num_draft_tokens,
+                                                               c.spec_max_batch, c.spec_max_tokens, c.draft_model,
+                                                               c.spec_pipeline, c.spec_adaptive)
 
     @property
     def batch_prefill(self) -> bool:
@@ -190,14 +130,6 @@ class Engine:
     def batch_prefill(self, on: bool) -> None:
         self._batch_prefill = on
         self.scheduler.batch_prefill = on and self.runner.can_batch_prefill
-
-    def _show_compile_pass(self) -> None:
-        """Put what this engine applied to decode into the decode plan's passes (inspect shows them)."""
-        d = self.compiled.decode
-        applied = d.applied() if hasattr(d, "applied") else None
-        line = compile_pass(self.decode_options, self.compiled.binding.lowering, applied)
-        passes = tuple(p for p in d.plan.passes if p[0] != "compile") + ((line,) if line else ())
-        d.plan = attrs.evolve(d.plan, passes=passes)
 
     # -- construction -------------------------------------------------------------
     @classmethod
@@ -505,6 +437,26 @@ class Engine:
                 # bytes of the decode batch's KV that hold live tokens (runtime/kv_usage.py)
                 "kv_live_bytes": self.runner.kv_live_bytes}
 
+    def describe(self) -> dict:
+        """How this engine's decode step runs: the decode plan's choices ({name, choice,
+        alternatives, why, arms}: compiler/passes/), and for each measured choice the arm its gate
+        runs now (`in_use`: the latest (arm, batch bucket) and the arm per bucket) with the rates it
+        measured; `built`: what the compiled step built as the plan chose (fused blocks' memory).
+        Plain data: `json.dumps(engine.describe())`; docs/inspect.md."""
+        plan = self.compiled.plan("decode")
+        gates = {"compile mode": getattr(self.compiled.decode, "gate", None), "speculative arm": self.speculator.gate}
+        choices = []
+        for c in plan.choices:
+            d = c.to_dict()
+            gate = gates.get(c.name) if c.measured else None
+            if gate is not None:
+                d["in_use"] = gate.in_use()
+                d["rates"] = {str(b): r for b, r in gate.rates().items()}
+            choices.append(d)
+        applied = getattr(self.compiled.decode, "applied", None)
+        return {"graph": plan.graph, "model_type": plan.model_type, "lowering": plan.lowering, "target": plan.target,
+                "choices": choices, "built": applied() if applied is not None else None}
+
     def result(self, req: Request) -> GenerationResult:
         """The GenerationResult of a request (finished or not: what it produced so far)."""
         return GenerationResult(
@@ -527,6 +479,12 @@ def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, m
     if draft_model is not None and speculative is None:
         speculative = "draft_model"
     default = parse_speculative(speculative, num_draft_tokens)
+    # The plan's "speculative arm" choice: measured among its arms, or one fixed arm (compiler/passes/).
+    arm = engine.compiled.plan("decode").choice("speculative arm")
+    if arm.measured:
+        pipeline, adaptive = "pipelined" in arm.arms, True
+    elif arm.choice in ("verify", "pipelined"):
+        pipeline, adaptive = arm.choice == "pipelined", False
     spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
                       max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats,
                       pipeline=pipeline, adaptive=adaptive, views=engine.runner.views)
