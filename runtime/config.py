@@ -102,6 +102,13 @@ class EngineConfig:
         """The keywords Engine(...) / Engine.load(...) take besides model, tokenizer, config, graph."""
         return tuple(f.name for f in attrs.fields(cls))
 
+    def changed(self) -> dict:
+        """The options that differ from their defaults, as keywords (model_path aside: the loader
+        names the folder): what `Engine.load(distributed=True, engine_config=...)` hands the
+        distributed load, which checks and compares the options as keywords."""
+        return {f.name: getattr(self, f.name) for f in attrs.fields(type(self))
+                if f.name != "model_path" and getattr(self, f.name) != f.default}
+
     @classmethod
     def from_kwargs(cls, base: "EngineConfig | None" = None, **kwargs) -> "EngineConfig":
         """`base` (or the defaults) with `kwargs` applied; TypeError for a keyword no field has."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import mlx_lm
 
-from graphc.compiler.compile import CompiledGraph, compile_graph, compile_sibling
+from graphc.compiler.compile import CompiledGraph, compile_graph
 from graphc.compiler.errors import UnsupportedModel
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
@@ -28,21 +28,22 @@ from graphc.compiler.modelgen import demo_model_path
 from .compiled_decode import build_decode_step
 from .config import EngineConfig
 from .distributed import load_sharded
+from .engine_oneshot import OneShotGraphs
+from .engine_speculator import speculator_for
+from .engine_views import EngineViews
 from .fault import StepGuard
 from .grammar import GrammarError, GrammarState
 from .kernel_views import KernelViews
 from .loop_stream import stream_in_loop
-from .oneshot import OneShotRunner, embed, score
 from .params import SamplingParams
 from .plan_contract import request_problem
-from .prefix_cache import for_binding, pool_bytes_per_token
+from .prefix_cache import for_binding
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
-from .cache.disk_tier import DEFAULT_BLOCK_TOKENS, attach_disk_tier
+from .cache.disk_tier import attach_disk_tier
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler
-from .speculative import DraftModel, Speculator, parse_speculative, rollback_problem
 from .target import probe_target, requested_of
 from .text import TextState, token_bytes_table
 from .warmup import warm_up
@@ -50,7 +51,7 @@ from .warmup import warm_up
 log = logging.getLogger("graphc.load")
 
 
-class Engine:
+class Engine(OneShotGraphs, EngineViews):
     def __init__(self, model, tokenizer, config: dict, graph=None, *, engine_config: EngineConfig | None = None,
                  **options):
         """`options` are EngineConfig's fields as keywords (runtime/config.py), applied over
@@ -117,9 +118,7 @@ class Engine:
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
-        self.speculator = self.runner.speculator = _speculator(self, c.speculative, c.num_draft_tokens,
-                                                               c.spec_max_batch, c.spec_max_tokens, c.draft_model,
-                                                               c.spec_pipeline, c.spec_adaptive)
+        self.speculator = self.runner.speculator = speculator_for(self, c)
 
     @property
     def batch_prefill(self) -> bool:
@@ -141,8 +140,9 @@ class Engine:
         distributed=True (under `mlx.launch`): shard the model over the world group, tensor
         parallel; rank 0 gets the engine, the other ranks follow it and exit with it
         (runtime/distributed/, docs/distributed.md)."""
-        if distributed:
-            return load_sharded(model_dir, graph, engine_cls=cls, **kwargs)
+        if distributed:  # the distributed load checks and compares the options as keywords
+            base = kwargs.pop("engine_config", None)
+            return load_sharded(model_dir, graph, engine_cls=cls, **{**(base.changed() if base else {}), **kwargs})
         if model_dir is None:
             model_dir = demo_model_path()
         path = resolve_model_path(model_dir)
@@ -336,15 +336,6 @@ class Engine:
         self.runner.leave([req])  # stores its KV in the prefix cache on the way out
         self.stats["preemptions"] += 1
 
-    def cache_stats(self) -> dict:
-        """Prefix-cache usage for /metrics: pool slots (free / used), tree tokens and nodes,
-        hits and hit tokens, evictions, pool bytes; {"enabled": False} without a prefix cache."""
-        if self.prefix is None:
-            return {"enabled": False}
-        bpt = pool_bytes_per_token(self.compiled.binding.policies)
-        return {"enabled": True, **self.prefix.stats(), "pool_bytes": self.runner.prefix_io.nbytes,
-                "pool_capacity_bytes": bpt * self.prefix.slots.capacity}
-
     def _delta(self, req: Request) -> RequestOutput:
         new_ids = req.output_ids[req.emitted_tokens:]
         req.emitted_tokens = len(req.output_ids)
@@ -382,118 +373,3 @@ class Engine:
         while self.has_unfinished():
             self.step()
         return [self.result(reqs[i]) for i in ids]
-
-    # -- one-forward graphs: embeddings and scoring ----------------------------------------
-    def oneshot(self, graph, output: str):
-        """The runner of a graph that runs once per input (graphs/embed.yaml, graphs/score.yaml, or a
-        user's), compiled on first use against this engine's model and lowering."""
-        key = (str(graph), output)
-        if key not in self._oneshot:
-            self._oneshot[key] = OneShotRunner(compile_sibling(self.compiled, graph, self.model), output)
-        return self._oneshot[key]
-
-    def embed(self, inputs, *, dimensions: int | None = None, graph="embed"):
-        """Embeddings of each input (a string or token ids; or a list of them) through `graph`'s
-        `embeddings` output. `dimensions` truncates before normalizing (OpenAI's Matryoshka
-        semantics). Returns an EmbeddingResult (vectors in input order, prompt token count)."""
-        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], int)):
-            inputs = [inputs]
-        if not inputs:
-            raise ValueError("input is empty: give at least one string or token list")
-        runner = self.oneshot(graph, "embeddings")
-        if dimensions is not None:
-            width = int(runner.compiled.binding.config.get("hidden_size") or 0)
-            if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1 or (
-                    width and dimensions > width):
-                raise ValueError(f"dimensions must be an integer in 1..{width or 'hidden_size'}, got {dimensions!r}")
-            if not any(n.op == "normalize" for n in runner.compiled.spec.nodes):
-                raise ValueError(f"graph '{runner.compiled.spec.name}' has no normalize node, which `dimensions` needs")
-        return embed(runner, [self.encode(x) for x in inputs], dimensions)
-
-    def score(self, prompt, continuation, *, graph="score"):
-        """Logprob of each `continuation` token given `prompt` and the continuation before it, in one
-        forward without sampling (evaluation harnesses' loglikelihood). Returns a ScoreResult;
-        `score_many` scores several (prompt, continuation) pairs batched."""
-        return self.score_many([(prompt, continuation)], graph=graph)[0]
-
-    def score_many(self, pairs, *, graph="score"):
-        enc = []
-        for prompt, cont in pairs:
-            c = self.encode(cont)
-            enc.append((self.encode(prompt), c))
-        return score(self.oneshot(graph, "scores"), enc)
-
-    # -- read-only views for callers that drive the engine (AsyncEngine, servers) ------------
-    def request(self, request_id: str) -> Request | None:
-        """The live request with this id (waiting, prefilling or running), or None."""
-        return self.scheduler.by_id.get(request_id)
-
-    def load_info(self) -> dict:
-        """Queue and memory counters: waiting, running, decode steps run, KV bytes and tokens
-        held by running requests, the KV budget (None: unbounded)."""
-        sched = self.scheduler
-        return {"waiting": len(sched.waiting), "running": len(sched.running), "steps": self.runner.steps,
-                "kv_bytes": self.runner.kv_bytes, "kv_tokens": sched.kv_tokens(), "kv_budget": sched.kv_budget,
-                # bytes of the decode batch's KV that hold live tokens (runtime/kv_usage.py)
-                "kv_live_bytes": self.runner.kv_live_bytes}
-
-    def describe(self) -> dict:
-        """How this engine's decode step runs: the decode plan's choices ({name, choice,
-        alternatives, why, arms}: compiler/passes/), and for each measured choice the arm its gate
-        runs now (`in_use`: the latest (arm, batch bucket) and the arm per bucket) with the rates it
-        measured; `built`: what the compiled step built as the plan chose (fused blocks' memory).
-        Plain data: `json.dumps(engine.describe())`; docs/inspect.md."""
-        plan = self.compiled.plan("decode")
-        gates = {"compile mode": getattr(self.compiled.decode, "gate", None), "speculative arm": self.speculator.gate}
-        choices = []
-        for c in plan.choices:
-            d = c.to_dict()
-            gate = gates.get(c.name) if c.measured else None
-            if gate is not None:
-                d["in_use"] = gate.in_use()
-                d["rates"] = {str(b): r for b, r in gate.rates().items()}
-            choices.append(d)
-        applied = getattr(self.compiled.decode, "applied", None)
-        return {"graph": plan.graph, "model_type": plan.model_type, "lowering": plan.lowering, "target": plan.target,
-                "choices": choices, "built": applied() if applied is not None else None}
-
-    def result(self, req: Request) -> GenerationResult:
-        """The GenerationResult of a request (finished or not: what it produced so far)."""
-        return GenerationResult(
-            request_id=req.id, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
-            text=req.detokenizer.text, finish_reason=req.finish_reason or "abort",
-            cached_tokens=req.cached_tokens, logprobs=req.logprobs or None,
-            prompt_logprobs=req.prompt_logprobs,
-            ttft_s=(req.first_token_time - req.arrival) if req.first_token_time else None,
-            latency_s=(req.finish_time - req.arrival) if req.finish_time else None,
-            error=req.error,
-        )
-
-
-def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, max_tokens: int | None = None,
-                draft_model=None, pipeline: bool | None = None, adaptive: bool | None = None):
-    """The engine's Speculator (runtime/speculative/): speculative decoding for rows that ask, or
-    for every plain greedy row when `speculative` sets a default (a draft model makes
-    "draft_model" the default). Off for models whose caches cannot roll back (logged when a
-    default asked for it)."""
-    if draft_model is not None and speculative is None:
-        speculative = "draft_model"
-    default = parse_speculative(speculative, num_draft_tokens)
-    # The plan's "speculative arm" choice: measured among its arms, or one fixed arm (compiler/passes/).
-    arm = engine.compiled.plan("decode").choice("speculative arm")
-    if arm.measured:
-        pipeline, adaptive = "pipelined" in arm.arms, True
-    elif arm.choice in ("verify", "pipelined"):
-        pipeline, adaptive = arm.choice == "pipelined", False
-    spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
-                      max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats,
-                      pipeline=pipeline, adaptive=adaptive, views=engine.runner.views)
-    spec.eos_token_ids = set(engine.eos_token_ids)
-    if default not in (None, "off") and spec.problem:
-        logging.getLogger("graphc.engine").warning("speculative=%r is off for this model: %s", speculative,
-                                                   spec.problem)
-    if draft_model is not None:
-        if not isinstance(draft_model, DraftModel):  # a folder or .gguf path
-            draft_model = DraftModel.load(draft_model, engine.tokenizer, engine.vocab_size)
-        spec.draft_model = draft_model
-    return spec

@@ -84,3 +84,15 @@ def test_the_kv_and_step_options_reach_what_they_configure(model_dir, tmp_path):
 def test_bad_kv_and_step_values_name_the_option(kw, says):
     with pytest.raises(ValueError, match=says):
         EngineConfig(**kw)
+
+
+def test_changed_lists_only_the_options_set():
+    c = EngineConfig(max_batch=3, compile="auto", model_path="/x")
+    assert c.changed() == {"max_batch": 3, "compile": "auto"}  # model_path is the loader's to name
+    assert EngineConfig().changed() == {}
+
+
+def test_a_distributed_load_outside_a_launch_keeps_the_config(model_dir):
+    # World size 1: the distributed loader serves on this process alone, from keywords.
+    eng = Engine.load(model_dir("llama"), distributed=True, engine_config=EngineConfig(max_batch=3), prefill_chunk=16)
+    assert (eng.engine_config.max_batch, eng.engine_config.prefill_chunk) == (3, 16)
