@@ -158,3 +158,9 @@ def test_the_ast_check_catches_the_old_rewrites():
            "    self.compiled.decode = CompiledDecode(self.compiled.decode)\n"
            "    d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (('x', 'y'),))\n")
     assert len(_runtime_writes(ast.parse(old))) == 3
+
+
+def test_describe_says_why_each_compiled_switch_is_off_once(model_dir):
+    built = Engine.load(model_dir("llama"), compile=True).describe()["built"]
+    assert built["skinny_matmul"] == "off (decode: {skinny_matmul: false} by default)"
+    assert not any("off (off" in str(v) for v in built.values()), built
