@@ -6,8 +6,9 @@ apply_defaults()  # before any MLX GPU op reads them (runtime/mlx_env.py says wh
 
 
 from .async_engine import AsyncEngine
+from .config import EngineConfig
 from .engine import Engine
 from .params import SamplingParams
 from .request import GenerationResult, RequestOutput
 
-__all__ = ["AsyncEngine", "Engine", "GenerationResult", "RequestOutput", "SamplingParams"]
+__all__ = ["AsyncEngine", "Engine", "EngineConfig", "GenerationResult", "RequestOutput", "SamplingParams"]
