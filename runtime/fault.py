@@ -111,7 +111,7 @@ class StepGuard:
             sched.reset(r)  # out of the queues, back to waiting; its prefix-cache holds released
             runner.forget(r)  # its working KV, dropped without storing it
             front.append(r)
-        sched.waiting.extendleft(reversed(front))
+        sched.requeue_front(front)
         if eng.prefix is not None:
             eng.prefix.flush()  # a write that failed half way may have left slots unwritten
 
@@ -137,29 +137,23 @@ class StepGuard:
         Returns the exception if it failed (the group is reset), None if it went through
         (its members are preempted back into the queue, their KV stored in the prefix cache)."""
         eng, sched = self.engine, self.engine.scheduler
-        mine = {id(r) for r in group}
-        others = [r for r in sched.waiting if id(r) not in mine]
-        sched.waiting = collections.deque(r for r in sched.waiting if id(r) in mine)
-        burst = sched._burst_left
-        sched._burst_left = 0
         target = {id(r): len(r.output_ids) + 2 for r in group}  # the prefill token and one decode token
         err = None
-        try:
-            for _ in range(PROBE_STEP_LIMIT):
-                if all(r.finished or len(r.output_ids) >= target[id(r)] for r in group):
-                    break
-                self._outs += eng._step()
-        except Exception as e:  # noqa: BLE001 - the fault reproduced in this group
-            err = e
-        if err is not None:
-            self._reset(list(group))
-        else:
-            cleared = list(sched.running)
-            for r in cleared:
-                eng._preempt(r)  # KV into the prefix cache; back to the queue to be rejoined
-            eng.stats["preemptions"] -= len(cleared)  # not budget preemptions
-        sched.waiting.extend(others)
-        sched._burst_left = burst
+        with sched.alone(group):
+            try:
+                for _ in range(PROBE_STEP_LIMIT):
+                    if all(r.finished or len(r.output_ids) >= target[id(r)] for r in group):
+                        break
+                    self._outs += eng._step()
+            except Exception as e:  # noqa: BLE001 - the fault reproduced in this group
+                err = e
+            if err is not None:
+                self._reset(list(group))
+            else:
+                cleared = list(sched.running)
+                for r in cleared:
+                    eng._preempt(r)  # KV into the prefix cache; back to the queue to be rejoined
+                eng.stats["preemptions"] -= len(cleared)  # not budget preemptions
         return err
 
     def _fail(self, req: Request, why: str) -> None:
