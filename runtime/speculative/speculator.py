@@ -11,6 +11,12 @@ fewer than `max_batch`:
    its cache drops the rest (`FullKV.trim_rows`), so the caches — and what the prefix cache
    stores when the row leaves — hold exactly the accepted sequence.
 
+The runner hands a verify step its batch as values (`step_batch(rows, caches)`) and gets
+values back (verify.Verified: the emitted tokens, and per row how many positions its caches
+drop); it applies the rollback and counts the step itself. The speculator never holds the
+runner. The caches it is handed are the ones the verify forward writes, so positions of a
+pipelined guess it throws away before its next forward it trims there itself (`settle`).
+
 Pipelined verify (`pipeline`, opt-in: `spec_pipeline=True`): a verify step needs the host between
 steps (how many drafts were accepted decides the next input), so unchained it costs the host's
 graph build *and* the device's run. Right after queuing verify N, the runner builds verify
