@@ -296,7 +296,13 @@ class Engine:
         """Run one scheduler iteration: some prefill chunks, then one decode step. Returns deltas.
         If the step raises, only the request(s) responsible end (finish_reason "error"); the
         others are recomputed and go on (runtime/fault.py)."""
-        return self.faults.step()
+        self.faults.start()
+        try:
+            outs = self._step()
+        except Exception as exc:  # noqa: BLE001 - any failure inside the step is isolated by the guard
+            return self.faults.recover(exc)
+        self.faults.passed()
+        return outs
 
     def _step(self) -> list[RequestOutput]:
         """schedule -> run -> postprocess (nano-vllm's shape), for the step's prefill work and then

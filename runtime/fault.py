@@ -45,7 +45,8 @@ PROBE_STEP_LIMIT = 4096
 
 
 class StepGuard:
-    """Wraps Engine._step: records who takes part in a step and recovers when it raises."""
+    """Records who takes part in a step and recovers when it raises (Engine.step calls `start`,
+    then `passed` or `recover`). Only recovery runs steps itself: its probes (`_probe`)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -53,7 +54,7 @@ class StepGuard:
         self.recoveries = 0  # faults recovered from (for /metrics)
         self.culprits = 0  # requests ended with "error" by a recovery
         self._failed_last = False  # the last fault had no culprit and no step succeeded since
-        self._outs: list[RequestOutput] = []  # deltas produced by probe steps, returned by _recover
+        self._outs: list[RequestOutput] = []  # deltas produced by probe steps, returned by recover
 
     def begin(self, prefill: list) -> None:
         """Called by the step once it knows its work: the prefill chunks and the decode rows."""
@@ -61,17 +62,18 @@ class StepGuard:
         seen.update(dict.fromkeys(self.engine.scheduler.running))
         self.in_step = list(seen)
 
-    def step(self) -> list[RequestOutput]:
+    def start(self) -> None:
+        """A step begins (Engine.step): nobody takes part yet."""
         self.in_step = []
-        try:
-            outs = self.engine._step()
-        except Exception as exc:  # noqa: BLE001 - any failure inside the step is isolated below
-            return self._recover(exc)
+
+    def passed(self) -> None:
+        """The step went through: a failure of the next one is a new fault."""
         self._failed_last = False
-        return outs
 
     # -- recovery ---------------------------------------------------------------------
-    def _recover(self, exc: Exception) -> list[RequestOutput]:
+    def recover(self, exc: Exception) -> list[RequestOutput]:
+        """The step raised `exc`: isolate the request(s) responsible (module docstring); the
+        deltas of the requests that went on."""
         eng = self.engine
         suspects = [r for r in dict.fromkeys(self.in_step + list(eng.scheduler.running)) if not r.finished]
         finished_in_step = [r for r in self.in_step if r.finished]
