@@ -14,6 +14,7 @@ through its methods (advance, started, preempt, reset, finish).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 
@@ -257,6 +258,27 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         self._requeue(req)
+
+    def requeue_front(self, reqs: list[Request]) -> None:
+        """Put requests that were `reset` back at the front of the queue, in this order (fault
+        recovery recomputes them before anything that was waiting)."""
+        self.waiting.extendleft(reversed(reqs))
+
+    @contextlib.contextmanager
+    def alone(self, group: list[Request]):
+        """Inside the block only `group`'s waiting requests are scheduled, from a fresh start (no
+        burst in progress): fault recovery probes a group apart from the queue (runtime/fault.py).
+        After it the others wait again behind whatever the block left waiting, and the burst that
+        was in progress goes on."""
+        mine = {id(r) for r in group}
+        others = [r for r in self.waiting if id(r) not in mine]
+        self.waiting = deque(r for r in self.waiting if id(r) in mine)
+        burst, self._burst_left = self._burst_left, 0
+        try:
+            yield
+        finally:
+            self.waiting.extend(others)
+            self._burst_left = burst
 
     def _requeue(self, req: Request) -> None:
         if self.prefix is not None:
