@@ -131,8 +131,8 @@ class Scheduler:
         bursting = self._burst_left > 0
         if bursting:  # a step of the burst, never past what the burst has left
             budget = step_budget = min(max(self.prefill_chunk, self.BURST_STEP_TOKENS), self._burst_left)
-        else:
-            budget = step_budget = self.step_budget()
+        else:  # (asked only with prompts waiting: "auto" counts its probe steps among those)
+            budget = step_budget = self.step_budget() if self.waiting else 0
         chunks = []
         slots = self.max_batch - len(self.running)
         cached = 0
