@@ -97,12 +97,19 @@ def run_timeline(engine, mix, *, log=None) -> dict:
 
     def schedule():
         s = plain_schedule()
+        now = time.perf_counter() - t0
+        for req, n in s.prefill:  # when each request's prompt first got budget, and in how many steps
+            first_chunk.setdefault(req.id, now)
+            chunk_steps[req.id] = chunk_steps.get(req.id, 0) + 1
         cur.update(prefill=sum(n for _, n in s.prefill), decode_flag=s.decode,
                    bursting=sched._burst_left > 0 or not s.decode, running_before=len(sched.running))
         return s
 
     sched.schedule, sched.step_budget = schedule, step_budget
     pending = list(mix)
+    first_chunk: dict[str, float] = {}
+    chunk_steps: dict[str, int] = {}
+    prompt_len: dict[str, int] = {}
     t0 = time.perf_counter()
     times: dict[str, list[float]] = {}
     arrival: dict[str, float] = {}
@@ -112,7 +119,7 @@ def run_timeline(engine, mix, *, log=None) -> dict:
             while pending and pending[0][0] <= now:
                 at, ids, n_out = pending.pop(0)
                 rid = engine.add_request(ids, SamplingParams(max_tokens=n_out, ignore_eos=True))
-                arrival[rid], times[rid] = at, []
+                arrival[rid], times[rid], prompt_len[rid] = at, [], len(ids)
             if not engine.has_unfinished():
                 time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - t0)))
                 continue
@@ -132,7 +139,8 @@ def run_timeline(engine, mix, *, log=None) -> dict:
                                                                        for k, v in copies.step.items()},
                           "capacity": runner.caches[0].capacity if runner.caches else 0})
     sched.schedule, sched.step_budget = plain_schedule, plain_budget
-    return {"steps": steps, "times": times, "arrival": arrival}
+    return {"steps": steps, "times": times, "arrival": arrival, "first_chunk": first_chunk,
+            "chunk_steps": chunk_steps, "prompt_len": prompt_len}
 
 
 def _pct(xs, q):
@@ -161,6 +169,13 @@ def summarize(res: dict, top: int = 5) -> dict:
                       "step_ms": [s["ms"] for s in spanned],
                       "copies_mib": round(sum(sum(s["copies_mib"].values()) for s in spanned), 2)})
     g_ms = [g * 1e3 for g, *_ in gaps]
+    # The longest waits for a first token, split into queueing (arrival to the prompt's first chunk)
+    # and prefill (first chunk to first token, over how many steps): which requests and why.
+    slow = sorted(((ts[0] - res["arrival"][r], r) for r, ts in times.items() if ts), reverse=True)[:top]
+    worst_ttft = [{"ttft_ms": round(t * 1e3, 1), "prompt": res["prompt_len"][r],
+                   "queue_ms": round((res["first_chunk"][r] - res["arrival"][r]) * 1e3, 1),
+                   "prefill_ms": round((times[r][0] - res["first_chunk"][r]) * 1e3, 1),
+                   "prefill_steps": res["chunk_steps"][r]} for t, r in slow if r in res.get("first_chunk", {})]
     return {"steps": len(steps), "wall_s": round(ends[-1], 2) if ends else 0.0, "no_decode_steps_with_rows": sum(1 for s in steps if not s["decode"] and s["rows"]),
             "plain_decode_ms_p50": _pct(plain, 0.5), "max_step_ms": max((s["ms"] for s in steps), default=None),
             "max_prefill_in_a_step_with_rows": max((s["prefill"] for s in steps if s["rows"]), default=0),
@@ -170,7 +185,7 @@ def summarize(res: dict, top: int = 5) -> dict:
             "first_ttft_ms": round(min(((ts[0] - res["arrival"][r], r) for r, ts in times.items() if ts),
                                        key=lambda x: res["arrival"][x[1]])[0] * 1e3, 1) if ttft else None,
             "copies_mib_total": {k: round(sum(s["copies_mib"][k] for s in steps), 1) for k in ("grow", "join", "leave")},
-            "worst_gaps": worst}
+            "worst_gaps": worst, "worst_ttft": worst_ttft}
 
 
 TABLE_KEYS = (("itl_ms_p99", "ITL p99 ms"), ("itl_ms_max", "ITL max ms"), ("plain_decode_ms_p50", "plain decode step ms"),
@@ -251,7 +266,9 @@ def main(argv=None) -> int:
         # a fresh mix each repeat (its own seed): a repeat of the same prompts would hit the prefix cache
         res = run_timeline(engine, make_mix(a.requests, vocab, (lo_i, hi_i), (lo_o, hi_o), a.rate, a.seed + r))
         s = summarize(res, a.top)
-        print(json.dumps({"repeat": r, **{k: v for k, v in s.items() if k != "worst_gaps"}}), flush=True)
+        print(json.dumps({"repeat": r, **{k: v for k, v in s.items() if k not in ("worst_gaps", "worst_ttft")}}),
+              flush=True)
+        print(json.dumps({"repeat": r, "worst_ttft": s["worst_ttft"]}), flush=True)
         out.append({"summary": s, **res})
         mx.clear_cache()
     if a.json:
