@@ -13,10 +13,11 @@ So the budget is the n whose prompt work costs as much as the step's fixed part,
 never below the floor (STEP_TOKENS_FLOOR) nor above one prefill chunk. `F` and `b` come from a
 least-squares fit, with forgetting, of the wall time of recent steps that prefilled while rows
 decoded against their prompt tokens. Under saturation every step spends its whole budget, so the
-sizes would not vary and `F` could not be told from `b`: every PROBE_EVERY-th step spends two
-thirds of the budget (never more than it), which costs at most a few percent of prefill rate.
-Until the fit has two sizes, `F` is the running mean of pure decode steps (a = 0: the smaller
-budget). Plain numbers, no arrays: the scheduler times the interval between its own calls,
+sizes would not vary and `F` could not be told from `b`: while they do not (less than 10% spread
+over the steps that count), every PROBE_EVERY-th step spends two thirds of the budget (never more
+than it), which costs at most a few percent of prefill rate.
+Between spreads the last separating fit holds; before the first, `F` is the running mean of pure
+decode steps (a = 0: the smaller budget). Plain numbers, no arrays: the scheduler times the interval between its own calls,
 which under load is the step's wall time (chained decode included).
 """
 
@@ -33,6 +34,7 @@ class StepCosts:
         self._sums = [0.0] * 5  # weighted sums of 1, n, n^2, t, n * t over prefill-and-decode steps
         self.observed = 0  # prefill-and-decode steps in the fit
         self._asked = 0  # budgets handed out (every PROBE_EVERY-th is the smaller probe)
+        self._separated: tuple[float, float] | None = None  # the last (F, b) fitted from varied sizes
 
     def observe(self, seconds: float, prompt_tokens: int, decoded: bool) -> None:
         """One finished step: its wall time, the prompt tokens it prefilled, whether rows decoded."""
@@ -46,17 +48,25 @@ class StepCosts:
         self._sums = [self.decay * s + x for s, x in zip(self._sums, (1.0, n, n * n, t, n * t))]
         self.observed += 1
 
+    def spread(self) -> bool:
+        """Whether the prompt sizes of the steps that count vary enough (> 10%) to separate F from b."""
+        w, sn, snn, _, _ = self._sums
+        return self.observed >= 2 and w * snn - sn * sn > 0.01 * sn * sn
+
     def fit(self) -> tuple[float, float] | None:
         """(F, b): a prefill-and-decode step's fixed seconds and its seconds per prompt token, or None."""
         w, sn, snn, st, snt = self._sums
         if self.observed < 1 or sn <= 0:
             return None
         var = w * snn - sn * sn
-        if self.observed >= 2 and var > 0.01 * sn * sn:  # sizes spread > 10%: F and b separate
+        if self.spread():
             b = (w * snt - sn * st) / var
             f = (st - b * sn) / w
             if b > 0 and f > 0:
+                self._separated = (f, b)
                 return f, b
+        if self._separated is not None:  # the sizes stopped varying: the last fit that told F from b
+            return self._separated
         if self.decode_s is None:
             return None
         b = (st - self.decode_s * w) / sn  # one size only: F is the decode step alone
@@ -68,4 +78,5 @@ class StepCosts:
         fit = self.fit()
         n = floor if fit is None else max(floor, int((factor - 1.0) * fit[0] / fit[1]))
         n = max(1, min(ceil, n))
-        return max(1, 2 * n // 3) if self._asked % PROBE_EVERY == 0 else n
+        probe = self._asked % PROBE_EVERY == 0 and not self.spread()
+        return max(1, 2 * n // 3) if probe else n

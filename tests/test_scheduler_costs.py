@@ -37,10 +37,13 @@ def test_fixed_cost_dominated_steps_get_a_bigger_budget():
 
 def test_per_token_dominated_steps_keep_the_floor():
     """A CPU-like step (15 ms fixed, 3.5 ms a prompt token): a bigger budget only lengthens the
-    stall, so it stays at the floor; the probe steps spend two thirds of it, never more."""
+    stall, so it stays at the floor; the probe steps, only while the sizes seen do not vary, spend
+    two thirds of it, never more."""
     got = _drive(StepCosts(), 0.015, 3.5e-3)
     assert max(got) == STEP_TOKENS_FLOOR
-    assert [n for i, n in enumerate(got) if (i + 1) % PROBE_EVERY == 0] == [2 * STEP_TOKENS_FLOOR // 3] * (200 // PROBE_EVERY)
+    probes = [i for i, n in enumerate(got) if n != STEP_TOKENS_FLOOR]
+    assert probes and all(got[i] == 2 * STEP_TOKENS_FLOOR // 3 and (i + 1) % PROBE_EVERY == 0 for i in probes)
+    assert len(probes) < 200 // PROBE_EVERY  # not on every fourth step: not while the sizes vary
 
 
 def test_the_budget_never_passes_one_prefill_chunk_and_needs_a_measurement():
