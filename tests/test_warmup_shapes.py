@@ -3,9 +3,12 @@ prefill of ROWS prompts, and a prompt chunked over two steps that joins their de
 
 from __future__ import annotations
 
+import mlx.core as mx
+import pytest
+
 from graphc.runtime import Engine
 from graphc.runtime.scheduler import STEP_TOKENS_FLOOR
-from graphc.runtime.warmup import ROWS
+from graphc.runtime.warmup import ROWS, warm_up
 
 
 def _record(eng) -> list:
@@ -23,7 +26,7 @@ def _record(eng) -> list:
 def test_warm_up_prefills_a_batch_and_a_chunked_prompt_that_joins_it(model_dir):
     eng = Engine.load(model_dir("llama"), step_tokens=STEP_TOKENS_FLOOR)  # "auto" may take it whole
     seen = _record(eng)
-    eng.warm_up()
+    warm_up(eng, shapes=True)  # (Engine.warm_up() runs them on a GPU only)
     assert ([ROWS], [16] * ROWS, 0) in seen  # the ROWS prompts in one batched forward
     chunks = [(n, running) for _, ns, running in seen for n in ns if n > 16]
     assert chunks == [(STEP_TOKENS_FLOOR, ROWS), (32, ROWS)]  # two chunks while ROWS rows decode
@@ -34,5 +37,13 @@ def test_warm_up_prefills_a_batch_and_a_chunked_prompt_that_joins_it(model_dir):
 def test_warm_up_skips_the_serving_shapes_where_the_batch_cannot_hold_them(model_dir):
     eng = Engine.load(model_dir("llama"), max_batch=2)
     seen = _record(eng)
-    eng.warm_up()
+    warm_up(eng, shapes=True)
     assert max(running for *_, running in seen) <= 1  # the two batch-1 requests only
+
+
+@pytest.mark.skipif(mx.default_device().type == mx.DeviceType.gpu, reason="a GPU warm-up runs the shapes")
+def test_the_cpu_warm_up_is_the_two_requests_alone(model_dir):
+    eng = Engine.load(model_dir("llama"))
+    seen = _record(eng)
+    eng.warm_up()
+    assert max(running for *_, running in seen) <= 1
