@@ -12,7 +12,8 @@ So the budget is the n whose prompt work costs as much as the step's fixed part,
 `(factor - 1) * F / b` with STEP_TIME_FACTOR 2, so the step stays within twice its fixed cost;
 never below the floor (STEP_TOKENS_FLOOR) nor above one prefill chunk. `F` and `b` come from a
 least-squares fit, with forgetting, of the wall time of recent steps that prefilled while rows
-decoded against their prompt tokens. Under saturation every step spends its whole budget, so the
+decoded against their prompt tokens, taking b at the upper end of its two-sigma interval (noisy
+step times, a shared CPU, give the smaller budget, never a budget that chance made large). Under saturation every step spends its whole budget, so the
 sizes would not vary and `F` could not be told from `b`: while they do not (less than 10% spread
 over the steps that count), every PROBE_EVERY-th step spends two thirds of the budget (never more
 than it), which costs at most a few percent of prefill rate.
@@ -31,7 +32,7 @@ class StepCosts:
     def __init__(self, decay: float = DECAY):
         self.decay = decay
         self.decode_s: float | None = None  # running mean of pure decode steps
-        self._sums = [0.0] * 5  # weighted sums of 1, n, n^2, t, n * t over prefill-and-decode steps
+        self._sums = [0.0] * 6  # weighted sums of 1, n, n^2, t, n * t, t^2 over prefill-and-decode steps
         self.observed = 0  # prefill-and-decode steps in the fit
         self._asked = 0  # budgets handed out (every PROBE_EVERY-th is the smaller probe)
         self._separated: tuple[float, float] | None = None  # the last (F, b) fitted from varied sizes
@@ -45,23 +46,28 @@ class StepCosts:
             self.decode_s = seconds if d is None else self.decay * d + (1 - self.decay) * seconds
             return
         n, t = float(prompt_tokens), seconds
-        self._sums = [self.decay * s + x for s, x in zip(self._sums, (1.0, n, n * n, t, n * t))]
+        self._sums = [self.decay * s + x for s, x in zip(self._sums, (1.0, n, n * n, t, n * t, t * t))]
         self.observed += 1
 
     def spread(self) -> bool:
         """Whether the prompt sizes of the steps that count vary enough (> 10%) to separate F from b."""
-        w, sn, snn, _, _ = self._sums
+        w, sn, snn = self._sums[:3]
         return self.observed >= 2 and w * snn - sn * sn > 0.01 * sn * sn
 
     def fit(self) -> tuple[float, float] | None:
         """(F, b): a prefill-and-decode step's fixed seconds and its seconds per prompt token, or None."""
-        w, sn, snn, st, snt = self._sums
+        w, sn, snn, st, snt, stt = self._sums
         if self.observed < 1 or sn <= 0:
             return None
         var = w * snn - sn * sn
         if self.spread():
             b = (w * snt - sn * st) / var
             f = (st - b * sn) / w
+            if w > 3:  # b's upper two-sigma bound: noisy step times (a shared CPU) give the smaller budget
+                rss = max(0.0, stt - f * st - b * snt)
+                b_hi = b + 2.0 * (rss / (w - 2) * w / var) ** 0.5
+                f = (st - b_hi * sn) / w
+                b = b_hi
             if b > 0 and f > 0:
                 self._separated = (f, b)
                 return f, b

@@ -4,6 +4,8 @@ greedy tokens unchanged when the budget moves."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
@@ -120,3 +122,15 @@ def test_greedy_tokens_unchanged_when_the_budget_grows(mdir_llama):
 @pytest.fixture
 def mdir_llama(model_dir):
     return model_dir("llama")
+
+
+def test_noisy_step_times_never_push_the_budget_past_the_floor_on_a_per_token_cost():
+    """A shared CPU's step times swing (here up to +-100%, a seeded draw): b is taken at the upper end
+    of its interval, so chance never makes a per-token-dominated step's budget large."""
+    rng, costs, got = random.Random(2), StepCosts(), []
+    costs.observe(0.016, 0, True)
+    for _ in range(300):
+        n = costs.budget(STEP_TOKENS_FLOOR, 2048, 2.0)
+        got.append(n)
+        costs.observe((0.02 + 3.5e-3 * n) * (1 + (2 * rng.random() - 1)), n, True)
+    assert max(got) == STEP_TOKENS_FLOOR
