@@ -60,7 +60,7 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
 
 class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
-                 kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | None = None):
+                 kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | str | None = None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if step_tokens is not None and step_tokens != "auto" and (
