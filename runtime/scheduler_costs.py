@@ -60,17 +60,15 @@ class StepCosts:
         if self.observed < 1 or sn <= 0:
             return None
         var = w * snn - sn * sn
-        if self.spread():
+        if self.spread() and w > 3:
             b = (w * snt - sn * st) / var
             f = (st - b * sn) / w
-            if w > 3:  # b's upper two-sigma bound: noisy step times (a shared CPU) give the smaller budget
-                rss = max(0.0, stt - f * st - b * snt)
-                b_hi = b + 2.0 * (rss / (w - 2) * w / var) ** 0.5
-                f = (st - b_hi * sn) / w
-                b = b_hi
-            if b > 0 and f > 0:
-                self._separated = (f, b)
-                return f, b
+            # b's upper two-sigma bound: noisy step times (a shared CPU) give the smaller budget
+            rss = max(0.0, stt - f * st - b * snt)
+            b = b + 2.0 * (rss / (w - 2) * w / var) ** 0.5
+            if b > 0:  # F at that b; nothing left for it (F <= 0) means the floor
+                self._separated = (max(0.0, (st - b * sn) / w), b)
+                return self._separated
         if self._separated is not None:  # the sizes stopped varying: the last fit that told F from b
             return self._separated
         if self.decode_s is None:
