@@ -10,16 +10,19 @@ paying `d + a`. When the per-token part dominates (the CPU), a bigger budget onl
 
 So the budget is the n whose prompt work costs as much as the step's fixed part, `F = d + a`:
 `(factor - 1) * F / b` with STEP_TIME_FACTOR 2, so the step stays within twice its fixed cost;
-never below the floor (STEP_TOKENS_FLOOR) nor above one prefill chunk. `F` and `b` come from a
-least-squares fit, with forgetting, of the wall time of recent steps that prefilled while rows
-decoded against their prompt tokens, taking b at the upper end of its two-sigma interval (noisy
-step times, a shared CPU, give the smaller budget, never a budget that chance made large). Under saturation every step spends its whole budget, so the
-sizes would not vary and `F` could not be told from `b`: while they do not (less than 10% spread
-over the steps that count), every PROBE_EVERY-th step spends two thirds of the budget (never more
-than it), which costs at most a few percent of prefill rate.
-Between spreads the last separating fit holds; before the first, `F` is the running mean of pure
-decode steps (a = 0: the smaller budget). Plain numbers, no arrays: the scheduler times the interval between its own calls,
-which under load is the step's wall time (chained decode included).
+never below the floor (STEP_TOKENS_FLOOR) nor above one prefill chunk.
+
+`F` and `b` come from a least-squares fit, with forgetting, of the wall time of recent steps that
+prefilled while rows decoded against their prompt tokens (once more than 3 steps' weight is in
+it), with `b` at the upper end of its two-sigma interval: noisy step times (a shared CPU) give
+the smaller budget, never one that chance made large. Under saturation every step spends its
+whole budget, so the sizes would not vary and `F` could not be told from `b`: while they vary by
+less than 10%, every PROBE_EVERY-th step spends two thirds of the budget (never more), a few
+percent of prefill rate at most. Between spreads the last separating fit holds; before the
+first, `F` is the running mean of pure decode steps (a = 0: the smaller budget).
+
+Plain numbers, no arrays: the scheduler times the interval between its own calls, which under
+load is the step's wall time (chained decode included).
 """
 
 from __future__ import annotations
