@@ -40,7 +40,7 @@ from .loop_stream import stream_in_loop
 from .oneshot import OneShotRunner, embed, score
 from .params import SamplingParams
 from .plan_contract import request_problem
-from .prefix_cache import for_binding, pool_bytes_per_token
+from .prefix_sizing import for_binding, pool_bytes_per_token
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
 from .cache.disk_tier import DEFAULT_BLOCK_TOKENS, attach_disk_tier
@@ -59,6 +59,7 @@ class Engine:
                  max_batch: int = 64, chain: bool = True, model_path: str | None = None,
                  compile: bool | str | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
                  max_total_tokens: int | None = None, prefix_interval: int | None = None,
+                 snapshot_interval: int | None = None,
                  seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
                  skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
                  speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
@@ -118,7 +119,7 @@ class Engine:
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = prefix_cache and for_binding(
             self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
-            interval=prefix_interval or min(prefill_chunk, 512)) or None
+            interval=prefix_interval or min(prefill_chunk, 512), snapshot_interval=snapshot_interval) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
         self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, model_path, kv_cache_dir,
                                           kv_cache_disk_gb, kv_cache_block_tokens) if kv_cache_dir else None
