@@ -1,4 +1,5 @@
-"""Hybrid models (qwen3_next: gated-delta linear attention + full attention) in growing chats:
+"""Hybrid models (qwen3_next: gated-delta linear attention + full attention; jamba: mamba mixers +
+attention) in growing chats:
 recurrent-state snapshots at chat message boundaries and every `snapshot_interval` tokens, so
 the next turn resumes where it parts from the previous prompt; greedy output equals mlx-lm's
 own forward on the whole prompt (a cold run). See docs/cache-policies.md, "Hybrid models"."""
@@ -13,7 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from graphc.compiler.modelgen.tokenizer import CHAT_TEMPLATE
+from graphc.compiler.modelgen.tokenizer import CHAT_TEMPLATE, write_tokenizer
+from graphc.compiler.modelgen.weights import random_weights, save_weights
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.prefix_cache import PrefixCache
 from graphc.runtime.server.message_bounds import render_with_boundaries
@@ -28,9 +30,29 @@ THINK_TEMPLATE = CHAT_TEMPLATE.replace("{{ '<|im_start|>assistant\\n' }}{% endif
 assert THINK_TEMPLATE != CHAT_TEMPLATE
 
 
+# Mamba-style: jamba's mamba mixers (mlx-lm's MambaCache, policy ssm_state) between attention
+# layers, through the generic lowering; graphc make-model does not build it, so the config is here.
+JAMBA = dict(model_type="jamba", vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, attn_layer_offset=1, attn_layer_period=2,
+             expert_layer_offset=1, expert_layer_period=4, mamba_d_conv=4, mamba_d_state=8, mamba_expand=2,
+             num_experts=2, num_experts_per_tok=1, rms_norm_eps=1e-6, max_position_embeddings=4096,
+             tie_word_embeddings=False, torch_dtype="float32")
+
+
 @pytest.fixture(scope="module")
 def hybrid_dir(model_dir):
     return model_dir("qwen3_next")
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "jamba"])
+def any_hybrid_dir(request, model_dir, tmp_path_factory):
+    if request.param == "qwen3_next":
+        return model_dir("qwen3_next")
+    out = tmp_path_factory.mktemp("jamba")
+    write_tokenizer(out, JAMBA["vocab_size"])
+    save_weights(random_weights(JAMBA, 0), out)
+    (out / "config.json").write_text(json.dumps(JAMBA))
+    return out
 
 
 @attrs.define
@@ -52,7 +74,7 @@ def test_capture_points_hold_message_ends_and_snapshot_interval():
         SamplingParams(prefix_boundaries=(3, -1)).validate()
 
 
-def test_message_boundary_is_where_the_next_turn_resumes(hybrid_dir):
+def test_message_boundary_is_where_the_next_turn_resumes(any_hybrid_dir):
     """Turn 2 parts from turn 1 after turn 1's last message (its generation prompt differs): the
     snapshot at that message's end is the hit; without it, nothing before the prompt end is kept."""
     rng = np.random.default_rng(3)
@@ -61,7 +83,8 @@ def test_message_boundary_is_where_the_next_turn_resumes(hybrid_dir):
     turn2 = messages + rng.integers(3, 1000, 9).tolist() + rng.integers(3, 1000, 20).tolist()
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     bounded = attrs.evolve(params, prefix_boundaries=(20, len(messages)))
-    eng = Engine.load(hybrid_dir, prefill_chunk=16, max_total_tokens=4096)
+    eng = Engine.load(any_hybrid_dir, prefill_chunk=16, max_total_tokens=4096)
+    assert "ssm_state" in {p.name for p in eng.compiled.binding.policies}
     eng.generate([turn1], bounded)
     [res] = eng.generate([turn2], attrs.evolve(params, prefix_boundaries=(len(messages) + 9,)))
     assert res.cached_tokens == len(messages)
@@ -73,24 +96,24 @@ def test_message_boundary_is_where_the_next_turn_resumes(hybrid_dir):
     assert res3.token_ids == reference_greedy(eng.model, turn3, 8)
     eng.prefix.check()
 
-    plain = Engine.load(hybrid_dir, prefill_chunk=16, max_total_tokens=4096)
+    plain = Engine.load(any_hybrid_dir, prefill_chunk=16, max_total_tokens=4096)
     plain.generate([turn1], params)
     [cold] = plain.generate([turn2], params)
     assert cold.cached_tokens == 0 and cold.token_ids == res.token_ids
 
 
-def test_snapshot_interval_bounds_what_a_long_message_recomputes(hybrid_dir):
+def test_snapshot_interval_bounds_what_a_long_message_recomputes(any_hybrid_dir):
     rng = np.random.default_rng(5)
     long = rng.integers(3, 1000, 70).tolist()
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    eng = Engine.load(hybrid_dir, prefill_chunk=16, max_total_tokens=4096, snapshot_interval=24)
+    eng = Engine.load(any_hybrid_dir, prefill_chunk=16, max_total_tokens=4096, snapshot_interval=24)
     assert eng.prefix.snapshot_interval == 24
     eng.generate([long], params)
     edited = long[:60] + rng.integers(3, 1000, 10).tolist()
     [res] = eng.generate([edited], params)
     assert res.cached_tokens == 48  # the last multiple of 24 before the edit
     assert res.token_ids == reference_greedy(eng.model, edited, 6)
-    assert Engine.load(hybrid_dir, prefill_chunk=16, max_total_tokens=64).prefix.snapshot_interval == 4096
+    assert Engine.load(any_hybrid_dir, prefill_chunk=16, max_total_tokens=64).prefix.snapshot_interval == 4096
 
 
 def test_boundaries_are_message_ends_and_ids_equal_the_templates(hybrid_dir):
