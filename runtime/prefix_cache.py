@@ -22,7 +22,8 @@ What is kept, per layer kind (a policy's `prefix_kind`, runtime/cache/prefix_sta
   to a shorter one or to none. A chat that grows by one turn resumes at the message boundary
   where its previous prompt and this one part (docs/cache-policies.md, "Hybrid models").
 
-Window bookkeeping lives in runtime/cache/prefix_windows.py, the sizing in runtime/prefix_sizing.py.
+Window bookkeeping lives in runtime/cache/prefix_windows.py, the records it hands out in
+runtime/cache/prefix_records.py, the sizing in runtime/prefix_sizing.py.
 
 A full-prefix hit still recomputes the last prompt token (its logits start decoding).
 
@@ -43,47 +44,14 @@ from __future__ import annotations
 
 import heapq
 
-import attrs
 import numpy as np
 
 # The rule over the policies' prefix protocol is a neutral contract (the plan's inspect note reads it too).
 from graphc.contracts.policies import prefix_unsupported_reason  # noqa: F401 - re-exported
+from .cache.prefix_records import Capture, Hit, Hold, WritePlan  # noqa: F401 - re-exported
 from .cache.prefix_windows import WindowBookkeeping
 from .cache.radix import Node, RadixTree, common_prefix, tick
 from .cache.slots import SlotAllocator
-
-
-@attrs.define
-class Hit:
-    length: int  # prompt tokens restored (m)
-    slots: np.ndarray  # pool slots of positions 0..m-1
-    window_slots: np.ndarray | None = None  # window-pool slots of positions m-len..m-1
-    snapshot: object = None  # per SNAPSHOT layer, the PrefixState after m (opaque here)
-
-
-@attrs.define
-class Capture:
-    """What the array side saw at a boundary b (opaque data; only its extent is read here)."""
-
-    window: object = None  # per TAIL layer, the PrefixState of positions window_start..b-1
-    window_start: int = 0
-    snapshot: object = None  # per SNAPSHOT layer, the PrefixState after b
-
-
-@attrs.define
-class Hold:
-    node: Node | None = None  # locked
-    hit: Hit | None = None
-    pinned: tuple | None = None  # (node, start, end): window positions pinned for the hit
-    captures: dict = attrs.field(factory=dict)  # boundary position -> Capture
-
-
-@attrs.define
-class WritePlan:
-    """Array work an insert needs: pool slots for sequence positions, window slots from captures."""
-
-    pool: list = attrs.field(factory=list)  # (slots, start, end): positions start..end-1
-    window: list = attrs.field(factory=list)  # (slots, capture, offsets into the capture)
 
 
 class PrefixCache(WindowBookkeeping):
