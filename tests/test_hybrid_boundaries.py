@@ -195,6 +195,8 @@ def test_chat_turns_resume_at_message_ends_when_the_generation_prompt_differs(hy
         msgs3 = msgs2 + [{"role": "assistant", "content": a2}, {"role": "user", "content": "winter, then."}]
         a3, u3 = _chat(srv.url, msgs3)
         hits = srv.metric("graphc_prefix_cache_hits_total")
+        assert srv.metric("graphc_prefix_cache_snapshots") >= 6  # per turn: its message ends, L-1, L, the answer end
+        assert srv.metric("graphc_prefix_cache_snapshot_evictions_total") == 0
     assert u2["prompt_tokens_details"]["cached_tokens"] >= u1["prompt_tokens"] - tail > 0
     assert u3["prompt_tokens_details"]["cached_tokens"] >= u2["prompt_tokens"] - tail
     assert hits >= 2
