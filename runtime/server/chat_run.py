@@ -2,7 +2,7 @@
 
 /v1/responses and /v1/messages translate their bodies into the chat request the chat
 endpoint already understands, then share everything after that with it: the chat
-template (prompts.chat_prompt), the tool plan and its grammar (tools.py), sampling
+template (prompts.chat_prompt_boundaries), the tool plan and its grammar (tools.py), sampling
 (sampling.build_params), admission (ServerState.submit) and the disconnect watch. Only
 the shape of what goes back to the client differs, so only that lives in those modules.
 

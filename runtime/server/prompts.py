@@ -77,7 +77,7 @@ def chat_prompt_boundaries(state, req: ChatCompletionRequest,
     """(the chat-templated prompt, the prompt offsets where the template ended each of the last
     messages): the boundaries go to the prefix cache (SamplingParams.prefix_boundaries), which keeps
     recurrent / sliding state there, so the next turn of this chat resumes at the last message it
-    shares with this one (message_boundaries)."""
+    shares with this one (message_bounds.py)."""
     tok = state.tokenizer
     if not getattr(tok, "chat_template", None):
         raise bad_request(f"the model '{state.model_name}' has no chat template; use /v1/completions",
