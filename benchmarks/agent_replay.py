@@ -23,6 +23,7 @@ Per repeat, on fresh server processes (the restart is a new process on the same 
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import sys
@@ -182,6 +183,11 @@ def cmd_agent_replay(args) -> int:
                          "(make one with `graphc make-model` or benchmarks/serving/make_shape.py)")
     if args.replay_turns < 2 or args.replay_repeats < 1:
         raise SystemExit("graphc bench --agent-replay: --replay-turns must be >= 2 and --replay-repeats >= 1")
+    limit = json.loads((Path(args.model) / "config.json").read_text()).get("max_position_embeddings")
+    if isinstance(limit, int) and args.replay_context + args.replay_max_tokens > limit:
+        raise SystemExit(f"graphc bench --agent-replay: --replay-context {args.replay_context} + "
+                         f"--replay-max-tokens {args.replay_max_tokens} exceed the model's context ({limit} tokens, "
+                         "max_position_embeddings in its config.json): the servers would refuse the last turns")
     servers = tuple(s for s in args.servers.split(",") if s)
     cfg = ReplayConfig(model=args.model, context=args.replay_context, turns=args.replay_turns,
                        max_tokens=args.replay_max_tokens, repeats=args.replay_repeats, servers=servers,
