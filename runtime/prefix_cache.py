@@ -201,6 +201,8 @@ class PrefixCache(WindowBookkeeping):
             if L > 1:
                 pts.add(L - 1)
         pts.update(b for b in getattr(req.params, "prefix_boundaries", ()) if 0 < b < L)
+        if self.snapshots and self.disk is not None and L >= self.disk.block:
+            pts.add(L // self.disk.block * self.disk.block)  # the state the disk tier writes with the blocks
         return pts
 
     def add_capture(self, req, pos: int, capture: Capture) -> None:
@@ -235,6 +237,10 @@ class PrefixCache(WindowBookkeeping):
         """Tokens whose KV comes from outside any request (the disk tier): store what the tree lacks."""
         plan, _ = self._insert(seq, {})
         return plan
+
+    def insert_snapshot(self, seq, states: list) -> None:
+        """Recurrent state after `seq` from outside any request (the disk tier), once `seq` is stored."""
+        self._insert(seq, {len(seq): Capture(snapshot=states)})
 
     def _insert(self, seq: list[int], captures: dict) -> tuple[WritePlan, Node | None]:
         plan = WritePlan()

@@ -203,3 +203,54 @@ def test_chat_turns_resume_at_message_ends_when_the_generation_prompt_differs(hy
     for m, got in ((msgs2, a2), (msgs3, a3)):
         ids = list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True))
         assert got == tok.decode(reference_greedy(eng.model, ids, 8))
+
+
+def test_restart_resumes_at_the_state_written_with_the_last_block(any_hybrid_dir, tmp_path):
+    """With a disk tier, a hybrid model writes the recurrent state at each prompt's last block end
+    beside the blocks; a new engine on the folder resumes there, output equal to a cold run; a
+    corrupt state file is skipped (the hit falls back to an earlier block's state), removed and
+    written again by the next prompt that computes that state."""
+    rng = np.random.default_rng(11)
+    conv = rng.integers(3, 1000, 90).tolist()
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    folder = tmp_path / "kv"
+    first = Engine.load(any_hybrid_dir, prefill_chunk=16, max_total_tokens=4096, kv_cache_dir=str(folder),
+                        kv_cache_block_tokens=16)
+    assert first.disk_tier is not None
+    for n in (40, 70):  # a growing conversation: turns of 40 and 70 tokens
+        first.generate([conv[:n]], params)
+    first.disk_tier.flush()
+    assert first.cache_stats()["disk_spilled_states"] >= 2
+    del first
+
+    def restarted():
+        return Engine.load(any_hybrid_dir, prefill_chunk=16, max_total_tokens=4096, kv_cache_dir=str(folder),
+                           kv_cache_block_tokens=16)
+
+    eng = restarted()
+    [res] = eng.generate([conv], params)  # the next turn, 90 tokens, first on the new process
+    assert res.cached_tokens == 64  # the last block end (of 16) within the 70 tokens the disk saw
+    assert res.token_ids == reference_greedy(eng.model, conv, 6)
+    assert eng.cache_stats()["disk_loaded_states"] == 1
+    eng.prefix.check()
+    eng.disk_tier.flush()  # it wrote the state at 80 of its own prompt too
+    del eng
+
+    at = {_state_start(f): f for f in folder.rglob("*-state*")}
+    assert {32, 64, 80} <= set(at)
+    raw = bytearray(at[80].read_bytes())
+    raw[-1] ^= 0xFF  # a flipped byte in the data: the checksum no longer matches
+    at[80].write_bytes(bytes(raw))
+    eng = restarted()
+    [res] = eng.generate([conv], params)
+    assert res.cached_tokens == 64 and res.token_ids == reference_greedy(eng.model, conv, 6)
+    assert eng.cache_stats()["disk_rejected_files"] == 1
+    eng.disk_tier.flush()  # the corrupt file was removed; this prompt's own state at 80 replaced it
+    assert at[80].read_bytes() != bytes(raw) and _state_start(at[80]) == 80
+
+
+def _state_start(path) -> int:
+    """The position a state file's metadata says it holds (safetensors: 8-byte header length, JSON)."""
+    raw = path.read_bytes()
+    head = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    return int(head["__metadata__"]["start"])
