@@ -201,8 +201,9 @@ class PrefixCache(WindowBookkeeping):
             if L > 1:
                 pts.add(L - 1)
         pts.update(b for b in getattr(req.params, "prefix_boundaries", ()) if 0 < b < L)
-        if self.snapshots and self.disk is not None and L >= self.disk.block:
-            pts.add(L // self.disk.block * self.disk.block)  # the state the disk tier writes with the blocks
+        if self.snapshots and self.disk is not None and L > self.disk.block:
+            # the state the disk tier writes beside the blocks: the last block end a hit can resume at
+            pts.add((L - 1) // self.disk.block * self.disk.block)
         return pts
 
     def add_capture(self, req, pos: int, capture: Capture) -> None:

@@ -254,3 +254,18 @@ def _state_start(path) -> int:
     raw = path.read_bytes()
     head = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
     return int(head["__metadata__"]["start"])
+
+
+def test_restart_repeats_a_prompt_of_whole_blocks(hybrid_dir, tmp_path):
+    """A prompt of exactly 3 blocks again after a restart: the hit resumes at the state before its
+    last block (a hit never ends at the prompt's last token), not nowhere."""
+    prompt = np.random.default_rng(2).integers(3, 1000, 48).tolist()
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    kw = dict(prefill_chunk=16, max_total_tokens=1024, kv_cache_dir=str(tmp_path / "kv"), kv_cache_block_tokens=16)
+    first = Engine.load(hybrid_dir, **kw)
+    first.generate([prompt], params)
+    first.disk_tier.flush()
+    del first
+    eng = Engine.load(hybrid_dir, **kw)
+    [res] = eng.generate([prompt], params)
+    assert res.cached_tokens == 32 and res.token_ids == reference_greedy(eng.model, prompt, 4)

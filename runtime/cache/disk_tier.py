@@ -137,6 +137,7 @@ class DiskTier:
         """The recurrent state at the last block end in (j0, j1] whose state file checks out, marked as
         a snapshot in the tree (a hit on a hybrid model must end at one)."""
         B = self.block
+        j1 = min(j1, (len(tokens) - 1) // B)  # a hit ends before the prompt's last token: a state at its end is no use
         for j in range(j1, j0, -1):
             name = hs[j - 1] + STATE
             got = self.store.read(name)
@@ -229,13 +230,15 @@ class DiskTier:
                     self._spill_state(tokens[:m], path)
 
     def _spill_state(self, tokens: np.ndarray, path: list) -> None:
-        """The snapshot at the sequence's last block end that has one, beside its block."""
+        """The snapshots at the sequence's block ends that the folder lacks, beside their blocks."""
         B = self.block
         ends = [n for n in path if n.end % B == 0 and n.snapshot is not None and n.end <= len(tokens)]
-        if not ends:
-            return
-        node = ends[-1]
-        name = self.hashes(tokens, node.end // B)[-1] + STATE
+        hs = self.hashes(tokens, len(tokens) // B) if ends else []
+        for node in ends:
+            self._write_state(tokens, node, hs[node.end // B - 1] + STATE)
+
+    def _write_state(self, tokens: np.ndarray, node, name: str) -> None:
+        B = self.block
         if name in self.known:
             return
         arrays = {f"s{i}.{k}": a for i, st in zip(self.snapshot_layers, node.snapshot) for k, a in enumerate(st.arrays)}
