@@ -269,3 +269,16 @@ def test_restart_repeats_a_prompt_of_whole_blocks(hybrid_dir, tmp_path):
     eng = Engine.load(hybrid_dir, **kw)
     [res] = eng.generate([prompt], params)
     assert res.cached_tokens == 32 and res.token_ids == reference_greedy(eng.model, prompt, 4)
+
+
+def test_metrics_count_state_files(hybrid_dir, tmp_path):
+    eng = Engine.load(hybrid_dir, prefill_chunk=16, max_total_tokens=1024, kv_cache_dir=str(tmp_path / "kv"),
+                      kv_cache_block_tokens=16)
+    with live_server(engine=eng) as srv:
+        r = httpx.post(srv.url + "/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": list(range(10, 60)), "max_tokens": 2, "temperature": 0})
+        assert r.status_code == 200, r.text
+        httpx.post(srv.url + "/v1/completions", timeout=60,
+                   json={"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1})  # /metrics reads the next step's numbers
+        assert srv.metric("graphc_prefix_cache_disk_states_total", op="written") >= 1
+        assert srv.metric("graphc_prefix_cache_disk_states_total", op="read") == 0
