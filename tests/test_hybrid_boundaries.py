@@ -14,11 +14,14 @@ import httpx
 import numpy as np
 import pytest
 
+from graphc.cli.main import build_parser
 from graphc.compiler.modelgen.tokenizer import CHAT_TEMPLATE, write_tokenizer
 from graphc.compiler.modelgen.weights import random_weights, save_weights
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.prefix_cache import PrefixCache
+from graphc.runtime.server.cli import config_from_args
 from graphc.runtime.server.message_bounds import render_with_boundaries
+from graphc.runtime.server.state import load_engine
 from helpers import reference_greedy
 from server_harness import MODEL, live_server
 
@@ -282,3 +285,10 @@ def test_metrics_count_state_files(hybrid_dir, tmp_path):
                    json={"model": MODEL, "prompt": [5, 6, 7], "max_tokens": 1})  # /metrics reads the next step's numbers
         assert srv.metric("graphc_prefix_cache_disk_states_total", op="written") >= 1
         assert srv.metric("graphc_prefix_cache_disk_states_total", op="read") == 0
+
+
+def test_serve_flags_reach_the_engine(hybrid_dir, tmp_path):
+    args = build_parser().parse_args(["serve", "--model", str(hybrid_dir), "--kv-cache-dir", str(tmp_path / "kv"),
+                                      "--kv-cache-block-tokens", "32", "--snapshot-interval", "64"])
+    eng = load_engine(config_from_args(args))
+    assert eng.disk_tier.block == 32 and eng.prefix.snapshot_interval == 64
