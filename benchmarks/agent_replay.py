@@ -13,13 +13,17 @@ Per repeat, on fresh server processes (the restart is a new process on the same 
 - cold:    every turn with a text of its own (same lengths, nothing shared): no cache can help.
 - warm:    the replay on the same server after the cold pass: each turn reuses the previous prompt.
 - disk:    graphc with --kv-cache-dir on a fresh folder: the replay (it also writes the folder).
-- restart: the conversation goes on after a restart: a new process (graphc: on that folder)
-           whose first request is the last turn. Only the last turn: the turns before it would
-           hit the restarted process's own memory cache and say nothing about the restart.
+- restart: the conversation goes on after a restart: a process replays every turn but the last
+           (graphc: with --kv-cache-dir on a second fresh folder) and stops; a new process
+           (graphc: on that folder) gets the last turn first. So the restart reuses what the
+           earlier process wrote and computes the new turn, as a growing conversation would; the
+           turns before it would hit the new process's own memory cache and say nothing about
+           the restart. mlx_lm.server keeps no cache across processes: its restart is a cold turn.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import sys
@@ -124,7 +128,12 @@ def run_replay(cfg: ReplayConfig, log=print) -> dict:
                     with start(disk) as url:
                         replay(url, warm, 2, body)
                         record("disk", replay(url, turns, cfg.max_tokens, body))
-                with start(disk) as url:  # the restart: a new process (graphc: on the same folder)
+            with tempfile.TemporaryDirectory(prefix="graphc-kv-") as folder:
+                disk = ("--kv-cache-dir", folder) if spec.name == "graphc" else ()
+                if disk:  # the conversation up to its last turn, on a process that then stops
+                    with start(disk) as url:
+                        replay(url, turns[:-1], cfg.max_tokens, body)
+                with start(disk) as url:  # the restart: a new process (graphc: on that folder)
                     replay(url, warm, 1, body)
                     record("restart", replay(url, turns[-1:], cfg.max_tokens, body))
     return {"kind": "agent_replay", "environment": env, "config": asdict(cfg),
@@ -174,6 +183,11 @@ def cmd_agent_replay(args) -> int:
                          "(make one with `graphc make-model` or benchmarks/serving/make_shape.py)")
     if args.replay_turns < 2 or args.replay_repeats < 1:
         raise SystemExit("graphc bench --agent-replay: --replay-turns must be >= 2 and --replay-repeats >= 1")
+    limit = json.loads((Path(args.model) / "config.json").read_text()).get("max_position_embeddings")
+    if isinstance(limit, int) and args.replay_context + args.replay_max_tokens > limit:
+        raise SystemExit(f"graphc bench --agent-replay: --replay-context {args.replay_context} + "
+                         f"--replay-max-tokens {args.replay_max_tokens} exceed the model's context ({limit} tokens, "
+                         "max_position_embeddings in its config.json): the servers would refuse the last turns")
     servers = tuple(s for s in args.servers.split(",") if s)
     cfg = ReplayConfig(model=args.model, context=args.replay_context, turns=args.replay_turns,
                        max_tokens=args.replay_max_tokens, repeats=args.replay_repeats, servers=servers,

@@ -77,6 +77,7 @@ class EngineConfig:
     mem_fraction: float | None = attrs.field(default=None, validator=_fraction)  # of device memory for the pool
     max_total_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)  # pool slots
     prefix_interval: int | None = attrs.field(default=None, validator=_optional_positive_int)  # capture boundary
+    snapshot_interval: int | None = attrs.field(default=None, validator=_optional_positive_int)  # hybrid state every N tokens
     # KV cache: quantized full-attention KV (compiler/compile.py with_kv_bits; opt-in, not exact)
     kv_bits: int | None = None  # 8 or 4: checked by the compiler, which names the graph it cannot rewrite
     kv_group_size: int | None = None  # a setting of kv_bits

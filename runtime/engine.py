@@ -37,7 +37,7 @@ from .kernel_views import KernelViews
 from .loop_stream import stream_in_loop
 from .params import SamplingParams
 from .plan_contract import request_problem
-from .prefix_cache import for_binding
+from .prefix_sizing import for_binding
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
 from .cache.disk_tier import attach_disk_tier
@@ -94,7 +94,7 @@ class Engine(OneShotGraphs, EngineViews):
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
         self.prefix = c.prefix_cache and for_binding(
             self.compiled.binding, mem_fraction=c.mem_fraction, max_total_tokens=c.max_total_tokens,
-            interval=c.prefix_interval or min(prefill_chunk, 512)) or None
+            interval=c.prefix_interval or min(prefill_chunk, 512), snapshot_interval=c.snapshot_interval) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
         self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, c.model_path, c.kv_cache_dir,
                                           c.kv_cache_disk_gb, c.kv_cache_block_tokens) if c.kv_cache_dir else None

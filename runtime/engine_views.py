@@ -6,7 +6,7 @@ so a caller learns what the engine holds and how its step runs without reaching 
 
 from __future__ import annotations
 
-from .prefix_cache import pool_bytes_per_token
+from .prefix_sizing import pool_bytes_per_token
 from .request import GenerationResult, Request
 
 

@@ -63,6 +63,9 @@ class SamplingParams:
                        {"method": ..., "num_draft_tokens": ..., "max_ngram": ..., "min_ngram": ...}
                        (docs/speculative.md). Plain greedy rows only: other rows decode normally.
     num_draft_tokens   k, the most draft tokens verified per step (None = the method's default).
+    prefix_boundaries  prompt offsets where a chat message ends (the server's chat rendering sets
+                       them): recurrent / sliding layers keep prefix state there, so the next,
+                       longer turn of the chat resumes at one (docs/cache-policies.md). Output is unchanged.
     """
 
     max_tokens: int = 256
@@ -88,6 +91,7 @@ class SamplingParams:
     grammar: object = None
     speculative: str | dict | None = attrs.field(default=None, hash=False)
     num_draft_tokens: int | None = None
+    prefix_boundaries: tuple = attrs.field(default=(), converter=_tuple, hash=False)
 
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
         """Raise ValueError naming the bad field; return self so calls chain."""
@@ -108,6 +112,8 @@ class SamplingParams:
                 bad("stop", "holds a lone UTF-16 surrogate (not valid Unicode text)")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
             bad("stop_token_ids", f"must be token ids (integers), got {self.stop_token_ids!r}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.prefix_boundaries):
+            bad("prefix_boundaries", f"must be prompt offsets (integers >= 0), got {self.prefix_boundaries!r}"[:200])
         if vocab_size is not None:
             ids = list((self.logit_bias or {}).keys()) + list(self.banned_token_ids) + list(self.logprob_token_ids)
             ids += list(self.stop_token_ids)

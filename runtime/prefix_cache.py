@@ -9,14 +9,21 @@ What is kept, per layer kind (a policy's `prefix_kind`, runtime/cache/prefix_sta
   pool slot. A hit may end at any matched position.
 - TAIL (sliding attention, `windowed`): only the last `window` positions before a
   *boundary* are kept, in a second, window pool. Boundaries sit at multiples of
-  `interval` inside a prompt, at the prompt's end and at the end of a finished request
-  (the next turn of a chat resumes there). A hit may end at m when positions
+  `interval` inside a prompt, at the chat's message boundaries (SamplingParams.prefix_boundaries:
+  where the server's chat template ended each message), at the prompt's end and at the end
+  of a finished request (the next turn of a chat resumes there). A hit may end at m when positions
   m-window+1..m-1 are all kept: at a boundary b, or at b-1. Window slots are reference
   counted by the boundaries that cover them, so sliding KV that no boundary needs is
   freed as soon as its last boundary goes.
 - SNAPSHOT (linear attention / SSM, `ssm_state`): the recurrent state after a boundary
-  (boundaries as above, plus prompt end - 1 so a repeated prompt recomputes one token).
-  A hit must end exactly at a snapshot, else it falls back to a shorter one or to none.
+  (message boundaries, prompt and request ends as above, plus prompt end - 1 so a repeated
+  prompt recomputes one token; multiples of `snapshot_interval`, sparser than `interval` as
+  a snapshot is the whole state). A hit must end exactly at a snapshot, else it falls back
+  to a shorter one or to none. A chat that grows by one turn resumes at the message boundary
+  where its previous prompt and this one part (docs/cache-policies.md, "Hybrid models").
+
+Window bookkeeping lives in runtime/cache/prefix_windows.py, the records it hands out in
+runtime/cache/prefix_records.py, the sizing in runtime/prefix_sizing.py.
 
 A full-prefix hit still recomputes the last prompt token (its logits start decoding).
 
@@ -37,60 +44,29 @@ from __future__ import annotations
 
 import heapq
 
-import attrs
-import mlx.core as mx
 import numpy as np
 
 # The rule over the policies' prefix protocol is a neutral contract (the plan's inspect note reads it too).
 from graphc.contracts.policies import prefix_unsupported_reason  # noqa: F401 - re-exported
-from .cache.pool import device_memory
-from .cache.prefix_state import PrefixKind
+from .cache.prefix_records import Capture, Hit, Hold, WritePlan  # noqa: F401 - re-exported
+from .cache.prefix_windows import WindowBookkeeping
 from .cache.radix import Node, RadixTree, common_prefix, tick
 from .cache.slots import SlotAllocator
 
 
-@attrs.define
-class Hit:
-    length: int  # prompt tokens restored (m)
-    slots: np.ndarray  # pool slots of positions 0..m-1
-    window_slots: np.ndarray | None = None  # window-pool slots of positions m-len..m-1
-    snapshot: object = None  # per SNAPSHOT layer, the PrefixState after m (opaque here)
-
-
-@attrs.define
-class Capture:
-    """What the array side saw at a boundary b (opaque data; only its extent is read here)."""
-
-    window: object = None  # per TAIL layer, the PrefixState of positions window_start..b-1
-    window_start: int = 0
-    snapshot: object = None  # per SNAPSHOT layer, the PrefixState after b
-
-
-@attrs.define
-class Hold:
-    node: Node | None = None  # locked
-    hit: Hit | None = None
-    pinned: tuple | None = None  # (node, start, end): window positions pinned for the hit
-    captures: dict = attrs.field(factory=dict)  # boundary position -> Capture
-
-
-@attrs.define
-class WritePlan:
-    """Array work an insert needs: pool slots for sequence positions, window slots from captures."""
-
-    pool: list = attrs.field(factory=list)  # (slots, start, end): positions start..end-1
-    window: list = attrs.field(factory=list)  # (slots, capture, offsets into the capture)
-
-
-class PrefixCache:
+class PrefixCache(WindowBookkeeping):
     MIN_GAIN = 32  # prompt tokens a request must gain to wait a step for a request ahead of it
     def __init__(self, *, capacity: int, window: int | None = None, window_capacity: int = 0,
-                 snapshots: bool = False, max_snapshots: int = 0, interval: int = 512):
+                 snapshots: bool = False, max_snapshots: int = 0, interval: int = 512,
+                 snapshot_interval: int | None = None):
         if interval < 1:
             raise ValueError(f"prefix boundary interval must be >= 1, got {interval}")
+        if snapshot_interval is not None and snapshot_interval < 1:
+            raise ValueError(f"snapshot interval must be >= 1 token, got {snapshot_interval}")
         self.window = window
         self.snapshots = snapshots
         self.interval = interval
+        self.snapshot_interval = interval if snapshot_interval is None else snapshot_interval
         self.tree = RadixTree(windowed=window is not None)
         self.slots = SlotAllocator(capacity)
         self.window_slots = SlotAllocator(window_capacity) if window is not None else None
@@ -199,16 +175,6 @@ class PrefixCache:
                 return m
         return 0
 
-    def _window_ok(self, bad: np.ndarray, m: int) -> tuple[bool, int]:
-        """Whether positions m-window+1..m-1 are all kept; else the next m worth trying."""
-        i = np.searchsorted(bad, m) - 1  # last uncovered position < m
-        if i < 0:
-            return True, m
-        last_bad = int(bad[i])
-        if last_bad < m - (self.window - 1):
-            return True, m
-        return False, last_bad  # any m' in (last_bad, m) still needs last_bad
-
     def take_hit(self, req) -> Hit | None:
         """The admitted hit, handed to the array side once (unpins its window slots)."""
         hold = self.holds.get(req.id)
@@ -218,20 +184,26 @@ class PrefixCache:
         self._unpin(hold)
         return hit
 
-    def _unpin(self, hold: Hold) -> None:
-        if hold.pinned is not None:
-            node, start, end = hold.pinned
-            self._add_cover(node, start, end, -1)
-            hold.pinned = None
-
     # -- boundaries (where the array side captures state during prefill) ---------------
     def capture_points(self, req) -> set[int]:
+        """Prompt positions after which the array side captures windows / snapshots: every
+        `interval` tokens (window layers), every `snapshot_interval` tokens (recurrent layers),
+        the message boundaries the request carries (where the chat template ends each message:
+        the next turn of a growing chat shares the prompt up to one of them), and the prompt's end."""
         if not self.needs_boundaries:
             return set()
         L = len(req.context_ids)
-        pts = set(range(self.interval, L + 1, self.interval)) | {L}
-        if self.snapshots and L > 1:
-            pts.add(L - 1)
+        pts = {L}
+        if self.window is not None:
+            pts.update(range(self.interval, L + 1, self.interval))
+        if self.snapshots:
+            pts.update(range(self.snapshot_interval, L + 1, self.snapshot_interval))
+            if L > 1:
+                pts.add(L - 1)
+        pts.update(b for b in getattr(req.params, "prefix_boundaries", ()) if 0 < b < L)
+        if self.snapshots and self.disk is not None and L > self.disk.block:
+            # the state the disk tier writes beside the blocks: the last block end a hit can resume at
+            pts.add((L - 1) // self.disk.block * self.disk.block)
         return pts
 
     def add_capture(self, req, pos: int, capture: Capture) -> None:
@@ -266,6 +238,10 @@ class PrefixCache:
         """Tokens whose KV comes from outside any request (the disk tier): store what the tree lacks."""
         plan, _ = self._insert(seq, {})
         return plan
+
+    def insert_snapshot(self, seq, states: list) -> None:
+        """Recurrent state after `seq` from outside any request (the disk tier), once `seq` is stored."""
+        self._insert(seq, {len(seq): Capture(snapshot=states)})
 
     def _insert(self, seq: list[int], captures: dict) -> tuple[WritePlan, Node | None]:
         plan = WritePlan()
@@ -309,44 +285,6 @@ class PrefixCache:
                 node.snapshot = cap.snapshot
                 self.n_snapshots += 1
 
-    def _cover_boundary(self, node: Node, start: int, b: int, cap: Capture, plan: WritePlan) -> None:
-        parts = list(self.tree.ancestors_over(node, start, b))
-        for n, lo, hi in parts:  # count this boundary first, so evicting others cannot free what it reuses
-            n.sw_ref[lo:hi] += 1
-        need = sum(int((n.sw[lo:hi] < 0).sum()) for n, lo, hi in parts)
-        if need > self.window_slots.free:
-            self._evict_windows(need - self.window_slots.free, keep=node)
-        new = self.window_slots.alloc(need)
-        if new is None:  # no room: this boundary stays a plain prefix point
-            self._add_cover(node, start, b, -1)
-            return
-        taken, offsets = 0, []
-        for n, lo, hi in parts:
-            miss = np.flatnonzero(n.sw[lo:hi] < 0) + lo
-            n.sw[miss] = new[taken:taken + len(miss)]
-            taken += len(miss)
-            offsets.append(miss + n.start - cap.window_start)
-        node.covered = True
-        self.n_boundaries += 1
-        if need:
-            plan.window.append((new, cap, np.concatenate(offsets)))
-
-    def _add_cover(self, node: Node, start: int, end: int, delta: int) -> None:
-        """Count (or uncount) one holder of the window slots of positions start..end-1."""
-        for n, lo, hi in self.tree.ancestors_over(node, start, end):
-            n.sw_ref[lo:hi] += delta
-            if delta < 0:
-                dead = np.flatnonzero((n.sw_ref[lo:hi] == 0) & (n.sw[lo:hi] >= 0)) + lo
-                if len(dead):
-                    self.window_slots.release(n.sw[dead])
-                    n.sw[dead] = -1
-
-    def _uncover(self, node: Node) -> None:
-        if node.covered:
-            node.covered = False
-            self.n_boundaries -= 1
-            self._add_cover(node, max(0, node.end - self.window), node.end, -1)
-
     # -- eviction -----------------------------------------------------------------------
     def _alloc_pool(self, n: int) -> np.ndarray:
         if n > self.slots.free:
@@ -378,15 +316,6 @@ class PrefixCache:
         self.slots.release(leaf.slots)
         self.counters["evicted_tokens"] += len(leaf.slots)
         return len(leaf.slots)
-
-    def _evict_windows(self, need: int, keep: Node | None = None) -> None:
-        start = self.window_slots.free
-        heap = [(n.last_access, id(n), n) for n in self.tree.nodes() if n.covered and n.ref == 0 and n is not keep]
-        heapq.heapify(heap)
-        while heap and self.window_slots.free - start < need:
-            _, _, node = heapq.heappop(heap)
-            self._uncover(node)
-            self.counters["window_tombstones"] += 1
 
     def _evict_snapshot(self) -> None:
         cands = [n for n in self.tree.nodes() if n.snapshot is not None and n.ref == 0]
@@ -453,56 +382,3 @@ class PrefixCache:
                 assert ((n.sw >= 0) == (n.sw_ref > 0)).all(), n
         if self.snapshots:
             assert self.n_snapshots == sum(1 for n in nodes if n.snapshot is not None)
-
-
-DEFAULT_MEM_FRACTION = 0.25
-# On the CPU the device memory is the machine's RAM, shared with everything else, and the pool
-# grows with every new prompt until it is full: its default size is capped at this many bytes
-# (mem_fraction / max_total_tokens set it explicitly). GPUs keep the mem_fraction default.
-DEFAULT_CPU_POOL_BYTES = 1 << 30
-
-
-def for_binding(binding, *, mem_fraction: float | None = None, max_total_tokens: int | None = None,
-                interval: int = 512) -> PrefixCache | None:
-    """The prefix cache a bound graph supports, or None.
-
-    Prefix reuse needs every layer's policy to take part (a `prefix_kind`, see
-    runtime/cache/prefix_state.py) and at least one TOKENS layer; a graph that uses `full`
-    (graphs/dense_noprefix.yaml) has none. Capacity: `max_total_tokens` pool slots if given,
-    else what `mem_fraction` of the device's memory holds at the pools' bytes per token (the
-    arrays grow on demand, so an unused budget costs nothing).
-    """
-    pols = binding.policies
-    if prefix_unsupported_reason(pols):
-        return None
-    kinds = [p.prefix_kind for p in pols]
-    pool_bpt = sum(p.bytes_per_token() for p, k in zip(pols, kinds) if k is PrefixKind.TOKENS)
-    win_bpt = sum(p.bytes_per_token() for p, k in zip(pols, kinds) if k is PrefixKind.TAIL)
-    if max_total_tokens is None:
-        frac = DEFAULT_MEM_FRACTION if mem_fraction is None else mem_fraction
-        if not 0 < frac <= 1:
-            raise ValueError(f"mem_fraction must be in (0, 1], got {frac}")
-        budget = int(frac * device_memory())
-        if mem_fraction is None and _on_cpu():
-            budget = min(budget, DEFAULT_CPU_POOL_BYTES)
-        max_total_tokens = budget // max(1, pool_bpt + win_bpt)
-    if max_total_tokens < 1:
-        raise ValueError(f"max_total_tokens must be >= 1, got {max_total_tokens}")
-    tails = {p.prefix_tail() for p, k in zip(pols, kinds) if k is PrefixKind.TAIL}
-    state_bytes = sum(p.bytes_per_request(0) for p, k in zip(pols, kinds) if k is PrefixKind.SNAPSHOT)
-    snapshots = PrefixKind.SNAPSHOT in kinds
-    # Snapshots may take about a quarter of the pool's bytes (and at least a few).
-    max_snapshots = max(8, (max_total_tokens * pool_bpt // 4) // max(1, state_bytes)) if snapshots else 0
-    window = tails.pop() if tails else None
-    return PrefixCache(capacity=max_total_tokens, window=window,
-                       window_capacity=max_total_tokens if window else 0,
-                       snapshots=snapshots, max_snapshots=max_snapshots, interval=interval)
-
-
-def pool_bytes_per_token(policies) -> int:
-    """Bytes one pool slot costs over all layers (TOKENS and TAIL layers keep per-token rows)."""
-    return sum(p.bytes_per_token() for p in policies if p.prefix_kind in (PrefixKind.TOKENS, PrefixKind.TAIL))
-
-
-def _on_cpu() -> bool:
-    return mx.default_device().type == mx.DeviceType.cpu

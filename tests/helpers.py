@@ -89,7 +89,8 @@ def assert_generic_lowering_matches(path, prefill_chunk: int = 8, max_tokens: in
     """The generic lowering (the model's own forward on graphc's caches, forced) equals mlx-lm:
     a batch of mixed lengths (some past the prefill chunk), then prompts sharing a prefix one
     after another, so the later ones hit the prefix cache."""
-    eng = Engine.load(path, prefill_chunk=prefill_chunk, max_total_tokens=4096, lowering="generic")
+    eng = Engine.load(path, prefill_chunk=prefill_chunk, max_total_tokens=4096, lowering="generic",
+                      snapshot_interval=prefill_chunk)  # recurrent layers: snapshots at chunk multiples too
     assert eng.compiled.binding.lowering == "generic" and eng.compiled.binding.check.ok
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     prompts = random_prompts(5, eng.vocab_size, [5, 3 * prefill_chunk + 3, 11, 1, 2 * prefill_chunk], seed=17)

@@ -60,7 +60,7 @@ def test_prefix_hits_resume_at_snapshots_and_equal_cold(hybrid_dir):
     prompts.append(shared[:40])  # ends between snapshots: falls back to the one at 32
     params = SamplingParams(max_tokens=15, ignore_eos=True)
     cold = Engine.load(hybrid_dir, prefill_chunk=16, prefix_cache=False).generate(prompts, params)
-    eng = Engine.load(hybrid_dir, prefill_chunk=16, max_total_tokens=4096)
+    eng = Engine.load(hybrid_dir, prefill_chunk=16, max_total_tokens=4096, snapshot_interval=16)
     warm = [eng.generate([p], params)[0] for p in prompts]
     assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
     cached = [r.cached_tokens for r in warm]

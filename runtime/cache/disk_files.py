@@ -12,6 +12,9 @@ Layout: `DIR/<model id[:32]>/<block hash>.safetensors`. Each file is a plain saf
 file (readable by any safetensors tool): tensors `tokens` (int32 [n]) and `l<layer>.<plane>`
 (the pool's planes, [heads, n, ...], at the pool's dtype), and `__metadata__` with
 `format`, `model`, `block`, `start`, `tokens_n` and `checksum` (blake2b of the data section).
+A hybrid model's recurrent state at a block end is a file of the same format named
+`<block hash>-state`: `tokens` (that block's ids), `s<layer>.<k>` (the state arrays) and
+`kind` "state" in its metadata (runtime/cache/disk_tier.py).
 
 Size cap: least recently used files first (mtime; a read touches the file), over the
 whole folder, enforced by the writer thread after its writes.

@@ -17,9 +17,12 @@ policies, dtype, lowering, device) through every token id, so a block can only b
 the same model with the same prefix. Restored blocks are bit-identical to what the pool
 held, so greedy output after a disk hit equals a cold run.
 
-Only graphs whose every prefix layer keeps per-token rows (PrefixKind.TOKENS) spill: the
-window tails of sliding layers and the recurrent snapshots of linear-attention / SSM layers
-are not written, and such models run with the memory tier only (a log line, and
+Hybrid models (linear-attention / SSM layers, PrefixKind.SNAPSHOT) spill too: with a disk
+tier, each prompt also keeps a recurrent-state snapshot at its last block end, and when its
+blocks are written, the snapshot at the last block end of the sequence is written beside them
+(`<hash of that block>-state`: tensors `s<layer>.<k>`, the state arrays), checked the same way.
+A read-back hit resumes at the last block whose state file checks out. The window tails of
+sliding layers are not written: such models run with the memory tier only (a log line, and
 `cache_stats()["disk_off"]` says why).
 """
 
@@ -34,19 +37,17 @@ import mlx.core as mx
 import numpy as np
 
 from .disk_files import BlockStore, chain_hash, encode_block
-from .prefix_state import PrefixKind
+from .prefix_state import PrefixKind, PrefixState
 
 log = logging.getLogger("graphc.kvdisk")
 
 DEFAULT_BLOCK_TOKENS = 256
+STATE = "-state"  # a recurrent-state file's name: the name of the block it ends, then this
 _EDGE_BYTES = 1 << 20  # of each weight file hashed at its start and end: identity without reading 16 GB
 
 
 def disk_unsupported_reason(policies) -> str | None:
     for i, p in enumerate(policies):
-        if p.prefix_kind is PrefixKind.SNAPSHOT:
-            return (f"layer {i} ({p.layer.kind}, {p.name}) keeps recurrent state snapshots, which the disk "
-                    "tier does not write yet; this model uses the in-memory prefix cache only")
         if p.prefix_kind is PrefixKind.TAIL:
             return (f"layer {i} ({p.layer.kind}, {p.name}) keeps sliding-window tails, which the disk tier "
                     "does not write yet; this model uses the in-memory prefix cache only")
@@ -84,11 +85,13 @@ class DiskTier:
         self.prefix = prefix
         self.pool = io.pool
         self.layers = io.token_layers
+        self.snapshot_layers = io.snapshot_layers  # recurrent layers: their state at block ends
         self.store = store
         self.model_id = model_id
         self.block = block_tokens
         self.known: set[str] = set()  # blocks this process wrote or read: never written again
-        self.counters = {"disk_loaded_blocks": 0, "disk_spilled_blocks": 0}
+        self.counters = {"disk_loaded_blocks": 0, "disk_spilled_blocks": 0, "disk_loaded_states": 0,
+                         "disk_spilled_states": 0}
 
     def hashes(self, tokens: np.ndarray, n_blocks: int) -> list[str]:
         out, h, B = [], self.model_id, self.block
@@ -126,7 +129,45 @@ class DiskTier:
             for slots, s, e in plan.pool:
                 self.pool.write(i, slots, tuple(a[:, s - base:e - base] for a in planes))
         self.pool.flush()
+        if self.snapshot_layers:
+            self._promote_state(tokens, hs, j0, j0 + len(loaded))
         return max((e for _, _, e in plan.pool), default=m0) - m0
+
+    def _promote_state(self, tokens: np.ndarray, hs: list, j0: int, j1: int) -> None:
+        """The recurrent state at the last block end in (j0, j1] whose state file checks out, marked as
+        a snapshot in the tree (a hit on a hybrid model must end at one)."""
+        B = self.block
+        j1 = min(j1, (len(tokens) - 1) // B)  # a hit ends before the prompt's last token: a state at its end is no use
+        for j in range(j1, j0, -1):
+            name = hs[j - 1] + STATE
+            got = self.store.read(name)
+            if got is None:
+                continue
+            meta, toks, arrays = got
+            states = self._states(meta, toks, arrays, name, j, tokens)
+            if states is None:
+                continue
+            self.prefix.insert_snapshot(tokens[:j * B], states)
+            self.known.add(name)
+            self.counters["disk_loaded_states"] += 1
+            return
+
+    def _states(self, meta: dict, toks: np.ndarray, arrays: dict, name: str, j: int, tokens: np.ndarray):
+        B, why = self.block, None
+        per_layer = [sorted((n for n in arrays if n.startswith(f"s{i}.")), key=lambda n: int(n.split(".")[1]))
+                     for i in self.snapshot_layers]
+        if meta.get("model") != self.model_id:
+            why = f"written by another model ({str(meta.get('model'))[:12]}...)"
+        elif meta.get("block") != name or meta.get("start") != str(j * B) or meta.get("kind") != "state":
+            why = "its metadata does not match its name"
+        elif not np.array_equal(toks, tokens[(j - 1) * B:j * B]):
+            why = "its token ids differ from the prompt's"
+        elif any(not names for names in per_layer):
+            why = "a recurrent layer's state is missing"
+        if why:
+            self.store.reject(self.store.path(name), why)
+            return None
+        return [PrefixState(PrefixKind.SNAPSHOT, j * B, j * B, tuple(arrays[n] for n in names)) for names in per_layer]
 
     def _valid(self, block: str, j: int, tokens: np.ndarray, meta: dict, toks: np.ndarray, arrays: dict) -> bool:
         B, path = self.block, self.store.path(block)
@@ -185,6 +226,31 @@ class DiskTier:
             path, m = self.prefix.tree.match(tokens)
             if m >= self.block:
                 self.spill(tokens[:m], np.concatenate([n.slots for n in path])[:m])
+                if self.snapshot_layers:
+                    self._spill_state(tokens[:m], path)
+
+    def _spill_state(self, tokens: np.ndarray, path: list) -> None:
+        """The snapshots at the sequence's block ends that the folder lacks, beside their blocks."""
+        B = self.block
+        ends = [n for n in path if n.end % B == 0 and n.snapshot is not None and n.end <= len(tokens)]
+        hs = self.hashes(tokens, len(tokens) // B) if ends else []
+        for node in ends:
+            self._write_state(tokens, node, hs[node.end // B - 1] + STATE)
+
+    def _write_state(self, tokens: np.ndarray, node, name: str) -> None:
+        B = self.block
+        if name in self.known:
+            return
+        arrays = {f"s{i}.{k}": a for i, st in zip(self.snapshot_layers, node.snapshot) for k, a in enumerate(st.arrays)}
+        if any(a is None for a in arrays.values()):
+            return  # a layer whose state was never set (no position folded in): nothing to keep
+        mx.eval(list(arrays.values()))
+        raw = {n: (a.dtype, a.shape, np.array(a.view(mx.uint8)).tobytes()) for n, a in arrays.items()}
+        meta = {"model": self.model_id, "block": name, "start": node.end, "tokens_n": B, "kind": "state"}
+        toks = np.array(tokens[node.end - B:node.end], np.int32)
+        self.store.put(name, lambda m=meta, t=toks, r=raw: encode_block(m, t, r))
+        self.known.add(name)
+        self.counters["disk_spilled_states"] += 1
 
     def spill_leaf(self, leaf) -> None:
         """A leaf about to be evicted: its blocks (with its ancestors' positions before them)."""

@@ -26,7 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 from .body import read_request
 from .errors import bad_request
 from .logprobs import chat_logprobs, logprob_source
-from .prompts import chat_prompt, prompt_opens_reasoning
+from .prompts import chat_prompt_boundaries, prompt_opens_reasoning
 from .reasoning import CONTENT, REASONING, ReasoningStream, answer_grammar, split_reasoning
 from .protocol import (ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatChunkChoice,
                        ChatDelta, ChatResponseMessage, ToolCallDelta, ToolCallFunctionDelta, make_usage)
@@ -45,7 +45,7 @@ async def create_chat_completion(request: Request, state):
     if plan is not None and plan.active and req.response_format is not None and req.response_format.type != "text":
         raise bad_request("response_format cannot be combined with tools unless tool_choice is 'none'",
                           "response_format")
-    ids, started = await state.run_cpu(_prompt, state, req, plan)
+    ids, started, bounds = await state.run_cpu(_prompt, state, req, plan)
     think = (state.reasoning, started) if state.reasoning is not None else None
     # max_completion_tokens replaced max_tokens in OpenAI's API; take it first.
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -54,6 +54,7 @@ async def create_chat_completion(request: Request, state):
     items = [(ids, build_params(req, max_tokens=max_tokens, vocab_size=state.vocab_size,
                                 default_temperature=state.config.default_temperature, choice=j), None)
              for j in range(req.n)]
+    items = [(i, attrs.evolve(p, prefix_boundaries=bounds), x) for i, p, x in items]  # where messages end
     if plan is not None and plan.active:
         grammar = plan.grammar()
         items = [(i, attrs.evolve(p, grammar=grammar), x) for i, p, x in items]
@@ -74,8 +75,8 @@ async def create_chat_completion(request: Request, state):
 
 
 def _prompt(state, req, plan):
-    ids = chat_prompt(state, req, plan)
-    return ids, prompt_opens_reasoning(state, ids)
+    ids, bounds = chat_prompt_boundaries(state, req, plan)
+    return ids, prompt_opens_reasoning(state, ids), bounds
 
 
 def _usage(group, prompt_ids):

@@ -2,7 +2,7 @@
 
 /v1/responses and /v1/messages translate their bodies into the chat request the chat
 endpoint already understands, then share everything after that with it: the chat
-template (prompts.chat_prompt), the tool plan and its grammar (tools.py), sampling
+template (prompts.chat_prompt_boundaries), the tool plan and its grammar (tools.py), sampling
 (sampling.build_params), admission (ServerState.submit) and the disconnect watch. Only
 the shape of what goes back to the client differs, so only that lives in those modules.
 
@@ -26,7 +26,7 @@ from graphc.runtime.grammar import Grammar
 from graphc.runtime.grammar.schema import close_objects
 
 from .errors import bad_request
-from .prompts import chat_prompt, prompt_opens_reasoning
+from .prompts import chat_prompt_boundaries, prompt_opens_reasoning
 from .protocol import ChatCompletionRequest, ResponseFormat
 from .reasoning import CONTENT, REASONING, ReasoningFormat, ReasoningStream, answer_grammar
 from .sampling import build_params
@@ -115,27 +115,34 @@ def reply_grammar(plan: ToolPlan, chat: ChatCompletionRequest) -> Grammar:
     return plan.grammar()  # forced calls: the output format has nothing to apply to
 
 
-def _prompt(state, chat: ChatCompletionRequest, plan: ToolPlan | None) -> tuple[list[int], bool]:
-    ids = chat_prompt(state, chat, plan)
-    return ids, prompt_opens_reasoning(state, ids)
+def _prompt(state, chat: ChatCompletionRequest, plan: ToolPlan | None) -> tuple[list[int], bool, tuple]:
+    ids, bounds = chat_prompt_boundaries(state, chat, plan)
+    return ids, prompt_opens_reasoning(state, ids), bounds
 
 
 async def prompt_ids(state, chat: ChatCompletionRequest) -> tuple[list[int], ToolPlan | None, bool]:
     """(the chat-templated prompt, tools included, as generation would see it; the tool plan;
     whether the prompt opened the thinking)."""
-    plan = plan_tools(chat)
-    ids, started = await state.run_cpu(_prompt, state, chat, plan)
+    ids, plan, started, _ = await _templated(state, chat)
     return ids, plan, started
+
+
+async def _templated(state, chat: ChatCompletionRequest) -> tuple[list[int], ToolPlan | None, bool, tuple]:
+    """prompt_ids and the prompt's message boundaries (prompts.chat_prompt_boundaries)."""
+    plan = plan_tools(chat)
+    ids, started, bounds = await state.run_cpu(_prompt, state, chat, plan)
+    return ids, plan, started, bounds
 
 
 async def start(state, request: Request, chat: ChatCompletionRequest, max_param: str) -> ChatRun:
     """Template, budget, sample and submit `chat` as one sequence on `state` (already routed to
     the request's model); `max_param` names the client's own max-tokens field in a
     context-length error."""
-    ids, plan, started = await prompt_ids(state, chat)
+    ids, plan, started, bounds = await _templated(state, chat)
     max_tokens = state.max_tokens_for(len(ids), chat.max_tokens, None, max_param)
     params = build_params(chat, max_tokens=max_tokens, vocab_size=state.vocab_size,
                           default_temperature=state.config.default_temperature)
+    params = attrs.evolve(params, prefix_boundaries=bounds)
     tools = plan if plan is not None and plan.active else None
     if tools is not None:
         params = attrs.evolve(params, grammar=reply_grammar(tools, chat))

@@ -68,6 +68,12 @@ def add_parser(subparsers) -> None:
                                           "when memory misses and survive restarts (docs/cache-policies.md)")
     s.add_argument("--kv-cache-disk-gb", type=float,
                    help="size cap of --kv-cache-dir in GB (least recently used files go first; default: no cap)")
+    s.add_argument("--kv-cache-block-tokens", type=positive_int,
+                   help="tokens per --kv-cache-dir block file (default 256): a restarted conversation recomputes up "
+                        "to this many tokens less one besides its new turn; smaller blocks, more files")
+    s.add_argument("--snapshot-interval", type=positive_int,
+                   help="hybrid (SSM / linear-attention) models: keep a recurrent-state snapshot every this many prompt "
+                        "tokens, besides chat message ends (docs/cache-policies.md#hybrid-models; default 4096)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=cmd_serve)
 
@@ -97,7 +103,8 @@ def config_from_args(args) -> ServerConfig:
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
         max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,
         shutdown_timeout=args.shutdown_timeout, compile=COMPILE_FLAG[args.compile],
-        warmup=args.warmup, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb)
+        warmup=args.warmup, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb,
+        snapshot_interval=args.snapshot_interval, kv_cache_block_tokens=args.kv_cache_block_tokens)
 
 
 def _exit_early(sig, frame) -> None:

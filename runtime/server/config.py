@@ -43,6 +43,8 @@ class ServerConfig:
     warmup: bool = True  # a greedy and a sampled request before ready (runtime/warmup.py); single-process only
     kv_cache_dir: str | None = None  # the prefix cache's disk tier (docs/cache-policies.md#the-disk-tier)
     kv_cache_disk_gb: float | None = None  # its size cap, least recently used files first; None: no cap
+    kv_cache_block_tokens: int | None = None  # tokens per disk block file; None: 256
+    snapshot_interval: int | None = None  # recurrent-state snapshots every N prompt tokens; None: 4096
 
     # limits
     max_model_len: int | None = None  # context; default: config.json's max_position_embeddings

@@ -83,6 +83,12 @@ class ServerMetrics:
                    [({**m, "tier": "memory"}, c.get("memory_hits", 0)), ({**m, "tier": "disk"}, c.get("disk_hits", 0))])
             metric("graphc_prefix_cache_disk_hit_tokens_total", "counter", "Prompt tokens of hits read back from disk.",
                    [(m, c.get("disk_hit_tokens", 0))])
+            if "snapshots" in c:  # hybrid models: recurrent-state snapshots (docs/cache-policies.md)
+                metric("graphc_prefix_cache_snapshots", "gauge",
+                       "Recurrent-state snapshots kept (message ends, intervals, prompt and request ends).",
+                       [(m, c["snapshots"])])
+                metric("graphc_prefix_cache_snapshot_evictions_total", "counter",
+                       "Snapshots evicted by the snapshot limit (LRU).", [(m, c.get("snapshot_evictions", 0))])
             if c.get("disk_enabled"):
                 metric("graphc_prefix_cache_disk_bytes", "gauge", "Bytes of KV block files in --kv-cache-dir.",
                        [(m, c.get("disk_bytes", 0))])
@@ -95,6 +101,11 @@ class ServerMetrics:
                        [(m, c.get("disk_rejected_files", 0))])
                 metric("graphc_prefix_cache_disk_removed_files_total", "counter",
                        "Block files removed by the size cap (--kv-cache-disk-gb).", [(m, c.get("disk_removed_files", 0))])
+                if "snapshots" in c:  # hybrid models: recurrent state at block ends, beside the blocks
+                    metric("graphc_prefix_cache_disk_states_total", "counter",
+                           "Recurrent-state files written to / read back from --kv-cache-dir.",
+                           [({**m, "op": "written"}, c.get("disk_spilled_states", 0)),
+                            ({**m, "op": "read"}, c.get("disk_loaded_states", 0))])
         if s.kv_budget is not None:
             metric("graphc_kv_budget_tokens", "gauge", "The scheduler's KV token budget.", [(m, s.kv_budget)])
             metric("graphc_kv_budget_used_tokens", "gauge", "KV tokens counted against the budget.", [(m, s.kv_tokens)])

@@ -7,6 +7,7 @@ tokenized."""
 from __future__ import annotations
 
 from .errors import bad_request
+from .message_bounds import render_with_boundaries
 from .protocol import ChatCompletionRequest
 from .reasoning import opens_reasoning, request_template_kwargs
 from .tool_prompt import render_messages
@@ -68,6 +69,15 @@ def prompt_text(state, ids: list[int], text: str | None) -> str:
 
 
 def chat_prompt(state, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> list[int]:
+    return chat_prompt_boundaries(state, req, plan)[0]
+
+
+def chat_prompt_boundaries(state, req: ChatCompletionRequest,
+                           plan: ToolPlan | None = None) -> tuple[list[int], tuple[int, ...]]:
+    """(the chat-templated prompt, the prompt offsets where the template ended each of the last
+    messages): the boundaries go to the prefix cache (SamplingParams.prefix_boundaries), which keeps
+    recurrent / sliding state there, so the next turn of this chat resumes at the last message it
+    shares with this one (message_bounds.py)."""
     tok = state.tokenizer
     if not getattr(tok, "chat_template", None):
         raise bad_request(f"the model '{state.model_name}' has no chat template; use /v1/completions",
@@ -97,17 +107,20 @@ def chat_prompt(state, req: ChatCompletionRequest, plan: ToolPlan | None = None)
     extra = request_template_kwargs(req, tok.chat_template)
     if tools:
         extra["tools"] = tools
+    flags = dict(add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)
     try:
-        ids = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
-                                      continue_final_message=req.continue_final_message, tokenize=True, **extra)
+        rendered = render_with_boundaries(tok, messages, flags, extra)
+        if rendered is None:
+            ids = tok.apply_chat_template(messages, tokenize=True, **flags, **extra)
     except Exception as e:  # template errors (raise_exception in jinja, bad role order) are the client's
         raise bad_request(f"the chat template rejected these messages: {e}", "messages") from None
+    ids, bounds = rendered if rendered is not None else (ids, ())
     if hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
         ids = ids["input_ids"]
     ids = [int(t) for t in ids]
     if not ids:
         raise bad_request("the chat template produced an empty prompt", "messages")
-    return ids
+    return ids, bounds
 
 
 def prompt_opens_reasoning(state, ids: list[int]) -> bool:

@@ -34,8 +34,12 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
         extra.update(kv_bits=c.kv_bits, kv_group_size=c.kv_group_size)
     if c.kv_cache_dir is not None:
         extra.update(kv_cache_dir=c.kv_cache_dir, kv_cache_disk_gb=c.kv_cache_disk_gb)
+        if c.kv_cache_block_tokens is not None:
+            extra["kv_cache_block_tokens"] = c.kv_cache_block_tokens
     if c.speculative is not None:  # the default for requests without a `speculative` field
         extra.update(speculative=c.speculative, num_draft_tokens=c.num_draft_tokens)
+    if c.snapshot_interval is not None:
+        extra["snapshot_interval"] = c.snapshot_interval
     if c.step_tokens is not None:
         extra["step_tokens"] = c.step_tokens
     if c.draft_model is not None:  # its drafts become the default unless --speculative says otherwise

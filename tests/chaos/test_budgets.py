@@ -61,7 +61,7 @@ def test_one_request_alone_cannot_outgrow_the_budget(mdir):
 
 
 def test_default_prefix_pool_on_cpu_is_bounded(mdir):
-    from graphc.runtime.prefix_cache import DEFAULT_CPU_POOL_BYTES
+    from graphc.runtime.prefix_sizing import DEFAULT_CPU_POOL_BYTES
 
     eng = Engine.load(mdir)
     stats = eng.cache_stats()

@@ -1,0 +1,49 @@
+"""Where a restarted engine's first cached turn spends its time: an engine with a disk tier runs a
+growing prompt turn by turn, a second engine on the same folder (the restart) runs the next turn
+under cProfile. Shows the disk read (DiskTier.promote) against the prefill of what the disk lacks.
+
+    python -m graphc.benchmarks.disk_restart_profile --model DIR [--context 2048] [--turns 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import tempfile
+import time
+
+import numpy as np
+
+from graphc.runtime import Engine, SamplingParams
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="a dense model folder (the disk tier keeps TOKENS layers)")
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--turns", type=int, default=16)
+    args = ap.parse_args(argv)
+    ids = np.random.default_rng(0).integers(3, 1000, args.context).tolist()
+    step = args.context // args.turns
+    one = SamplingParams(max_tokens=1)
+    with tempfile.TemporaryDirectory(prefix="graphc-kv-") as folder:
+        first = Engine.load(args.model, kv_cache_dir=folder)
+        for k in range(1, args.turns):
+            first.generate([ids[:step * k]], one)
+        first.disk_tier.flush()
+        del first
+        second = Engine.load(args.model, kv_cache_dir=folder)
+        second.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=2))  # warm-up
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        [res] = second.generate([ids], one)
+        prof.disable()
+        print(f"restarted turn of {len(ids)} tokens: {time.perf_counter() - t0:.3f} s, "
+              f"{res.cached_tokens} from the disk, {len(ids) - res.cached_tokens} computed")
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(12)
+
+
+if __name__ == "__main__":
+    main()

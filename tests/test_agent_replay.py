@@ -1,0 +1,39 @@
+"""benchmarks/agent_replay.py without servers: the replayed conversation grows by prefixes, its
+cold twin has the same lengths and shares nothing, and the summary's ratios are per repeat."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("httpx")
+pytest.importorskip("tokenizers")
+
+from graphc.benchmarks.agent_replay import ReplayConfig, conversation, summarize, table  # noqa: E402
+
+
+def test_turns_grow_by_prefix_and_cold_turns_share_nothing(model_dir):
+    replay, cold = conversation(str(model_dir("llama")), context=512, turns=4, seed=1)
+    assert [r.prompt_tokens for r in replay] == sorted(r.prompt_tokens for r in replay)
+    assert abs(replay[-1].prompt_tokens - 512) <= 8  # a text cut from token ids re-tokenizes about as long
+    for a, b in zip(replay, replay[1:]):
+        assert b.prompt.startswith(a.prompt)
+    assert [abs(c.prompt_tokens - r.prompt_tokens) <= 8 for c, r in zip(cold, replay)] == [True] * 4
+    assert not any(c.prompt[:200] == replay[-1].prompt[:200] for c in cold[1:])
+
+
+def test_summary_ratios_are_to_the_same_repeats_cold_pass():
+    cfg = ReplayConfig(model="m", turns=3, repeats=2, servers=("graphc",))
+    runs = [{"server": "graphc", "repeat": 0, "pass": "cold", "ttft": [1.0, 2.0, 4.0]},
+            {"server": "graphc", "repeat": 1, "pass": "cold", "ttft": [1.0, 2.0, 8.0]},
+            {"server": "graphc", "repeat": 0, "pass": "warm", "ttft": [1.0, 0.2, 0.4]},
+            {"server": "graphc", "repeat": 1, "pass": "warm", "ttft": [1.0, 0.2, 0.4]},
+            {"server": "graphc", "repeat": 0, "pass": "restart", "ttft": [0.8]},
+            {"server": "graphc", "repeat": 1, "pass": "restart", "ttft": [0.8]}]
+    s = summarize(runs, cfg)
+    warm = s["graphc/warm"]
+    assert warm["vs_cold_last_turn"]["min"] == pytest.approx(0.05) and warm["vs_cold_last_turn"]["max"] == 0.1
+    assert warm["vs_cold_turns_2_on"]["median"] == pytest.approx((0.6 / 6 + 0.6 / 10) / 2)
+    assert s["graphc/restart"]["per_turn"][:2] == [None, None]
+    assert s["graphc/restart"]["vs_cold_turns_2_on"] is None
+    text = table({"summary": s, "turn_tokens": [10, 20, 30]})
+    assert "| graphc/restart | - | - | 800 (800-800) | 0.150 (0.100-0.200) | - |" in text
