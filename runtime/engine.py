@@ -22,11 +22,12 @@ import attrs
 import mlx.core as mx
 import mlx_lm
 
-from graphc.compiler.compile import CompiledGraph, compile_graph, compile_sibling
+from graphc.compiler.compile import CompiledGraph, compile_sibling
 from graphc.compiler.decode_options import compile_pass, resolve
 from graphc.compiler.errors import UnsupportedModel
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
+from graphc.compiler.selfcheck_cache import compile_cached
 
 from . import compiled_decode
 from .compiled_decode import CompiledDecode
@@ -76,9 +77,10 @@ class Engine:
         # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
         # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
         t0 = time.perf_counter()
-        self.compiled: CompiledGraph = compile_graph(graph, model, config, lowering=lowering,
-                                                     kv_bits=kv_bits, kv_group_size=kv_group_size)
-        log.info("compiled the step graph and ran the load-time self-check: %.1f s", time.perf_counter() - t0)
+        self.compiled: CompiledGraph = compile_cached(graph, model, config, lowering=lowering, kv_bits=kv_bits,
+                                                      kv_group_size=kv_group_size, model_path=model_path)
+        log.info("compiled the step graph (with the load-time self-check unless its verdict was stored): %.1f s",
+                 time.perf_counter() - t0)
         if "next_tokens" not in self.compiled.prefill.outputs:
             name = self.compiled.spec.name
             raise ValueError(f"graph '{name}' has no next_tokens output, so it cannot generate; load the model with "
