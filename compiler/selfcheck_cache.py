@@ -17,7 +17,7 @@ width, every check's numbers — depends only on what is keyed here:
 Only passing verdicts on graphc's batched caches are kept: a model served on mlx-lm's own
 caches (whose layers hold a live cache object), a graph with `plugins:` (Python outside the
 digest), an embedding / scoring graph and a refusal are checked at every start. So are engines
-built from an in-memory model without a path, and every rank of a distributed launch (a rank
+built from an in-memory model without a path (or with one that names no file or folder), and every rank of a distributed launch (a rank
 that skipped the check while another ran it would leave the other waiting in a collective).
 GRAPHC_SELFCHECK=always checks at every start and neither reads nor writes a verdict (the
 tests run that way); the files live under $GRAPHC_CACHE_DIR/selfcheck.
@@ -178,7 +178,9 @@ def verdict_path(key: str) -> Path:
 def compile_cached(graph, model, config: dict, lowering: str = "auto", kv_bits: int | None = None,
                    kv_group_size: int | None = None, model_path: str | None = None) -> CompiledGraph:
     """compile_graph, with the self-check's verdict read from / written to the cache when the model has a path."""
-    if model_path is None or mode() == "always" or _distributed():
+    # A path that names no file or folder is a label (the bench's random-weight shapes): the
+    # weights did not come from files the key could see.
+    if model_path is None or mode() == "always" or not Path(model_path).exists() or _distributed():
         return compile_graph(graph, model, config, lowering=lowering, kv_bits=kv_bits, kv_group_size=kv_group_size)
     key = verdict_key(model, model_path, config, graph, lowering, kv_bits, kv_group_size)
     path = verdict_path(key)

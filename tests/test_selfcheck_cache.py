@@ -115,7 +115,9 @@ def test_models_without_a_path_are_always_checked(llama, checks, tmp_path):
     _, model, config = llama
     sc.compile_cached(None, model, config)
     sc.compile_cached(None, model, config)
-    assert len(checks) == 2 and _stored(tmp_path) == []
+    sc.compile_cached(None, model, config, model_path="llama-3.1-8b")  # a label, not a file: random weights
+    sc.compile_cached(None, model, config, model_path="llama-3.1-8b")
+    assert len(checks) == 4 and _stored(tmp_path) == []
 
 
 def test_a_graph_running_code_from_outside_graphc_is_not_stored(llama, checks, tmp_path, monkeypatch):
