@@ -14,7 +14,6 @@ ms/step; the caller takes the median. Prefill is never inside a window.
 from __future__ import annotations
 
 import gc
-import inspect
 import time
 from statistics import mean, median
 
@@ -27,7 +26,7 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from graphc.benchmarks.kernel_tune import rotating_weights, time_matmul
 from graphc.compiler.lower import StepInputs
 from graphc.compiler.modelgen import demo_model_path
-from graphc.runtime import Engine, SamplingParams
+from graphc.runtime import Engine, EngineConfig, SamplingParams
 from graphc.runtime.kernels import skinny_matmul
 from graphc.runtime.kernels import skinny_matmul as sk
 from graphc.runtime.request import Status
@@ -53,7 +52,7 @@ class nogc:
 
 # -- graphc -------------------------------------------------------------------------
 def engine_options() -> set[str]:
-    return set(inspect.signature(Engine.__init__).parameters)
+    return set(EngineConfig.option_names())
 
 
 def make_engine(model, tokenizer, config, *, graph=None, **kw):

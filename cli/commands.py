@@ -17,9 +17,11 @@ from graphc.compiler.gguf import import_gguf, resolve_model_path, summary_lines
 from graphc.compiler.inspect import inspect_plan
 from graphc.compiler.modelgen import demo_model_path, run_cli
 from graphc.compiler.parse import parse_collect, resolve_graph_path
+from graphc.compiler.target import Requested
 from graphc.compiler.validate import validate
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.distributed import launched
+from graphc.runtime.target import probe_target
 
 
 def _model_dir(args) -> Path:
@@ -66,15 +68,11 @@ def cmd_inspect(args) -> int:
         print(line, file=sys.stderr)
     try:
         graph = None if args.graph == "auto" else args.graph
-        if args.compile:
-            # What an Engine with compile on runs: its decode step is the compiled one, and its
-            # plan's `compile` pass says what was applied (fusion, kernels).
-            compiled = Engine(model, tokenizer, config, graph, compile=True, prefix_cache=False,
-                              lowering=args.lowering, kv_bits=args.kv_bits,
-                              kv_group_size=args.kv_group_size).compiled
-        else:
-            compiled = compile_graph(graph, model, config, lowering=args.lowering, kv_bits=args.kv_bits,
-                                     kv_group_size=args.kv_group_size)
+        # The choice passes get this machine's facts (runtime/target.py), so the plan shows what an
+        # engine here would run; --compile asks what Engine(compile=True) asks.
+        compiled = compile_graph(graph, model, config, lowering=args.lowering, kv_bits=args.kv_bits,
+                                 kv_group_size=args.kv_group_size, target=probe_target(),
+                                 requested=Requested.of({"compile": True} if args.compile else None))
     except GraphError as e:
         print(e, file=sys.stderr)
         return 1

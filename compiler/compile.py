@@ -16,6 +16,7 @@ from .lower import LoweredStep, lower
 from .parse import parse_collect, resolve_graph_path
 from .plan import Plan, build_plan
 from .selfcheck import chunking_changes_output, reference_run, run_check
+from .target import Requested, Target
 from .validate import validate
 
 
@@ -40,9 +41,20 @@ class CompiledGraph:
     decode: LoweredStep
 
     vocab_size: int = 0  # the width of the model's logits (from the self-check's reference run)
+    # What the choice passes were given (compiler/target.py); siblings (embed, score) reuse them.
+    target: Target = attrs.field(factory=Target)
+    requested: Requested = attrs.field(factory=Requested)
 
     def plan(self, kind: str) -> Plan:
         return {"prefill": self.prefill, "decode": self.decode}[kind].plan
+
+    def with_decode(self, step) -> "CompiledGraph":
+        """A new CompiledGraph whose decode step is `step`: the runtime's realization of this
+        one's decode plan (runtime/compiled_decode.py build_decode_step). `step.plan` must be
+        this decode plan: the realization obeys the plan, it does not rewrite it."""
+        if step.plan is not self.decode.plan:
+            raise ValueError("a decode step realizing this graph must carry its decode plan unchanged")
+        return attrs.evolve(self, decode=step)
 
 
 log = logging.getLogger("graphc.compile")
@@ -97,7 +109,8 @@ def _lossy_reference(binding: Binding, served, mtype: str, ref):
 
 
 def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering: str = "auto",
-                  kv_bits: int | None = None, kv_group_size: int | None = None) -> CompiledGraph:
+                  kv_bits: int | None = None, kv_group_size: int | None = None, *,
+                  target: Target | None = None, requested: Requested | None = None) -> CompiledGraph:
     """Pick (when None), parse, validate, bind and lower a graph for a loaded model.
 
     Layer kinds come from the model's own caches (compiler/cachekinds.py). `lowering`:
@@ -105,7 +118,12 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     generic one (the model's own forward) if the self-check (compiler/selfcheck.py)
     fails; "fast" insists on the fast path; "generic" skips it. A model no lowering
     serves exactly is refused (UnsupportedModel) naming its type and the difference.
+
+    `target` (the device's facts, runtime/target.py probe_target) and `requested` (what the
+    engine's options ask of decode) are the choice passes' inputs (compiler/passes/): the decode
+    plan's `choices` say which attention, sampling, compile mode and speculative arms run, and why.
     """
+    target, requested = target or Target(), requested or Requested()
     if lowering not in LOWERINGS:
         raise ValueError(f"unknown lowering '{lowering}' (known: {', '.join(LOWERINGS)})")
     served = text_model(model)
@@ -123,7 +141,8 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     if "next_tokens" not in spec.output_dict:
         # An embedding / scoring graph: the self-check compares next-token logits, so it runs on
         # the model's generation graph, and this graph reuses what that check chose.
-        return compile_sibling(compile_graph(None, model, config, lowering), graph, model)
+        return compile_sibling(compile_graph(None, model, config, lowering, target=target, requested=requested),
+                               graph, model)
     binding = bind(spec, model, config, layers, mtype)
     if kv_bits is not None and not any(p.name == "quantized" for p in binding.policies):
         raise UnsupportedModel(f"kv_bits={kv_bits}: model type '{mtype}' has no full-attention layers to quantize "
@@ -141,14 +160,14 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     if natives:
         # Some layer keeps mlx-lm's own cache (no batching): one request at a time, or refused.
         name = tries[-1]
-        compiled = _checked(spec, binding, ref, name, batched=False)
+        compiled = _checked(spec, binding, ref, name, batched=False, target=target, requested=requested)
         if compiled is not None:
             log.warning("%s; serving one request at a time on mlx-lm's own cache", natives[0])
             return compiled
         raise UnsupportedModel(f"{natives[0]} Served one request at a time on mlx-lm's own cache it does not match "
                                f"either ({binding.checks[-1].describe()}: {binding.checks[-1].error}).")
     for name in tries:
-        compiled = _checked(spec, binding, ref, name, batched=True)
+        compiled = _checked(spec, binding, ref, name, batched=True, target=target, requested=requested)
         if compiled is not None:
             if binding.checks[:-1]:
                 log.warning("model type '%s': the fast path failed the self-check (%s); serving the generic "
@@ -160,7 +179,7 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
         # attention scores by KV group ([B, kv, repeats, N, T]: gemma2) need per-row masks of
         # rank 5; try that, batched.
         binding.mask_rank = 5
-        compiled = _checked(spec, binding, ref, "generic", batched=True)
+        compiled = _checked(spec, binding, ref, "generic", batched=True, target=target, requested=requested)
         if compiled is not None:
             log.info("model type '%s': batched with per-row masks of rank 5", mtype)
             return compiled
@@ -168,7 +187,8 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     if last.batched_only:
         # Still exact only one request at a time: serve it unbatched rather than refuse it —
         # slower, never wrong.
-        compiled = _checked(spec, binding, ref, last.lowering, batched=False)
+        compiled = _checked(spec, binding, ref, last.lowering, batched=False, target=target,
+                            requested=requested)
         if compiled is not None:
             log.warning("model type '%s': its forward is exact one request at a time but not on batches of "
                         "rows at different positions (%s); serving one request at a time", mtype, last.error)
@@ -182,7 +202,8 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     if auto_graph and lowering != "fast" and not natives:
         # Last resort: every layer on mlx-lm's own cache, one request at a time — the model's
         # own forward on its own caches, only chunked; exact unless chunking changes it.
-        compiled = _on_own_caches(model, config, mtype, ref, f"graphc's caches do not reproduce it ({tried})")
+        compiled = _on_own_caches(model, config, mtype, ref, f"graphc's caches do not reproduce it ({tried})",
+                                  target, requested)
         if compiled is not None:
             return compiled
     need = "a cache policy or model fix (see docs/models.md)"
@@ -192,7 +213,8 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
         f"serving it would need {need}")
 
 
-def _on_own_caches(model, config: dict, mtype: str, ref, why: str) -> CompiledGraph | None:
+def _on_own_caches(model, config: dict, mtype: str, ref, why: str, target: Target,
+                   requested: Requested) -> CompiledGraph | None:
     chunked = chunking_changes_output(text_model(model), ref)
     if chunked is not None:  # its own caches would reproduce only one chunking of it: refuse
         raise UnsupportedModel(f"model type '{mtype}': {why}, and {chunked}. Serving it would need the model's "
@@ -202,13 +224,14 @@ def _on_own_caches(model, config: dict, mtype: str, ref, why: str) -> CompiledGr
               for i, c in enumerate(make_prompt_cache(text_model(model)))]
     spec = load_spec("hybrid", config)
     binding = bind(spec, model, config, layers, mtype)
-    compiled = _checked(spec, binding, ref, "generic", batched=False)
+    compiled = _checked(spec, binding, ref, "generic", batched=False, target=target, requested=requested)
     if compiled is not None:
         log.warning("%s; serving one request at a time on mlx-lm's own caches", reason)
     return compiled
 
 
-def _checked(spec, binding: Binding, ref, lowering: str, batched: bool) -> CompiledGraph | None:
+def _checked(spec, binding: Binding, ref, lowering: str, batched: bool, target: Target,
+             requested: Requested) -> CompiledGraph | None:
     """The graph lowered with `lowering`, if it passes the self-check (the result is recorded either way)."""
     binding.lowering = lowering
     compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
@@ -220,9 +243,10 @@ def _checked(spec, binding: Binding, ref, lowering: str, batched: bool) -> Compi
     binding.batched = batched
     log.info("model type '%s': %s lowering, self-check %s", binding.model_type, lowering, result.describe())
     # Rebuild the plans now that the check is known (inspect prints it).
-    compiled.prefill.plan = build_plan(binding, "prefill")
-    compiled.decode.plan = build_plan(binding, "decode")
+    compiled.prefill.plan = build_plan(binding, "prefill", target, requested)
+    compiled.decode.plan = build_plan(binding, "decode", target, requested)
     compiled.vocab_size = ref.vocab
+    compiled.target, compiled.requested = target, requested
     return compiled
 
 
@@ -238,8 +262,11 @@ def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) ->
     for name in ("batched", "mask_rank"):  # what the check found about batching this model
         if hasattr(b0, name):
             setattr(binding, name, getattr(b0, name))
-    return CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
-                         vocab_size=compiled.vocab_size)
+    sib = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
+                        vocab_size=compiled.vocab_size, target=compiled.target, requested=compiled.requested)
+    for step in (sib.prefill, sib.decode):  # the plans' choice passes on the same inputs
+        step.plan = build_plan(binding, step.plan.kind, compiled.target, compiled.requested)
+    return sib
 
 
 __all__ = ["CompiledGraph", "GraphError", "UnsupportedModel", "compile_graph", "compile_sibling", "load_spec"]

@@ -14,8 +14,11 @@ from graphc.contracts.policies import prefix_unsupported_reason
 from .bind import Binding
 from .bound import bound_nodes
 from .cachekinds import native_reasons
-from .decode_options import compile_pass, resolve
+from .choice import Choice
+from .decode_options import resolve
 from .ops import BATCH_KINDS, EDIT_KINDS, OPS
+from .passes import ChoiceContext, run_decode_passes
+from .target import Requested, Target
 from .validate import to_digraph
 
 
@@ -63,6 +66,17 @@ class Plan:
     prompt_logprobs_top_n: int | None = None  # the prompt_logprobs node's max_top_n
     sample_method: str | None = None  # the sample node's method
     passes: tuple = ()  # (pass, what it did) in the order applied: inspect prints them
+    # How the step runs, chosen by the compiler's choice passes (compiler/passes/): the runtime
+    # reads these and obeys; a measured choice lists the arms its gate picks among.
+    choices: tuple = ()  # Choice, in pass order
+    decode_options: tuple = ()  # (option, value): the graph's `decode:` under the engine's overrides
+    target: str = ""  # the device facts the choices were made for (Target.describe)
+
+    def choice(self, name: str) -> Choice | None:
+        return next((c for c in self.choices if c.name == name), None)
+
+    def option(self, key: str):
+        return dict(self.decode_options)[key]
 
     def to_dict(self) -> dict:
         d = attrs.asdict(self, recurse=True)
@@ -75,6 +89,8 @@ class Plan:
         d["notes"] = list(self.notes)
         d["edits"] = list(self.edits) if self.edits is not None else None
         d["passes"] = [{"pass": a, "detail": b} for a, b in self.passes]
+        d["choices"] = [c.to_dict() for c in self.choices]
+        d["decode_options"] = dict(self.decode_options)
         return d
 
     @classmethod
@@ -93,6 +109,8 @@ class Plan:
             logprobs_top_n=d.get("logprobs_top_n"), prompt_logprobs_top_n=d.get("prompt_logprobs_top_n"),
             sample_method=d.get("sample_method"),
             passes=tuple((p["pass"], p["detail"]) for p in d.get("passes", [])),
+            choices=tuple(Choice.from_dict(c) for c in d.get("choices", [])),
+            decode_options=tuple(d.get("decode_options", {}).items()), target=d.get("target", ""),
         )
 
     @property
@@ -165,7 +183,17 @@ def binding_notes(binding: Binding) -> list[str]:
     return notes
 
 
-def build_plan(binding: Binding, kind: str) -> Plan:
+PREFILL_CHOICES = (
+    Choice("compile mode", "eager", ("eager",), "prefill shapes change every chunk: nothing to trace once"),
+    Choice("attention (prefill)", "mlx sdpa", ("mlx sdpa",),
+           "the model's layers with MLX's attention (causal; left-padded batched prompts take an array mask)"),
+)
+
+
+def build_plan(binding: Binding, kind: str, target: Target | None = None, requested: Requested | None = None) -> Plan:
+    """The plan of one batch kind. For decode the choice passes (compiler/passes/) run on
+    `target` (the device's facts; None: unprobed, every kernel off) and `requested` (what the
+    engine's options ask over the graph's `decode:` section)."""
     if kind not in BATCH_KINDS:
         raise ValueError(f"unknown batch kind '{kind}' (known: {', '.join(BATCH_KINDS)})")
     spec = binding.spec
@@ -220,19 +248,19 @@ def build_plan(binding: Binding, kind: str) -> Plan:
     if kind == "prefill" and ("final" in phases or "head" in phases):
         passes.append(("head placement", "final/head ops run on a prompt's final chunk only; "
                                          "earlier chunks only fill the caches"))
+    target, requested = target or Target(), requested or Requested()
+    opts = resolve(spec.decode_options, requested.decode_overrides)
+    choices, choice_lines = PREFILL_CHOICES, []
     if kind == "decode":
-        opts = resolve(spec.decode_options)
-        # What the adapter's fused block would cover, without building its weights (an Engine
-        # that compiles replaces this line with what it applied).
-        preview = (binding.adapter.fused_decode_preview() if opts["fuse_projections"] and binding.adapter
-                   else None)
-        line = compile_pass(opts, binding.lowering, {"fused": preview} if preview else None)
-        if line:
-            passes.append(line)
+        ctx = ChoiceContext(binding, opts, target, requested, has_verify=any(n.op == "verify" for n in nodes))
+        choices, choice_lines = run_decode_passes(ctx)
+        if choice_lines and choice_lines[0][0] == "compile":
+            passes.append(choice_lines.pop(0))
     if edits is not None:
         off = [e for e in EDIT_KINDS if e not in edits]
         passes.append(("edits", "applies " + (", ".join(edits) or "none")
                        + (f"; rejects requests asking for {', '.join(off)}" if off else "")))
+    passes += choice_lines
     return Plan(
         graph=spec.name, source=spec.source, kind=kind, model_type=binding.model_type,
         steps=tuple(steps), layers=layers, chain_safe=chain_safe, chain_notes=tuple(notes),
@@ -245,4 +273,5 @@ def build_plan(binding: Binding, kind: str) -> Plan:
         prompt_logprobs_top_n=by_op["prompt_logprobs"]["max_top_n"] if "prompt_logprobs" in by_op else None,
         sample_method=by_op["sample"]["method"] if "sample" in by_op else None,
         passes=tuple(passes),
+        choices=tuple(choices), decode_options=tuple(sorted(opts.items())), target=target.describe,
     )

@@ -46,6 +46,7 @@ from .ops import OPS
 from .parse import resolve_graph_path
 from .plan import build_plan
 from .selfcheck import CheckResult
+from .target import Requested, Target
 
 log = logging.getLogger("graphc.compile")
 
@@ -146,7 +147,8 @@ def _store(path: Path, compiled: CompiledGraph) -> None:
     os.replace(tmp, path)  # whole or absent: a second process never reads half a verdict
 
 
-def _rebuild(record: dict, graph, model, config: dict, kv_bits, kv_group_size) -> CompiledGraph:
+def _rebuild(record: dict, graph, model, config: dict, kv_bits, kv_group_size, target: Target,
+             requested: Requested) -> CompiledGraph:
     """The compiled graph a stored verdict describes: bound and lowered as compile_graph does, no check run."""
     if record.get("schema") != SCHEMA:
         raise ValueError(f"schema {record.get('schema')!r}, this graphc writes {SCHEMA}")
@@ -160,10 +162,12 @@ def _rebuild(record: dict, graph, model, config: dict, kv_bits, kv_group_size) -
     if not binding.check.ok:
         raise ValueError("the stored verdict is not a passing check")
     binding.lowering, binding.batched, binding.mask_rank = record["lowering"], record["batched"], record["mask_rank"]
+    # The plans' choice passes run on this start's target and requested options: they are not
+    # part of the verdict (they follow the check, as in compile.py's _checked).
     compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
-                             vocab_size=int(record["vocab"]))
-    compiled.prefill.plan = build_plan(binding, "prefill")
-    compiled.decode.plan = build_plan(binding, "decode")
+                             vocab_size=int(record["vocab"]), target=target, requested=requested)
+    compiled.prefill.plan = build_plan(binding, "prefill", target, requested)
+    compiled.decode.plan = build_plan(binding, "decode", target, requested)
     return compiled
 
 
@@ -176,17 +180,22 @@ def verdict_path(key: str) -> Path:
 
 
 def compile_cached(graph, model, config: dict, lowering: str = "auto", kv_bits: int | None = None,
-                   kv_group_size: int | None = None, model_path: str | None = None) -> CompiledGraph:
+                   kv_group_size: int | None = None, *, target: Target | None = None,
+                   requested: Requested | None = None, model_path: str | None = None) -> CompiledGraph:
     """compile_graph, with the self-check's verdict read from / written to the cache when the model has a path."""
+    target, requested = target or Target(), requested or Requested()
+    compile_kw = dict(lowering=lowering, kv_bits=kv_bits, kv_group_size=kv_group_size, target=target,
+                      requested=requested)
     # A path that names no file or folder is a label (the bench's random-weight shapes): the
     # weights did not come from files the key could see.
     if model_path is None or mode() == "always" or not Path(model_path).exists() or _distributed():
-        return compile_graph(graph, model, config, lowering=lowering, kv_bits=kv_bits, kv_group_size=kv_group_size)
+        return compile_graph(graph, model, config, **compile_kw)
     key = verdict_key(model, model_path, config, graph, lowering, kv_bits, kv_group_size)
     path = verdict_path(key)
     if path.is_file():
         try:
-            compiled = _rebuild(json.loads(path.read_text()), graph, model, config, kv_bits, kv_group_size)
+            compiled = _rebuild(json.loads(path.read_text()), graph, model, config, kv_bits, kv_group_size, target,
+                                requested)
             log.info("model type '%s': %s lowering, self-check skipped: this model, graph and graphc passed it "
                      "before (%s; %s). GRAPHC_SELFCHECK=always runs it at every start",
                      compiled.binding.model_type, compiled.binding.lowering, compiled.binding.check.describe(), path)
@@ -194,7 +203,7 @@ def compile_cached(graph, model, config: dict, lowering: str = "auto", kv_bits: 
         except Exception as e:  # noqa: BLE001 - a stale or damaged file is a miss, never a failed load
             log.warning("self-check: ignoring the stored verdict %s (%s: %s); checking again", path,
                         type(e).__name__, e)
-    compiled = compile_graph(graph, model, config, lowering=lowering, kv_bits=kv_bits, kv_group_size=kv_group_size)
+    compiled = compile_graph(graph, model, config, **compile_kw)
     if _cacheable(compiled):
         try:
             _store(path, compiled)

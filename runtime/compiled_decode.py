@@ -42,8 +42,8 @@ from graphc.compiler.fused_block import FusedBlocks
 from graphc.compiler.lower import LoweredStep, StepContext, StepInputs
 from graphc.compiler.ops.registry import is_model_dtype_key
 
-from .cache.full import MIN_CAPACITY, FullKV
 from . import kernels
+from .cache.full import MIN_CAPACITY, FullKV
 from .kernels import decode_attention, skinny_matmul
 from .measured_gate import ArmGate
 
@@ -178,8 +178,15 @@ AUTO_MAX_BATCH = 64
 AUTO_MAX_KV = 32768
 
 
+def build_decode_step(step: LoweredStep):
+    """The runtime's decode step for a decode plan: the compiled one when the plan's compile mode
+    compiles, else the lowered step itself."""
+    return CompiledDecode(step) if step.plan.choice("compile mode").choice != "eager" else step
+
+
 class CompiledDecode:
-    """Drop-in for the runner's decode `LoweredStep` (forward / head / node names).
+    """Drop-in for the runner's decode `LoweredStep` (forward / head / node names), built from the
+    plan's choices (`build_decode_step`).
 
     `max_batch`: larger batches run the eager step on the same caches (None: no limit);
     `max_kv`: so do batches whose rows x capacity bucket exceeds it (None: no limit).
@@ -187,57 +194,50 @@ class CompiledDecode:
     steps; the compiled side re-buckets the capacity when it takes a batch back.
     """
 
-    def __init__(self, step: LoweredStep, *, fuse: bool = True, kernel: bool = True, skinny: bool = False,
-                 max_batch: int | None = None, skinny_table: str | None = None, measured: bool = False,
-                 max_kv: int | None = None, kv_write: bool = True, residual: bool = True):
-        # The graph's `decode:` options (compiler/decode_options.py), as the Engine resolved them:
-        # fuse_projections, attention_kernel, kv_write_kernel, residual_matmul, skinny_matmul, skinny_table
-        # (the bench's --compile-ablation switches each off through Engine(decode_options=...)).
-        self.max_batch = max_batch
-        self.max_kv = max_kv
-        # compile="measured": per batch-size bucket, the runner's decode cycles are timed and the
-        # faster of the compiled and the eager step runs (runtime/measured_gate.py), so compile
-        # is never kept where it measured slower; None: compiled wherever eligible.
-        self.gate = None
-        if measured:
-            self.gate = ArmGate(arms=("compiled", "eager"))
+    def __init__(self, step: LoweredStep):
+        # Everything below obeys the decode plan's choices (compiler/passes/decode_choices.py),
+        # made at compile time from the graph's `decode:` options, the engine's overrides and the
+        # device's facts (runtime/target.py): nothing here checks the device or a kernel again.
+        plan = step.plan
+        mode = plan.choice("compile mode").choice
+        self.max_batch = AUTO_MAX_BATCH if mode == "auto" else None
+        self.max_kv = AUTO_MAX_KV if mode == "auto" else None
+        # compile="measured": a declared measured choice (its arms in the plan); per batch-size
+        # bucket the runner's decode cycles are timed and the faster of the compiled and the eager
+        # step runs (runtime/measured_gate.py), so compile is never kept where it measured slower.
+        measured = plan.choice("compile mode")
+        self.gate = ArmGate(arms=measured.arms) if measured.measured else None
         self.step = step
         self.hidden_node = step.hidden_node
         self.logits_node = step.logits_node
         self.plan = step.plan
         self.binding = step.binding
         # The architecture's fused decode block, if it has one (compiler/archs.py fused_decode).
-        self.fused = (step.binding.adapter.fused_decode() if fuse
+        self.fused = (step.binding.adapter.fused_decode() if plan.option("fuse_projections")
                       else FusedBlocks.none("off (decode: {fuse_projections: false})"))
-        # The ragged attention kernel: CUDA only, and only once it matched MLX here.
-
-        self.kernel_note = "off" if kernel is False else decode_attention.check()
-        self.kernel = self.kernel_note is None
+        attention = plan.choice("attention (compiled steps)")
+        self.kernel = attention.choice == "cuda decode kernel"
+        self.kernel_note = None if self.kernel else attention.why
         # Layers with no fused block (quantized projections) still take the kernel through the
         # architecture's own block: MLX's attention with an array mask falls back to several kernels.
         self.blocks = decode_attention.kernel_blocks(step.binding.adapter) if self.kernel else {}
-        # The kernel also writes each step's K/V columns in place (no scatter launch per layer and
-        # plane), once its writing variant matched here too (decode_attention.write_check).
-        self.write_note = ("off (decode: {kv_write_kernel: false})" if not kv_write
-                           else "off (it runs in the attention kernel, which is off"
-                           + ("" if self.kernel_note == "off" else f": {self.kernel_note}") + ")" if not self.kernel
-                           else decode_attention.write_check())
-        self.write = self.write_note is None
-        # The skinny matmul for the fused blocks' projections and the head: CUDA only, and
-        # only once it matched MLX's matmul here (runtime/kernels/skinny_matmul.py).
-
-        self.skinny_note = skinny_matmul.check() if skinny else "off"
-        self.skinny = self.skinny_note is None
-        if self.skinny and skinny_table:
-            skinny_matmul.load_table(skinny_table)  # a bad table fails here, not in a decode step
+        # The kernel also writes each step's K/V columns in place (no scatter launch per layer and plane).
+        write = plan.choice("K/V write")
+        self.write = write.choice == "in the attention kernel"
+        self.write_note = None if self.write else write.why
+        # The skinny matmul for the fused blocks' projections and the head (runtime/kernels/skinny_matmul.py).
+        matmul = plan.choice("projections (compiled steps)")
+        self.skinny = matmul.choice == "skinny kernel"
+        self.skinny_note = None if self.skinny else matmul.why
+        if self.skinny and plan.option("skinny_table"):
+            skinny_matmul.load_table(plan.option("skinny_table"))  # a bad table fails here, not in a step
         self.matmul = skinny_matmul.matmul if self.skinny else _mlx_matmul
         # The fused blocks' residual adds as the o_proj / down_proj matmuls' C input: two launches
         # a layer fewer. CUDA only, where the step's numbers already differ from mlx-lm's by
         # rounding (the kernels above); on the CPU the step keeps mlx-lm's exact adds.
-        self.residual_note = ("off (decode: {residual_matmul: false})" if not residual
-                              else "off (not a CUDA device: mlx-lm's own adds, bit for bit)" if not _on_cuda()
-                              else "off (the skinny matmul serves the projections)" if self.skinny else None)
-        self.residual = self.residual_note is None
+        residual = plan.choice("residual adds")
+        self.residual = residual.choice != "separate add"
+        self.residual_note = None if self.residual else residual.why
         self._fn = mx.compile(self._traced)
         # Speculative verify steps (runtime/speculative/): [B, L] tokens, the plan's verify node.
         self.verify_node = step.outputs.get("verify")
@@ -347,9 +347,11 @@ class CompiledDecode:
         return ctx
 
     def applied(self) -> dict:
-        """What this step switched on, for the plan's `compile` pass (decode_options.compile_pass)."""
+        """What this step built and switched on, as the plan chose it (Engine.describe shows it):
+        the fused blocks' count and the memory their weights hold are known only once built."""
         return {"fused_layers": len(self.fused), "fused": self.fused.note,
-                "attention_kernel": f"on ({decode_attention.grouped_note()})" if self.kernel else f"off ({self.kernel_note})",
+                "attention_kernel": (f"on ({decode_attention.grouped_note()})" if self.kernel
+                                     else f"off ({self.kernel_note})"),
                 "kv_write_kernel": "on (in the attention kernel)" if self.write else self.write_note,
                 "residual_matmul": "on (mx.addmm)" if self.residual else self.residual_note,
                 "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})"}

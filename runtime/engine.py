@@ -18,170 +18,110 @@ import random
 import time
 from pathlib import Path
 
-import attrs
-import mlx.core as mx
 import mlx_lm
 
-from graphc.compiler.compile import CompiledGraph, compile_sibling
-from graphc.compiler.decode_options import compile_pass, resolve
+from graphc.compiler.compile import CompiledGraph
 from graphc.compiler.errors import UnsupportedModel
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
 from graphc.compiler.selfcheck_cache import compile_cached
 
-from . import compiled_decode
-from .compiled_decode import CompiledDecode
+from .compiled_decode import build_decode_step
+from .config import EngineConfig
 from .distributed import load_sharded
+from .engine_oneshot import OneShotGraphs
+from .engine_speculator import speculator_for
+from .engine_views import EngineViews
 from .fault import StepGuard
 from .grammar import GrammarError, GrammarState
 from .kernel_views import KernelViews
-from . import kernels
-from .kernels import gumbel_choose, top_ranks
 from .loop_stream import stream_in_loop
-from .oneshot import OneShotRunner, embed, score
 from .params import SamplingParams
 from .plan_contract import request_problem
-from .prefix_cache import for_binding, pool_bytes_per_token
+from .prefix_cache import for_binding
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
-from .cache.disk_tier import DEFAULT_BLOCK_TOKENS, attach_disk_tier
+from .cache.disk_tier import attach_disk_tier
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
-from .scheduler import STEP_TOKENS, Scheduler
-from .speculative import DraftModel, Speculator, parse_speculative, rollback_problem
+from .scheduler import Scheduler
+from .target import probe_target, requested_of
 from .text import TextState, token_bytes_table
 from .warmup import warm_up
 
 log = logging.getLogger("graphc.load")
 
 
-class Engine:
-    def __init__(self, model, tokenizer, config: dict, graph=None, *, prefill_chunk: int = 2048,
-                 max_batch: int = 64, chain: bool = True, model_path: str | None = None,
-                 compile: bool | str | None = None, prefix_cache: bool = True, mem_fraction: float | None = None,
-                 max_total_tokens: int | None = None, prefix_interval: int | None = None,
-                 seed: int | None = None, kv_budget_tokens: int | None = None, batch_prefill: bool = True,
-                 skinny_gemm: bool | None = None, lowering: str = "auto", decode_options: dict | None = None,
-                 speculative=None, num_draft_tokens: int | None = None, spec_max_batch: int = 16,
-                 spec_max_tokens: int | None = None, draft_model=None, spec_pipeline: bool | None = None,
-                 spec_adaptive: bool | None = None, kv_bits: int | None = None,
-                 kv_group_size: int | None = None, kv_cache_dir: str | None = None,
-                 kv_cache_disk_gb: float | None = None, kv_cache_block_tokens: int = DEFAULT_BLOCK_TOKENS,
-                 step_tokens: int | None = STEP_TOKENS):
+class Engine(OneShotGraphs, EngineViews):
+    def __init__(self, model, tokenizer, config: dict, graph=None, *, engine_config: EngineConfig | None = None,
+                 **options):
+        """`options` are EngineConfig's fields as keywords (runtime/config.py), applied over
+        `engine_config` (or the defaults); an unknown one is a TypeError naming it."""
+        c = self.engine_config = EngineConfig.from_kwargs(engine_config, **options)
+        prefill_chunk, max_batch, batch_prefill = c.prefill_chunk, c.max_batch, c.batch_prefill
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
         # Where the seeds of sampled requests without one come from (add_request): `seed` fixes them.
-        self._noise_seeds = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
-        self.model_path = model_path
+        self._noise_seeds = random.Random(c.seed if c.seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self.model_path = c.model_path
         # lowering: "auto" (fast path where proven by the load-time self-check, else the model's
-        # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md.
+        # own forward), "fast" or "generic"; see compiler/compile.py and docs/models.md. How decode
+        # runs (compile mode, attention, sampling, speculative arms) is chosen by the compiler's
+        # choice passes from the graph's `decode:` section under this config's overrides and the
+        # device's facts (runtime/target.py); the runtime below only obeys the plan's choices.
         t0 = time.perf_counter()
-        self.compiled: CompiledGraph = compile_cached(graph, model, config, lowering=lowering, kv_bits=kv_bits,
-                                                      kv_group_size=kv_group_size, model_path=model_path)
+        compiled = compile_cached(graph, model, config, lowering=c.lowering, kv_bits=c.kv_bits,
+                                  kv_group_size=c.kv_group_size, target=probe_target(), requested=requested_of(c),
+                                  model_path=c.model_path)
         log.info("compiled the step graph (with the load-time self-check unless its verdict was stored): %.1f s",
                  time.perf_counter() - t0)
-        if "next_tokens" not in self.compiled.prefill.outputs:
-            name = self.compiled.spec.name
+        if "next_tokens" not in compiled.prefill.outputs:
+            name = compiled.spec.name
             raise ValueError(f"graph '{name}' has no next_tokens output, so it cannot generate; load the model with "
                              f"a generation graph and pass '{name}' to Engine.embed(..., graph=) / "
                              "Engine.score(..., graph=)")
         self._oneshot: dict = {}  # (graph, output) -> OneShotRunner: embed / score graphs, compiled on first use
-        # How decode is compiled: the graph's `decode:` section, overridden by compile= /
-        # skinny_gemm= / decode_options= when given (compiler/decode_options.py). The decode
-        # plan's `compile` pass says what was applied.
-
-        if compile not in (None, True, False, "auto", "measured"):
-            raise ValueError(f"compile must be True, False, 'auto' or 'measured', got {compile!r}")
-        self.decode_options = resolve(self.compiled.spec.decode_options,
-                                      {**(decode_options or {}), "compile": compile, "skinny_matmul": skinny_gemm})
-        if self.decode_options["compile"] and self.compiled.binding.lowering != "fast":
+        plan = compiled.decode.plan
+        self.decode_options = dict(plan.decode_options)
+        if self.decode_options["compile"] and compiled.binding.lowering != "fast":
             logging.getLogger("graphc.engine").warning(
                 "compile applies to the fast path only; model type '%s' runs the generic lowering "
-                "uncompiled", self.compiled.binding.model_type)
-        elif self.decode_options["compile"]:  # mx.compile the decode forward on fixed-shape KV
-
-            # compile "auto": compiled only where it measured faster than eager (<= AUTO_MAX_BATCH
-            # rows, rows x KV capacity <= AUTO_MAX_KV); other steps run eager on the same caches.
-            # "measured": every batch-size bucket times both and keeps the faster (measured_gate.py).
-
-            o = self.decode_options
-            auto = o["compile"] == "auto"
-            self.compiled.decode = CompiledDecode(self.compiled.decode, fuse=o["fuse_projections"],
-                                                  kernel=o["attention_kernel"], skinny=o["skinny_matmul"],
-                                                  max_batch=compiled_decode.AUTO_MAX_BATCH if auto else None,
-                                                  max_kv=compiled_decode.AUTO_MAX_KV if auto else None,
-                                                  skinny_table=o["skinny_table"], measured=o["compile"] == "measured",
-                                                  kv_write=o["kv_write_kernel"], residual=o["residual_matmul"])
-        self._show_compile_pass()
+                "uncompiled", compiled.binding.model_type)
+        # The decode step the plan's compile mode names (runtime/compiled_decode.py): a new
+        # CompiledGraph carrying it, the compiler's plans unchanged.
+        self.compiled: CompiledGraph = compiled.with_decode(build_decode_step(compiled.decode))
         if not self.compiled.binding.batched:  # exact only one request at a time (compiler/compile.py)
             max_batch, batch_prefill = 1, False
         # Radix prefix cache (runtime/prefix_cache.py) when the graph's policies support it.
         # Pool size: max_total_tokens slots, else mem_fraction of device memory.
-        self.prefix = prefix_cache and for_binding(
-            self.compiled.binding, mem_fraction=mem_fraction, max_total_tokens=max_total_tokens,
-            interval=prefix_interval or min(prefill_chunk, 512)) or None
+        self.prefix = c.prefix_cache and for_binding(
+            self.compiled.binding, mem_fraction=c.mem_fraction, max_total_tokens=c.max_total_tokens,
+            interval=c.prefix_interval or min(prefill_chunk, 512)) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
-        self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, model_path, kv_cache_dir,
-                                          kv_cache_disk_gb, kv_cache_block_tokens) if kv_cache_dir else None
+        self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, c.model_path, c.kv_cache_dir,
+                                          c.kv_cache_disk_gb, c.kv_cache_block_tokens) if c.kv_cache_dir else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
         self._leaving: list | None = None  # rows ending in the decode step being postprocessed
-        self.runner = ModelRunner(self.compiled, chain=chain, host_edits=self.host_edits, prefix_io=io,
+        self.runner = ModelRunner(self.compiled, chain=c.chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
-                                  sampling_kernel=self._sampling_kernel(), host_read=self._host_read())
+                                  sampling_kernel=plan.choice("sampling").choice == "fused cuda",
+                                  host_read=plan.choice("host read").choice)
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
-        # kernel where it serves the layers (CUDA, once it matched MLX here): runtime/kernel_views.py.
-
-        self.runner.views = views = KernelViews(getattr(self.compiled.decode, "step", self.compiled.decode),
-                                                enabled=self.decode_options["attention_kernel"])
-        if views.on:  # the plan says what runs (graphc inspect)
-
-            d = self.compiled.decode
-            d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("attention kernel", views.pass_line),))
+        # kernel where the plan chose it (runtime/kernel_views.py).
+        self.runner.views = KernelViews(compiled.decode)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
-                                   kv_budget=kv_budget_tokens, step_tokens=step_tokens,
+                                   kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard(self)  # a failing step ends only the request(s) responsible
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
-        self.speculator = self.runner.speculator = _speculator(self, speculative, num_draft_tokens, spec_max_batch,
-                                                               spec_max_tokens, draft_model, spec_pipeline,
-                                                               spec_adaptive)
-
-    def _host_read(self) -> str:
-        """How the host reads decode tokens (runtime/host_read.py): 8-byte pieces on CUDA when
-        `decode: {host_read_pieces: true}`; on CUDA the decode plan says which (graphc inspect)."""
-        if not mx.cuda.is_available():
-            return "tokens"  # no managed memory: nothing migrates
-        how = "pieces" if self.decode_options["host_read_pieces"] else "tokens"
-
-        line = ("8-byte copies of each step's tokens (MLX's scalar pool: no page a step uses migrates to the host)"
-                if how == "pieces" else "the step's tokens themselves (decode: {host_read_pieces: true} reads 8-byte copies)")
-        d = self.compiled.decode
-        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("host read", line),))
-        return how
-
-    def _sampling_kernel(self) -> bool:
-        """Whether fused sampled steps may run their candidate stage (first K ranks, 1/T, noise) in
-        the top-ranks kernel, and their top-p scan, filters and Gumbel-max in the Gumbel-choose
-        kernel (CUDA, each once it matched MLX here); on CUDA the decode plan says which (graphc
-        inspect)."""
-        on = bool(self.decode_options["sampling_kernel"])
-        if not kernels.available():
-            return on  # FusedRows asks the check, which answers "not a CUDA device": MLX's ops run
-        off = "off (decode: {sampling_kernel: false})"
-        line = f"candidate stage of fused sampled steps: {top_ranks.note() if on else off}"
-        if on and top_ranks.check() is None:
-            line += f"; their top-p scan, filters and Gumbel-max: {gumbel_choose.note()}"
-
-        d = self.compiled.decode
-        d.plan = attrs.evolve(d.plan, passes=d.plan.passes + (("sampling kernel", line),))
-        return on
+        self.speculator = self.runner.speculator = speculator_for(self, c)
 
     @property
     def batch_prefill(self) -> bool:
@@ -193,14 +133,6 @@ class Engine:
         self._batch_prefill = on
         self.scheduler.batch_prefill = on and self.runner.can_batch_prefill
 
-    def _show_compile_pass(self) -> None:
-        """Put what this engine applied to decode into the decode plan's passes (inspect shows them)."""
-        d = self.compiled.decode
-        applied = d.applied() if hasattr(d, "applied") else None
-        line = compile_pass(self.decode_options, self.compiled.binding.lowering, applied)
-        passes = tuple(p for p in d.plan.passes if p[0] != "compile") + ((line,) if line else ())
-        d.plan = attrs.evolve(d.plan, passes=passes)
-
     # -- construction -------------------------------------------------------------
     @classmethod
     def load(cls, model_dir: str | Path | None = None, graph=None, *, distributed: bool = False,
@@ -211,8 +143,9 @@ class Engine:
         distributed=True (under `mlx.launch`): shard the model over the world group, tensor
         parallel; rank 0 gets the engine, the other ranks follow it and exit with it
         (runtime/distributed/, docs/distributed.md)."""
-        if distributed:
-            return load_sharded(model_dir, graph, engine_cls=cls, **kwargs)
+        if distributed:  # the distributed load checks and compares the options as keywords
+            base = kwargs.pop("engine_config", None)
+            return load_sharded(model_dir, graph, engine_cls=cls, **{**(base.changed() if base else {}), **kwargs})
         if model_dir is None:
             model_dir = demo_model_path()
         path = resolve_model_path(model_dir)
@@ -406,15 +339,6 @@ class Engine:
         self.runner.leave([req])  # stores its KV in the prefix cache on the way out
         self.stats["preemptions"] += 1
 
-    def cache_stats(self) -> dict:
-        """Prefix-cache usage for /metrics: pool slots (free / used), tree tokens and nodes,
-        hits and hit tokens, evictions, pool bytes; {"enabled": False} without a prefix cache."""
-        if self.prefix is None:
-            return {"enabled": False}
-        bpt = pool_bytes_per_token(self.compiled.binding.policies)
-        return {"enabled": True, **self.prefix.stats(), "pool_bytes": self.runner.prefix_io.nbytes,
-                "pool_capacity_bytes": bpt * self.prefix.slots.capacity}
-
     def _delta(self, req: Request) -> RequestOutput:
         new_ids = req.output_ids[req.emitted_tokens:]
         req.emitted_tokens = len(req.output_ids)
@@ -452,92 +376,3 @@ class Engine:
         while self.has_unfinished():
             self.step()
         return [self.result(reqs[i]) for i in ids]
-
-    # -- one-forward graphs: embeddings and scoring ----------------------------------------
-    def oneshot(self, graph, output: str):
-        """The runner of a graph that runs once per input (graphs/embed.yaml, graphs/score.yaml, or a
-        user's), compiled on first use against this engine's model and lowering."""
-        key = (str(graph), output)
-        if key not in self._oneshot:
-            self._oneshot[key] = OneShotRunner(compile_sibling(self.compiled, graph, self.model), output)
-        return self._oneshot[key]
-
-    def embed(self, inputs, *, dimensions: int | None = None, graph="embed"):
-        """Embeddings of each input (a string or token ids; or a list of them) through `graph`'s
-        `embeddings` output. `dimensions` truncates before normalizing (OpenAI's Matryoshka
-        semantics). Returns an EmbeddingResult (vectors in input order, prompt token count)."""
-        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], int)):
-            inputs = [inputs]
-        if not inputs:
-            raise ValueError("input is empty: give at least one string or token list")
-        runner = self.oneshot(graph, "embeddings")
-        if dimensions is not None:
-            width = int(runner.compiled.binding.config.get("hidden_size") or 0)
-            if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1 or (
-                    width and dimensions > width):
-                raise ValueError(f"dimensions must be an integer in 1..{width or 'hidden_size'}, got {dimensions!r}")
-            if not any(n.op == "normalize" for n in runner.compiled.spec.nodes):
-                raise ValueError(f"graph '{runner.compiled.spec.name}' has no normalize node, which `dimensions` needs")
-        return embed(runner, [self.encode(x) for x in inputs], dimensions)
-
-    def score(self, prompt, continuation, *, graph="score"):
-        """Logprob of each `continuation` token given `prompt` and the continuation before it, in one
-        forward without sampling (evaluation harnesses' loglikelihood). Returns a ScoreResult;
-        `score_many` scores several (prompt, continuation) pairs batched."""
-        return self.score_many([(prompt, continuation)], graph=graph)[0]
-
-    def score_many(self, pairs, *, graph="score"):
-        enc = []
-        for prompt, cont in pairs:
-            c = self.encode(cont)
-            enc.append((self.encode(prompt), c))
-        return score(self.oneshot(graph, "scores"), enc)
-
-    # -- read-only views for callers that drive the engine (AsyncEngine, servers) ------------
-    def request(self, request_id: str) -> Request | None:
-        """The live request with this id (waiting, prefilling or running), or None."""
-        return self.scheduler.by_id.get(request_id)
-
-    def load_info(self) -> dict:
-        """Queue and memory counters: waiting, running, decode steps run, KV bytes and tokens
-        held by running requests, the KV budget (None: unbounded)."""
-        sched = self.scheduler
-        return {"waiting": len(sched.waiting), "running": len(sched.running), "steps": self.runner.steps,
-                "kv_bytes": self.runner.kv_bytes, "kv_tokens": sched.kv_tokens(), "kv_budget": sched.kv_budget,
-                # bytes of the decode batch's KV that hold live tokens (runtime/kv_usage.py)
-                "kv_live_bytes": self.runner.kv_live_bytes}
-
-    def result(self, req: Request) -> GenerationResult:
-        """The GenerationResult of a request (finished or not: what it produced so far)."""
-        return GenerationResult(
-            request_id=req.id, prompt_ids=req.prompt_ids, token_ids=list(req.output_ids),
-            text=req.detokenizer.text, finish_reason=req.finish_reason or "abort",
-            cached_tokens=req.cached_tokens, logprobs=req.logprobs or None,
-            prompt_logprobs=req.prompt_logprobs,
-            ttft_s=(req.first_token_time - req.arrival) if req.first_token_time else None,
-            latency_s=(req.finish_time - req.arrival) if req.finish_time else None,
-            error=req.error,
-        )
-
-
-def _speculator(engine: Engine, speculative, num_draft_tokens, max_batch: int, max_tokens: int | None = None,
-                draft_model=None, pipeline: bool | None = None, adaptive: bool | None = None):
-    """The engine's Speculator (runtime/speculative/): speculative decoding for rows that ask, or
-    for every plain greedy row when `speculative` sets a default (a draft model makes
-    "draft_model" the default). Off for models whose caches cannot roll back (logged when a
-    default asked for it)."""
-    if draft_model is not None and speculative is None:
-        speculative = "draft_model"
-    default = parse_speculative(speculative, num_draft_tokens)
-    spec = Speculator(engine.compiled.decode, default=None if default == "off" else default, max_batch=max_batch,
-                      max_tokens=max_tokens, problem=rollback_problem(engine.compiled.binding), stats=engine.stats,
-                      pipeline=pipeline, adaptive=adaptive, views=engine.runner.views)
-    spec.eos_token_ids = set(engine.eos_token_ids)
-    if default not in (None, "off") and spec.problem:
-        logging.getLogger("graphc.engine").warning("speculative=%r is off for this model: %s", speculative,
-                                                   spec.problem)
-    if draft_model is not None:
-        if not isinstance(draft_model, DraftModel):  # a folder or .gguf path
-            draft_model = DraftModel.load(draft_model, engine.tokenizer, engine.vocab_size)
-        spec.draft_model = draft_model
-    return spec

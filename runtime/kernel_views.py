@@ -75,32 +75,17 @@ class KernelViews:
     """`views(caches)`: the caches one eager forward runs on (kernel views, or the caches
     themselves where they cannot take them); `note`: on, or why not (the bench prints it)."""
 
-    def __init__(self, step, enabled: bool = True):
-        binding = step.binding
-        adapter = getattr(binding, "adapter", None)
-        self.blocks = {}
-        if not enabled:
-            self.note = "off (decode: {attention_kernel: false})"
-        elif binding.lowering != "fast" or adapter is None:
-            self.note = "off (the generic lowering runs the model's own forward)"
-        elif not (blocks := decode_attention.kernel_blocks(adapter)):
-            self.note = (f"off (no layer fits: {type(adapter).__name__} needs an own block for it and the kernel "
-                         "a head dim that is a multiple of 32)")
-        elif (why := decode_attention.check()) is not None:
-            self.note = f"off ({why})"
-        else:
-            self.blocks = blocks
-            self.note = f"on ({len(blocks)} of {len(adapter.layers)} layers, {decode_attention.grouped_note()})"
+    def __init__(self, step):
+        # The decode plan's "attention (eager steps)" choice (compiler/passes/decode_choices.py)
+        # says whether the kernel serves and why; the blocks are the layers it fits.
+        choice = step.plan.choice("attention (eager steps)")
+        self.note = choice.why
+        self.blocks = (decode_attention.kernel_blocks(step.binding.adapter)
+                       if choice.choice == "cuda decode kernel" else {})
 
     @property
     def on(self) -> bool:
         return bool(self.blocks)
-
-    @property
-    def pass_line(self) -> str:
-        """The decode plan's line for it (graphc inspect)."""
-        return (f"eager verify forwards and eager decode steps over up to {DECODE_MAX_BATCH} left-padded rows: "
-                f"attention in the ragged kernel, {self.note} (runtime/kernel_views.py)")
 
     def __call__(self, caches: list) -> list:
         if not self.blocks or not caches or not all(type(c) is FullKV and c.keys is not None for c in caches):

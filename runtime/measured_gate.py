@@ -105,6 +105,7 @@ class ArmGate:
         self._start: float | None = None
         self._clean = False
         self._tokens = 0
+        self._in_use: dict[int, str] = {}  # bucket -> the arm its latest cycle was given (Engine.describe)
 
     # -- the runner's cycle ----------------------------------------------------------------
     def begin(self) -> None:
@@ -169,7 +170,13 @@ class ArmGate:
                     st.explored += 1
         first = self._last != (arm, b)
         self._last, self._left = (arm, b), self.RUN - 1
+        self._in_use[b] = arm
         return arm, b, first
+
+    def in_use(self) -> dict:
+        """{"latest": (arm, bucket) of the latest choice or None, "by_bucket": {bucket: arm}}: which
+        arm of this measured plan choice runs now (the plan declares the arms, the gate picks)."""
+        return {"latest": self._last, "by_bucket": dict(sorted(self._in_use.items()))}
 
     def rates(self) -> dict:
         """{bucket: {arm: (tokens/s, samples)}}: what the gate has measured (stats, docs)."""

@@ -100,6 +100,12 @@ class Scheduler:
     # step could overrun it; benchmarks/step_timeline.py showed both (docs/scheduling.md).
     BURST_TOKENS = 2048
     BURST_STEP_TOKENS = 2048
+    # A piece of a prompt (not its end) ends on a multiple of CHUNK_ALIGN tokens, so the chunk
+    # forwards' attention shapes (query length, key length) come from a small set. On CUDA every
+    # new shape builds a cuDNN attention plan (~40 ms on an H200, cached per exact shape): a step
+    # budget split between prompts at arbitrary offsets built one per step, and a 256-token chunk
+    # step cost ~80 ms instead of ~5 ms (benchmarks/probes/chunk_cost.py, docs/scheduling.md).
+    CHUNK_ALIGN = 128
 
     def schedule(self) -> Schedule:
         if not self.running and self.waiting and self._burst_left <= 0:
@@ -111,6 +117,7 @@ class Scheduler:
             budget = step_budget = self.step_budget()
         chunks = []
         slots = self.max_batch - len(self.running)
+        align = self.CHUNK_ALIGN if min(step_budget, self.prefill_chunk) >= self.CHUNK_ALIGN else 1
         cached = 0
         for req in self.waiting:
             if budget <= 0 or slots <= 0:
@@ -131,6 +138,11 @@ class Scheduler:
                 # burst has a next step for it.
                 break
             n = min(budget, self.prefill_chunk, left)
+            if n < left and (req.prefilled + n) % align:
+                aligned = n - (req.prefilled + n) % align
+                if aligned <= 0 and chunks:
+                    break  # too little budget left to reach an aligned end: it goes first next step
+                n = aligned if aligned > 0 else n
             chunks.append((req, n))
             budget -= n
             if req.prefilled + n == len(req.context_ids):

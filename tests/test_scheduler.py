@@ -200,8 +200,9 @@ def test_prompt_tokens_per_step_are_capped_while_rows_decode():
 
 def test_a_burst_is_one_step_and_never_overruns():
     """Requests reaching an idle engine form a burst: its step admits up to BURST_TOKENS of prompt
-    (here two whole prompts of 700 tokens, batched, and the first 648 of a third); the next step
-    decodes the burst's rows and spends only step_tokens, however much still waits."""
+    (here two whole prompts of 700 tokens, batched, and the first 640 of a third: a piece of a
+    prompt ends on CHUNK_ALIGN); the next step decodes the burst's rows and spends at most
+    step_tokens, however much still waits."""
     from graphc.runtime.request import Request
     from graphc.runtime.scheduler import Scheduler
 
@@ -210,14 +211,63 @@ def test_a_burst_is_one_step_and_never_overruns():
     for r in reqs:
         s.add(r)
     sched = s.schedule()
-    assert sum(n for _, n in sched.prefill) == s.BURST_TOKENS == 2048
+    assert [n for _, n in sched.prefill] == [700, 700, 640] and s.BURST_TOKENS == 2048
     assert [len(g) for g in sched.groups] == [2, 1]
     for r, n in sched.prefill:
         s.advance(r, r.prefilled + n)
         if r.prefilled == len(r.context_ids):
             s.started(r)
     nxt = s.schedule()
-    assert nxt.decode and sum(n for _, n in nxt.prefill) == 128
+    # the third prompt's last 60 tokens; the fourth cannot reach an aligned end with the 68 left
+    assert nxt.decode and [(r, n) for r, n in nxt.prefill] == [(reqs[2], 60)]
+
+
+def test_pieces_of_prompts_end_on_the_alignment():
+    """Every chunk that does not end its prompt ends on a multiple of CHUNK_ALIGN, whatever the
+    budget left by the prompts before it or where a prefix hit started it, so chunk forwards
+    repeat a few attention shapes (on CUDA each new one builds a cuDNN plan); every prompt still
+    gets all its tokens, in order."""
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler
+
+    s = Scheduler(prefill_chunk=2048, step_tokens=256)
+    s.running = [Request([1], SamplingParams())]  # rows decode: steps of step_tokens
+    reqs = [Request([i + 2] * n, SamplingParams()) for i, n in enumerate((90, 1000, 37, 700))]
+    reqs[1].prefilled = reqs[1].cached_tokens = 0
+    reqs[3].prefilled = reqs[3].cached_tokens = 45  # as after a prefix hit
+    for r in reqs:
+        s.add(r)
+    seen = {r.id: [] for r in reqs}
+    for _ in range(40):
+        sched = s.schedule()
+        if not sched.prefill:
+            break
+        assert sum(n for _, n in sched.prefill) <= 256
+        for r, n in sched.prefill:
+            end = r.prefilled + n
+            assert end == len(r.context_ids) or end % s.CHUNK_ALIGN == 0, (r.prefilled, n)
+            seen[r.id].append((r.prefilled, end))
+            s.advance(r, end)
+            if end == len(r.context_ids):
+                s.waiting.remove(r)
+    for r in reqs:
+        pieces = seen[r.id]
+        assert pieces[0][0] == r.cached_tokens and pieces[-1][1] == len(r.context_ids)
+        assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+
+
+def test_a_budget_below_the_alignment_still_makes_progress():
+    """A prefill chunk or step budget below CHUNK_ALIGN turns alignment off (no step could reach
+    an aligned end)."""
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler
+
+    s = Scheduler(prefill_chunk=64, step_tokens=16)
+    s.running = [Request([1], SamplingParams())]
+    r = Request([3] * 100, SamplingParams())
+    s.add(r)
+    sched = s.schedule()
+    assert [n for _, n in sched.prefill] == [16]
 
 
 def test_step_tokens_bound_the_stall_and_keep_greedy_tokens(mdir):
@@ -248,3 +298,17 @@ def test_step_tokens_bound_the_stall_and_keep_greedy_tokens(mdir):
         for o in eng.step():
             outs[o.request_id] += o.new_token_ids
     assert [outs[r] for r in short + [long_id]] == alone
+
+
+def test_mlx_plan_cache_default_is_set_and_a_user_value_kept():
+    """graphc raises MLX's cuDNN attention plan cache (serving meets more shapes than its default
+    holds) unless the user set it; importing the runtime applied it to this process."""
+    import os
+
+    from graphc.runtime import mlx_env
+
+    env = {"MLX_CUDA_SDPA_CACHE_SIZE": "32"}
+    assert mlx_env.apply_defaults(env) == {} and env["MLX_CUDA_SDPA_CACHE_SIZE"] == "32"
+    env = {}
+    assert mlx_env.apply_defaults(env) == mlx_env.DEFAULTS == env
+    assert "MLX_CUDA_SDPA_CACHE_SIZE" in os.environ

@@ -13,7 +13,9 @@ import pytest
 
 from graphc.compiler import compile as compile_mod
 from graphc.compiler import selfcheck_cache as sc
+from graphc.compiler.inspect import inspect_plan
 from graphc.compiler.selfcheck import reference_run, run_check
+from graphc.compiler.target import Requested
 from graphc.runtime import Engine, SamplingParams
 
 
@@ -54,6 +56,8 @@ def test_a_second_start_reuses_the_verdict_and_serves_the_same_graph(llama, chec
     assert (b.lowering, b.batched, b.mask_rank, b.model_type) == (a.lowering, a.batched, a.mask_rank, a.model_type)
     assert b.layers == a.layers and b.checks == a.checks and b.check == a.check
     assert second.vocab_size == first.vocab_size and second.spec.name == first.spec.name
+    for kind in ("prefill", "decode"):  # the same plans, choice passes included
+        assert inspect_plan(second, kind, trace=False) == inspect_plan(first, kind, trace=False)
     # The rebuilt steps are real: they pass the check itself against mlx-lm's own forward.
     ref = reference_run(b.model, b.model_type)
     assert run_check(second, ref, b.lowering).ok
@@ -157,3 +161,12 @@ def test_kv_bits_verdicts_are_their_own_and_rebuild_the_quantized_policy(model_d
     assert any(p.name == "quantized" for p in again.binding.policies)
     sc.compile_cached(None, model, config, kv_bits=4, model_path=str(d))
     assert len(checks) == n + 2
+
+
+def test_the_plans_choices_follow_this_starts_options_not_the_stored_ones(llama, checks):
+    d, model, config = llama
+    off = sc.compile_cached(None, model, config, requested=Requested.of({"compile": False}), model_path=str(d))
+    on = sc.compile_cached(None, model, config, requested=Requested.of({"compile": True}), model_path=str(d))
+    assert len(checks) == 1  # the options are not part of the verdict: one check
+    assert off.decode.plan.option("compile") is False and on.decode.plan.option("compile") is True
+    assert on.requested == Requested.of({"compile": True})

@@ -114,18 +114,24 @@ def test_a_fused_step_takes_the_kernel_only_when_asked(kernel_on_cpu, seeds):
 
 def test_the_engine_option_reaches_the_sampler_and_the_plan(model_dir, monkeypatch):
     d = model_dir("llama")
-    assert Engine.load(d).runner.sampler.kernel is True  # the default: asked for, used where it applies
+    eng = Engine.load(d)  # the default asks for it; off CUDA the plan's sampling choice is MLX's ops
+    assert eng.compiled.plan("decode").choice("sampling").choice == "fused mlx"
+    assert eng.runner.sampler.kernel is False
     off = Engine.load(d, decode_options={"sampling_kernel": False})
     assert off.runner.sampler.kernel is False
     assert "sampling kernel" not in dict(off.compiled.plan("decode").passes)  # off CUDA: no line
-    # on CUDA the plan says whether it runs, and why not
+    # on CUDA the plan says whether it runs, and why not (the device's facts are read at load)
     monkeypatch.setattr("graphc.runtime.kernels.available", lambda: True)
     monkeypatch.setattr(TR, "check", lambda seed=0: "top-ranks kernel differs from MLX's candidate search")
-    assert off._sampling_kernel() is False
+    off = Engine.load(d, decode_options={"sampling_kernel": False})
+    assert off.runner.sampler.kernel is False
     assert "off (decode: {sampling_kernel: false})" in dict(off.compiled.plan("decode").passes)["sampling kernel"]
     on = Engine.load(d)
-    on._sampling_kernel()
     assert "off (top-ranks kernel differs" in dict(on.compiled.plan("decode").passes)["sampling kernel"]
+    assert on.runner.sampler.kernel is False
+    monkeypatch.setattr(TR, "check", lambda seed=0: None)  # it matched here: the plan chooses it, the sampler obeys
+    on = Engine.load(d)
+    assert on.compiled.plan("decode").choice("sampling").choice == "fused cuda" and on.runner.sampler.kernel is True
 
 
 def _radix_first_k(keys: np.ndarray, k: int, passes: list | None = None) -> np.ndarray:

@@ -1,0 +1,53 @@
+"""The device's facts for the compiler's choice passes (compiler/target.py `Target`), probed once.
+
+Each kernel's `check()` (runtime/kernels/) builds it and compares it with its reference in
+this process, once; off CUDA every check answers "not a CUDA device" without building
+anything. The Engine probes before it compiles, so the plan's choices are made from these
+facts and the runtime only obeys them; `graphc inspect` probes the same way.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from graphc.compiler.target import Requested, Target
+
+from . import compiled_decode, kernels
+from .config import EngineConfig
+from .kernels import decode_attention, gumbel_choose, skinny_matmul, top_ranks
+from .speculative import speculator
+
+
+def probe_target() -> Target:
+    """This process's device and which kernels built and matched MLX here."""
+    cuda = kernels.available()
+    facts = []
+    why = decode_attention.check()
+    facts.append(("decode_attention", why, decode_attention.grouped_note() if why is None else ""))
+    facts.append(("kv_write", decode_attention.write_check() if why is None else
+                   f"the attention kernel is off ({why})", ""))
+    facts.append(("skinny_matmul", skinny_matmul.check(), ""))
+    tr = top_ranks.check()
+    facts.append(("top_ranks", tr, top_ranks.note()))
+    facts.append(("gumbel_choose", None if tr is None else tr, gumbel_choose.note() if tr is None else ""))
+    device = "cuda" if cuda else ("gpu" if mx.default_device().type == mx.gpu else "cpu")
+    return Target(device=device, kernels=tuple(facts), cuda_memory=bool(mx.cuda.is_available()),
+                  cuda_adds=compiled_decode._on_cuda())
+
+
+def requested_of(c: EngineConfig) -> Requested:
+    """What `c` asks of the compiler's choice passes: decode overrides over the graph's `decode:`
+    section, and the speculative defaults (None fields resolved by the speculator's defaults:
+    pipelined verify opt-in, the measured gate on)."""
+    spec = c.speculative
+    method = (spec if isinstance(spec, str) or spec is None else
+              spec.get("method") if isinstance(spec, dict) else getattr(spec, "method", str(spec)))
+    if method is None and c.draft_model is not None:
+        method = "draft_model"
+    return Requested.of(
+        {**(c.decode_options or {}), "compile": c.compile, "skinny_matmul": c.skinny_gemm}, speculative=method,
+        spec_pipeline=speculator.default_pipeline() if c.spec_pipeline is None else bool(c.spec_pipeline),
+        spec_adaptive=speculator.default_adaptive() if c.spec_adaptive is None else bool(c.spec_adaptive))
+
+
+__all__ = ["probe_target", "requested_of"]
