@@ -2,11 +2,9 @@
 
     python distributed_worker.py OUT.json SPEC.json
 
-SPEC: {"models": [dirs], "engine": {Engine.load kwargs}, "prompts": [[ids]], "params": [{SamplingParams}],
-       "also": [{"key": name, "model": dir, "engine": {more kwargs}}]} ("also": optional runs of one
-model with other settings, after the models; one launch serves them all, launches being the cost).
+SPEC: {"models": [dirs], "engine": {Engine.load kwargs}, "prompts": [[ids]], "params": [{SamplingParams}]}.
 Every rank loads each model with distributed=True; rank 0 generates the prompts twice (the
-second time through the prefix cache) and writes {model dir or key: {"tokens", "again", "cached_tokens"}}
+second time through the prefix cache) and writes {model dir: {"tokens", "again", "cached_tokens"}}
 to OUT.json; the other ranks follow rank 0 through each model
 (Engine.load returns on rank 0 only; on the others it raises SystemExit when rank 0 closes).
 """
@@ -23,11 +21,9 @@ def main(out_path: str, spec_path: str) -> int:
     spec = json.loads(open(spec_path).read())
     params = [SamplingParams(**p) for p in spec["params"]]
     results = {}
-    runs = [(m, m, spec["engine"]) for m in spec["models"]]
-    runs += [(a["key"], a["model"], {**spec["engine"], **a["engine"]}) for a in spec.get("also", [])]
-    for key, m, opts in runs:
+    for m in spec["models"]:
         try:
-            engine = Engine.load(m, distributed=True, **opts)
+            engine = Engine.load(m, distributed=True, **spec["engine"])
         except SystemExit as e:
             if e.code:
                 raise
@@ -35,7 +31,7 @@ def main(out_path: str, spec_path: str) -> int:
         res = engine.generate(spec["prompts"], params)
         # Again: now the prompts come from the prefix cache (each rank's pool holds its KV heads).
         again = engine.generate(spec["prompts"], params)
-        results[key] = {"tokens": [r.token_ids for r in res], "again": [r.token_ids for r in again],
+        results[m] = {"tokens": [r.token_ids for r in res], "again": [r.token_ids for r in again],
                       "cached_tokens": [r.cached_tokens for r in again]}
         engine.close()  # the followers leave this model and load the next one
     if results:
