@@ -89,16 +89,27 @@ def run_timeline(engine, mix, *, log=None) -> dict:
     copies = _Copies()
     steps: list[dict] = []
     cur: dict = {}
-    plain_schedule = sched.schedule
+    plain_schedule, plain_budget = sched.schedule, sched.step_budget
+
+    def step_budget():
+        cur["budget"] = plain_budget()  # what the scheduler allowed this step ("auto": measured)
+        return cur["budget"]
 
     def schedule():
         s = plain_schedule()
+        now = time.perf_counter() - t0
+        for req, n in s.prefill:  # when each request's prompt first got budget, and in how many steps
+            first_chunk.setdefault(req.id, now)
+            chunk_steps[req.id] = chunk_steps.get(req.id, 0) + 1
         cur.update(prefill=sum(n for _, n in s.prefill), decode_flag=s.decode,
                    bursting=sched._burst_left > 0 or not s.decode, running_before=len(sched.running))
         return s
 
-    sched.schedule = schedule
+    sched.schedule, sched.step_budget = schedule, step_budget
     pending = list(mix)
+    first_chunk: dict[str, float] = {}
+    chunk_steps: dict[str, int] = {}
+    prompt_len: dict[str, int] = {}
     t0 = time.perf_counter()
     times: dict[str, list[float]] = {}
     arrival: dict[str, float] = {}
@@ -108,7 +119,7 @@ def run_timeline(engine, mix, *, log=None) -> dict:
             while pending and pending[0][0] <= now:
                 at, ids, n_out = pending.pop(0)
                 rid = engine.add_request(ids, SamplingParams(max_tokens=n_out, ignore_eos=True))
-                arrival[rid], times[rid] = at, []
+                arrival[rid], times[rid], prompt_len[rid] = at, [], len(ids)
             if not engine.has_unfinished():
                 time.sleep(max(0.0, pending[0][0] - (time.perf_counter() - t0)))
                 continue
@@ -122,13 +133,14 @@ def run_timeline(engine, mix, *, log=None) -> dict:
             for o in outs:
                 times[o.request_id] += [te - t0] * len(o.new_token_ids)
             steps.append({"i": len(steps), "t": round(ts - t0, 4), "ms": round((te - ts) * 1e3, 2),
-                          "prefill": cur.get("prefill", 0), "decode": cur.get("decode_flag", True),
+                          "prefill": cur.get("prefill", 0), "budget": cur.get("budget"), "decode": cur.get("decode_flag", True),
                           "rows": rows_before, "first_tokens": len(firsts),
                           "waiting": len(sched.waiting), "copies_mib": {k: round(v / 2**20, 2)
                                                                        for k, v in copies.step.items()},
                           "capacity": runner.caches[0].capacity if runner.caches else 0})
-    sched.schedule = plain_schedule
-    return {"steps": steps, "times": times, "arrival": arrival}
+    sched.schedule, sched.step_budget = plain_schedule, plain_budget
+    return {"steps": steps, "times": times, "arrival": arrival, "first_chunk": first_chunk,
+            "chunk_steps": chunk_steps, "prompt_len": prompt_len}
 
 
 def _pct(xs, q):
@@ -157,13 +169,23 @@ def summarize(res: dict, top: int = 5) -> dict:
                       "step_ms": [s["ms"] for s in spanned],
                       "copies_mib": round(sum(sum(s["copies_mib"].values()) for s in spanned), 2)})
     g_ms = [g * 1e3 for g, *_ in gaps]
+    # The longest waits for a first token, split into queueing (arrival to the prompt's first chunk)
+    # and prefill (first chunk to first token, over how many steps): which requests and why.
+    slow = sorted(((ts[0] - res["arrival"][r], r) for r, ts in times.items() if ts), reverse=True)[:top]
+    worst_ttft = [{"ttft_ms": round(t * 1e3, 1), "prompt": res["prompt_len"][r],
+                   "queue_ms": round((res["first_chunk"][r] - res["arrival"][r]) * 1e3, 1),
+                   "prefill_ms": round((times[r][0] - res["first_chunk"][r]) * 1e3, 1),
+                   "prefill_steps": res["chunk_steps"][r]} for t, r in slow if r in res.get("first_chunk", {})]
     return {"steps": len(steps), "wall_s": round(ends[-1], 2) if ends else 0.0, "no_decode_steps_with_rows": sum(1 for s in steps if not s["decode"] and s["rows"]),
             "plain_decode_ms_p50": _pct(plain, 0.5), "max_step_ms": max((s["ms"] for s in steps), default=None),
             "max_prefill_in_a_step_with_rows": max((s["prefill"] for s in steps if s["rows"]), default=0),
             "itl_ms_p50": _pct(g_ms, 0.5), "itl_ms_p99": _pct(g_ms, 0.99), "itl_ms_max": max(g_ms, default=None),
             "ttft_ms_p50": _pct([t * 1e3 for t in ttft], 0.5), "ttft_ms_p99": _pct([t * 1e3 for t in ttft], 0.99),
+            "budget_p50_with_rows": _pct([s["budget"] for s in steps if s["rows"] and s["budget"]], 0.5),
+            "first_ttft_ms": round(min(((ts[0] - res["arrival"][r], r) for r, ts in times.items() if ts),
+                                       key=lambda x: res["arrival"][x[1]])[0] * 1e3, 1) if ttft else None,
             "copies_mib_total": {k: round(sum(s["copies_mib"][k] for s in steps), 1) for k in ("grow", "join", "leave")},
-            "worst_gaps": worst}
+            "worst_gaps": worst, "worst_ttft": worst_ttft}
 
 
 TABLE_KEYS = (("itl_ms_p99", "ITL p99 ms"), ("itl_ms_max", "ITL max ms"), ("plain_decode_ms_p50", "plain decode step ms"),
@@ -188,6 +210,10 @@ def table(paths: list[str]) -> str:
     return "\n".join(rows)
 
 
+def _step_tokens(v: str):
+    return v if v == "auto" else int(v)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m graphc.benchmarks.step_timeline", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="model folder (graphc make-model)")
@@ -198,11 +224,18 @@ def main(argv=None) -> int:
     p.add_argument("--output", default="16,128", help="output tokens lo,hi (lognormal)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--prefill-chunk", type=int, default=2048)
-    p.add_argument("--step-tokens", type=int, default=None,
-                   help="Engine(step_tokens=): prompt tokens per step while rows decode (default: the engine's)")
+    p.add_argument("--step-tokens", type=_step_tokens, default=None,
+                   help="Engine(step_tokens=): prompt tokens per step while rows decode, or 'auto' "
+                        "(default: the engine's)")
+    p.add_argument("--step-time-factor", type=float, default=None,
+                   help="Scheduler.STEP_TIME_FACTOR for step_tokens='auto' (default: the scheduler's)")
     p.add_argument("--burst-tokens", type=int, default=None,
                    help="Scheduler.BURST_TOKENS for this engine: prompt tokens an idle engine's burst may admit "
                         "before decoding (default: the scheduler's)")
+    p.add_argument("--start", choices=("probe", "serve", "none"), default="probe",
+                   help="before repeat 0: probe = 4 requests of the mix (first-call costs left out), serve = "
+                        "Engine.warm_up() as `graphc serve` runs it (repeat 0 = a fresh server's first traffic), "
+                        "none = nothing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--json", help="write every step record and the summaries here")
@@ -221,15 +254,21 @@ def main(argv=None) -> int:
     engine = Engine.load(a.model, **kw)
     if a.burst_tokens is not None:
         engine.scheduler.BURST_TOKENS = a.burst_tokens
+    if a.step_time_factor is not None:
+        engine.scheduler.STEP_TIME_FACTOR = a.step_time_factor
     vocab = int(engine.config["vocab_size"])
-    warm = make_mix(4, vocab, (lo_i, hi_i), (4, 8), math.inf, a.seed + 999)
-    run_timeline(engine, warm)  # first-call costs (kernel builds, lazy loads) out of the timeline
+    if a.start == "probe":  # first-call costs (kernel builds, lazy loads) out of the timeline
+        run_timeline(engine, make_mix(4, vocab, (lo_i, hi_i), (4, 8), math.inf, a.seed + 999))
+    elif a.start == "serve":  # what `graphc serve` runs before ready: repeat 0 is its first traffic
+        print(json.dumps({"warm_up_s": round(engine.warm_up(), 3)}), flush=True)
     out = []
     for r in range(a.repeats):
         # a fresh mix each repeat (its own seed): a repeat of the same prompts would hit the prefix cache
         res = run_timeline(engine, make_mix(a.requests, vocab, (lo_i, hi_i), (lo_o, hi_o), a.rate, a.seed + r))
         s = summarize(res, a.top)
-        print(json.dumps({"repeat": r, **{k: v for k, v in s.items() if k != "worst_gaps"}}), flush=True)
+        print(json.dumps({"repeat": r, **{k: v for k, v in s.items() if k not in ("worst_gaps", "worst_ttft")}}),
+              flush=True)
+        print(json.dumps({"repeat": r, "worst_ttft": s["worst_ttft"]}), flush=True)
         out.append({"summary": s, **res})
         mx.clear_cache()
     if a.json:

@@ -297,7 +297,6 @@ class CompiledDecode:
         for c, k, v in zip(caches, keys, values):
             c.keys, c.values = k, v
             c.idx += L
-            c._offset = None
         self.verify_steps += 1
         return targets, accepted
 
@@ -338,7 +337,6 @@ class CompiledDecode:
         for c, k, v in zip(caches, keys, values):
             c.keys, c.values = k, v
             c.idx += 1
-            c._offset = None
         ctx = StepContext(self.step.binding, inputs)
         ctx.values.update(vals)
         for key in [k for k in vals if is_model_dtype_key(k)]:

@@ -105,7 +105,6 @@ class Engine(OneShotGraphs, EngineViews):
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
-        self._leaving: list | None = None  # rows ending in the decode step being postprocessed
         self.runner = ModelRunner(self.compiled, chain=c.chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                                   sampling_kernel=plan.choice("sampling").choice == "fused cuda",
@@ -232,7 +231,13 @@ class Engine(OneShotGraphs, EngineViews):
         """Run one scheduler iteration: some prefill chunks, then one decode step. Returns deltas.
         If the step raises, only the request(s) responsible end (finish_reason "error"); the
         others are recomputed and go on (runtime/fault.py)."""
-        return self.faults.step()
+        self.faults.start()
+        try:
+            outs = self._step()
+        except Exception as exc:  # noqa: BLE001 - any failure inside the step is isolated by the guard
+            return self.faults.recover(exc)
+        self.faults.passed()
+        return outs
 
     def _step(self) -> list[RequestOutput]:
         """schedule -> run -> postprocess (nano-vllm's shape), for the step's prefill work and then
@@ -250,20 +255,26 @@ class Engine(OneShotGraphs, EngineViews):
     def _postprocess_prefill(self, sched, ran: list) -> list[Request]:
         """Record the prefill's progress with the scheduler and each finished prompt's first token."""
         self.stats["cached_tokens"] += sched.cached_tokens
-        touched = []
-        for done in ran:
-            req = done.req
-            self.stats["computed_prompt_tokens"] += done.n
-            self.scheduler.advance(req, done.end)
-            if done.token is None:
-                continue
-            req.first_token_time = req.first_token_time or time.perf_counter()
-            self.scheduler.started(req)  # it joins the decode batch in run_decode unless it ends here
-            if req.params.max_tokens == 0:  # the prompt only (its prompt logprobs, if asked): no token
-                self._finish(req, "length")
-            else:
-                self._append(req, done.token, done.logprobs)
-            touched.append(req)
+        touched, ended = [], []
+        try:
+            for done in ran:
+                req = done.req
+                self.stats["computed_prompt_tokens"] += done.n
+                self.scheduler.advance(req, done.end)
+                if done.token is None:
+                    continue
+                req.first_token_time = req.first_token_time or time.perf_counter()
+                self.scheduler.started(req)  # it joins the decode batch in run_decode unless it ends here
+                if req.params.max_tokens == 0:  # the prompt only (its prompt logprobs, if asked): no token
+                    self._stop(req, "length")
+                else:
+                    self._append(req, done.token, done.logprobs)
+                touched.append(req)
+                if req.finished:
+                    ended.append(req)
+        finally:
+            if ended:
+                self.runner.leave(ended)
         return touched
 
     def _postprocess_decode(self, batch, ran: list) -> list[Request]:
@@ -274,25 +285,26 @@ class Engine(OneShotGraphs, EngineViews):
         # rows from the batch caches in one filter per layer. One leave per row cost a store and
         # a filter of every layer per row: when 64 rows ended together, thousands of ops encoded
         # while the rows still decoding waited.
-        self._leaving = []
+        ended = []
         try:
             for req, tok, lp in ran:
                 if req.finished:
                     continue
-                self._append(req, tok, lp)
+                if self._append(req, tok, lp):
+                    ended.append(req)
                 touched.append(req)
         finally:
-            leaving, self._leaving = self._leaving, None
-            if leaving:
-                self.runner.leave(leaving)
+            if ended:
+                self.runner.leave(ended)
         return touched
 
     def _append(self, req: Request, tok: int, logprobs: dict | None = None) -> bool:
-        """Record one generated token; finish the request if it stops here. True when finished."""
+        """Record one generated token; end the request if it stops here. True when it ended: the
+        caller hands its row to the runner (`runner.leave`), with the other rows its step ended."""
         failed = self.host_edits.take_failure(req)  # its own logits processor failed this step
         if failed is not None:  # drop the token, end it alone
-            self.fail(req, failed)
-            return True
+            req.error = failed
+            return self._stop(req, "error")
         req.output_ids.append(tok)
         if logprobs is not None:
             req.logprobs.append(logprobs)
@@ -305,15 +317,15 @@ class Engine(OneShotGraphs, EngineViews):
             try:
                 req.grammar.consume(tok)
             except GrammarError as e:  # e.g. the grammar left no token allowed: fail this request only
-                self.fail(req, str(e))
-                return True
+                req.error = str(e)
+                return self._stop(req, "error")
             hit_stop = hit_stop or req.grammar.done
         if stop_token:
-            self._finish(req, "stop")
+            self._stop(req, "stop")
         elif hit_stop:
-            self._finish(req, "stop")
+            self._stop(req, "stop")
         elif len(req.output_ids) >= p.max_tokens or self.scheduler.at_kv_limit(req):
-            self._finish(req, "length")
+            self._stop(req, "length")
         return req.finished
 
     def fail(self, req: Request, why: str) -> None:
@@ -322,14 +334,19 @@ class Engine(OneShotGraphs, EngineViews):
         self._finish(req, "error")
 
     def _finish(self, req: Request, reason: str) -> None:
-        if req.finished:
-            return
-        self.scheduler.finish(req, reason)  # releases its prefix-cache holds too
-        if self._leaving is not None:  # a decode step's postprocess: it leaves with the step's others
-            self._leaving.append(req)
-        else:
+        """End `req` outside a step's postprocess (abort, a fault's culprit): its row leaves now."""
+        if self._stop(req, reason):
             self.runner.leave([req])  # drops its KV; a decode row stores it in the prefix cache on the way out
+
+    def _stop(self, req: Request, reason: str) -> bool:
+        """The scheduler's side of ending `req`; True when it ended now (it was not finished).
+        Its row is left to the caller: a step's postprocess hands every row the step ended to
+        the runner in one `leave` (one pool write and one filter per layer for all of them)."""
+        if req.finished:
+            return False
+        self.scheduler.finish(req, reason)  # releases its prefix-cache holds too
         self.host_edits.take_failure(req)
+        return True
 
     def _preempt(self, req: Request) -> None:
         """Free a running request's working KV (the budget ran out); it is recomputed later from

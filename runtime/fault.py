@@ -45,7 +45,8 @@ PROBE_STEP_LIMIT = 4096
 
 
 class StepGuard:
-    """Wraps Engine._step: records who takes part in a step and recovers when it raises."""
+    """Records who takes part in a step and recovers when it raises (Engine.step calls `start`,
+    then `passed` or `recover`). Only recovery runs steps itself: its probes (`_probe`)."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -53,7 +54,7 @@ class StepGuard:
         self.recoveries = 0  # faults recovered from (for /metrics)
         self.culprits = 0  # requests ended with "error" by a recovery
         self._failed_last = False  # the last fault had no culprit and no step succeeded since
-        self._outs: list[RequestOutput] = []  # deltas produced by probe steps, returned by _recover
+        self._outs: list[RequestOutput] = []  # deltas produced by probe steps, returned by recover
 
     def begin(self, prefill: list) -> None:
         """Called by the step once it knows its work: the prefill chunks and the decode rows."""
@@ -61,17 +62,18 @@ class StepGuard:
         seen.update(dict.fromkeys(self.engine.scheduler.running))
         self.in_step = list(seen)
 
-    def step(self) -> list[RequestOutput]:
+    def start(self) -> None:
+        """A step begins (Engine.step): nobody takes part yet."""
         self.in_step = []
-        try:
-            outs = self.engine._step()
-        except Exception as exc:  # noqa: BLE001 - any failure inside the step is isolated below
-            return self._recover(exc)
+
+    def passed(self) -> None:
+        """The step went through: a failure of the next one is a new fault."""
         self._failed_last = False
-        return outs
 
     # -- recovery ---------------------------------------------------------------------
-    def _recover(self, exc: Exception) -> list[RequestOutput]:
+    def recover(self, exc: Exception) -> list[RequestOutput]:
+        """The step raised `exc`: isolate the request(s) responsible (module docstring); the
+        deltas of the requests that went on."""
         eng = self.engine
         suspects = [r for r in dict.fromkeys(self.in_step + list(eng.scheduler.running)) if not r.finished]
         finished_in_step = [r for r in self.in_step if r.finished]
@@ -111,7 +113,7 @@ class StepGuard:
             sched.reset(r)  # out of the queues, back to waiting; its prefix-cache holds released
             runner.forget(r)  # its working KV, dropped without storing it
             front.append(r)
-        sched.waiting.extendleft(reversed(front))
+        sched.requeue_front(front)
         if eng.prefix is not None:
             eng.prefix.flush()  # a write that failed half way may have left slots unwritten
 
@@ -137,29 +139,23 @@ class StepGuard:
         Returns the exception if it failed (the group is reset), None if it went through
         (its members are preempted back into the queue, their KV stored in the prefix cache)."""
         eng, sched = self.engine, self.engine.scheduler
-        mine = {id(r) for r in group}
-        others = [r for r in sched.waiting if id(r) not in mine]
-        sched.waiting = collections.deque(r for r in sched.waiting if id(r) in mine)
-        burst = sched._burst_left
-        sched._burst_left = 0
         target = {id(r): len(r.output_ids) + 2 for r in group}  # the prefill token and one decode token
         err = None
-        try:
-            for _ in range(PROBE_STEP_LIMIT):
-                if all(r.finished or len(r.output_ids) >= target[id(r)] for r in group):
-                    break
-                self._outs += eng._step()
-        except Exception as e:  # noqa: BLE001 - the fault reproduced in this group
-            err = e
-        if err is not None:
-            self._reset(list(group))
-        else:
-            cleared = list(sched.running)
-            for r in cleared:
-                eng._preempt(r)  # KV into the prefix cache; back to the queue to be rejoined
-            eng.stats["preemptions"] -= len(cleared)  # not budget preemptions
-        sched.waiting.extend(others)
-        sched._burst_left = burst
+        with sched.alone(group):
+            try:
+                for _ in range(PROBE_STEP_LIMIT):
+                    if all(r.finished or len(r.output_ids) >= target[id(r)] for r in group):
+                        break
+                    self._outs += eng._step()
+            except Exception as e:  # noqa: BLE001 - the fault reproduced in this group
+                err = e
+            if err is not None:
+                self._reset(list(group))
+            else:
+                cleared = list(sched.running)
+                for r in cleared:
+                    eng._preempt(r)  # KV into the prefix cache; back to the queue to be rejoined
+                eng.stats["preemptions"] -= len(cleared)  # not budget preemptions
         return err
 
     def _fail(self, req: Request, why: str) -> None:

@@ -20,7 +20,8 @@ from graphc.compiler.selfcheck import batch_prefill_ok
 
 from . import host_read as host_reads
 from . import kv_usage
-from .batch_sampling import SamplerCache, SamplingState
+from .batch_sampling import SamplerCache
+from .decode_input import Launch, next_input
 from .request import Request, Status
 
 
@@ -35,18 +36,6 @@ class PrefillDone:
     end: int
     token: int | None = None
     logprobs: dict | None = None
-
-
-@attrs.define
-class Launch:
-    """A decode step that has been queued: its rows (in batch order) and lazy tokens."""
-
-    rows: list
-    tokens: mx.array  # int32 [B]
-    logprobs: object = None  # LogprobsOutput when a row asked
-    sampling: SamplingState | None = None  # the state this step used
-    next_sampling: SamplingState | None = None  # advanced past this step's tokens (lazy)
-    host: list | None = None  # what the host reads for `tokens` (runtime/host_read.py)
 
 
 class ModelRunner:
@@ -84,7 +73,6 @@ class ModelRunner:
         # it runs verify steps instead of plain decode steps for batches it takes.
         self.speculator = None
         self.views = None  # KernelViews (runtime/kernel_views.py), set by the Engine
-        self._verified = False  # the current decode cycle ran a verify step (the measured gates ask)
 
     # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
     def run_prefill(self, groups: list) -> list[PrefillDone]:
@@ -96,10 +84,9 @@ class ModelRunner:
         for group in groups:
             if len(group) > 1:
                 reqs = [r for r, _ in group]
-                firsts = self.prefill_batch(reqs)
+                firsts, caches = self.prefill_batch(reqs)
                 out += [PrefillDone(r, n, len(r.context_ids), tok, lp) for (r, n), (tok, lp) in zip(group, firsts)]
-                self.joining.append(self._prefilled_batch)
-                self._prefilled_batch = None
+                self.joining.append((reqs, caches))
                 continue
             [(req, n)] = group
             end = min(len(req.context_ids), req.prefilled + n)
@@ -143,7 +130,6 @@ class ModelRunner:
         """Drop the whole decode batch, the chain and the prompts waiting to join, without storing
         anything (fault recovery: none of it can be trusted)."""
         self.rows, self.caches, self.pending, self.joining = [], None, None, []
-        self._prefilled_batch = None
         if self.speculator is not None:
             self.speculator.drop()
 
@@ -223,7 +209,7 @@ class ModelRunner:
     def _join_rows(self, reqs: list[Request], caches: list) -> None:
         self._busy()
         if self.speculator is not None:
-            self.speculator.settle(self)  # a pipelined verify assumed the old rows
+            self.speculator.settle(self.caches)  # a pipelined verify assumed the old rows
         if self.caches is None or not self.rows:
             self.caches = caches
         else:
@@ -240,10 +226,10 @@ class ModelRunner:
             return False
         return batch_prefill_ok(self.policies)
 
-    def prefill_batch(self, reqs: list[Request]) -> list[tuple[int, dict | None]]:
+    def prefill_batch(self, reqs: list[Request]) -> tuple[list[tuple[int, dict | None]], list]:
         """Prefill the whole contexts of `reqs` (none with cached tokens) in one forward, rows
-        left-padded, and sample each one's first token. Returns (token, logprobs) per request;
-        their caches join the decode batch in run_decode."""
+        left-padded, and sample each one's first token. Returns ((token, logprobs) per request,
+        their layer caches as rows), the caches to join the decode batch in run_decode."""
         ctxs = [r.context_ids for r in reqs]
         L = max(map(len, ctxs))
         pads = [L - len(c) for c in ctxs]
@@ -260,8 +246,7 @@ class ModelRunner:
         lps = out.logprobs.to_lists(st) if out.logprobs is not None else [None] * len(reqs)
         if self.prefix_io is not None:
             self.prefix_io.store_prompt_rows(reqs, caches)
-        self._prefilled_batch = (list(reqs), caches)
-        return list(zip(toks, lps))
+        return list(zip(toks, lps)), caches
 
     def leave(self, reqs: list[Request]) -> None:
         """Drop finished, aborted or preempted requests: their working KV (mid-prefill), and their
@@ -275,7 +260,7 @@ class ModelRunner:
             return
         self._busy()
         if self.speculator is not None:
-            self.speculator.settle(self)  # before the rows' KV is stored or filtered
+            self.speculator.settle(self.caches)  # before the rows' KV is stored or filtered
         if self.prefix_io is not None:  # their prompt + output KV into the prefix cache first
             left = [i for i, r in enumerate(self.rows) if id(r) in gone]
             self.prefix_io.store_rows([self.rows[i] for i in left], left, self.caches)
@@ -288,44 +273,9 @@ class ModelRunner:
             c.filter(keep)
 
     # -- decode -------------------------------------------------------------------
-    def _next_input(self) -> tuple[mx.array, SamplingState | None]:
-        """Input tokens [B, 1] and sampling state for the current rows, lazily from the pending step where possible."""
-        p = self.pending
-        st = self.sampler.tensors(self.rows)
-        if p is None:
-            toks = mx.array([[r.last_token] for r in self.rows], dtype=mx.int32)
-            return toks, (self.sampler.host_state(st, self.rows) if st is not None else None)
-        pos = {id(r): i for i, r in enumerate(p.rows)}
-        from_pending = [pos[id(r)] for r in self.rows if id(r) in pos]
-        joined = [r for r in self.rows if id(r) not in pos]
-        # join() appends and leave() keeps order, so pending rows come first.
-        same = from_pending == list(range(len(p.rows)))
-        idx = None if same else mx.array(from_pending, dtype=mx.int32)
-        toks = p.tokens if same else p.tokens[idx]
-        if joined:
-            toks = mx.concatenate([toks, mx.array([r.last_token for r in joined], dtype=mx.int32)])
-        if st is None:
-            return toks[:, None], None
-        prev = p.next_sampling
-        if prev is None or (not same and not from_pending):
-            # The pending step ran without a sampler: every row's history is on the host but
-            # the pending token, which is still in flight.
-            inflight = [r for r in self.rows if id(r) in pos]
-            state = self.sampler.host_state(st, inflight, in_flight=1) if inflight else None
-            fresh = self.sampler.host_state(st, joined) if joined else None
-            return toks[:, None], _concat(st, state, fresh)
-        kept = prev if same else SamplingState(st, prev.positions[idx], _take(prev.n_generated, idx),
-                                               _take(prev.counts, idx))
-        kept.st = st
-        if (kept.counts is None and st.has_penalties) or (kept.n_generated is None and st.has_min_tokens):
-            # penalties or min_tokens appeared with a joined row: their history is on the host
-            kept = self.sampler.host_state(st, [r for r in self.rows if id(r) in pos], in_flight=1)
-        fresh = self.sampler.host_state(st, joined) if joined else None
-        return toks[:, None], _concat(st, kept, fresh)
-
     def _launch(self) -> Launch:
         step = self.compiled.decode
-        toks, sampling = self._next_input()
+        toks, sampling = next_input(self.sampler, self.rows, self.pending)
         inputs = StepInputs(toks, self.caches, sampling=sampling)
         if self.views is not None:  # left-padded rows on an eager step: attention in the kernel
             inputs.caches = self.views.for_decode(step, inputs)
@@ -352,13 +302,12 @@ class ModelRunner:
             spec.begin_cycle()
         if cg is not None:
             cg.begin()
-        self._verified = False
-        out = self._decode(spec)
+        out, verified = self._decode(spec)
         if spec is not None:
-            spec.end_cycle(out, self._verified)
+            spec.end_cycle(out, verified)
         if cg is not None:
             cg.tokens(len(out))
-            if self._verified:  # a verify step says nothing about the plain step's compile
+            if verified:  # a verify step says nothing about the plain step's compile
                 cg.dirty()
         return out
 
@@ -370,12 +319,16 @@ class ModelRunner:
         if cg is not None:
             cg.dirty()
 
-    def _decode(self, spec) -> list[tuple[Request, int, dict | None]]:
+    def _decode(self, spec) -> tuple[list[tuple[Request, int, dict | None]], bool]:
+        """The step's (request, token, logprobs) list, and whether a verify step made it."""
         if spec is not None and self.pending is None:
-            emitted = spec.step_batch(self)  # a verify step: several tokens per row, or None
-            if emitted is not None:
-                self._verified = True
-                return emitted
+            verified = spec.step_batch(self.rows, self.caches)  # several tokens per row, or None
+            if verified is not None:
+                if any(verified.trims):  # the rollback: each row's caches keep the accepted sequence
+                    for c in self.caches:
+                        c.trim_rows(verified.trims)
+                self.steps += 1
+                return verified.emitted, True
         cur = self.pending if self.pending is not None else self._launch()
         # Speculative rows need the host between steps (variable acceptance): no chain into them.
         chain = (self.chain and all(r.params.chain_safe for r in self.rows)
@@ -385,7 +338,7 @@ class ModelRunner:
         toks = host_reads.read(cur.host)
         lps = cur.logprobs.to_lists(cur.sampling.st) if cur.logprobs is not None else [None] * len(toks)
         live = {id(r) for r in self.rows}
-        return [(r, t, lp) for r, t, lp in zip(cur.rows, toks, lps) if id(r) in live]
+        return [(r, t, lp) for r, t, lp in zip(cur.rows, toks, lps) if id(r) in live], False
 
     @property
     def kv_bytes(self) -> int:
@@ -395,22 +348,3 @@ class ModelRunner:
     def kv_live_bytes(self) -> int:
         """Of kv_bytes, the bytes holding the rows' own tokens (runtime/kv_usage.py)."""
         return kv_usage.usage(self.caches)["live"]
-
-
-def _concat(st, a: SamplingState | None, b: SamplingState | None) -> SamplingState:
-    if a is None or b is None:
-        out = a or b
-        out.st = st
-        return out
-    # a (kept rows) may carry arrays the new rows' tensors do not read: b (host_state for st) has
-    # exactly those st reads, and a has them too (_next_input rebuilds a otherwise)
-    return SamplingState(st, mx.concatenate([a.positions, b.positions]), _cat(a.n_generated, b.n_generated),
-                         _cat(a.counts, b.counts))
-
-
-def _take(a: mx.array | None, idx: mx.array) -> mx.array | None:
-    return None if a is None else a[idx]
-
-
-def _cat(a: mx.array | None, b: mx.array | None) -> mx.array | None:
-    return None if a is None or b is None else mx.concatenate([a, b])

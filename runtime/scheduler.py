@@ -1,8 +1,9 @@
 """The scheduler: plain Python state (queues, counters); it decides, the runner does.
 
 Each engine step: spend up to `prefill_chunk` prompt tokens on waiting requests (chunked), or
-up to `step_tokens` while rows are decoding (so a long prompt never stalls the running streams
-for more than one bounded step), then run one decode step for every running request.
+a bounded budget while rows are decoding (`step_tokens`: a fixed count, or "auto", the default:
+the measured time-aware budget of runtime/scheduler_costs.py), so a long prompt never stalls the
+running streams for more than one bounded step; then run one decode step for every running request.
 
 It owns admission: matching a waiting request against the prefix cache (the radix tree's
 bookkeeping, runtime/prefix_cache.py — like nano-vllm's scheduler owns its block manager),
@@ -14,18 +15,22 @@ through its methods (advance, started, preempt, reset, finish).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 
 import attrs
 
 from .request import Request, Status
+from .scheduler_costs import StepCosts
 
 
 # Prompt tokens a step may spend while rows decode (Engine(step_tokens=), `graphc serve
-# --step-tokens`): every running stream waits for the step's prefill before its next token.
-# Chosen by the CPU sweep in docs/scheduling.md (benchmarks/step_timeline.py).
-STEP_TOKENS = 256
+# --step-tokens N` for a fixed N): every running stream waits for the step's prefill before its
+# next token. "auto" (the default): measured per step, at least STEP_TOKENS_FLOOR (the CPU sweep's
+# choice, docs/scheduling.md), more where a step's fixed cost dominates its prompt work.
+STEP_TOKENS = "auto"
+STEP_TOKENS_FLOOR = 256
 
 
 @attrs.define
@@ -56,11 +61,12 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
 
 class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
-                 kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | None = None):
+                 kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | str | None = None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        if step_tokens is not None and step_tokens < 1:
-            raise ValueError(f"step_tokens must be >= 1, got {step_tokens}")
+        if step_tokens is not None and step_tokens != "auto" and (
+                isinstance(step_tokens, bool) or not isinstance(step_tokens, int) or step_tokens < 1):
+            raise ValueError(f"step_tokens must be an int >= 1, 'auto' or None, got {step_tokens!r}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.max_batch = max_batch
@@ -69,6 +75,10 @@ class Scheduler:
         # running stream waits for the step's prefill before its next token, so this bounds the
         # stall a long prompt causes; an idle engine still prefills prefill_chunk per step.
         self.step_tokens = step_tokens
+        # "auto": the step costs measured from the intervals between schedule() calls (see
+        # _clock); _last is the step in flight: [start time, prompt tokens, rows decoded].
+        self.costs = StepCosts()
+        self._last: list | None = None
         # The prefix cache's bookkeeping (runtime/prefix_cache.py: PrefixCache) or None. A waiting
         # request is matched against it before its first chunk is sized; it waits a step instead
         # when requests scheduled ahead of it share a longer prefix than the cache holds (they
@@ -88,6 +98,8 @@ class Scheduler:
     def add(self, req: Request) -> None:
         if req.id in self.by_id:
             raise ValueError(f"request id '{req.id}' is already in use")
+        if not self.has_work:
+            self._last = None  # the engine sat idle since its last step: that gap is no step's cost
         self.waiting.append(req)
         self.by_id[req.id] = req
 
@@ -107,14 +119,27 @@ class Scheduler:
     # step cost ~80 ms instead of ~5 ms (benchmarks/probes/chunk_cost.py, docs/scheduling.md).
     CHUNK_ALIGN = 128
 
+    # "auto": a step may take STEP_TIME_FACTOR x its fixed cost (the decode forward plus a prefill
+    # forward's own overhead) once rows decode; runtime/scheduler_costs.py says why.
+    STEP_TIME_FACTOR = 2.0
+
+    def _clock(self) -> float:
+        """Time the step that just ended (from its schedule() to this one) into the cost model."""
+        now = time.perf_counter()
+        if self._last is not None:
+            start, tokens, decoded = self._last
+            self.costs.observe(now - start, tokens, decoded)
+        return now
+
     def schedule(self) -> Schedule:
+        now = self._clock()
         if not self.running and self.waiting and self._burst_left <= 0:
             self._burst_left = max(self.BURST_TOKENS, self.prefill_chunk)
         bursting = self._burst_left > 0
         if bursting:  # a step of the burst, never past what the burst has left
             budget = step_budget = min(max(self.prefill_chunk, self.BURST_STEP_TOKENS), self._burst_left)
-        else:
-            budget = step_budget = self.step_budget()
+        else:  # (asked only with prompts waiting: "auto" counts its probe steps among those)
+            budget = step_budget = self.step_budget() if self.waiting else 0
         chunks = []
         slots = self.max_batch - len(self.running)
         align = self.CHUNK_ALIGN if min(step_budget, self.prefill_chunk) >= self.CHUNK_ALIGN else 1
@@ -155,13 +180,17 @@ class Scheduler:
             # The burst is in when nothing more could be admitted this step or none is left.
             if not chunks or len(self.waiting) == admitted:
                 self._burst_left = 0
+        self._last = [now, sum(n for _, n in chunks), False]
         return Schedule(chunks, decode=self._burst_left <= 0, groups=self.group_prefill(chunks), cached_tokens=cached)
 
     def step_budget(self) -> int:
-        """Prompt tokens this step may spend outside a burst: step_tokens while rows decode."""
-        if self.running and self.step_tokens is not None:
-            return min(self.prefill_chunk, self.step_tokens)
-        return self.prefill_chunk
+        """Prompt tokens this step may spend outside a burst: step_tokens while rows decode (for
+        "auto", the measured budget: runtime/scheduler_costs.py)."""
+        if not self.running or self.step_tokens is None:
+            return self.prefill_chunk
+        if self.step_tokens == "auto":
+            return self.costs.budget(STEP_TOKENS_FLOOR, self.prefill_chunk, self.STEP_TIME_FACTOR)
+        return min(self.prefill_chunk, self.step_tokens)
 
     def schedule_decode(self, decode: bool = True) -> DecodeBatch:
         """The decode half of a step, after its prefill is postprocessed: preempt the newest running
@@ -170,7 +199,10 @@ class Scheduler:
         preempt = self.over_budget()
         for req in preempt:
             self.preempt(req)
-        return DecodeBatch(preempt, decode=decode and bool(self.running))
+        out = DecodeBatch(preempt, decode=decode and bool(self.running))
+        if self._last is not None:
+            self._last[2] = out.decode
+        return out
 
     # -- request state transitions (the only writers of these Request fields) ----------------------
     def advance(self, req: Request, end: int) -> None:
@@ -257,6 +289,27 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         self._requeue(req)
+
+    def requeue_front(self, reqs: list[Request]) -> None:
+        """Put requests that were `reset` back at the front of the queue, in this order (fault
+        recovery recomputes them before anything that was waiting)."""
+        self.waiting.extendleft(reversed(reqs))
+
+    @contextlib.contextmanager
+    def alone(self, group: list[Request]):
+        """Inside the block only `group`'s waiting requests are scheduled, from a fresh start (no
+        burst in progress): fault recovery probes a group apart from the queue (runtime/fault.py).
+        After it the others wait again behind whatever the block left waiting, and the burst that
+        was in progress goes on."""
+        mine = {id(r) for r in group}
+        others = [r for r in self.waiting if id(r) not in mine]
+        self.waiting = deque(r for r in self.waiting if id(r) in mine)
+        burst, self._burst_left = self._burst_left, 0
+        try:
+            yield
+        finally:
+            self.waiting.extend(others)
+            self._burst_left = burst
 
     def _requeue(self, req: Request) -> None:
         if self.prefix is not None:

@@ -8,8 +8,15 @@ choose kernels of sampling), and the compiled decode step's trace. On a freshly 
 a benchmark's model build and first two calls at Llama-3.2-1B batch 64 took more than 150 s
 together (benchmarks/probes/cold_start.py splits it, with and without this warm-up). Two short requests run here instead, before `/health` says ok: one
 greedy, one sampled with temperature, top-p and top-k, each at batch 1, through the engine's
-defaults (so a server default of speculative decoding is warmed too). Other batch sizes'
-compiled traces (`compile="auto"`) are still built when a batch of that size first decodes.
+defaults (so a server default of speculative decoding is warmed too). Then the shapes serving
+meets next (`serving_shapes`): four prompts admitted together (one batched prefill forward, a
+decode batch of 4), and while they decode a prompt of one step budget plus 32 tokens, which
+prefills in two chunks (a full one without the LM head, a last one at an offset) and joins the
+decoding batch (an extend of its caches, batch 5): on a GPU only, where first shapes cost
+(kernel JIT, cuDNN attention graphs per shape). On the CPU eager ops build nothing on first use:
+there it measured no faster first traffic (8 requests at 8 req/s after a fresh start, three
+seeds) for a warm-up of 5 s instead of 0.5 s. Other batch sizes' compiled traces
+(`compile="auto"`) are still built when a batch of that size first decodes.
 
 The warm-up's tokens are taken back out of the engine's counters, so `/metrics` counts only
 what clients asked for. Its prompt is a fixed draw of token ids from the whole vocabulary: a
@@ -21,15 +28,20 @@ from __future__ import annotations
 import random
 import time
 
+import mlx.core as mx
+
 from graphc.runtime.params import SamplingParams
+from graphc.runtime.scheduler import STEP_TOKENS_FLOOR
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 8
+ROWS = 4  # serving_shapes: the decode batch a chunked prompt joins
 
 
-def warm_up(engine) -> float:
+def warm_up(engine, shapes: bool | None = None) -> float:
     """Run the two warm-up requests on `engine` (not while its engine thread runs: the caller
-    owns the Engine, as before `AsyncEngine` starts); seconds taken."""
+    owns the Engine, as before `AsyncEngine` starts), then the serving shapes (`shapes`; None:
+    on a GPU only); seconds taken."""
     rng = random.Random(0x9A7C)
     vocab = max(1, int(engine.vocab_size))
     n, sched = PROMPT_TOKENS, engine.scheduler
@@ -47,6 +59,33 @@ def warm_up(engine) -> float:
         except Exception as e:  # an engine that cannot serve this cannot serve clients: say so at load
             raise RuntimeError(f"the warm-up request ({sampling}) failed: {type(e).__name__}: {e} "
                                "(--no-warmup starts the server without it)") from e
+    if shapes or (shapes is None and mx.default_device().type == mx.DeviceType.gpu):
+        serving_shapes(engine, rng, vocab)
     for k in engine.stats:  # taken back out: /metrics counts client traffic only
         engine.stats[k] = before.get(k, 0)
     return time.perf_counter() - t0
+
+
+def serving_shapes(engine, rng: random.Random, vocab: int) -> bool:
+    """ROWS short prompts admitted together, then, while they decode, a prompt that prefills in two
+    chunks and joins their batch (see the module docstring); False where the engine's max batch or
+    KV budget cannot hold it (then those shapes are first met by clients)."""
+    sched = engine.scheduler
+    budget = sched.step_tokens if isinstance(sched.step_tokens, int) else STEP_TOKENS_FLOOR
+    long_n = min(budget, sched.prefill_chunk) + 32
+    need = ROWS * (PROMPT_TOKENS + sched.HEADROOM + NEW_TOKENS) + long_n + sched.HEADROOM + NEW_TOKENS
+    if sched.max_batch < ROWS + 1 or (sched.kv_budget is not None and need > sched.kv_budget):
+        return False
+    p = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    try:
+        for _ in range(ROWS):
+            engine.add_request([rng.randrange(vocab) for _ in range(PROMPT_TOKENS)], p)
+        engine.step()  # the burst: one batched prefill, first tokens
+        engine.step()  # a decode step of ROWS rows
+        engine.add_request([rng.randrange(vocab) for _ in range(long_n)], p)
+        while engine.has_unfinished():
+            engine.step()
+    except Exception as e:  # as for the two requests above: say so at load
+        raise RuntimeError(f"the warm-up's serving shapes failed: {type(e).__name__}: {e} "
+                           "(--no-warmup starts the server without it)") from e
+    return True

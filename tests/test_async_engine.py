@@ -223,3 +223,41 @@ def test_grammars_compile_off_the_engine_thread(engine, aengine):
     assert len(compiled_on) == 3 and aengine._thread not in compiled_on
     for text in (text_a, text_b):  # one matcher per request: both outputs are whole documents
         assert 0 <= json.loads(text)["n"] <= 99
+
+
+def test_a_request_crosses_as_plain_values_one_queue_each_way(engine, prompts, reference):
+    """In: a Submit value on the command queue; out: StreamEvent values on the outbox the
+    submission named (here a plain queue.SimpleQueue) — the same tokens as Engine.generate, the
+    last event carrying the GenerationResult. Nothing of the caller runs on the engine thread
+    but the outbox's put."""
+    import queue
+
+    from graphc.runtime.async_streams import StreamEvent
+
+    a = AsyncEngine(engine)
+    try:
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        rid, prompt_ids = a.submit(prompts[0], P, box).result(10)
+        ids, events = [], []
+        while not (events and events[-1].out.finished):
+            events.append(box.get(timeout=10))
+            ids += events[-1].out.new_token_ids
+        assert all(type(e) is StreamEvent and e.error is None for e in events)
+        assert ids == reference[0] and events[-1].out.request_id == rid
+        assert events[-1].result.token_ids == reference[0] and events[-1].result.prompt_ids == prompt_ids
+        assert all(e.result is None for e in events[:-1])  # the result comes with the final delta only
+    finally:
+        a.shutdown()
+
+
+def test_a_bad_submission_fails_its_future_and_sends_nothing(engine):
+    import queue
+
+    a = AsyncEngine(engine)
+    try:
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        with pytest.raises(ValueError, match="empty"):
+            a.submit([], P, box).result(10)
+        assert box.empty() and a.num_inflight == 0
+    finally:
+        a.shutdown()

@@ -170,18 +170,18 @@ def test_the_grouped_kernel_runs_only_after_it_matched_here(monkeypatch):
     serves and why one does not."""
     verdicts = {"per_head": None, "grouped": "grouped kernel differs from masked attention by 1",
                 "vec": "vec kernel differs from masked attention by 2"}
-    monkeypatch.setattr(da, "_compare_kind", lambda seed, kind: verdicts[kind])
-    monkeypatch.setattr(da, "_grouped_ok", {"ok": False, "why": "not checked"})
-    monkeypatch.setattr(da, "_vec_ok", {"ok": False, "why": "not checked"})
-    assert da._compare(0) is None
-    assert not da._grouped_ok["ok"] and "differs" in da.grouped_note() and "vec kernel off" in da.grouped_note()
+    att = da.DecodeAttention()  # its own verdicts: the runtime's instance is not touched
+    monkeypatch.setattr(att, "_compare_kind", lambda seed, kind: verdicts[kind])
+    assert att._compare(0) is None
+    assert not att.verdicts["grouped"].ok and "differs" in att.grouped_note() and "vec kernel off" in att.grouped_note()
     verdicts["grouped"] = None
-    assert da._compare(0) is None and da._grouped_ok["ok"] and not da._vec_ok["ok"]
-    assert da.grouped_note().startswith("grouped by KV head; vec kernel off (vec kernel differs")
+    assert att._compare(0) is None and att.verdicts["grouped"].ok and not att.verdicts["vec"].ok
+    assert att.grouped_note().startswith("grouped by KV head; vec kernel off (vec kernel differs")
     verdicts["vec"] = None
-    assert da._compare(0) is None and da._vec_ok["ok"] and da.grouped_note().startswith("vec from 64 blocks")
+    assert att._compare(0) is None and att.verdicts["vec"].ok and att.grouped_note().startswith("vec from 64 blocks")
     verdicts["per_head"] = "per_head kernel failed: build error"
-    assert da._compare(0) == "per_head kernel failed: build error"
+    assert att._compare(0) == "per_head kernel failed: build error"
+    assert da.DecodeAttention().grouped_note().startswith("per query head (not checked)")  # a fresh one: unchecked
 
 
 def test_the_vec_kernel_takes_heads_whose_rows_split_into_16_byte_loads():
@@ -284,15 +284,17 @@ def test_the_vec_kernel_serves_from_64_blocks_in_the_configuration_the_sweep_cho
             return [mx.zeros(kw["output_shapes"][0], dtype=kw["output_dtypes"][0])]
         return run
 
-    monkeypatch.setattr(da, "_vec_ok", {"ok": True, "why": ""})
-    monkeypatch.setattr(da, "_grouped_ok", {"ok": True, "why": ""})
-    monkeypatch.setattr(da, "_vec", recorder("vec"))
-    monkeypatch.setattr(da, "_grouped", recorder("grouped"))
+    att = da.DecodeAttention()
+    att.verdicts["vec"] = da.Verdict(ok=True, why="")
+    att.verdicts["grouped"] = da.Verdict(ok=True, why="")
+    monkeypatch.setitem(att.kernels, ("vec", False), recorder("vec"))
+    monkeypatch.setitem(att.kernels, ("grouped", False), recorder("grouped"))
     start, end = mx.zeros((64,), dtype=mx.int32), mx.array([100], dtype=mx.int32)
     for B, L in ((1, 1), (8, 1), (1, 9), (16, 1), (64, 1)):
         q = mx.zeros((B, 32, L, 128), dtype=mx.bfloat16)
         kv = mx.zeros((B, 8, 256, 128), dtype=mx.bfloat16)
-        da.ragged_attention(q, kv, kv, start[:B], end, 0.1)
+        att(q, kv, kv, start[:B], end, 0.1)
+    assert len(att._launches) == 5  # one launch worked out per shape
     got = [(name, t.get("WARPS"), t.get("KPL"), blocks) for name, t, blocks in calls]
     assert got == [("grouped", 8, None, 8), ("vec", 8, 4, 64), ("vec", 8, 4, 72), ("vec", 4, 4, 128),
                    ("vec", 4, 4, 512)]

@@ -22,6 +22,19 @@ def test_workload_is_seeded_and_within_bounds(model_dir):
     assert len({r.prompt_tokens for r in a}) > 3  # mixed lengths, not one
 
 
+def test_a_workload_variant_keeps_the_lengths_and_shares_no_prompt(model_dir):
+    """Each rate gets a variant: the same output lengths (and prompt lengths, up to re-encoding at the
+    edges) with prompts cut elsewhere, so a rate is no prefix-cache hit of the rate before."""
+    m = model_dir("llama")
+    a = make_workload(m, 16, 16, 200, 8, 40, seed=3)
+    b = make_workload(m, 16, 16, 200, 8, 40, seed=3, variant=1)
+    assert b == make_workload(m, 16, 16, 200, 8, 40, seed=3, variant=1)
+    assert [r.max_tokens for r in a] == [r.max_tokens for r in b]
+    assert all(abs(x.prompt_tokens - y.prompt_tokens) <= 4 for x, y in zip(a, b))
+    firsts = {r.prompt[:40] for r in a}
+    assert sum(r.prompt[:40] in firsts for r in b) <= 1  # a prompt from the same place is chance, not the rule
+
+
 def test_arrivals_are_sorted_seeded_and_all_at_once_at_infinite_rate():
     assert arrival_times(5, math.inf, 0) == [0.0] * 5
     t = arrival_times(200, 10.0, 1)

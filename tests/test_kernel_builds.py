@@ -28,11 +28,14 @@ def toolchain() -> ob.Tools:
 
 
 def _all_kernels() -> dict[str, Kernel]:
-    """Every Kernel a module of runtime/kernels holds, alone or in a dict, by name."""
+    """Every Kernel a module of runtime/kernels holds, alone, in a dict, or in a kernel object's
+    `kernels` (decode_attention's instance holds its own), by name."""
     found = {}
     for info in pkgutil.iter_modules(kernels_pkg.__path__):
         module = importlib.import_module(f"{kernels_pkg.__name__}.{info.name}")
         for value in vars(module).values():
+            held = getattr(value, "kernels", None) if isinstance(value, kernels_pkg.KernelOp) else None
+            value = held if isinstance(held, dict) else value
             for k in (value.values() if isinstance(value, dict) else [value]):
                 if isinstance(k, Kernel):
                     found[k.spec["name"]] = k

@@ -164,8 +164,9 @@ def test_the_option_and_the_check_switch_it_off(model_dir, kernels, monkeypatch)
 
 def test_write_check_needs_the_attention_kernel(monkeypatch):
     """Without a passing attention check the writing variant is never compared or used."""
-    monkeypatch.setattr(da, "check", lambda seed=0: "not a CUDA device")
-    assert da._compare_write(0) == "the attention kernel is off (not a CUDA device)"
+    att = da.DecodeAttention()
+    monkeypatch.setattr(att, "check", lambda seed=0: "not a CUDA device")
+    assert att._compare_write(0) == "the attention kernel is off (not a CUDA device)"
 
 
 def test_fused_rows_views_hold_the_same_values_as_strided_views():
@@ -208,9 +209,10 @@ def test_write_check_catches_a_kernel_that_does_not_write_exactly(monkeypatch, f
             _raw(v)[:, :, (e0 + L) % C] = _bits(new[1])[:, :, 0]
         return out
 
-    monkeypatch.setattr(da, "ragged_attention", kernel)
+    att = da.DecodeAttention()
+    monkeypatch.setattr(att, "attend", kernel)
     for kind in ("per_head", "grouped", "vec"):
-        why = da._compare_write_kind(0, kind)
+        why = att._compare_write_kind(0, kind)
         if fault is None:
             assert why is None, why
             # compared on row-contiguous inputs and on the strided views of one fused q/k/v row

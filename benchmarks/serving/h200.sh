@@ -2,11 +2,13 @@
 # The serving bench on one H200: graphc serve vs mlx_lm.server on a Llama-shape model folder with
 # random bf16 weights (no network there; graphc and mlx come from PYTHONPATH).
 #   OUT=/some/dir PYTHONPATH=/root/site bash benchmarks/serving/h200.sh 1b    # or 8b
-# Sized to finish in ~500 s per invocation: 3 repeats x 2 servers, each started once per repeat
-# (8B: ~15 s to load), the mix (input 64-4096, output 32-512 tokens), batch 64.
+# Sized to finish in ~500 s per invocation: REPEATS (default 2) x 2 servers, each started once per
+# repeat (8B: ~15 s to load), the mix (input 64-4096, output 32-512 tokens), batch 64.
+# Every rate sends fresh prompts (same lengths), so every rate prefills for real on both servers:
+# 1B runs 8, 32 and inf req/s (2 req/s alone took 32 s of arrivals per server and repeat).
 set -euo pipefail
 case "${1:-}" in
-  1b) shape=llama-3.2-1b; requests=64; rates=2,8,32,inf ;;
+  1b) shape=llama-3.2-1b; requests=64; rates=8,32,inf ;;
   8b) shape=llama-3.1-8b; requests=48; rates=4,16,inf ;;  # slower steps, longer loads: fewer, faster arrivals
   *) echo "usage: $0 1b|8b" >&2; exit 2 ;;
 esac
@@ -17,5 +19,5 @@ model=/tmp/serving-models/$shape  # not under $OUT: 2.5 / 16 GB of weights must 
 # config.json is written last, so its presence means a complete folder from an earlier call
 [ -f "$model/config.json" ] || { time "$PY" -m graphc.benchmarks.serving.make_shape "$shape" "$model"; }
 "$PY" -m graphc.cli bench --serving --model "$model" --requests "$requests" --rates "$rates" \
-  --serving-repeats 3 --max-batch 64 --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
+  --serving-repeats "${REPEATS:-2}" --max-batch 64 --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
   --json "$OUT/serving-$1.json" --plot "$OUT/serving-$1.png" --log-dir "$OUT/logs-$1" 2>&1 | tee "$OUT/serving-$1.txt"

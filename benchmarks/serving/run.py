@@ -151,6 +151,12 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
     specs = [s for s in SERVERS if s.name in cfg.servers]
     reqs = make_workload(cfg.model, cfg.requests, cfg.min_input, cfg.max_input, cfg.min_output, cfg.max_output,
                          cfg.seed)
+    # Every rate of every repeat gets the same lengths with prompts cut from other places in the
+    # corpus (both servers the same ones): the same prompts again would be prefix-cache hits from
+    # the rate before, so only a server's first rate would measure prefill.
+    fresh = [[make_workload(cfg.model, cfg.requests, cfg.min_input, cfg.max_input, cfg.min_output,
+                            cfg.max_output, cfg.seed, variant=1 + rep * len(cfg.rates) + i)
+              for i in range(len(cfg.rates))] for rep in range(cfg.repeats)]
     warm = make_workload(cfg.model, 2, 8, 16, 4, 4, cfg.seed + 1)
     eos = eos_token_ids(cfg.model)
     env = environment()
@@ -169,9 +175,9 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
             with srv as url:
                 startups.append({"server": spec.name, "repeat": rep, "startup_s": srv.startup_s})
                 run_load(url, warm, math.inf, extra=body)  # first requests pay lazy loads/compiles
-                for rate in cfg.rates:
+                for i, rate in enumerate(cfg.rates):
                     bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
-                    results, dur = run_load(url, reqs, rate, cfg.concurrency, body, cfg.seed + rep)
+                    results, dur = run_load(url, fresh[rep][i], rate, cfg.concurrency, body, cfg.seed + rep)
                     m = run_metrics(results, dur)
                     runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
                     bar.update(1)

@@ -44,7 +44,9 @@ def corpus_ids(tokenizer: Tokenizer) -> list[int]:
 
 
 def make_workload(model_dir: str | Path, n: int, min_input: int, max_input: int,
-                  min_output: int, max_output: int, seed: int = 0) -> list[Request]:
+                  min_output: int, max_output: int, seed: int = 0, variant: int = 0) -> list[Request]:
+    """`n` requests with seeded lengths; `variant` > 0 keeps the lengths and cuts every prompt from
+    another place in the corpus, so a server that saw variant 0 gets no prefix-cache hits from it."""
     if not 1 <= min_input <= max_input or not 1 <= min_output <= max_output:
         raise ValueError(f"need 1 <= min <= max for input ({min_input}, {max_input}) "
                          f"and output ({min_output}, {max_output}) lengths")
@@ -55,9 +57,10 @@ def make_workload(model_dir: str | Path, n: int, min_input: int, max_input: int,
     rng = random.Random(seed)
     ins = _lognormal_ints(rng, n, min_input, max_input)
     outs = _lognormal_ints(rng, n, min_output, max_output)
+    starts = rng if variant == 0 else random.Random(f"{seed}/{variant}")
     reqs = []
     for n_in, n_out in zip(ins, outs):
-        start = rng.randrange(len(ids) - n_in)
+        start = starts.randrange(len(ids) - n_in)
         prompt = tok.decode(ids[start:start + n_in])
         # Decoding and re-encoding may merge a few tokens differently: count what the server will see.
         reqs.append(Request(prompt, len(tok.encode(prompt, add_special_tokens=False).ids), n_out))

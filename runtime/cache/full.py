@@ -47,6 +47,8 @@ class FullKV(LayerCache):
         self.left_pad = list(left_pad) if left_pad is not None else [0] * batch
         self.idx = 0  # columns written (padding included)
         self._offset = None
+        self._offset_idx = 0  # the idx `_offset` was built for: a write that moves idx (a compiled
+        # step advancing the buffers in place) makes it stale without telling the cache
 
     # Each row's left padding: a host list (what batching edits), and the same as a device array
     # made once per value (left_pad_array; assigning the list drops it).
@@ -75,8 +77,9 @@ class FullKV(LayerCache):
     def offset(self):
         if not any(self.left_pad):
             return self.idx
-        if self._offset is None:
+        if self._offset is None or self._offset_idx != self.idx:
             self._offset = offsets(self.left_pad_array(), self.idx, -1)  # shared by the step's layers
+            self._offset_idx = self.idx
         return self._offset
 
     def row_length(self, row: int) -> int:

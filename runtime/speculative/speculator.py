@@ -11,6 +11,12 @@ fewer than `max_batch`:
    its cache drops the rest (`FullKV.trim_rows`), so the caches — and what the prefix cache
    stores when the row leaves — hold exactly the accepted sequence.
 
+The runner hands a verify step its batch as values (`step_batch(rows, caches)`) and gets
+values back (verify.Verified: the emitted tokens, and per row how many positions its caches
+drop); it applies the rollback and counts the step itself. The speculator never holds the
+runner. The caches it is handed are the ones the verify forward writes, so positions of a
+pipelined guess it throws away before its next forward it trims there itself (`settle`).
+
 Pipelined verify (`pipeline`, opt-in: `spec_pipeline=True`): a verify step needs the host between
 steps (how many drafts were accepted decides the next input), so unchained it costs the host's
 graph build *and* the device's run. Right after queuing verify N, the runner builds verify
@@ -44,85 +50,24 @@ import logging
 import time
 import weakref
 
-import attrs
 import mlx.core as mx
 
 from graphc.compiler.lower import StepInputs
 
 from ..batch_sampling import needs_sampler
-from .config import OFF, SpecConfig, parse_speculative
 from ..measured_gate import ArmGate
+from .config import OFF, SpecConfig, parse_speculative
+from .defaults import default_adaptive, default_max_tokens, default_pipeline
 from .prompt_lookup import NgramIndex
+from .rows import RowState
+from .verify import AssumedRow, QueuedVerify, Verified
 
 log = logging.getLogger("graphc.speculative")
 
 _UNSEEN = object()
+_RowState = RowState  # the name tests build row states by
 STAT_KEYS = ("spec_steps", "spec_drafted_tokens", "spec_accepted_tokens", "spec_emitted_tokens",
              "spec_pipelined_steps", "spec_pipeline_discards")
-
-
-@attrs.define
-class _RowState:
-    cfg: SpecConfig
-    index: NgramIndex
-    k: int
-    drafted: int = 0  # over the current window
-    accepted: int = 0
-    steps: int = 0
-    paused_until: int = 0  # no drafting until the request has this many output tokens
-    misses: int = 0  # consecutive attempts that found no draft
-
-
-@attrs.define
-class _Verify:
-    """A verify forward queued on the device: its rows, their drafts (right-padded to L - 1) and
-    lazy results."""
-
-    rows: list
-    drafts: list
-    L: int  # positions written per row: the input token, drafts, padding
-    targets: mx.array  # int32 [B, L]
-    accepted: mx.array  # int32 [B]
-    held: int = -1  # positions after the input token still in the caches (L - 1 until padding is trimmed)
-
-    def __attrs_post_init__(self):
-        if self.held < 0:
-            self.held = self.L - 1
-
-
-@attrs.define
-class _Assumed:
-    """What a drafter sees when it drafts past a verify still in flight: the row's prompt and
-    its output as if every draft were accepted (the bonus token is not known yet)."""
-
-    id: str
-    prompt_ids: list
-    output_ids: list
-    params: object
-
-
-def default_pipeline() -> bool:
-    """Pipelined verify is opt-in (`spec_pipeline=True`). It hides the device's run of a verify
-    behind the host's build of the next one, so it pays only where that run is long; on the
-    H200 with SmolLM2-135M a verify forward's device time was 0.1-0.5 ms of a 5.5-7 ms
-    host-bound step (benchmarks/probes/verify_cost.py), and pipelined measured 0.73-1.21x
-    unpipelined: a discarded guess costs a whole host build. On the CPU the forward
-    itself is the cost, so a discarded guess is a wasted step."""
-    return False
-
-
-def default_adaptive() -> bool:
-    """The measured gate (runtime/measured_gate.py) is on by default everywhere: what wins
-    depends on the device, the model and the traffic, which it measures and no default knows."""
-    return True
-
-
-def default_max_tokens() -> int:
-    """Verify positions per forward by device. GPU: a forward over up to ~64 rows costs about
-    what one over a few rows does (weight reads dominate). CPU: compute-bound — measured with
-    SmolLM2-135M (Q4_1, 2 cores), 2 positions cost ~1.04x one, 5 cost ~3.5x — so a verify
-    forward is kept to 4 positions (docs/speculative.md)."""
-    return 64 if mx.default_device() == mx.gpu else 4
 
 
 class Speculator:
@@ -169,7 +114,7 @@ class Speculator:
         # Plain, verify or pipelined per batch-size bucket, by measured tokens/s
         # (runtime/measured_gate.py); None: verify whenever a row drafted (pipelined when `pipeline`).
         self.gate = ArmGate() if (default_adaptive() if adaptive is None else adaptive) else None
-        self._inflight: _Verify | None = None  # a pipelined verify, built assuming full acceptance
+        self._inflight: QueuedVerify | None = None  # a pipelined verify, built assuming full acceptance
         # Host seconds spent in verify steps, by part (the bench reports them per verify step):
         # draft (the drafter), build (graph + async_eval), wait (until the result is on the
         # host), post (trims, emitted tokens, per-row learning).
@@ -210,12 +155,12 @@ class Speculator:
                     "Engine.load(..., draft_model=DIR) or run graphc serve --draft-model DIR")
         return None
 
-    def _state(self, req) -> _RowState | None:
+    def _state(self, req) -> RowState | None:
         st = self._rows.get(req, _UNSEEN)
         if st is _UNSEEN:  # resolved once per request (None: it does not speculate)
             cfg = self.config_for(req.params)
-            st = None if cfg is None else _RowState(cfg, NgramIndex(cfg.max_ngram, cfg.min_ngram),
-                                                    cfg.num_draft_tokens)
+            st = None if cfg is None else RowState(cfg, NgramIndex(cfg.max_ngram, cfg.min_ngram),
+                                                   cfg.num_draft_tokens)
             self._rows[req] = st
         return st
 
@@ -289,13 +234,14 @@ class Speculator:
         return d
 
     # -- the verify step -------------------------------------------------------------
-    def step_batch(self, runner) -> list | None:
-        """Run one verify step for runner's batch, or None when no row drafted (decode normally).
-        Returns (request, token, None) per emitted token, rows in batch order."""
-        rows = runner.rows
+    def step_batch(self, rows: list, caches: list) -> Verified | None:
+        """Run one verify step for the decode batch (`rows`, their layer `caches`), or None when no
+        row drafted (decode normally). The verify forward writes its positions into `caches`, as
+        any decode forward does; what the rows keep of them is the runner's to apply
+        (`Verified.trims`), with the emitted tokens."""
         cur, self._inflight = self._inflight, None
         if cur is not None and [id(r) for r in cur.rows] != [id(r) for r in rows]:
-            self._discard(runner, cur)  # settle() was not called on a membership change: be safe
+            self._discard(caches, cur)  # settle() was not called on a membership change: be safe
             cur = None
         if cur is None:
             if not self.possible(rows):
@@ -315,14 +261,14 @@ class Speculator:
                 return None
             L = 1 + max(map(len, drafts))
             first = mx.array([[r.last_token] for r in rows], dtype=mx.int32)
-            cur = self._launch(runner, rows, drafts, L, first)
+            cur = self._launch(caches, rows, drafts, L, first)
         else:
             self.stats["spec_pipelined_steps"] += 1
         if self.gate is None:
             pipe = self.pipeline
         else:  # the next cycle's arm; a pipelined one is queued now
             pipe = self.possible(rows) and self.gate.decide(len(rows), self.arms) == "pipelined"
-        nxt = self._pipelined(runner, cur) if pipe else None
+        nxt = self._pipelined(caches, cur) if pipe else None
         t0 = time.perf_counter()
         targets, accepted = cur.targets.tolist(), cur.accepted.tolist()
         t1 = time.perf_counter()
@@ -336,11 +282,7 @@ class Speculator:
             # Keep [last token, accepted drafts] in the caches; the target's next token is not in
             # them yet (it is the next step's input), exactly as after a plain decode step.
             trims = [cur.held - a for a in accepted]
-        if any(trims):
-            for c in runner.caches:
-                c.trim_rows(trims)
         self._inflight = nxt
-        runner.steps += 1
         self.stats["spec_steps"] += 1
         emitted = []
         for r, d, t, a in zip(rows, cur.drafts, targets, accepted):
@@ -349,9 +291,9 @@ class Speculator:
                 self._learn(r, len(d), a)
         self.stats["spec_emitted_tokens"] += len(emitted)
         self.timing["post"] += time.perf_counter() - t1
-        return emitted
+        return Verified(emitted, trims)
 
-    def _launch(self, runner, rows, drafts, L, first) -> _Verify:
+    def _launch(self, caches: list, rows, drafts, L, first) -> QueuedVerify:
         """Queue one verify forward: `first` [B, 1] (host or lazy) is each row's input token."""
         t0 = time.perf_counter()
         lengths = [len(d) for d in drafts]
@@ -364,17 +306,17 @@ class Speculator:
         pad = [d + [0] * (L - 1 - len(d)) for d in drafts]
         toks = mx.concatenate([first, mx.array(pad, dtype=mx.int32)], axis=1) if L > 1 else first
         if self.compiled is not None:
-            res = self.compiled.verify(toks, lengths, runner.caches)
+            res = self.compiled.verify(toks, lengths, caches)
         if res is None:
-            caches = self.views(runner.caches) if self.views is not None else runner.caches
-            out = self.step.forward(StepInputs(toks, caches, all_positions=True,
+            seen = self.views(caches) if self.views is not None else caches
+            out = self.step.forward(StepInputs(toks, seen, all_positions=True,
                                                options={"draft_lengths": lengths})).values[self.node]
             res = out.targets, out.accepted
         mx.async_eval(*res)
         self.timing["build"] += time.perf_counter() - t0
-        return _Verify(list(rows), drafts, L, *res)
+        return QueuedVerify(list(rows), drafts, L, *res)
 
-    def _pipelined(self, runner, cur: _Verify) -> _Verify | None:
+    def _pipelined(self, caches: list, cur: QueuedVerify) -> QueuedVerify | None:
         """Verify N + 1, queued behind `cur` on the assumption that every row accepts all of its
         drafts (module docstring), or None when that cannot hold or no row has a guess."""
         rows = cur.rows
@@ -395,35 +337,35 @@ class Speculator:
         if not any(drafts):
             return None
         if cur.held > D:  # padding after the drafts (a compiled verify's fixed L): out of the caches first
-            for c in runner.caches:
+            for c in caches:
                 c.trim_rows([cur.held - D] * len(rows))
             cur.held = D
         L = 1 + max(map(len, drafts))
-        return self._launch(runner, rows, drafts, L, cur.targets[:, D:D + 1])
+        return self._launch(caches, rows, drafts, L, cur.targets[:, D:D + 1])
 
-    def _guess(self, req, st: _RowState, assumed: list[int], k: int) -> list[int]:
+    def _guess(self, req, st: RowState, assumed: list[int], k: int) -> list[int]:
         """Up to k drafts for the step after a verify still in flight: the drafter continues the
         row as if `assumed` were accepted; its first proposal stands for the bonus token."""
         if self.drafter is not None:
-            view = _Assumed(req.id, req.prompt_ids, req.output_ids + assumed, req.params)
+            view = AssumedRow(req.id, req.prompt_ids, req.output_ids + assumed, req.params)
             out = [int(t) for t in self.drafter(view, k + 1)][: k + 1]
         else:
             ctx = req.prompt_ids + req.output_ids
             out = st.index.draft(ctx + assumed, k + 1, known=len(ctx))
         return out[1:]
 
-    def _discard(self, runner, v: _Verify) -> None:
+    def _discard(self, caches: list | None, v: QueuedVerify) -> None:
         self.stats["spec_pipeline_discards"] += 1
-        if runner.caches is not None:
-            for c in runner.caches:
+        if caches is not None:
+            for c in caches:
                 c.trim_rows([v.L] * c.batch)
 
-    def settle(self, runner) -> None:
+    def settle(self, caches: list | None) -> None:
         """Before the batch's rows change (join, leave, preempt): drop a pipelined verify, and
-        its positions from the caches, so they hold exactly the accepted sequence again."""
+        its positions from the batch's `caches`, so they hold exactly the accepted sequence again."""
         v, self._inflight = self._inflight, None
         if v is not None:
-            self._discard(runner, v)
+            self._discard(caches, v)
         self.busy()
 
     def drop(self) -> None:
@@ -436,17 +378,7 @@ class Speculator:
         self.stats["spec_accepted_tokens"] += accepted
         if st is None:
             return
-        if accepted == drafted:
-            st.k = min(st.k + 1, st.cfg.num_draft_tokens)
-        elif accepted == 0 and (self.shrink_k or st.cfg.method == "draft_model"):
-            st.k = max(1, st.k // 2)
-        st.drafted += drafted
-        st.accepted += accepted
-        st.steps += 1
-        if st.steps >= self.WINDOW:
-            if st.accepted < self.min_acceptance * st.drafted:
-                st.paused_until = len(req.output_ids) + self.cooldown
-                st.k = st.cfg.num_draft_tokens
-                log.debug("request %s: %d/%d drafts accepted, drafting paused for %d tokens",
-                          req.id, st.accepted, st.drafted, self.cooldown)
-            st.drafted = st.accepted = st.steps = 0
+        if st.learn(drafted, accepted, shrink=self.shrink_k, window=self.WINDOW, min_acceptance=self.min_acceptance):
+            st.pause(len(req.output_ids) + self.cooldown)
+            log.debug("request %s: drafting paused for %d tokens (under %.0f%% of its drafts accepted)",
+                      req.id, self.cooldown, 100 * self.min_acceptance)
