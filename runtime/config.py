@@ -34,6 +34,11 @@ def _optional_positive_int(inst, attribute, value) -> None:
         _positive_int(inst, attribute, value)
 
 
+def _step_tokens(inst, attribute, value) -> None:
+    if value != "auto":
+        _optional_positive_int(inst, attribute, value)
+
+
 def _compile_mode(inst, attribute, value) -> None:
     if not any(value is m or (isinstance(m, str) and value == m) for m in COMPILE_MODES):
         raise ValueError(f"compile must be True, False, 'auto' or 'measured', got {value!r}")
@@ -66,7 +71,7 @@ class EngineConfig:
     batch_prefill: bool = True  # whole short prompts share one left-padded prefill forward
     kv_budget_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)  # None: unbounded
     # Tokens one step computes, prefill chunks and decode rows together (runtime/scheduler.py); None: no budget
-    step_tokens: int | None = attrs.field(default=STEP_TOKENS, validator=_optional_positive_int)
+    step_tokens: int | str | None = attrs.field(default=STEP_TOKENS, validator=_step_tokens)  # "auto": measured
     # Prefix cache
     prefix_cache: bool = True
     mem_fraction: float | None = attrs.field(default=None, validator=_fraction)  # of device memory for the pool

@@ -189,7 +189,10 @@ class Scheduler:
         if not self.running or self.step_tokens is None:
             return self.prefill_chunk
         if self.step_tokens == "auto":
-            return self.costs.budget(STEP_TOKENS_FLOOR, self.prefill_chunk, self.STEP_TIME_FACTOR)
+            n = self.costs.budget(STEP_TOKENS_FLOOR, self.prefill_chunk, self.STEP_TIME_FACTOR)
+            # whole CHUNK_ALIGN units: a measured budget that moves by a few tokens each step would
+            # give every step's chunk a new length (a new attention shape, see CHUNK_ALIGN)
+            return n - n % self.CHUNK_ALIGN if n >= self.CHUNK_ALIGN else n
         return min(self.prefill_chunk, self.step_tokens)
 
     def schedule_decode(self, decode: bool = True) -> DecodeBatch:
