@@ -20,10 +20,11 @@ from pathlib import Path
 
 import mlx_lm
 
-from graphc.compiler.compile import CompiledGraph, compile_graph
+from graphc.compiler.compile import CompiledGraph
 from graphc.compiler.errors import UnsupportedModel
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
+from graphc.compiler.selfcheck_cache import compile_cached
 
 from .compiled_decode import build_decode_step
 from .config import EngineConfig
@@ -70,9 +71,11 @@ class Engine(OneShotGraphs, EngineViews):
         # choice passes from the graph's `decode:` section under this config's overrides and the
         # device's facts (runtime/target.py); the runtime below only obeys the plan's choices.
         t0 = time.perf_counter()
-        compiled = compile_graph(graph, model, config, lowering=c.lowering, kv_bits=c.kv_bits,
-                                 kv_group_size=c.kv_group_size, target=probe_target(), requested=requested_of(c))
-        log.info("compiled the step graph and ran the load-time self-check: %.1f s", time.perf_counter() - t0)
+        compiled = compile_cached(graph, model, config, lowering=c.lowering, kv_bits=c.kv_bits,
+                                  kv_group_size=c.kv_group_size, target=probe_target(), requested=requested_of(c),
+                                  model_path=c.model_path)
+        log.info("compiled the step graph (with the load-time self-check unless its verdict was stored): %.1f s",
+                 time.perf_counter() - t0)
         if "next_tokens" not in compiled.prefill.outputs:
             name = compiled.spec.name
             raise ValueError(f"graph '{name}' has no next_tokens output, so it cannot generate; load the model with "

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from graphc.compiler.modelgen import make_model
+
+# Every engine the tests build runs the load-time self-check, never a stored verdict
+# (compiler/selfcheck_cache.py): tests swap fast paths and policies in-process under the same
+# model folder, which no verdict key sees. Set in os.environ so that servers the tests start
+# as subprocesses inherit it; tests/test_selfcheck_cache.py turns the cache on explicitly.
+os.environ["GRAPHC_SELFCHECK"] = "always"
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,8 @@ ALLOWED = {
     "GRAPHC_DEBUG": "cli/main.py: print the traceback instead of a one-line error",
     "GRAPHC_CACHE_DIR": "compiler/cache_dir.py: where the demo model's tokenizer and converted GGUF models are cached",
     "GRAPHC_CACHE": "compiler/cache_dir.py: the old name of GRAPHC_CACHE_DIR, read with a FutureWarning",
+    "GRAPHC_SELFCHECK": "compiler/selfcheck_cache.py: `always` runs the load-time self-check at every start "
+                        "instead of reusing a stored verdict (what is computed is the same either way)",
     # where the CUDA toolchain of the offline kernel build is found (tests and a bench script only)
     "GRAPHC_NVRTC": "benchmarks/kernel_builds.py: where libnvrtc.so is",
     "GRAPHC_CUDA_INCLUDE": "benchmarks/kernel_builds.py: where cuda_bf16.h is",
