@@ -115,7 +115,7 @@ def test_engine_serves_a_q4_k_m_file_like_mlx_lm(model_dir, tmp_path, monkeypatc
     from graphc.compiler.gguf import resolve_model_path
     from graphc.runtime import Engine, SamplingParams
 
-    monkeypatch.setenv("GRAPHC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
     llama = model_dir("llama", hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2, num_layers=2)
     src = llama if model_type == "llama" else _source(model_dir("llama"), tmp_path, model_type)
     f = tmp_path / f"{model_type}-Q4_K_M.gguf"

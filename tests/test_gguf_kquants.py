@@ -168,7 +168,7 @@ def test_truncated_and_missing_files_are_one_line_errors(big_llama, tmp_path, ca
 def test_inspect_reports_kept_and_widened(big_llama, tmp_path, monkeypatch, capsys):
     from graphc.cli import main
 
-    monkeypatch.setenv("GRAPHC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path / "cache"))
     f = tmp_path / "m-Q4_K_M.gguf"
     write_gguf(big_llama, f, _q4_k_m)
     assert main(["inspect", "auto", "--model", str(f)]) == 0

@@ -1,4 +1,4 @@
-"""graphc's GGUF tokenizers against Hugging Face transformers' own GGUF tokenizer conversion.
+r"""graphc's GGUF tokenizers against Hugging Face transformers' own GGUF tokenizer conversion.
 
 transformers builds a `tokenizers` tokenizer from the same `tokenizer.ggml.*` metadata
 (`transformers.integrations.gguf.gguf_tokenizer_mapping`). Both must give the same ids,
