@@ -117,6 +117,9 @@ WEATHER = {"type": "function", "function": {
                    "required": ["city"]}}}
 
 
+# -m slow (~18 s): the tiny-model tool tests (tests/test_server_tools.py) check the constrained
+# call in the default run; this one checks that a trained model's forced call is usable.
+@pytest.mark.slow
 def test_tool_call_parses_and_validates(smol_client):
     r = smol_client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
