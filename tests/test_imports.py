@@ -51,6 +51,15 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(["graphc", *parts])
 
 
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a `from ... import` names, relative levels resolved against `package`."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imported_names(path: Path, root: Path) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in the file, wherever it sits."""
     mod = module_name(path, root)
@@ -60,12 +69,7 @@ def imported_names(path: Path, root: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
+            name = _absolute(node, package)
             out.append((node.lineno, name))
             # `from graphc import runtime` names the package in the alias
             if name == "graphc":
@@ -222,12 +226,7 @@ def module_imports(path: Path, root: Path, modules: dict[str, Path]) -> list[tup
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name, is_local) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - node.level + 1]
-                name = ".".join(base + ([node.module] if node.module else []))
-            else:
-                name = node.module or ""
+            name = _absolute(node, package)
             subs = [f"{name}.{a.name}" for a in node.names if f"{name}.{a.name}" in modules]
             out += [(node.lineno, s, is_local) for s in subs]
             if len(subs) < len(node.names):
