@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import attrs
 import httpx
@@ -21,7 +22,7 @@ from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.prefix_cache import PrefixCache
 from graphc.runtime.server.cli import config_from_args
 from graphc.runtime.server.message_bounds import render_with_boundaries
-from graphc.runtime.server.state import load_engine
+from graphc.runtime.server.state import ServerState, load_engine
 from helpers import reference_greedy
 from server_harness import MODEL, live_server
 
@@ -292,3 +293,13 @@ def test_serve_flags_reach_the_engine(hybrid_dir, tmp_path):
                                       "--kv-cache-block-tokens", "32", "--snapshot-interval", "64"])
     eng = load_engine(config_from_args(args))
     assert eng.disk_tier.block == 32 and eng.prefix.snapshot_interval == 64
+
+
+def test_only_caches_that_keep_state_at_message_ends_ask_for_them(hybrid_dir, model_dir):
+    """The server finds message boundaries (extra template renders per chat request) only for an
+    engine whose prefix cache keeps state there; a full-attention cache resumes at any token."""
+    wants = ServerState.wants_boundaries.fget
+    assert wants(SimpleNamespace(engine=Engine.load(hybrid_dir, prefill_chunk=16, max_total_tokens=256)))
+    assert not wants(SimpleNamespace(engine=Engine.load(model_dir("llama"), max_total_tokens=256)))
+    assert not wants(SimpleNamespace(engine=Engine.load(hybrid_dir, prefix_cache=False)))
+    assert not wants(SimpleNamespace(engine=None))

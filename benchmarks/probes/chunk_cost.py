@@ -4,7 +4,7 @@ Wraps the runner's prefill_chunk / prefill_batch / run_decode with wall timers (
 ends in a host read, so the times are device-inclusive) while a few rows decode and long
 prompts arrive.
 
-    python -m graphc.benchmarks.probes.chunk_cost --model DIR [--rows 8] [--prompt 4096]
+    python benchmarks/probes/chunk_cost.py --model DIR [--rows 8] [--prompt 4096] [--load JSON]
 """
 
 from __future__ import annotations

@@ -109,7 +109,8 @@ def chat_prompt_boundaries(state, req: ChatCompletionRequest,
         extra["tools"] = tools
     flags = dict(add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)
     try:
-        rendered = render_with_boundaries(tok, messages, flags, extra)
+        # a full-attention cache resumes at any token: no boundaries to find for it
+        rendered = render_with_boundaries(tok, messages, flags, extra) if state.wants_boundaries else None
         if rendered is None:
             ids = tok.apply_chat_template(messages, tokenize=True, **flags, **extra)
     except Exception as e:  # template errors (raise_exception in jinja, bad role order) are the client's

@@ -110,6 +110,13 @@ class ServerState:
         finally:
             self.loading = False
 
+    @property
+    def wants_boundaries(self) -> bool:
+        """Whether the engine's prefix cache keeps state at message ends (sliding windows,
+        recurrent snapshots): only then is finding them worth the extra template renders."""
+        prefix = self.engine.prefix if self.engine is not None else None
+        return prefix is not None and prefix.needs_boundaries
+
     def _attach(self, engine: Engine) -> None:
         c = self.config
         self.engine = engine
