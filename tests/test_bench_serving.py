@@ -91,3 +91,20 @@ def test_serving_bench_32_requests_on_the_cpu_defaults(model_dir, tmp_path):
         assert mt["target_tokens"] == targets
         if r["server"] == "graphc":
             assert mt["exact_length"] == 32 and mt["output_tokens"] == targets
+
+
+def test_keep_servers_starts_each_server_once_over_the_repeats(model_dir, tmp_path):
+    """--keep-servers: two repeats on one graphc start (one startup recorded, one `serve` line in
+    its log), and each repeat still measures every rate with every request answered."""
+    m = model_dir("llama")
+    out = tmp_path / "serving.json"
+    rc = main(["bench", "--serving", "--model", str(m), "--requests", "4", "--rates", "inf",
+               "--serving-repeats", "2", "--keep-servers", "--servers", "graphc", "--max-batch", "4",
+               "--min-input", "16", "--max-input", "32", "--min-output", "4", "--max-output", "8",
+               "--json", str(out), "--log-dir", str(tmp_path / "logs"), "--no-progress"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert [s["server"] for s in res["startup"]] == ["graphc"]
+    assert sorted(r["repeat"] for r in res["runs"]) == [0, 1]
+    assert all(r["metrics"]["errors"] == 0 and r["metrics"]["exact_length"] == 4 for r in res["runs"])
+    assert (tmp_path / "logs" / "graphc.log").read_text().count("$ ") == 1

@@ -17,6 +17,9 @@ def add_arguments(p) -> None:
                    f"(default: {GPU_DEFAULTS['rates']} on a GPU, {CPU_DEFAULTS['rates']} on the CPU)")
     g.add_argument("--requests", type=int, default=32, help="requests per rate")
     g.add_argument("--serving-repeats", type=int, default=3, help="repeats (servers alternate who goes first)")
+    g.add_argument("--keep-servers", action="store_true",
+                   help="start each server once and keep it up over the repeats (idle while the other is "
+                        "measured) instead of a fresh start per repeat: repeats then cost no startups")
     g.add_argument("--max-batch", type=int, default=64,
                    help="graphc --max-batch, and mlx_lm.server's --decode/--prompt-concurrency")
     g.add_argument("--min-input", type=int, default=0, help="shortest prompt in tokens (default: by device)")

@@ -7,6 +7,7 @@ import math
 import socket
 import statistics
 import sys
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class ServingConfig:
     mlx_args: list = field(default_factory=list)
     log_dir: str = "serving-logs"
     progress: bool = True
+    keep_servers: bool = False
 
 
 def parse_rates(s: str) -> tuple:
@@ -146,6 +148,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextmanager
+def _started(cfg: ServingConfig, spec, startups: list, rep: int):
+    """A ready server (its startup time recorded), warmed by two tiny requests: a server's first
+    requests pay lazy loads and kernel builds, which belong to startup, not to the first rate."""
+    port = cfg.port + (spec.name != "graphc") if cfg.port else _free_port()
+    extra = cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args
+    srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra)
+    with srv as url:
+        startups.append({"server": spec.name, "repeat": rep, "startup_s": srv.startup_s})
+        run_load(url, make_workload(cfg.model, 2, 8, 16, 4, 4, cfg.seed + 1), math.inf,
+                 extra=spec.fixed_length_body(eos_token_ids(cfg.model)))
+        yield url
+
+
 def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
     """`checkpoint(runs)` after every measured run: a killed invocation still leaves what it measured."""
     specs = [s for s in SERVERS if s.name in cfg.servers]
@@ -157,7 +173,6 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
     fresh = [[make_workload(cfg.model, cfg.requests, cfg.min_input, cfg.max_input, cfg.min_output,
                             cfg.max_output, cfg.seed, variant=1 + rep * len(cfg.rates) + i)
               for i in range(len(cfg.rates))] for rep in range(cfg.repeats)]
-    warm = make_workload(cfg.model, 2, 8, 16, 4, 4, cfg.seed + 1)
     eos = eos_token_ids(cfg.model)
     env = environment()
     log(f"serving bench: {describe(env)}; {len(reqs)} requests per rate, rates "
@@ -165,32 +180,32 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
     runs, startups = [], []
     bar = tqdm(total=cfg.repeats * len(specs) * len(cfg.rates), desc="serving", unit="run",
                disable=not cfg.progress, file=sys.stderr)
-    for rep in range(cfg.repeats):
-        order = specs if rep % 2 == 0 else specs[::-1]  # alternate who goes first: drift hits both
-        for spec in order:
-            port = cfg.port + (spec.name != "graphc") if cfg.port else _free_port()
-            extra = cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args
-            srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra)
-            body = spec.fixed_length_body(eos)
-            with srv as url:
-                startups.append({"server": spec.name, "repeat": rep, "startup_s": srv.startup_s})
-                run_load(url, warm, math.inf, extra=body)  # first requests pay lazy loads/compiles
-                for i, rate in enumerate(cfg.rates):
-                    bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
-                    results, dur = run_load(url, fresh[rep][i], rate, cfg.concurrency, body, cfg.seed + rep)
-                    m = run_metrics(results, dur)
-                    runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
-                    bar.update(1)
-                    if checkpoint:
-                        checkpoint([{**r, "rate": _rate_key(r["rate"])} for r in runs])
-                    bar.write(f"  repeat {rep + 1} {spec.name:7s} rate {_rate_key(rate):>4s}: "
-                              f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
-                              f"TTFT p99 {_ms(m['ttft_p99'])}, ITL p99 {_ms(m['itl_p99'])}, "
-                              f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
-                              f"{m['retries']} resent", file=sys.stderr)
-                    if rep == cfg.repeats - 1 and spec is order[-1]:
-                        per = aggregate(runs, [s.name for s in specs], [rate])[_rate_key(rate)]
-                        bar.write(rate_table(_rate_key(rate), per, [s.name for s in specs]), file=sys.stderr)
+    with ExitStack() as keep:
+        # --keep-servers: each server starts once and stays up (idle while the other is measured);
+        # otherwise each repeat starts it afresh, so the repeats also sample its startup.
+        kept = {spec.name: keep.enter_context(_started(cfg, spec, startups, 0)) for spec in specs} \
+            if cfg.keep_servers else {}
+        for rep in range(cfg.repeats):
+            order = specs if rep % 2 == 0 else specs[::-1]  # alternate who goes first: drift hits both
+            for spec in order:
+                with (nullcontext(kept[spec.name]) if cfg.keep_servers else _started(cfg, spec, startups, rep)) as url:
+                    for i, rate in enumerate(cfg.rates):
+                        bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
+                        results, dur = run_load(url, fresh[rep][i], rate, cfg.concurrency,
+                                                spec.fixed_length_body(eos), cfg.seed + rep)
+                        m = run_metrics(results, dur)
+                        runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
+                        bar.update(1)
+                        if checkpoint:
+                            checkpoint([{**r, "rate": _rate_key(r["rate"])} for r in runs])
+                        bar.write(f"  repeat {rep + 1} {spec.name:7s} rate {_rate_key(rate):>4s}: "
+                                  f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
+                                  f"TTFT p99 {_ms(m['ttft_p99'])}, ITL p99 {_ms(m['itl_p99'])}, "
+                                  f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
+                                  f"{m['retries']} resent", file=sys.stderr)
+                        if rep == cfg.repeats - 1 and spec is order[-1]:
+                            per = aggregate(runs, [s.name for s in specs], [rate])[_rate_key(rate)]
+                            bar.write(rate_table(_rate_key(rate), per, [s.name for s in specs]), file=sys.stderr)
     bar.close()
     config = {**asdict(cfg), "rates": [_rate_key(r) for r in cfg.rates]}
     return {"kind": "serving", "environment": env, "config": config,
@@ -214,7 +229,8 @@ def cmd_serving(args) -> int:
                         min_output=args.min_output, max_output=args.max_output, concurrency=args.concurrency,
                         seed=args.seed, port=args.port, servers=tuple(args.servers.split(",")),
                         graphc_args=args.graphc_args.split(), mlx_args=args.mlx_args.split(),
-                        log_dir=args.log_dir, progress=args.progress)
+                        log_dir=args.log_dir, progress=args.progress,
+                        keep_servers=args.keep_servers)
     bad = [s for s in cfg.servers if s not in ("graphc", "mlx_lm")]
     if bad or cfg.requests < 1 or cfg.repeats < 1:
         raise SystemExit(f"graphc bench --serving: --servers takes graphc,mlx_lm (got {args.servers!r}); "
