@@ -10,6 +10,8 @@ joined rows).
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 import mlx.core as mx
 
@@ -24,6 +26,8 @@ from .batch_sampling import SamplerCache
 from .decode_input import Launch, next_input
 from .request import Request, Status
 from .scheduler import Scheduler
+
+log = logging.getLogger("graphc.engine")
 
 
 @attrs.define
@@ -79,6 +83,8 @@ class ModelRunner:
         self.pad_off = None if pad_final_chunk else "pad_final_chunk is off"
         if self.pad_off is None:
             self.pad_off = chunk_pad.unpaddable(self.policies, prefix_io)
+            if self.pad_off is not None:
+                log.info("pad_final_chunk: final prefill chunks stay unpadded: %s", self.pad_off)
         self.pad_align = Scheduler.CHUNK_ALIGN if self.pad_off is None else 0
         self.padded_tokens = 0  # pad positions computed (for stats and tests)
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphc.runtime import Engine, EngineConfig, SamplingParams
-from graphc.runtime import chunk_pad
+from graphc.cli.main import build_parser
+from graphc.runtime import Engine, EngineConfig, SamplingParams, chunk_pad
 from graphc.runtime.scheduler import Scheduler
+from graphc.runtime.server.cli import config_from_args
+from graphc.runtime.server.state import load_engine
 from helpers import assert_greedy_matches_mlx_lm, random_prompts, reference_greedy, reference_logits
 
 ALIGN = Scheduler.CHUNK_ALIGN
@@ -209,3 +211,13 @@ def test_quantized_kv_padded_equals_unpadded(model_dir):
     out = [Engine.load(d, kv_bits=8, kv_group_size=32, prefill_chunk=64, pad_final_chunk=pad).generate(prompts, PARAMS)
            for pad in (True, False)]
     assert [r.token_ids for r in out[0]] == [r.token_ids for r in out[1]]
+
+
+def test_serve_flag_reaches_the_engine(model_dir):
+    p = build_parser()
+    assert config_from_args(p.parse_args(["serve"])).pad_final_chunk == "auto"
+    on = config_from_args(p.parse_args(["serve", "--model", str(model_dir("llama")), "--pad-final-chunk", "on"]))
+    assert on.pad_final_chunk is True
+    assert load_engine(on).runner.pad_align == ALIGN
+    off = config_from_args(p.parse_args(["serve", "--pad-final-chunk", "off"]))
+    assert off.pad_final_chunk is False
