@@ -232,6 +232,8 @@ def main(argv=None) -> int:
     p.add_argument("--burst-tokens", type=int, default=None,
                    help="Scheduler.BURST_TOKENS for this engine: prompt tokens an idle engine's burst may admit "
                         "before decoding (default: the scheduler's)")
+    p.add_argument("--pad-final-chunk", choices=("auto", "on", "off"), default="auto",
+                   help="Engine(pad_final_chunk=): a prompt's last chunk padded to 128 tokens (docs/scheduling.md)")
     p.add_argument("--start", choices=("probe", "serve", "none"), default="probe",
                    help="before repeat 0: probe = 4 requests of the mix (first-call costs left out), serve = "
                         "Engine.warm_up() as `graphc serve` runs it (repeat 0 = a fresh server's first traffic), "
@@ -248,7 +250,8 @@ def main(argv=None) -> int:
         p.error("--model is required (or --table)")
     lo_i, hi_i = map(int, a.input.split(","))
     lo_o, hi_o = map(int, a.output.split(","))
-    kw = {"max_batch": a.max_batch, "prefill_chunk": a.prefill_chunk}
+    kw = {"max_batch": a.max_batch, "prefill_chunk": a.prefill_chunk,
+          "pad_final_chunk": {"on": True, "off": False}.get(a.pad_final_chunk, "auto")}
     if a.step_tokens is not None:
         kw["step_tokens"] = a.step_tokens
     engine = Engine.load(a.model, **kw)

@@ -49,6 +49,11 @@ def _lowering(inst, attribute, value) -> None:
         raise ValueError(f"unknown lowering '{value}' (known: {', '.join(LOWERINGS)})")
 
 
+def _pad_setting(inst, attribute, value) -> None:
+    if not (value is True or value is False or value == "auto"):
+        raise ValueError(f"pad_final_chunk must be 'auto', True or False, got {value!r}")
+
+
 def _fraction(inst, attribute, value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
         raise ValueError(f"mem_fraction must be a number in (0, 1], got {value!r}")
@@ -72,6 +77,8 @@ class EngineConfig:
     kv_budget_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)  # None: unbounded
     # Tokens one step computes, prefill chunks and decode rows together (runtime/scheduler.py); None: no budget
     step_tokens: int | str | None = attrs.field(default=STEP_TOKENS, validator=_step_tokens)  # "auto": measured
+    # A prompt's last chunk padded to a multiple of 128 tokens, exact layers only (runtime/chunk_pad.py); "auto": CUDA
+    pad_final_chunk: bool | str = attrs.field(default="auto", validator=_pad_setting)
     # Prefix cache
     prefix_cache: bool = True
     mem_fraction: float | None = attrs.field(default=None, validator=_fraction)  # of device memory for the pool

@@ -10,6 +10,8 @@ joined rows).
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 import mlx.core as mx
 
@@ -18,11 +20,14 @@ from graphc.compiler.lower import StepInputs
 from graphc.compiler.ops import HOST_EDITS, PromptTargets
 from graphc.compiler.selfcheck import batch_prefill_ok
 
+from . import chunk_pad, kv_usage
 from . import host_read as host_reads
-from . import kv_usage
 from .batch_sampling import SamplerCache
 from .decode_input import Launch, next_input
 from .request import Request, Status
+from .scheduler import Scheduler
+
+log = logging.getLogger("graphc.engine")
 
 
 @attrs.define
@@ -41,7 +46,7 @@ class PrefillDone:
 class ModelRunner:
     def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
                  vocab_size: int | None = None, eos_token_ids=(), sampling_kernel: bool = False,
-                 host_read: str = "tokens"):
+                 host_read: str = "tokens", pad_final_chunk: bool = False):
         if host_read not in host_reads.STRATEGIES:
             raise ValueError(f"host_read must be one of {host_reads.STRATEGIES}, got {host_read!r}")
         self.compiled = compiled
@@ -73,6 +78,15 @@ class ModelRunner:
         # it runs verify steps instead of plain decode steps for batches it takes.
         self.speculator = None
         self.views = None  # KernelViews (runtime/kernel_views.py), set by the Engine
+        # A prompt's last chunk padded to a multiple of pad_align tokens, so its attention shapes
+        # repeat (runtime/chunk_pad.py); 0: off, asked off or not exact for this graph (pad_off says why).
+        self.pad_off = None if pad_final_chunk else "pad_final_chunk is off"
+        if self.pad_off is None:
+            self.pad_off = chunk_pad.unpaddable(self.policies, prefix_io)
+            if self.pad_off is not None:
+                log.info("pad_final_chunk: final prefill chunks stay unpadded: %s", self.pad_off)
+        self.pad_align = Scheduler.CHUNK_ALIGN if self.pad_off is None else 0
+        self.padded_tokens = 0  # pad positions computed (for stats and tests)
 
     # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
     def run_prefill(self, groups: list) -> list[PrefillDone]:
@@ -167,6 +181,15 @@ class ModelRunner:
             # The graph's prompt_logprobs node scores each position against the next prompt token
             # (the chunk's last position against the next chunk's first).
             targets = PromptTargets(req.prompt_ids[start + 1:end + 1], req.params.prompt_logprobs)
+        pad = chunk_pad.pad_for(end - start, self.pad_align) if final and targets is None else 0
+        if pad:
+            # The chunk but its last token, padded after the real ones to an aligned length (cache
+            # writes only), the pad columns trimmed; the last token then runs alone, as unpadded.
+            head = mx.array(ctx_ids[start:end - 1] + [chunk_pad.PAD_TOKEN] * pad, dtype=mx.int32)[None]
+            step.forward(StepInputs(head, req.caches, final=False))
+            chunk_pad.trim(req.caches, pad)
+            self.padded_tokens += pad
+            tokens = tokens[:, -1:]
         ctx = step.forward(StepInputs(tokens, req.caches, final=final, prompt_targets=targets,
                                       all_positions=targets is not None))
         if self.prefix_io is not None:
@@ -231,11 +254,16 @@ class ModelRunner:
         left-padded, and sample each one's first token. Returns ((token, logprobs) per request,
         their layer caches as rows), the caches to join the decode batch in run_decode."""
         ctxs = [r.context_ids for r in reqs]
-        L = max(map(len, ctxs))
+        extra = chunk_pad.pad_for(max(map(len, ctxs)), self.pad_align)  # more left padding: aligned
+        L = max(map(len, ctxs)) + extra
         pads = [L - len(c) for c in ctxs]
         caches = [type(p.new_cache())(len(reqs), pads) for p in self.policies]
-        tokens = mx.array([[0] * p + c for p, c in zip(pads, ctxs)], dtype=mx.int32)
+        tokens = mx.array([[chunk_pad.PAD_TOKEN] * p + c for p, c in zip(pads, ctxs)], dtype=mx.int32)
         step = self.compiled.prefill
+        if extra:  # all but the last column as one aligned forward (query = key length), as unpadded
+            step.forward(StepInputs(tokens[:, :-1], caches, final=False))
+            tokens = tokens[:, -1:]
+            self.padded_tokens += extra * len(reqs)
         ctx = step.forward(StepInputs(tokens, caches, final=True))
         st = self.sampler.tensors(reqs)
         if st is not None:
@@ -246,6 +274,9 @@ class ModelRunner:
         lps = out.logprobs.to_lists(st) if out.logprobs is not None else [None] * len(reqs)
         if self.prefix_io is not None:
             self.prefix_io.store_prompt_rows(reqs, caches)
+        if extra:  # the columns every row pads go (filter drops them): the decode batch never holds them
+            for c in caches:
+                c.filter(list(range(len(reqs))))
         return list(zip(toks, lps)), caches
 
     def leave(self, reqs: list[Request]) -> None:

@@ -37,6 +37,9 @@ def add_parser(subparsers) -> None:
     s.add_argument("--step-tokens", type=positive_int,
                    help="prompt tokens a step may spend while requests are decoding: the longest a prompt "
                         "stalls running streams (default: the engine's, docs/scheduling.md)")
+    s.add_argument("--pad-final-chunk", choices=["auto", "on", "off"], default="auto",
+                   help="pad a prompt's last prefill chunk to a multiple of 128 tokens so attention shapes repeat "
+                        "(full-attention graphs only; default auto: on with MLX's CUDA backend; docs/scheduling.md)")
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
     add_kv_bits_arguments(s)
@@ -96,7 +99,7 @@ def config_from_args(args) -> ServerConfig:
         max_loaded_models=args.max_loaded_models, max_loaded_bytes=args.max_loaded_bytes,
         served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
-        step_tokens=args.step_tokens,
+        step_tokens=args.step_tokens, pad_final_chunk={"on": True, "off": False}.get(args.pad_final_chunk, "auto"),
         kv_budget_tokens=args.kv_budget_tokens, kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, speculative=args.speculative,
         num_draft_tokens=args.num_draft_tokens, draft_model=args.draft_model,
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,
