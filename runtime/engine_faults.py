@@ -31,7 +31,9 @@ class FaultRecovery:
                 self._end_culprit(r, rec.give_up)
         else:
             while (group := rec.probes.next_group()) is not None:
-                culprit = rec.probes.report(group, self._probe(group, outs))
+                err, probed = self._probe(group)
+                outs += probed
+                culprit = rec.probes.report(group, err)
                 if culprit is not None:
                     self._end_culprit(*culprit)
         self.faults.settled(rec)
@@ -56,12 +58,12 @@ class FaultRecovery:
         if self.prefix is not None:
             self.prefix.flush()  # a write that failed half way may have left slots unwritten
 
-    def _probe(self, group: list[Request], outs: list[RequestOutput]) -> Exception | None:
-        """Run `group` alone until each member has one more decode token (or finished), adding
-        the steps' deltas to `outs`. The exception if it failed again (the group is reset), None
-        if it went through (its members go back to the queue, their KV into the prefix cache)."""
+    def _probe(self, group: list[Request]) -> tuple[Exception | None, list[RequestOutput]]:
+        """Run `group` alone until each member has one more decode token (or finished). The
+        exception if it failed again (the group is reset), None if it went through (its members
+        go back to the queue, their KV into the prefix cache); and the deltas its steps made."""
         target = {id(r): len(r.output_ids) + 2 for r in group}  # the prefill token and one decode token
-        err = None
+        err, outs = None, []
         with self.scheduler.alone(group):
             try:
                 for _ in range(PROBE_STEP_LIMIT):
@@ -76,7 +78,7 @@ class FaultRecovery:
                 for r in list(self.scheduler.running):  # cleared: rejoined with the others later
                     self.scheduler.preempt(r)  # not a budget preemption: stats["preemptions"] stays
                     self.runner.leave([r])  # stores its KV in the prefix cache on the way out
-        return err
+        return err, outs
 
     def _end_culprit(self, req: Request, why: str) -> None:
         log.warning("request %s failed in the engine step and was ended alone: %s", req.id, why)
