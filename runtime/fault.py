@@ -26,8 +26,9 @@ A fault that no subset reproduces (transient, or only in one combination of rows
 clears every group; if the next step fails again with no step in between having
 succeeded, the requests of that step are ended with "error" rather than retried
 forever. (After a recovery that found its culprit, a failure of the next step is a new
-fault — e.g. another poison request that just arrived — and is bisected in turn.) Cost: a fault costs a recompute of the suspects plus about 2·log2(n) small
-steps; a step without a fault pays nothing.
+fault — e.g. another poison request that just arrived — and is bisected in turn.) Cost: a
+fault costs a recompute of the suspects plus about 2·log2(n) small steps; a step without a
+fault pays nothing.
 
 Who does what: this module decides, over plain values, and holds no engine. `StepGuard`
 is told who takes part in each step and, when one raises, answers with a `Recovery` (who

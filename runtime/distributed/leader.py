@@ -72,7 +72,8 @@ class LeaderEngine:
         self.failed: str | None = None
         ref = weakref.ref(self)
         atexit.register(lambda: (e := ref()) is not None and e.close())
-        threading.Thread(target=_heartbeat_thread, args=(ref, heartbeat_s), name="graphc-heartbeat", daemon=True).start()
+        threading.Thread(target=_heartbeat_thread, args=(ref, heartbeat_s), name="graphc-heartbeat",
+                         daemon=True).start()
 
     # -- what the followers must replay ----------------------------------------------------
     def add_request(self, prompt, params=None, request_id=None) -> str:
