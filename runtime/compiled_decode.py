@@ -126,13 +126,13 @@ def _write_columns(buf, new, idx):
     return mx.put_along_axis(buf, mx.broadcast_to(cols.reshape(1, 1, L, 1), new.shape), new, axis=2)
 
 
-def _on_cuda() -> bool:
+def on_cuda() -> bool:
     """MLX's CUDA backend is the default device: what switches on the device-only choices here."""
     return kernels.available()
 
 
 def _scatter_writes() -> bool:  # its own name: tests force the scatter alone
-    return _on_cuda()
+    return on_cuda()
 
 
 def _mlx_matmul(x, w):

@@ -30,6 +30,7 @@ from . import chunk_pad
 from .compiled_decode import build_decode_step
 from .config import EngineConfig
 from .distributed import load_sharded
+from .engine_faults import FaultRecovery
 from .engine_oneshot import OneShotGraphs
 from .engine_speculator import speculator_for
 from .engine_views import EngineViews
@@ -53,7 +54,7 @@ from .warmup import warm_up
 log = logging.getLogger("graphc.load")
 
 
-class Engine(OneShotGraphs, EngineViews):
+class Engine(OneShotGraphs, EngineViews, FaultRecovery):
     def __init__(self, model, tokenizer, config: dict, graph=None, *, engine_config: EngineConfig | None = None,
                  **options):
         """`options` are EngineConfig's fields as keywords (runtime/config.py), applied over
@@ -118,7 +119,7 @@ class Engine(OneShotGraphs, EngineViews):
                                    kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
-        self.faults = StepGuard(self)  # a failing step ends only the request(s) responsible
+        self.faults = StepGuard()  # who takes part in each step; a failing one ends only the request(s) responsible
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
         self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
                       "preemptions": 0, "step_faults": 0}
@@ -232,12 +233,12 @@ class Engine(OneShotGraphs, EngineViews):
     def step(self) -> list[RequestOutput]:
         """Run one scheduler iteration: some prefill chunks, then one decode step. Returns deltas.
         If the step raises, only the request(s) responsible end (finish_reason "error"); the
-        others are recomputed and go on (runtime/fault.py)."""
+        others are recomputed and go on (runtime/fault.py decides, runtime/engine_faults.py applies)."""
         self.faults.start()
         try:
             outs = self._step()
         except Exception as exc:  # noqa: BLE001 - any failure inside the step is isolated by the guard
-            return self.faults.recover(exc)
+            return self._recover(exc)
         self.faults.passed()
         return outs
 
@@ -247,7 +248,7 @@ class Engine(OneShotGraphs, EngineViews):
         after the prefill's postprocess: a request that ends on its first token never decodes,
         and the KV budget sees the rows that just started."""
         sched = self.scheduler.schedule()
-        self.faults.begin(sched.prefill)
+        self.faults.begin(sched.prefill, self.scheduler.running)
         touched = self._postprocess_prefill(sched, self.runner.run_prefill(sched.groups))
         batch = self.scheduler.schedule_decode(sched.decode)
         touched += self._postprocess_decode(batch, self.runner.run_decode(batch))
@@ -349,14 +350,6 @@ class Engine(OneShotGraphs, EngineViews):
         self.scheduler.finish(req, reason)  # releases its prefix-cache holds too
         self.host_edits.take_failure(req)
         return True
-
-    def _preempt(self, req: Request) -> None:
-        """Free a running request's working KV (the budget ran out); it is recomputed later from
-        its prompt and output so far — through the prefix cache when there is one — and goes on
-        with the same tokens (greedy and seeded rows)."""
-        self.scheduler.preempt(req)
-        self.runner.leave([req])  # stores its KV in the prefix cache on the way out
-        self.stats["preemptions"] += 1
 
     def _delta(self, req: Request) -> RequestOutput:
         new_ids = req.output_ids[req.emitted_tokens:]

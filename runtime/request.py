@@ -8,7 +8,7 @@ the owner fails the test). docs/architecture.md has the same table with the "why
 
     owner                   fields                                      others go through
     request.py (creation)   id, prompt_ids, params, arrival             nobody writes them later
-    engine.py               detokenizer, grammar, noise_seed            Engine.fail(req, why) (fault.py);
+    engine.py               detokenizer, grammar, noise_seed            Engine.fail(req, why) (engine_faults.py);
                             (add_request, before queueing);             HostEdits.take_failure (a logits
                             output_ids, logprobs, error,                processor failure is recorded
                             first_token_time, emitted_tokens,           there, not on the request)

@@ -32,7 +32,7 @@ def probe_target() -> Target:
     facts.append(("gumbel_choose", None if tr is None else tr, gumbel_choose.note() if tr is None else ""))
     device = "cuda" if cuda else ("gpu" if mx.default_device().type == mx.gpu else "cpu")
     return Target(device=device, kernels=tuple(facts), cuda_memory=bool(mx.cuda.is_available()),
-                  cuda_adds=compiled_decode._on_cuda())
+                  cuda_adds=compiled_decode.on_cuda())
 
 
 def requested_of(c: EngineConfig) -> Requested:

@@ -55,7 +55,9 @@ class LeaderEngine:
     any Engine. Mixed in front of the engine class by `leader_class`, so every engine rank 0 runs
     is an instance of this class."""
 
-    def _start_group(self, group, watchdog: Watchdog, *, timeout: float, heartbeat_s: float = 1.0) -> None:
+    def start_group(self, group, watchdog: Watchdog, *, timeout: float, heartbeat_s: float = 1.0) -> None:
+        """Become rank 0 of `group`: called once, right after construction, by the distributed
+        loader (load.py), which built the engine and the watchdog. Starts the heartbeat thread."""
         self.group = group
         self.world_size = group.size()
         self._watchdog = watchdog
@@ -70,7 +72,8 @@ class LeaderEngine:
         self.failed: str | None = None
         ref = weakref.ref(self)
         atexit.register(lambda: (e := ref()) is not None and e.close())
-        threading.Thread(target=_heartbeat, args=(ref, heartbeat_s), name="graphc-heartbeat", daemon=True).start()
+        threading.Thread(target=_heartbeat_thread, args=(ref, heartbeat_s), name="graphc-heartbeat",
+                         daemon=True).start()
 
     # -- what the followers must replay ----------------------------------------------------
     def add_request(self, prompt, params=None, request_id=None) -> str:
@@ -122,17 +125,20 @@ class LeaderEngine:
         self._seq += 1
         self._last_sent = time.monotonic()
 
-    def _heartbeat(self) -> None:
-        """An idle plan, when no step ran for a while and nothing is in flight on the device."""
-        if self._closed or self.failed or self.runner.pending is not None:
-            return
-        if not self._lock.acquire(blocking=False):
-            return
+    def heartbeat(self) -> bool:
+        """Called by the heartbeat thread every heartbeat_s / 2: an idle plan goes out when no
+        step ran for heartbeat_s and nothing is in flight on the device. False once the engine is
+        closed or failed: the thread stops."""
+        if self._closed or self.failed:
+            return False
+        if self.runner.pending is not None or not self._lock.acquire(blocking=False):
+            return True
         try:
             if time.monotonic() - self._last_sent >= self._heartbeat_s and self.runner.pending is None:
                 self._send(Plan(IDLE, self._seq, self._last_digest))
         finally:
             self._lock.release()
+        return True
 
     # -- ending ------------------------------------------------------------------------------
     def close(self) -> None:
@@ -187,7 +193,7 @@ def _exit_failed() -> None:
     os._exit(EXIT_GROUP_FAILED)
 
 
-def _heartbeat(ref, period: float) -> None:
+def _heartbeat_thread(ref, period: float) -> None:
     try:
         _beat(ref, period)
     finally:
@@ -200,10 +206,11 @@ def _beat(ref, period: float) -> None:
     while True:
         time.sleep(period / 2)
         engine = ref()
-        if engine is None or engine._closed or engine.failed:
+        if engine is None:
             return
         try:
-            engine._heartbeat()
+            if not engine.heartbeat():
+                return
         except GroupFailed:
             return  # _fail() reported it and will end the process
         except Exception:  # pragma: no cover - a bug here must not leave the group silent

@@ -107,7 +107,7 @@ def _start(engine_cls: type, group, watchdog: Watchdog, loaded, error, graph, ti
         engine = _same_prefix_capacity(group, engine, cls, (model, tokenizer, config, graph, path, seed), kwargs)
     log.info("rank %d of %d: %s sharded %d ways", rank, n, config.get("model_type"), n)
     if rank == 0:
-        engine._start_group(group, watchdog, timeout=timeout, heartbeat_s=heartbeat_s)
+        engine.start_group(group, watchdog, timeout=timeout, heartbeat_s=heartbeat_s)
         return engine
     raise SystemExit(follow(engine, group, watchdog, timeout=timeout))
 
