@@ -49,3 +49,4 @@ def test_a_restarted_server_hits_on_disk(model_dir, tmp_path):
         assert wait_until(lambda: srv.metric("graphc_prefix_cache_tier_hits_total", tier="disk") == 1)
         assert srv.metric("graphc_prefix_cache_tier_hits_total", tier="memory") == 0
         assert srv.metric("graphc_prefix_cache_disk_hit_tokens_total") == 299
+        assert srv.metric("graphc_prefix_cache_disk_tails_total", op="read") == 1
