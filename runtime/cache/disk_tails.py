@@ -82,6 +82,9 @@ def read_tail(tier, tokens: np.ndarray, start: int, parent: str, past: int):
     block end `start` of `tokens`, if its file checks out and gives positions beyond `past`
     (what the tree and the blocks already hold); else None."""
     name = tail_name(parent)
+    known = tier.known_tails.get(name)
+    if known is not None and start + common_prefix(known[0], tokens[start:]) <= past:
+        return None  # what this process last put or saw there adds nothing to the tree: no read
     got = tier.store.read(name)
     if got is None:
         return None
