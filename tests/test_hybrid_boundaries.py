@@ -233,12 +233,24 @@ def test_restart_resumes_at_the_state_written_with_the_last_block(any_hybrid_dir
 
     eng = restarted()
     [res] = eng.generate([conv], params)  # the next turn, 90 tokens, first on the new process
-    assert res.cached_tokens == 64  # the last block end (of 16) within the 70 tokens the disk saw
+    # all 70 tokens the disk saw of this prompt: 4 blocks (of 16) and the tail file past them, whose
+    # state at the earlier prompt's end (70) is where the hit resumes
+    assert res.cached_tokens == 70
     assert res.token_ids == reference_greedy(eng.model, conv, 6)
-    assert eng.cache_stats()["disk_loaded_states"] == 1
+    assert eng.cache_stats()["disk_loaded_tails"] == 1
     eng.prefix.check()
     eng.disk_tier.flush()  # it wrote the state at 80 of its own prompt too
     del eng
+    for f in folder.rglob("*-tail*"):
+        f.unlink()  # without the tails, a hit resumes at a block end's state file
+    eng = restarted()
+    [res] = eng.generate([conv], params)
+    assert res.cached_tokens == 80 and res.token_ids == reference_greedy(eng.model, conv, 6)
+    assert eng.cache_stats()["disk_loaded_states"] == 1
+    eng.disk_tier.flush()
+    del eng
+    for f in folder.rglob("*-tail*"):
+        f.unlink()
 
     at = {_state_start(f): f for f in folder.rglob("*-state*")}
     assert {32, 64, 80} <= set(at)

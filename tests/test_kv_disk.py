@@ -15,6 +15,7 @@ import pytest
 
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.cache.disk_files import SUFFIX, BadBlock, decode_block
+from graphc.runtime.cache.disk_tails import TAIL
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 B = 16
@@ -34,8 +35,14 @@ def engine(model, folder, **kw) -> Engine:
 
 
 def written(eng: Engine) -> list:
+    """The full-block files (tails: `tails`)."""
     eng.disk_tier.flush()
-    return sorted(eng.disk_tier.store.dir.glob("*" + SUFFIX))
+    return sorted(f for f in eng.disk_tier.store.dir.glob("*" + SUFFIX) if TAIL not in f.name)
+
+
+def tails(eng: Engine) -> list:
+    eng.disk_tier.flush()
+    return sorted(eng.disk_tier.store.dir.glob(f"*{TAIL}{SUFFIX}"))
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +58,17 @@ def test_restart_hits_disk_and_equals_cold(dense_dir, tmp_path, cold):
     assert first.generate([p], GREEDY)[0].cached_tokens == 0
     files = written(first)
     assert len(files) == (70 + 8 - 1) // B  # the finished sequence's full blocks (its KV: prompt + 7 outputs)
+    [tail] = tails(first)  # the positions past them: the prompt's tail, replaced by the sequence's
+    kv = len(files) * B + len(decode_block(tail.read_bytes())[1])
+    assert len(files) * B < kv <= 70 + 8
     second = engine(dense_dir, tmp_path)  # the restart: empty tree, same folder
     follow = p + first.generate([p], GREEDY)[0].token_ids + prompt(20, seed=1)  # the next turn
     r = second.generate([follow], GREEDY)[0]
-    assert r.cached_tokens == len(files) * B
+    assert r.cached_tokens == kv  # all the stopped engine computed, not just its full blocks
     assert r.token_ids == cold(follow)
     s = second.cache_stats()
-    assert s["disk_hits"] == 1 and s["memory_hits"] == 0 and s["disk_hit_tokens"] == len(files) * B
-    assert s["disk_loaded_blocks"] == len(files)
+    assert s["disk_hits"] == 1 and s["memory_hits"] == 0 and s["disk_hit_tokens"] == kv
+    assert s["disk_loaded_blocks"] == len(files) and s["disk_loaded_tails"] == 1
     # the same prompt again is a memory hit now
     assert second.generate([follow], GREEDY)[0].token_ids == r.token_ids
     s = second.cache_stats()
@@ -182,24 +192,26 @@ def test_two_engines_share_one_folder(dense_dir, tmp_path, cold):
     c = engine(dense_dir, tmp_path)
     for x in (p, q):
         r = c.generate([x + [3]], GREEDY)[0]
-        assert r.cached_tokens == 64 and r.token_ids == cold(x + [3])
+        assert r.cached_tokens == 70 and r.token_ids == cold(x + [3])  # 4 blocks + the prompt's part of a tail
 
 
 def test_size_cap_removes_least_recently_used(dense_dir, tmp_path):
     eng = engine(dense_dir, tmp_path)
-    eng.generate([prompt(33, seed=11)], GREEDY)
+    eng.generate([prompt(40, seed=11)], GREEDY)
     one = written(eng)[0].stat().st_size  # every block file of this model has the same size
-    cap_gb = 3.5 * one / (1 << 30)
-    capped = engine(dense_dir, tmp_path / "capped", kv_cache_disk_gb=cap_gb)
+    tail = tails(eng)[0].stat().st_size  # the prompt's 8 tokens past its 2 blocks (its KV then fills a 3rd)
+    cap = 3 * one + tail + tail // 2
+    capped = engine(dense_dir, tmp_path / "capped", kv_cache_disk_gb=cap / (1 << 30))
     for s in range(4):
-        capped.generate([prompt(40, seed=20 + s)], GREEDY)  # 48 tokens of KV each: three blocks
-    left = written(capped)
+        capped.generate([prompt(40, seed=20 + s)], GREEDY)  # 48 tokens of KV each: three blocks, one tail
+    left = written(capped) + tails(capped)
     last = prompt(40, seed=23) + capped.generate([prompt(40, seed=23)], GREEDY)[0].token_ids
-    newest = {capped.disk_tier.store.path(h) for h in capped.disk_tier.hashes(np.asarray(last, np.int32), 3)}
-    assert set(left) == newest  # the most recently used blocks stay
+    h = capped.disk_tier.hashes(np.asarray(last, np.int32), 3)
+    newest = {capped.disk_tier.store.path(x) for x in h} | {capped.disk_tier.store.path(h[1] + TAIL)}
+    assert set(left) == newest  # the most recently used files stay
     st = capped.cache_stats()
-    assert st["disk_bytes"] <= cap_gb * (1 << 30) and st["disk_files"] == 3
-    assert st["disk_removed_files"] == st["disk_written_blocks"] - 3 == 9
+    assert st["disk_bytes"] <= cap and st["disk_files"] == 4
+    assert st["disk_removed_files"] == st["disk_written_blocks"] - 4 == 12
 
 
 def test_sliding_models_say_the_disk_tier_is_off(model_dir, tmp_path, caplog):

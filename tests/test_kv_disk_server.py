@@ -35,17 +35,18 @@ def complete(srv, prompt: list[int]) -> dict:
 def test_a_restarted_server_hits_on_disk(model_dir, tmp_path):
     cfg = ServerConfig(model=str(model_dir("llama")), prefill_chunk=64, kv_cache_dir=str(tmp_path),
                        kv_cache_disk_gb=1.0, served_model_name=MODEL, warmup=False)
-    prompt = np.random.default_rng(0).integers(3, 1000, 300).tolist()  # one 256-token block
+    prompt = np.random.default_rng(0).integers(3, 1000, 300).tolist()  # one 256-token block and a tail
     with live_server(engine=load_engine(cfg), served_model_name=MODEL) as srv:
         first = complete(srv, prompt)
         srv.state.engine.disk_tier.flush()
         complete(srv, [5, 6, 7])  # /metrics reads a snapshot taken after an engine step: take one now
         assert wait_until(lambda: srv.metric("graphc_prefix_cache_disk_bytes") > 0)
-        assert srv.metric("graphc_prefix_cache_disk_files") == 1
+        assert srv.metric("graphc_prefix_cache_disk_files") == 3  # the block, its tail, the tail of [5, 6, 7]
     with live_server(engine=load_engine(cfg), served_model_name=MODEL) as srv:
         again = complete(srv, prompt)
-        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 256
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 299  # all but the last token
         assert again["choices"][0]["text"] == first["choices"][0]["text"]
         assert wait_until(lambda: srv.metric("graphc_prefix_cache_tier_hits_total", tier="disk") == 1)
         assert srv.metric("graphc_prefix_cache_tier_hits_total", tier="memory") == 0
-        assert srv.metric("graphc_prefix_cache_disk_hit_tokens_total") == 256
+        assert srv.metric("graphc_prefix_cache_disk_hit_tokens_total") == 299
+        assert srv.metric("graphc_prefix_cache_disk_tails_total", op="read") == 1

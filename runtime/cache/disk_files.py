@@ -14,7 +14,9 @@ file (readable by any safetensors tool): tensors `tokens` (int32 [n]) and `l<lay
 `format`, `model`, `block`, `start`, `tokens_n` and `checksum` (blake2b of the data section).
 A hybrid model's recurrent state at a block end is a file of the same format named
 `<block hash>-state`: `tokens` (that block's ids), `s<layer>.<k>` (the state arrays) and
-`kind` "state" in its metadata (runtime/cache/disk_tier.py).
+`kind` "state" in its metadata (runtime/cache/disk_tier.py). The positions past a sequence's
+last full block are a `<block hash>-tail` file (`kind` "tail", runtime/cache/disk_tails.py), the
+one file that a later write replaces (renamed into place the same way).
 
 Size cap: least recently used files first (mtime; a read touches the file), over the
 whole folder, enforced by the writer thread after its writes.
@@ -163,9 +165,11 @@ class BlockStore:
         except OSError:
             pass
 
-    def put(self, block: str, payload) -> None:
-        """Queue a block for writing: `payload()` returns its bytes (built on the writer thread)."""
-        self._queue.put(("write", block, payload))
+    def put(self, block: str, payload, replace: bool = False) -> None:
+        """Queue a block for writing: `payload()` returns its bytes (built on the writer thread).
+        `replace`: write over an existing file of that name (tails, runtime/cache/disk_tails.py);
+        blocks are write-once."""
+        self._queue.put(("replace" if replace else "write", block, payload))
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait until every queued write is on disk (tests, shutdown)."""
@@ -178,8 +182,8 @@ class BlockStore:
         while True:
             op, a, b = self._queue.get()
             try:
-                if op == "write":
-                    self._write(a, b)
+                if op in ("write", "replace"):
+                    self._write(a, b, replace=op == "replace")
                 elif op == "scan":
                     self._scan()
                 elif op == "mark":
@@ -188,11 +192,15 @@ class BlockStore:
                 self.counters["disk_write_errors"] += 1
                 log.warning("kv disk tier: %s failed: %s: %s", op, type(e).__name__, e)
 
-    def _write(self, block: str, payload) -> None:
+    def _write(self, block: str, payload, replace: bool = False) -> None:
         final = self.path(block)
-        if final.exists():
+        if final.exists() and not replace:
             return  # write-once: another server (or an earlier run) has it
         data = payload()
+        try:
+            old = final.stat().st_size if replace else None
+        except OSError:
+            old = None
         tmp = self.dir / f".tmp-{block}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
         try:
             with open(tmp, "wb") as f:
@@ -202,8 +210,8 @@ class BlockStore:
             if tmp.exists():
                 tmp.unlink()
         self.counters["disk_written_blocks"] += 1
-        self.bytes_on_disk += len(data)
-        self.files += 1
+        self.bytes_on_disk += len(data) - (old or 0)
+        self.files += old is None
         self._writes_since_scan += 1
         if self.cap is not None and (self.bytes_on_disk > self.cap or self._writes_since_scan >= 64):
             self._scan()  # other servers write here too: recount before removing anything

@@ -7,10 +7,12 @@ between the pool and a folder (runtime/cache/disk_files.py):
 - **Out** (`spill`): when a request finishes, the full blocks of its sequence (prompt +
   output) that the folder lacks are gathered from the pool and written by a background
   thread; when the tree evicts a leaf, its blocks are written the same way before the slots
-  are reused. A partial last block stays in memory only.
+  are reused. The positions past the last full block go to the chain's tail file
+  (runtime/cache/disk_tails.py), so a restarted server resumes where the sequence ended.
 - **In** (`promote`, called by `PrefixCache.admit` before it matches): when the folder holds
   blocks of the prompt beyond what the tree matched, they are read, checked, inserted into
-  the tree and written into the pool, so the ordinary match then hits on them.
+  the tree and written into the pool, so the ordinary match then hits on them; then the tail
+  at the end of the last of them, as far as it matches the prompt.
 
 Block names chain a hash of the model identity (config, weight files, graph and cache
 policies, dtype, lowering, device) through every token id, so a block can only be found by
@@ -37,6 +39,7 @@ import mlx.core as mx
 import numpy as np
 
 from .disk_files import BlockStore, chain_hash, encode_block
+from .disk_tails import read_tail, write_tail
 from .prefix_state import PrefixKind, PrefixState
 
 log = logging.getLogger("graphc.kvdisk")
@@ -90,8 +93,9 @@ class DiskTier:
         self.model_id = model_id
         self.block = block_tokens
         self.known: set[str] = set()  # blocks this process wrote or read: never written again
+        self.known_tails: dict[str, tuple] = {}  # tail name -> what this process last wrote or read there
         self.counters = {"disk_loaded_blocks": 0, "disk_spilled_blocks": 0, "disk_loaded_states": 0,
-                         "disk_spilled_states": 0}
+                         "disk_spilled_states": 0, "disk_loaded_tails": 0, "disk_spilled_tails": 0}
 
     def hashes(self, tokens: np.ndarray, n_blocks: int) -> list[str]:
         out, h, B = [], self.model_id, self.block
@@ -102,14 +106,13 @@ class DiskTier:
 
     # -- in -------------------------------------------------------------------------------
     def promote(self, tokens: np.ndarray) -> int:
-        """Load the prompt's blocks past the tree's match from disk into the tree and pool.
-        Returns the tokens gained (0: nothing usable on disk)."""
+        """Load the prompt's blocks past the tree's match from disk into the tree and pool, then the
+        tail past the last of them (runtime/cache/disk_tails.py). Returns the tokens gained (0:
+        nothing usable on disk)."""
         B = self.block
         n_blocks = len(tokens) // B
         _, m0 = self.prefix.tree.match(tokens)
         j0 = m0 // B
-        if j0 >= n_blocks:
-            return 0
         hs = self.hashes(tokens, n_blocks)
         loaded = []
         for j in range(j0, n_blocks):
@@ -119,18 +122,23 @@ class DiskTier:
             loaded.append(got[2])
             self.known.add(hs[j])
             self.counters["disk_loaded_blocks"] += 1
-        if not loaded:
+        j1 = j0 + len(loaded)
+        tail = read_tail(self, tokens, j1 * B, hs[j1 - 1] if j1 else self.model_id, m0)
+        if not loaded and tail is None:
             return 0
-        base, end = j0 * B, (j0 + len(loaded)) * B
+        base, end = j0 * B, j1 * B + (tail[0] if tail else 0)
+        planes_of = loaded + ([tail[1]] if tail else [])
         plan = self.prefix.insert_tokens(tokens[:end])
         for i in self.layers:
-            k = sum(1 for name in loaded[0] if name.startswith(f"l{i}."))
-            planes = [mx.concatenate([blk[f"l{i}.{p}"] for blk in loaded], axis=1) for p in range(k)]
+            k = sum(1 for name in planes_of[0] if name.startswith(f"l{i}."))
+            planes = [mx.concatenate([blk[f"l{i}.{p}"] for blk in planes_of], axis=1) for p in range(k)]
             for slots, s, e in plan.pool:
                 self.pool.write(i, slots, tuple(a[:, s - base:e - base] for a in planes))
         self.pool.flush()
-        if self.snapshot_layers:
-            self._promote_state(tokens, hs, j0, j0 + len(loaded))
+        if tail is not None and tail[2] is not None:
+            self.prefix.insert_snapshot(tokens[:end], tail[2])  # the furthest state: no block end needed
+        elif self.snapshot_layers and loaded:
+            self._promote_state(tokens, hs, j0, j1)
         return max((e for _, _, e in plan.pool), default=m0) - m0
 
     def _promote_state(self, tokens: np.ndarray, hs: list, j0: int, j1: int) -> None:
@@ -179,21 +187,24 @@ class DiskTier:
         elif not np.array_equal(toks, tokens[j * B:(j + 1) * B]):
             why = "its token ids differ from the prompt's"
         else:
-            for i in self.layers:
-                names = [n for n in arrays if n.startswith(f"l{i}.")]
-                mine = self.pool.planes.get(i)
-                if not names or any(arrays[n].ndim < 2 or arrays[n].shape[1] != B for n in names):
-                    why = f"layer {i}'s planes are missing or not {B} positions long"
-                elif mine is not None and (len(mine) != len(names) or any(
-                        arrays[f"l{i}.{p}"].dtype != a.dtype or arrays[f"l{i}.{p}"].shape[2:] != a.shape[2:]
-                        or arrays[f"l{i}.{p}"].shape[0] != a.shape[1] for p, a in enumerate(mine))):
-                    why = f"layer {i}'s planes do not fit the pool (shape / dtype)"
-                if why:
-                    break
+            why = self.planes_misfit(arrays, B)
         if why:
             self.store.reject(path, why)
             return False
         return True
+
+    def planes_misfit(self, arrays: dict, n: int) -> str | None:
+        """Why a file's KV planes can not go into the pool as `n` positions (None: they can)."""
+        for i in self.layers:
+            names = [k for k in arrays if k.startswith(f"l{i}.")]
+            mine = self.pool.planes.get(i)
+            if not names or any(arrays[k].ndim < 2 or arrays[k].shape[1] != n for k in names):
+                return f"layer {i}'s planes are missing or not {n} positions long"
+            if mine is not None and (len(mine) != len(names) or any(
+                    arrays[f"l{i}.{p}"].dtype != a.dtype or arrays[f"l{i}.{p}"].shape[2:] != a.shape[2:]
+                    or arrays[f"l{i}.{p}"].shape[0] != a.shape[1] for p, a in enumerate(mine))):
+                return f"layer {i}'s planes do not fit the pool (shape / dtype)"
+        return None
 
     # -- out ------------------------------------------------------------------------------
     def spill(self, seq: np.ndarray, slots: np.ndarray, start: int = 0) -> None:
@@ -224,10 +235,14 @@ class DiskTier:
         for seq in seqs:
             tokens = np.asarray(seq, np.int32)
             path, m = self.prefix.tree.match(tokens)
+            if m == 0:
+                continue
+            slots = np.concatenate([n.slots for n in path])[:m]
             if m >= self.block:
-                self.spill(tokens[:m], np.concatenate([n.slots for n in path])[:m])
+                self.spill(tokens[:m], slots)
                 if self.snapshot_layers:
                     self._spill_state(tokens[:m], path)
+            write_tail(self, tokens[:m], slots, path)
 
     def _spill_state(self, tokens: np.ndarray, path: list) -> None:
         """The snapshots at the sequence's block ends that the folder lacks, beside their blocks."""

@@ -101,6 +101,10 @@ class ServerMetrics:
                        [(m, c.get("disk_rejected_files", 0))])
                 metric("graphc_prefix_cache_disk_removed_files_total", "counter",
                        "Block files removed by the size cap (--kv-cache-disk-gb).", [(m, c.get("disk_removed_files", 0))])
+                metric("graphc_prefix_cache_disk_tails_total", "counter",
+                       "Tail files (a sequence's positions past its last full block) written to / read back from "
+                       "--kv-cache-dir.", [({**m, "op": "written"}, c.get("disk_spilled_tails", 0)),
+                                           ({**m, "op": "read"}, c.get("disk_loaded_tails", 0))])
                 if "snapshots" in c:  # hybrid models: recurrent state at block ends, beside the blocks
                     metric("graphc_prefix_cache_disk_states_total", "counter",
                            "Recurrent-state files written to / read back from --kv-cache-dir.",
