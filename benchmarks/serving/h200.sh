@@ -2,8 +2,8 @@
 # The serving bench on one H200: graphc serve vs mlx_lm.server on a Llama-shape model folder with
 # random bf16 weights (no network there; graphc and mlx come from PYTHONPATH).
 #   OUT=/some/dir PYTHONPATH=/root/site bash benchmarks/serving/h200.sh 1b    # or 8b
-# Sized to finish in ~500 s per invocation: REPEATS (default 3) on one start of each server
-# (--keep-servers; KEEP=0 restarts both every repeat), the mix (input 64-4096, output
+# Sized to finish in ~500 s per invocation: REPEATS (default 3) on one start of each server, one
+# server after the other (--keep-servers; KEEP=0 restarts both every repeat, alternating), the mix (input 64-4096, output
 # 32-512 tokens), batch 64.
 # Every rate sends fresh prompts (same lengths), so every rate prefills for real on both servers:
 # 1B runs 8, 32 and inf req/s (2 req/s alone took 32 s of arrivals per server and repeat).

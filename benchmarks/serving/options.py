@@ -18,8 +18,8 @@ def add_arguments(p) -> None:
     g.add_argument("--requests", type=int, default=32, help="requests per rate")
     g.add_argument("--serving-repeats", type=int, default=3, help="repeats (servers alternate who goes first)")
     g.add_argument("--keep-servers", action="store_true",
-                   help="start each server once and keep it up over the repeats (idle while the other is "
-                        "measured) instead of a fresh start per repeat: repeats then cost no startups")
+                   help="run each server's repeats on one start, one server after the other, instead of a fresh "
+                        "start per repeat with the order alternating: repeats then cost no startups")
     g.add_argument("--max-batch", type=int, default=64,
                    help="graphc --max-batch, and mlx_lm.server's --decode/--prompt-concurrency")
     g.add_argument("--min-input", type=int, default=0, help="shortest prompt in tokens (default: by device)")

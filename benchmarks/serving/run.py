@@ -7,7 +7,7 @@ import math
 import socket
 import statistics
 import sys
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -180,32 +180,35 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
     runs, startups = [], []
     bar = tqdm(total=cfg.repeats * len(specs) * len(cfg.rates), desc="serving", unit="run",
                disable=not cfg.progress, file=sys.stderr)
-    with ExitStack() as keep:
-        # --keep-servers: each server starts once and stays up (idle while the other is measured);
-        # otherwise each repeat starts it afresh, so the repeats also sample its startup.
-        kept = {spec.name: keep.enter_context(_started(cfg, spec, startups, 0)) for spec in specs} \
-            if cfg.keep_servers else {}
-        for rep in range(cfg.repeats):
-            order = specs if rep % 2 == 0 else specs[::-1]  # alternate who goes first: drift hits both
-            for spec in order:
-                with (nullcontext(kept[spec.name]) if cfg.keep_servers else _started(cfg, spec, startups, rep)) as url:
-                    for i, rate in enumerate(cfg.rates):
-                        bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
-                        results, dur = run_load(url, fresh[rep][i], rate, cfg.concurrency,
-                                                spec.fixed_length_body(eos), cfg.seed + rep)
-                        m = run_metrics(results, dur)
-                        runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
-                        bar.update(1)
-                        if checkpoint:
-                            checkpoint([{**r, "rate": _rate_key(r["rate"])} for r in runs])
-                        bar.write(f"  repeat {rep + 1} {spec.name:7s} rate {_rate_key(rate):>4s}: "
-                                  f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
-                                  f"TTFT p99 {_ms(m['ttft_p99'])}, ITL p99 {_ms(m['itl_p99'])}, "
-                                  f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
-                                  f"{m['retries']} resent", file=sys.stderr)
-                        if rep == cfg.repeats - 1 and spec is order[-1]:
-                            per = aggregate(runs, [s.name for s in specs], [rate])[_rate_key(rate)]
-                            bar.write(rate_table(_rate_key(rate), per, [s.name for s in specs]), file=sys.stderr)
+    # Repeats alternate who goes first (drift hits both), each server started afresh per repeat;
+    # --keep-servers instead runs one server's repeats on one start, servers one after the other
+    # (only one holds device memory at a time: an idle server's KV pool and buffer cache can leave
+    # the other too little), so repeats sample the load and cost no restarts.
+    if cfg.keep_servers:
+        blocks = [(spec, list(range(cfg.repeats))) for spec in specs]
+    else:
+        blocks = [(spec, [rep]) for rep in range(cfg.repeats) for spec in (specs if rep % 2 == 0 else specs[::-1])]
+    for spec, reps in blocks:
+        with _started(cfg, spec, startups, reps[0]) as url:
+            for rep in reps:
+                for i, rate in enumerate(cfg.rates):
+                    bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
+                    results, dur = run_load(url, fresh[rep][i], rate, cfg.concurrency,
+                                            spec.fixed_length_body(eos), cfg.seed + rep)
+                    m = run_metrics(results, dur)
+                    runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
+                    bar.update(1)
+                    if checkpoint:
+                        checkpoint([{**r, "rate": _rate_key(r["rate"])} for r in runs])
+                    bar.write(f"  repeat {rep + 1} {spec.name:7s} rate {_rate_key(rate):>4s}: "
+                              f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
+                              f"TTFT p99 {_ms(m['ttft_p99'])}, ITL p99 {_ms(m['itl_p99'])}, "
+                              f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
+                              f"{m['retries']} resent", file=sys.stderr)
+    if runs:
+        for rate in cfg.rates:
+            per = aggregate(runs, [s.name for s in specs], [rate])[_rate_key(rate)]
+            bar.write(rate_table(_rate_key(rate), per, [s.name for s in specs]), file=sys.stderr)
     bar.close()
     config = {**asdict(cfg), "rates": [_rate_key(r) for r in cfg.rates]}
     return {"kind": "serving", "environment": env, "config": config,
