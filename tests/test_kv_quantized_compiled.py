@@ -10,10 +10,13 @@ leaving, capacity growth past buckets, chained and unchained, prefix hits, specu
 
 from __future__ import annotations
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from graphc.benchmarks import kv_quantized
 from graphc.benchmarks.kv_quantized import graphc_teacher_forced
 from graphc.compiler.lower import StepInputs
 from graphc.runtime import Engine, SamplingParams
@@ -155,3 +158,20 @@ def test_reshape_capacity_moves_every_plane():
     assert c.capacity == 256 and all(getattr(c, n).shape[2] == 256 for n in c.PLANES)
     for n in c.PLANES:
         np.testing.assert_array_equal(np.array(getattr(c, n)[..., :5, :]), before[n])
+
+
+def test_decode_speed_bench_runs_every_arm(llama, capsys):
+    """The bench's --decode-speed block (benchmarks/kv_quantized.py): every arm ran, the compiled
+    arms compiled, KV bytes per token from the arrays. No timing is asserted."""
+    assert kv_quantized.main(["--decode-speed", "--model", str(llama), "--batch", "2", "--prompt-len", "8",
+                              "--new-tokens", "2", "--repeats", "1", "--no-mlx-lm"]) == 0
+    out = json.loads(capsys.readouterr().out)["decode_speed"]
+    arms = [f"{c}_{b}" for c in ("eager", "compiled") for b in ("bf16", "8", "4")]
+    assert sorted(out["step_ms"]) == sorted(arms)
+    assert all(out["compiled_steps"][a] > 0 for a in arms if a.startswith("compiled"))
+    assert all(out["compiled_steps"][a] == 0 for a in arms if a.startswith("eager"))
+    kv = out["kv_bytes_per_token"]
+    H, D, L = 2, 64, 2  # the DIMS model, float32: 8 bits keep D bytes + a float32 scale and bias per 64 values
+    assert kv["eager_bf16"] == kv["compiled_bf16"] == L * 2 * H * D * 4
+    assert kv["compiled_8"] == L * 2 * H * (D + 8) and kv["compiled_4"] == L * 2 * H * (D // 2 + 8)
+    assert set(out["ratios"]) >= {"compiled_8bit_over_bf16", "eager_4bit_over_bf16", "compiled_over_eager_8"}
