@@ -175,3 +175,18 @@ def test_decode_speed_bench_runs_every_arm(llama, capsys):
     assert kv["eager_bf16"] == kv["compiled_bf16"] == L * 2 * H * D * 4
     assert kv["compiled_8"] == L * 2 * H * (D + 8) and kv["compiled_4"] == L * 2 * H * (D // 2 + 8)
     assert set(out["ratios"]) >= {"compiled_8bit_over_bf16", "eager_4bit_over_bf16", "compiled_over_eager_8"}
+
+
+@pytest.mark.parametrize("arch, options", [("llama", {"fuse_projections": False}), ("qwen3", None)])
+def test_model_own_attention_takes_the_quantized_sdpa_in_the_trace(model_dir, arch, options):
+    """Without a fused block the layer is the model's own module: mlx-lm's attention sees the
+    trace's cache has `bits` and runs its quantized SDPA on the codes update_and_fetch returns."""
+    d = model_dir(arch, **DIMS)
+    kw = dict(kv_bits=8, prefill_chunk=16, max_batch=2, prefix_cache=False)
+    comp = Engine.load(d, compile=True, decode_options=options, **kw)
+    assert len(comp.compiled.decode.fused) == 0
+    prompts = random_prompts(3, comp.vocab_size, [12, 3, 29], seed=4)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (40, 20, 30)]
+    want = [r.token_ids for r in Engine.load(d, **kw).generate(prompts, params)]
+    assert [r.token_ids for r in comp.generate(prompts, params)] == want
+    _ran_compiled(comp)
