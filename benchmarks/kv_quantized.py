@@ -15,11 +15,15 @@ Three measurements, each on the model given (a folder or .gguf):
   unquantized KV against the same reference (what a cache that ignored kv_bits would
   score) and graphc's quantized KV along mlx-lm's greedy tokens on its unquantized
   `KVCache` (what rounding costs);
-- **speed**: decode step time of the Engine at a small batch (prefill excluded: a run of 1
-  new token is subtracted from a run of 1 + N), bf16 KV against 8 and 4 bits, the arms
-  interleaved and repeated; the same for mlx-lm's own loop on KVCache vs QuantizedKVCache.
+- **speed**: decode step time of the Engine once every row decodes (prefill not timed), bf16
+  KV against 8 and 4 bits, each with compile off and on (the compiled decode path runs
+  quantized KV too: runtime/compiled_decode_quantized.py), the arms interleaved and
+  repeated, KV bytes per token read from the decode batch's arrays; the same for mlx-lm's own
+  loop on KVCache vs QuantizedKVCache. All engines share one loaded model.
 
     python -m graphc.benchmarks.kv_quantized --model DIR [--repeats 5] [--batch 4]
+    python -m graphc.benchmarks.kv_quantized --decode-speed --model llama-3.1-8b --batch 64 \
+        [--bits 8 4] [--compile both|on|off] [--no-mlx-lm]   # only the speed block; a shape or a folder
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import statistics
 import time
 
 import mlx.core as mx
-import mlx_lm
 import numpy as np
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
@@ -39,6 +42,7 @@ from graphc.compiler.lower import StepInputs
 from graphc.runtime import Engine, SamplingParams
 
 from .env import environment
+from .shapes import load_shape
 
 
 def quantized_reference_caches(model, bits: int, group_size: int = 64) -> list:
@@ -159,19 +163,21 @@ def _arrays(c):
     return [getattr(c, n) for n in getattr(c, "PLANES", ()) if getattr(c, n) is not None]
 
 
-def _engine_decode_s(eng, prompts, n: int) -> float:
-    """Seconds per decode step of the Engine once every row decodes (prefill not timed)."""
+def _engine_decode_s(eng, prompts, n: int) -> tuple[float, dict]:
+    """Seconds per decode step of the Engine once every row decodes (prefill not timed), and the
+    KV bytes per token of the decode batch's caches (read from their arrays mid-run)."""
 
     for p in prompts:
         eng.add_request(p, SamplingParams(max_tokens=n + 2, ignore_eos=True))
     while eng.scheduler.waiting or len(eng.runner.rows) < len(prompts):
         eng.step()
     eng.step()
+    kv = kv_bytes_per_token(eng.runner.caches or [])
     t0, steps = time.perf_counter(), 0
     while eng.has_unfinished():
         eng.step()
         steps += 1
-    return (time.perf_counter() - t0) / max(1, steps)
+    return (time.perf_counter() - t0) / max(1, steps), kv
 
 
 def _mlx_lm_decode_s(model, prompts, n: int, caches_fn) -> float:
@@ -187,36 +193,54 @@ def _mlx_lm_decode_s(model, prompts, n: int, caches_fn) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def speed(model_dir: str, batch: int, prompt_len: int, n: int, repeats: int) -> dict:
-    """Decode seconds per step, arms interleaved per repeat; ratios of medians and their spread."""
+def _spread(r: list) -> dict:
+    return {"median": round(statistics.median(r), 3), "min": round(min(r), 3), "max": round(max(r), 3)}
 
 
+def speed(model, tokenizer, config: dict, batch: int, prompt_len: int, n: int, repeats: int,
+          bits: tuple = (8, 4), compile_modes: tuple = (False, True), group_size: int = 64,
+          mlx_lm_arms: bool = True) -> dict:
+    """Decode seconds per step, bf16 (the model's dtype) KV against each of `bits`, for each
+    compile mode, on one loaded model shared by every engine; arms interleaved per repeat.
+    Ratios are per repeat (same repeat, same compile mode), then median / min / max."""
     rng = np.random.default_rng(0)
-    engines = {str(b): Engine.load(model_dir, kv_bits=b, prefix_cache=False, max_batch=batch)
-               for b in (None, 8, 4)}
+    engines = {}
+    for c in compile_modes:
+        for b in (None, *bits):
+            eng = Engine(model, tokenizer, config, kv_bits=b, kv_group_size=group_size if b else None,
+                         compile=c, prefix_cache=False, max_batch=batch)
+            engines[f"{'compiled' if c else 'eager'}_{b or 'bf16'}"] = eng
     vocab = next(iter(engines.values())).vocab_size
     prompts = [rng.integers(3, vocab, prompt_len).tolist() for _ in range(batch)]
-    model, _ = mlx_lm.load(model_dir)
-    mlx_arms = {"None": lambda: make_prompt_cache(model), "8": lambda: quantized_reference_caches(model, 8),
-                "4": lambda: quantized_reference_caches(model, 4)}
-    for name, eng in engines.items():  # warm: first calls compile kernels, grow buffers
-        _engine_decode_s(eng, prompts, 2)
-    times = {f"graphc_{k}": [] for k in engines} | {f"mlx_lm_{k}": [] for k in mlx_arms}
+    mlx_arms = {"bf16": lambda: make_prompt_cache(model)} | {
+        str(b): (lambda b=b: quantized_reference_caches(model, b, group_size)) for b in bits} if mlx_lm_arms else {}
+    kv = {}
+    for name, eng in engines.items():  # warm: first calls trace, compile kernels, grow buffers
+        _, kv[name] = _engine_decode_s(eng, prompts, 2)
+    times = {k: [] for k in engines} | {f"mlx_lm_{k}": [] for k in mlx_arms}
     for _ in range(repeats):
         for name, eng in engines.items():
-            times[f"graphc_{name}"].append(_engine_decode_s(eng, prompts, n))
+            times[name].append(_engine_decode_s(eng, prompts, n)[0])
         for name, fn in mlx_arms.items():
             times[f"mlx_lm_{name}"].append(_mlx_lm_decode_s(model, prompts, n, fn))
-    out = {"batch": batch, "prompt_len": prompt_len, "new_tokens": n, "repeats": repeats,
-           "step_ms": {k: [round(x * 1e3, 3) for x in v] for k, v in times.items()}}
-    for who in ("graphc", "mlx_lm"):
-        base = times[f"{who}_None"]
-        for b in ("8", "4"):
-            r = [q / f for q, f in zip(times[f"{who}_{b}"], base)]
-            out[f"{who}_{b}bit_over_unquantized"] = {"median": round(statistics.median(r), 3),
-                                                      "min": round(min(r), 3), "max": round(max(r), 3)}
-    out["note"] = ("graphc arms: Engine.step() once every row decodes (eager decode, rows of equal length); "
-                   "mlx_lm arms: its model forward + argmax per step on the same prompts as one batch")
+    out = {"batch": batch, "prompt_len": prompt_len, "new_tokens": n, "repeats": repeats, "group_size": group_size,
+           "kv_bytes_per_token": {k: v["total"] for k, v in kv.items()},
+           "step_ms": {k: [round(x * 1e3, 3) for x in v] for k, v in times.items()},
+           "step_ms_median": {k: round(statistics.median(v) * 1e3, 3) for k, v in times.items()}}
+    ratios = {}
+    for who in [f"{'compiled' if c else 'eager'}" for c in compile_modes] + (["mlx_lm"] if mlx_arms else []):
+        base = times[f"{who}_bf16"]
+        for b in bits:
+            ratios[f"{who}_{b}bit_over_bf16"] = _spread([q / f for q, f in zip(times[f"{who}_{b}"], base)])
+    if len(compile_modes) == 2:
+        for b in ("bf16", *map(str, bits)):
+            ratios[f"compiled_over_eager_{b}"] = _spread([c / e for c, e in zip(times[f"compiled_{b}"],
+                                                                                times[f"eager_{b}"])])
+    out["ratios"] = ratios
+    out["compiled_steps"] = {k: getattr(e.compiled.decode, "compiled_steps", 0) for k, e in engines.items()}
+    out["note"] = ("graphc arms: Engine.step() once every row decodes (rows of equal length); compiled arms with "
+                   "compile=True; mlx_lm arms: its model forward + argmax per step on the same prompts as one batch; "
+                   "ratios: quantized over bf16 (the model's dtype) KV in the same repeat")
     return out
 
 
@@ -230,7 +254,23 @@ def main(argv=None) -> int:
     p.add_argument("--quality-prompts", type=int, default=4)
     p.add_argument("--quality-tokens", type=int, default=32)
     p.add_argument("--skip", nargs="*", default=[], choices=["bytes", "quality", "speed"])
+    p.add_argument("--decode-speed", action="store_true",
+                   help="only the decode step time: bf16 vs --bits KV, compile on and off (--compile), KV bytes per "
+                        "token; --model may be a shape of benchmarks/shapes.py (random weights, e.g. llama-3.1-8b)")
+    p.add_argument("--bits", type=int, nargs="+", default=[8, 4], choices=[8, 4])
+    p.add_argument("--compile", choices=["both", "on", "off"], default="both")
+    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--dtype", default="bfloat16", help="weights dtype of a --model shape (--decode-speed)")
+    p.add_argument("--no-mlx-lm", action="store_true", help="--decode-speed without mlx-lm's own loop arms")
     args = p.parse_args(argv)
+    modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.compile]
+    if args.decode_speed:
+        model, tokenizer, config, label = load_shape(args.model, args.dtype)
+        report = {"model": label, "environment": environment(),
+                  "decode_speed": speed(model, tokenizer, config, args.batch, args.prompt_len, args.new_tokens,
+                                        args.repeats, tuple(args.bits), modes, args.group_size, not args.no_mlx_lm)}
+        print(json.dumps(report, indent=1))
+        return 0
 
     model_dir = str(resolve_model_path(args.model))
 
@@ -245,7 +285,9 @@ def main(argv=None) -> int:
         prompts = [rng.integers(3, vocab, n).tolist() for n in lengths[: args.quality_prompts]]
         report["quality"] = [quality(model_dir, b, prompts, args.quality_tokens) for b in (8, 4)]
     if "speed" not in args.skip:
-        report["speed"] = speed(model_dir, args.batch, args.prompt_len, args.new_tokens, args.repeats)
+        model, tokenizer, config, _ = load_shape(model_dir)
+        report["speed"] = speed(model, tokenizer, config, args.batch, args.prompt_len, args.new_tokens, args.repeats,
+                                tuple(args.bits), modes, args.group_size)
     print(json.dumps(report, indent=1))
     return 0
 

@@ -95,7 +95,7 @@ def compile_pass(options: dict, lowering: str, applied: dict | None = None) -> t
         return ("compile", "declared but not applied: the generic lowering runs the model's own forward "
                            "uncompiled (compile needs the fast path)")
     parts = ["mx.compile of embed/attention/logits on fixed-shape KV (capacity buckets); batches whose caches "
-             "are not all plain FullKV run uncompiled; the head ops run as lowered"]
+             "are not all plain FullKV or kv_bits' quantized KV run uncompiled; the head ops run as lowered"]
     if options.get("compile") == "auto":  # where compiled measured slower (docs/performance.md)
         parts.append("compile: auto — only batches up to runtime/compiled_decode.py AUTO_MAX_BATCH rows and "
                      "AUTO_MAX_KV rows x KV capacity; the others run the eager step on the same caches")

@@ -30,11 +30,15 @@ products, so on the CPU the tokens are those of the uncompiled step
 (tests/test_compiled_decode.py); on a GPU the kernel and the fused matmuls round
 differently (the bench's `exact` workload reports how often tokens still agree).
 Only the forward (embed, decoder, logits) is compiled; the head (edits, sampling,
-logprobs) runs as lowered, so host edit rows and sampling work unchanged. Batches
-whose caches are not plain `FullKV` (other policies, subclasses) run uncompiled.
+logprobs) runs as lowered, so host edit rows and sampling work unchanged. Quantized KV
+(`kv_bits`: the built-in QuantizedKV formats) compiles too, its codes, scales and biases at the
+same capacity buckets (runtime/compiled_decode_quantized.py); batches whose caches are neither
+plain `FullKV` nor those (other policies, subclasses) run uncompiled.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import mlx.core as mx
 
@@ -44,6 +48,7 @@ from graphc.compiler.ops.registry import is_model_dtype_key
 
 from . import kernels
 from .cache.full import MIN_CAPACITY, FullKV
+from .compiled_decode_quantized import FixedQuantizedKV, layer_formats, quantized_note
 from .kernels import decode_attention, skinny_matmul
 from .measured_gate import ArmGate
 
@@ -72,6 +77,10 @@ class _FixedKV:
             return mx.addmm(x, y, w.T)
         return x + self.matmul(y, w)
 
+    @property
+    def planes(self) -> list:
+        return [self.keys, self.values]
+
     def update_and_fetch(self, k, v):
         self.keys = _write_columns(self.keys, k, self.idx)
         self.values = _write_columns(self.values, v, self.idx)
@@ -81,7 +90,7 @@ class _FixedKV:
         """Write this step's keys / values and attend over the valid columns: on CUDA one kernel
         launch that writes them into the buffers in place (decode_attention.ragged_attention's
         `new`), else a scatter and the attention. In place is safe here: the buffers are plain
-        row-contiguous `FullKV` arrays (`_fixed`), every step is submitted before anything that
+        row-contiguous `FullKV` arrays (`layer_formats`), every step is submitted before anything that
         reads a later column is built (runner._launch), and nothing reads a column past `idx`."""
         if self.write and self._kernel_takes(q, k):
             return decode_attention.ragged_attention(q, self.keys, self.values, self.start, self.end, scale, new=(k, v))
@@ -238,23 +247,42 @@ class CompiledDecode:
         residual = plan.choice("residual adds")
         self.residual = residual.choice != "separate add"
         self.residual_note = None if self.residual else residual.why
-        self._fn = mx.compile(self._traced)
+        # Batches of plain FullKV layers: (tokens, idx, left_pad, keys, values). With quantized KV
+        # one compiled function per layer-format tuple (runtime/compiled_decode_quantized.py
+        # layer_formats: None for FullKV, (bits, group_size) for quantized KV), fixed per engine.
+        self._fn = mx.compile(self._traced_plain)
+        self._fns: dict = {}
         # Speculative verify steps (runtime/speculative/): [B, L] tokens, the plan's verify node.
         self.verify_node = step.outputs.get("verify")
-        self._verify_fn = mx.compile(self._traced_verify)
+        self._verify_fns: dict = {}
         self.verify_steps = 0
         self.compiled_steps = 0
         self.fallback_steps = 0
 
-    def _traced(self, tokens, idx, left_pad, keys, values):
-        C = keys[0].shape[2]
+    def _shims(self, formats, planes, idx, offset, mask, start, end) -> list:
+        """Each layer's fixed-shape cache: `_FixedKV` over bf16 planes, `FixedQuantizedKV` over codes."""
+        return [_FixedKV(p[0], p[1], idx, offset, mask, start, end, self.fused, self.kernel, self.matmul,
+                         self.blocks, self.write, self.residual) if f is None else
+                FixedQuantizedKV(p, f, idx, offset, mask, self.fused, self.matmul, self.residual, _write_columns)
+                for f, p in zip(formats, planes)]
+
+    @staticmethod
+    def _compiled(fns: dict, formats: tuple, fn):
+        if formats not in fns:
+            fns[formats] = mx.compile(partial(fn, formats))
+        return fns[formats]
+
+    def _traced_plain(self, tokens, idx, left_pad, keys, values):
+        vals, planes = self._traced((None,) * len(keys), tokens, idx, left_pad, [list(kv) for kv in zip(keys, values)])
+        return vals, [p[0] for p in planes], [p[1] for p in planes]
+
+    def _traced(self, formats, tokens, idx, left_pad, planes):
+        C = planes[0][0].shape[2]
         cols = mx.arange(C)
         mask = ((cols[None] <= idx) & (cols[None] >= left_pad[:, None]))[:, None, None, :]
         offset = idx - left_pad
         end = (idx + 1).reshape(1)
-        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks,
-                          self.write, self.residual)
-                 for k, v in zip(keys, values)]
+        shims = self._shims(formats, planes, idx, offset, mask, left_pad, end)
         ctx = self.step.forward(StepInputs(tokens, shims, matmul=self.matmul if self.skinny else None))
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
         for key in [k for k in vals if is_model_dtype_key(k)]:
@@ -262,41 +290,38 @@ class CompiledDecode:
             # cast is rebuilt lazily outside (forward), so a greedy step (argmax of the model-dtype
             # logits) never computes it.
             vals.pop(key[0], None)
-        return vals, [s.keys for s in shims], [s.values for s in shims]
+        return vals, [s.planes for s in shims]
 
-    def _traced_verify(self, tokens, lengths, idx, left_pad, keys, values):
+    def _traced_verify(self, formats, tokens, lengths, idx, left_pad, planes):
         # Query j of a row sees columns left_pad..idx + j: the cache's valid columns and the
         # verify positions up to its own (causal inside the L new ones).
-        L, C = tokens.shape[1], keys[0].shape[2]
+        L, C = tokens.shape[1], planes[0][0].shape[2]
         cols = mx.arange(C)[None, None]
         last = (idx + mx.arange(L))[None, :, None]
         mask = ((cols <= last) & (cols >= left_pad[:, None, None]))[:, None]  # [B, 1, L, C]
         offset = idx - left_pad
         end = (idx + L).reshape(1)  # the kernel: query j sees columns up to end - L + j = idx + j
-        shims = [_FixedKV(k, v, idx, offset, mask, left_pad, end, self.fused, self.kernel, self.matmul, self.blocks,
-                          self.write, self.residual)
-                 for k, v in zip(keys, values)]
+        shims = self._shims(formats, planes, idx, offset, mask, left_pad, end)
         ctx = self.step.forward(StepInputs(tokens, shims, all_positions=True, options={"draft_lengths": lengths},
                                            matmul=self.matmul if self.skinny else None))
         out = ctx.values[self.verify_node]
-        return out.targets, out.accepted, [s.keys for s in shims], [s.values for s in shims]
+        return out.targets, out.accepted, [s.planes for s in shims]
 
     def verify(self, tokens: mx.array, lengths: list, caches: list):
         """A speculative verify forward, compiled: (targets [B, L], accepted [B]) lazy, the caches
         advanced by L columns; None where the batch is not eligible (the eager step runs it).
         One trace per (batch size, L, capacity bucket): the speculator pads L to a few sizes."""
         B, L = tokens.shape
-        if self.verify_node is None or not self._within(B, caches, L) or not _fixed(caches):
+        formats = layer_formats(caches)
+        if self.verify_node is None or not self._within(B, caches, L) or formats is None:
             return None
         self._fit(caches, caches[0].idx + L)
         first = caches[0]
         idx = mx.array(first.idx, dtype=mx.int32)
         left_pad = first.left_pad_array()  # on the device already: no page migration a step
-        targets, accepted, keys, values = self._verify_fn(tokens, mx.array(lengths, dtype=mx.int32), idx, left_pad,
-                                                          [c.keys for c in caches], [c.values for c in caches])
-        for c, k, v in zip(caches, keys, values):
-            c.keys, c.values = k, v
-            c.idx += L
+        fn = self._compiled(self._verify_fns, formats, self._traced_verify)
+        targets, accepted, planes = fn(tokens, mx.array(lengths, dtype=mx.int32), idx, left_pad, _planes(caches))
+        _store(caches, planes, L)
         self.verify_steps += 1
         return targets, accepted
 
@@ -317,7 +342,7 @@ class CompiledDecode:
 
     def eligible(self, inputs: StepInputs) -> bool:
         caches = inputs.caches
-        if not (inputs.tokens.ndim == 2 and inputs.tokens.shape[1] == 1 and _fixed(caches)):
+        if not (inputs.tokens.ndim == 2 and inputs.tokens.shape[1] == 1 and layer_formats(caches) is not None):
             return False
         if not self._within(inputs.tokens.shape[0], caches, 1):
             return False
@@ -332,11 +357,15 @@ class CompiledDecode:
         self._fit(caches, first.idx + 1)
         idx = mx.array(first.idx, dtype=mx.int32)
         left_pad = first.left_pad_array()  # on the device already: no page migration a step
-        vals, keys, values = self._fn(inputs.tokens, idx, left_pad,
-                                      [c.keys for c in caches], [c.values for c in caches])
-        for c, k, v in zip(caches, keys, values):
-            c.keys, c.values = k, v
-            c.idx += 1
+        formats = layer_formats(caches)
+        if any(formats):
+            fn = self._compiled(self._fns, formats, self._traced)
+            vals, planes = fn(inputs.tokens, idx, left_pad, _planes(caches))
+        else:
+            vals, keys, values = self._fn(inputs.tokens, idx, left_pad, [c.keys for c in caches],
+                                          [c.values for c in caches])
+            planes = list(zip(keys, values))
+        _store(caches, planes, 1)
         ctx = StepContext(self.step.binding, inputs)
         ctx.values.update(vals)
         for key in [k for k in vals if is_model_dtype_key(k)]:
@@ -352,7 +381,8 @@ class CompiledDecode:
                                      else f"off ({self.kernel_note})"),
                 "kv_write_kernel": "on (in the attention kernel)" if self.write else self.write_note,
                 "residual_matmul": "on (mx.addmm)" if self.residual else self.residual_note,
-                "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})"}
+                "skinny_matmul": "on" if self.skinny else f"off ({self.skinny_note})",
+                "kv": quantized_note(self.binding.policies)}
 
     def head(self, ctx: StepContext, extra_edits=None):
         return self.step.head(ctx, extra_edits)
@@ -361,21 +391,27 @@ class CompiledDecode:
         return self.head(self.forward(inputs))
 
 
-def _fixed(caches: list) -> bool:
-    """Every layer keeps plain FullKV buffers that are already allocated: what a trace can take."""
-    return bool(caches) and all(type(c) is FullKV and c.keys is not None for c in caches)
+def _planes(caches: list) -> list:
+    """Each layer's arrays in its PLANES order: what a trace takes (keys, values; quantized: six)."""
+    return [[getattr(c, name) for name in c.PLANES] for c in caches]
+
+
+def _store(caches: list, planes: list, n: int) -> None:
+    """The trace's written planes back into the caches, `n` columns further."""
+    for c, arrays in zip(caches, planes):
+        for name, a in zip(c.PLANES, arrays):
+            setattr(c, name, a)
+        c.idx += n
 
 
 def _reshape_capacity(c: FullKV, cap: int) -> None:
-    """Copy `c`'s written columns into fresh [B, H, cap, D] buffers (cap >= the columns needed)."""
-    B, H, _, D = c.keys.shape
-    Dv = c.values.shape[3]
+    """Copy `c`'s written columns into fresh [B, H, cap, ...] buffers, every plane (cap >= the columns needed)."""
     cap = max(cap, _bucket(c.idx + 1))
-    k = mx.zeros((B, H, cap, D), c.keys.dtype)
-    v = mx.zeros((B, H, cap, Dv), c.values.dtype)
-    if c.idx:
-        k[..., : c.idx, :] = c.keys[..., : c.idx, :]
-        v[..., : c.idx, :] = c.values[..., : c.idx, :]
-    else:  # zeros are one broadcast element: a kernel that writes in place needs a real buffer
-        k, v = mx.contiguous(k), mx.contiguous(v)
-    c.keys, c.values = k, v
+    for name in c.PLANES:
+        old = getattr(c, name)
+        new = mx.zeros(old.shape[:2] + (cap,) + old.shape[3:], old.dtype)
+        if c.idx:
+            new[..., : c.idx, :] = old[..., : c.idx, :]
+        else:  # zeros are one broadcast element: a kernel that writes in place needs a real buffer
+            new = mx.contiguous(new)
+        setattr(c, name, new)

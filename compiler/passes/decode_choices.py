@@ -72,12 +72,23 @@ def choose_compile_mode(ctx: ChoiceContext) -> Choice:
     if mode == "measured":
         return Choice("compile mode", "measured", COMPILE_MODES,
                       f"{why}: per batch-size bucket the gate times both steps on live decode cycles and runs the "
-                      "faster (runtime/measured_gate.py)", arms=("compiled", "eager"))
+                      f"faster (runtime/measured_gate.py){_quantized_kv(ctx)}", arms=("compiled", "eager"))
     if mode == "auto":
         return Choice("compile mode", "auto", COMPILE_MODES,
                       f"{why}: compiled up to runtime/compiled_decode.py AUTO_MAX_BATCH rows and AUTO_MAX_KV rows x "
-                      "KV capacity, eager beyond (where compiled measured slower on the H200)")
-    return Choice("compile mode", "compiled", COMPILE_MODES, f"{why}: every eligible batch (plain FullKV caches)")
+                      f"KV capacity, eager beyond (where compiled measured slower on the H200){_quantized_kv(ctx)}")
+    return Choice("compile mode", "compiled", COMPILE_MODES,
+                  f"{why}: every eligible batch (plain FullKV caches{_quantized_kv(ctx)})")
+
+
+def _quantized_kv(ctx: ChoiceContext) -> str:
+    """Where kv_bits quantized the KV: that those layers compile too, and how (one clause)."""
+    q = [p for p in getattr(ctx.binding, "policies", ()) if getattr(p, "name", None) == "quantized"]
+    if not q:
+        return ""
+    return (f"; quantized KV ({q[0].params['bits']} bits) compiles too: codes, scales and biases at the capacity "
+            "bucket, attention by mx.quantized_matmul as mlx-lm's quantized SDPA, never the CUDA attention kernel "
+            "(runtime/compiled_decode_quantized.py)")
 
 
 def choose_decode_layers(ctx: ChoiceContext) -> Choice | None:

@@ -81,6 +81,15 @@ class QuantizedKV(FullKV):
         return self.keys_and_values()
 
 
+def format_of(cache) -> tuple | None:
+    """(bits, group_size) of a cache of a built-in format class (QuantizedKV.with_format), else None:
+    the compiled decode path (runtime/compiled_decode_quantized.py) traces exactly these."""
+    for (base, bits, group), cls in _FORMATS.items():
+        if base is QuantizedKV and type(cache) is cls:
+            return bits, group
+    return None
+
+
 @register_policy("quantized")
 class QuantizedPolicy(CachePolicy):
     """Full-attention KV as `bits`-bit codes with a scale and a bias per `group_size` values
