@@ -1,12 +1,17 @@
 """The device's facts for the compiler's choice passes (compiler/target.py `Target`), probed once.
 
 Each kernel's `check()` (runtime/kernels/) builds it and compares it with its reference in
-this process, once; off CUDA every check answers "not a CUDA device" without building
-anything. The Engine probes before it compiles, so the plan's choices are made from these
-facts and the runtime only obeys them; `graphc inspect` probes the same way.
+this process, once, unless a record of this device and code holds their answers
+(runtime/kernels/verdicts.py): then a restart builds only the kernels it uses, when it uses
+them. Off CUDA every check answers "not a CUDA device" without building anything. The Engine
+probes before it compiles, so the plan's choices are made from these facts and the runtime only
+obeys them; `graphc inspect` probes the same way.
 """
 
 from __future__ import annotations
+
+import logging
+import time
 
 import mlx.core as mx
 
@@ -14,13 +19,22 @@ from graphc.compiler.target import Requested, Target
 
 from . import compiled_decode, kernels
 from .config import EngineConfig
-from .kernels import decode_attention, gumbel_choose, skinny_matmul, top_ranks
+from .kernels import decode_attention, gumbel_choose, skinny_matmul, top_ranks, verdicts
 from .speculative import speculator
+
+log = logging.getLogger("graphc.load")
+_checked_here = False
 
 
 def probe_target() -> Target:
     """This process's device and which kernels built and matched MLX here."""
+    global _checked_here
     cuda = kernels.available()
+    stored = cuda and (_checked_here or verdicts.restore())
+    if cuda and not stored:
+        log.info("checking the CUDA kernels against MLX (first start on this device and code: a few minutes "
+                 "on an H200; the verdicts are stored, so a restart skips this)")
+        t0 = time.perf_counter()
     facts = []
     why = decode_attention.check()
     facts.append(("decode_attention", why, decode_attention.grouped_note() if why is None else ""))
@@ -30,6 +44,10 @@ def probe_target() -> Target:
     tr = top_ranks.check()
     facts.append(("top_ranks", tr, top_ranks.note()))
     facts.append(("gumbel_choose", None if tr is None else tr, gumbel_choose.note() if tr is None else ""))
+    if cuda and not stored:
+        verdicts.store()
+        _checked_here = True  # the checks answer from memory in this process from now on
+        log.info("CUDA kernel checks done in %.1f s", time.perf_counter() - t0)
     device = "cuda" if cuda else ("gpu" if mx.default_device().type == mx.gpu else "cpu")
     return Target(device=device, kernels=tuple(facts), cuda_memory=bool(mx.cuda.is_available()),
                   cuda_adds=compiled_decode.on_cuda())

@@ -57,6 +57,7 @@ class KernelOp:
 
         applies(...)      -> bool: the kernel takes these shapes / settings at all
         check(seed=0)     -> None, or why not: it matched `reference` on this device (once per process)
+        stored_verdicts / restore_verdicts   the checks' answers out of / into this process (kept on disk per device)
         reference(...)    the same result from MLX's own ops
         __call__(...)     the kernel (lazy, like any mx op)
 
@@ -76,8 +77,24 @@ class KernelOp:
     def __call__(self, *args, **kwargs):
         raise NotImplementedError
 
+    def stored_verdicts(self) -> dict:
+        """What this process's checks found (JSON-able): kept on disk by runtime/kernels/verdicts.py."""
+        return {}
+
+    def restore_verdicts(self, verdicts: dict) -> None:
+        """Take `stored_verdicts()` of an earlier process on the same device and code as this one's answers."""
+
     def __repr__(self) -> str:
         return f"<kernel {self.name}>"
+
+
+def answers_of(check) -> dict:
+    """`check`'s answers so far, {seed as text: None or why not} (JSON keys are text)."""
+    return {str(k): v for k, v in check.answers.items()}
+
+
+def restore_answers(check, answers: dict) -> None:
+    check.answers.update({int(k): v for k, v in answers.items()})
 
 
 def in_process_check(compare):
@@ -98,4 +115,5 @@ def in_process_check(compare):
                     answers[seed] = f"kernel failed: {type(e).__name__}: {e}"
         return answers[seed]
 
+    check.answers = answers  # what runtime/kernels/verdicts.py stores and restores
     return check

@@ -38,7 +38,7 @@ from __future__ import annotations
 import attrs
 import mlx.core as mx
 
-from . import KernelOp, in_process_check
+from . import KernelOp, answers_of, in_process_check, restore_answers
 from .decode_attention_check import CHECK_CASES, compare_kind, compare_write_kind, fused_rows_views
 from .decode_attention_cuda import new_kernels
 from .decode_attention_shapes import (VEC_CONFIG, VEC_MIN_BLOCKS, grouped_warps, reference, takes, vec_config,
@@ -96,6 +96,16 @@ class DecodeAttention(KernelOp):
 
     def reference(self, *args, **kwargs):
         return reference(*args, **kwargs)
+
+    def stored_verdicts(self) -> dict:
+        return {"check": answers_of(self._check), "write_check": answers_of(self._write_check),
+                "kinds": {k: [v.ok, v.why] for k, v in self.verdicts.items()}}
+
+    def restore_verdicts(self, stored: dict) -> None:
+        restore_answers(self._check, stored["check"])
+        restore_answers(self._write_check, stored["write_check"])
+        for kind, (ok, why) in stored["kinds"].items():
+            self.verdicts[kind] = Verdict(ok=ok, why=why)
 
     def __call__(self, *args, **kwargs):
         return self.attend(*args, **kwargs)

@@ -47,7 +47,7 @@ import mlx.core as mx
 from ..sampling.murmur import murmur_absorb
 from ..sampling.noise import uniform_noise
 from ..sampling.select import decode_neg_keys, first_rank_neg_keys
-from . import Kernel, KernelOp, cuda_source, in_process_check
+from . import Kernel, KernelOp, answers_of, cuda_source, in_process_check, restore_answers
 
 THREADS = 512  # 1,024 would cap registers at 64 a thread (the signature has no __launch_bounds__)
 CAP = 4096  # shared-memory keys: 32 KB of uint64, the block keys of stage 1 and the tokens of stage 3
@@ -223,6 +223,13 @@ class TopRanks(KernelOp):
 
     def __call__(self, *args, **kwargs):
         return candidates(*args, **kwargs)
+
+    def stored_verdicts(self) -> dict:
+        return {"check": answers_of(check), "chosen": dict(_chosen)}  # the variant is part of the verdict
+
+    def restore_verdicts(self, stored: dict) -> None:
+        restore_answers(check, stored["check"])
+        _chosen.update(stored["chosen"])
 
 
 KERNEL = TopRanks()

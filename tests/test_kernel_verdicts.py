@@ -1,0 +1,111 @@
+"""The CUDA kernels' check verdicts on disk (runtime/kernels/verdicts.py): a restart takes them
+instead of building and comparing every kernel again. The CPU has no CUDA kernels, so these
+tests stand in verdicts and a CUDA device; the checks themselves are tests/test_attention_kernel_route.py's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from graphc.runtime import kernels, target
+from graphc.runtime.kernels import decode_attention, registry, skinny_matmul, top_ranks, verdicts
+
+FOUND = {
+    "decode_attention": {"check": {"0": None}, "write_check": {"0": "writing vec kernel differs"},
+                         "kinds": {"grouped": [True, ""], "vec": [False, "vec kernel differs by 0.5"]}},
+    "gumbel_choose": {},
+    "skinny_matmul": {"check": {"0": "kernel differs from MLX's matmul by 3"}},
+    "top_ranks": {"check": {"0": None}, "chosen": {"variant": "sort", "select": "too many resources"}},
+}
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """No answers in this process, a cache folder of its own, the cached mode; state put back after."""
+    monkeypatch.setenv("GRAPHC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GRAPHC_SELFCHECK", "cached")
+    att = decode_attention.KERNEL
+    saved = (dict(att._check.answers), dict(att._write_check.answers), dict(att.verdicts),
+             dict(skinny_matmul.check.answers), dict(top_ranks.check.answers), dict(top_ranks._chosen))
+    checks = (att._check, att._write_check, skinny_matmul.check, top_ranks.check)
+    for c in checks:
+        c.answers.clear()
+    monkeypatch.setattr(target, "_checked_here", False)
+    yield tmp_path
+    for c, answers in zip(checks, (saved[0], saved[1], saved[3], saved[4])):
+        c.answers.clear()
+        c.answers.update(answers)
+    att.verdicts.clear()
+    att.verdicts.update(saved[2])
+    top_ranks._chosen.clear()
+    top_ranks._chosen.update(saved[5])
+
+
+def _take(found: dict) -> None:
+    for name, stored in found.items():
+        registry.KERNELS[name].restore_verdicts(stored)
+
+
+def test_stored_verdicts_come_back_in_a_new_process(fresh):
+    _take(FOUND)
+    verdicts.store()
+    assert [p.name for p in (fresh / "kernels").iterdir()] == [verdicts.record_path().name]
+    for c in (decode_attention.KERNEL._check, decode_attention.KERNEL._write_check, skinny_matmul.check,
+              top_ranks.check):
+        c.answers.clear()  # as a restarted process starts
+    top_ranks._chosen.update({"variant": "select", "select": None})
+    assert verdicts.restore()
+    assert {n: k.stored_verdicts() for n, k in registry.KERNELS.items()} == FOUND
+    assert decode_attention.check() is None and "writing vec" in decode_attention.write_check()
+    assert decode_attention.KERNEL.pick(B=2, Hq=8, Hkv=2, L=1, D=64, itemsize=2) == "grouped"  # grouped ok, vec not
+    assert top_ranks.chosen() == "sort"
+
+
+def test_a_restart_with_a_record_runs_no_check(fresh, monkeypatch):
+    """probe_target on a CUDA device with a record: facts from the record, no kernel compared."""
+    _take(FOUND)
+    verdicts.store()
+    for c in (decode_attention.KERNEL._check, decode_attention.KERNEL._write_check, skinny_matmul.check,
+              top_ranks.check):
+        c.answers.clear()
+
+    def boom(*a, **k):
+        raise AssertionError("a kernel was checked although its verdict was stored")
+
+    monkeypatch.setattr(kernels, "available", lambda: True)
+    monkeypatch.setattr(decode_attention.KERNEL, "_compare_kind", boom)
+    monkeypatch.setattr(top_ranks, "_compare", boom)
+    monkeypatch.setattr(skinny_matmul, "_compare", boom)
+    facts = {name: (why, note) for name, why, note in target.probe_target().kernels}
+    assert facts["decode_attention"][0] is None and facts["decode_attention"][1].startswith("grouped by KV head")
+    assert facts["kv_write"][0] == "writing vec kernel differs"
+    assert facts["skinny_matmul"][0].startswith("kernel differs")
+    assert facts["top_ranks"][0] is None and "bitonic sort" in facts["top_ranks"][1]
+
+
+@pytest.mark.parametrize("damage", ["not json", json.dumps({"schema": 999, "kernels": {}}),
+                                    json.dumps({"schema": verdicts.SCHEMA, "kernels": {"decode_attention": {}}})])
+def test_a_damaged_or_foreign_record_is_ignored_with_a_warning(fresh, damage, caplog):
+    path = verdicts.record_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(damage)
+    with caplog.at_level("WARNING", logger="graphc.kernels"):
+        assert not verdicts.restore()
+    assert "ignoring the stored kernel checks" in caplog.text
+
+
+def test_always_mode_neither_reads_nor_writes(fresh, monkeypatch):
+    _take(FOUND)
+    verdicts.store()
+    monkeypatch.setenv("GRAPHC_SELFCHECK", "always")
+    assert not verdicts.restore()
+    verdicts.record_path().unlink()
+    verdicts.store()
+    assert not verdicts.record_path().exists()
+
+
+def test_the_key_changes_with_graphc_code(fresh, monkeypatch):
+    before = verdicts.record_key()
+    monkeypatch.setattr(verdicts, "source_digest", lambda: "edited")
+    assert verdicts.record_key() != before
