@@ -9,8 +9,8 @@
 # 1B runs 8, 32 and inf req/s (2 req/s alone took 32 s of arrivals per server and repeat).
 set -euo pipefail
 case "${1:-}" in
-  1b) shape=llama-3.2-1b; requests=64; rates=8,32,inf ;;
-  8b) shape=llama-3.1-8b; requests=48; rates=4,16,inf ;;  # slower steps, longer loads: fewer, faster arrivals
+  1b) shape=llama-3.2-1b; requests=${REQUESTS:-64}; rates=${RATES:-8,32,inf} ;;
+  8b) shape=llama-3.1-8b; requests=${REQUESTS:-48}; rates=${RATES:-4,16,inf} ;;  # slower steps, longer loads: fewer, faster arrivals
   *) echo "usage: $0 1b|8b" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
