@@ -108,13 +108,14 @@ def check(node, spec) -> list[str]:
     if pairs is None:
         return ["param 'layers' must map group names to lists of layer kinds, "
                 "e.g. `layers: {attention: [full_attention]}`"]
-    out, seen = [], {}
+    out, seen, unknown = [], {}, False
     cached = {c.layer_type for c in spec.cache}
     for name, kinds in pairs:
         if not kinds:
             out.append(f"layer group '{name}' lists no layer kinds")
         for kind in kinds:
             if kind not in LAYER_TYPES:
+                unknown = True
                 out.append(f"layer group '{name}': unknown layer kind '{kind}' ({did_you_mean(kind, LAYER_TYPES)})")
             elif kind in seen:
                 out.append(f"layer kind '{kind}' is in groups '{seen[kind]}' and '{name}': a kind belongs to one group")
@@ -123,7 +124,7 @@ def check(node, spec) -> list[str]:
                 if kind not in cached:
                     out.append(f"layer group '{name}' lists {kind}, but `cache:` declares no policy for it "
                                f"(add `{kind}: {{policy: ...}}` under `cache:`)")
-    for kind in sorted(cached - set(seen)):
+    for kind in sorted(cached - set(seen)) if not unknown else ():  # a misspelt kind is reported once, above
         if kind in LAYER_TYPES:
             out.append(f"`cache:` declares a policy for {kind}, but no layer group of this node lists it "
                        "(add it to a group under `layers:`, or drop the cache entry)")
