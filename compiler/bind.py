@@ -1,7 +1,8 @@
 """Binding: walk the loaded model once, classify every layer, give each the policy the graph declares.
 
-An unsupported combination (a layer type the graph has no policy for, a policy
-that cannot serve a layer) is an error here, at bind time, not a wrong answer later.
+An unsupported combination (a layer type the graph has no policy for, a policy that cannot
+serve a layer, a model without the layers the graph's decoder requires: compiler/layer_groups.py)
+is an error here, at bind time, not a wrong answer later.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .archs import ArchAdapter, adapter_for
 from .cachekinds import LayerInfo, layers_from_caches, model_type_of, text_model
 from .errors import Diagnostic, GraphError
 from .ir import GraphSpec
+from .layer_groups import BoundGroup, bind_groups, declared, decoder_node, groups_of
 from .selfcheck import reference_run
 
 
@@ -43,6 +45,7 @@ class Binding:
     # found from the policies on the first forward (compiler/ops/forward.py), so decode steps visit
     # only those.
     folding_layers: tuple | None = None
+    groups: tuple[BoundGroup, ...] = ()  # the decoder's layer groups with this model's layers in each
 
 
 def classify_model(model, config: dict) -> list[LayerInfo]:
@@ -63,14 +66,16 @@ def bind(spec: GraphSpec, model, config: dict, layers: list[LayerInfo] | None = 
     by_kind: dict[str, list[int]] = {}
     for info in layers:
         by_kind.setdefault(info.kind, []).append(info.index)
+    diags += _check_groups(spec, by_kind, model_type)
     for kind, idxs in by_kind.items():
         decl = spec.policy_for(kind)
         if decl is None:
-            diags.append(Diagnostic(
-                spec.loc,
-                f"model '{model_type}' has {kind} layers {_ranges(idxs)} but the graph declares no policy for them",
-                hint=_suggest_graph(set(by_kind)) + f", or add `{kind}: {{policy: ...}}` under `cache:`",
-            ))
+            if not declared(spec):  # a declared decoder already said so, naming its node (_check_groups)
+                diags.append(Diagnostic(
+                    spec.loc,
+                    f"model '{model_type}' has {kind} layers {_ranges(idxs)} but the graph declares no policy for them",
+                    hint=_suggest_graph(set(by_kind)) + f", or add `{kind}: {{policy: ...}}` under `cache:`",
+                ))
             continue
         cls = get_policy(decl.policy)
         problem = cls.check_layer(layers[idxs[0]])
@@ -88,7 +93,34 @@ def bind(spec: GraphSpec, model, config: dict, layers: list[LayerInfo] | None = 
             raise GraphError([Diagnostic(decl.loc, f"cannot bind policy '{decl.policy}' to layer {info.index}: {e}")])
     wrapper = model_type_of(model, config) if served is not model else None
     return Binding(spec, served, dict(config), layers, policies, model_type=model_type,
-                   adapter=adapter_for(served, model_type), wrapper_type=wrapper)
+                   adapter=adapter_for(served, model_type), wrapper_type=wrapper,
+                   groups=bind_groups(spec, layers, policies))
+
+
+def _check_groups(spec: GraphSpec, by_kind: dict[str, list[int]], model_type: str) -> list[Diagnostic]:
+    """The decoder node's declared layer groups against the model's layers: every layer in a
+    group, and a layer in one of the `requires` groups (what the graph is for)."""
+    node = decoder_node(spec)
+    if node is None or not declared(spec):
+        return []
+    groups = groups_of(spec)
+    has = ", ".join(f"{kind} {_ranges(idxs)}" for kind, idxs in by_kind.items())
+    serves = "; ".join(f"{g.name}: {', '.join(g.kinds)}" for g in groups)
+    out = []
+    for kind, idxs in by_kind.items():
+        if not any(kind in g.kinds for g in groups):
+            out.append(Diagnostic(
+                node.loc, f"model '{model_type}' has {kind} layers {_ranges(idxs)} but the graph declares no policy "
+                f"for them: this decoder's layer groups are {serves}", node=node.id,
+                hint=_suggest_graph(set(by_kind)) + f", or add {kind} to a group under `layers:` and "
+                f"`{kind}: {{policy: ...}}` under `cache:`"))
+    required = [g for g in groups if g.required]
+    if required and not any(kind in g.kinds for g in required for kind in by_kind):
+        names = " or ".join(f"{g.name} ({', '.join(g.kinds)})" for g in required)
+        out.append(Diagnostic(
+            node.loc, f"this decoder requires {names} layers, and model '{model_type}' has none (its layers: {has})",
+            node=node.id, hint=_suggest_graph(set(by_kind)) + ", the graph written for those layers"))
+    return out
 
 
 def _graph_for_kinds(kinds: set[str]) -> str:

@@ -42,6 +42,9 @@ DECODE_OPTIONS = {
     "host_read_pieces": (False, "CUDA: the host reads each decode step's tokens as 8-byte copies (MLX's scalar pool)"),
 }
 
+# Options that only compiled decode steps read (runtime/compiled_decode.py): unused while the
+# plan's compile mode is eager.
+COMPILED_ONLY = ("fuse_projections", "kv_write_kernel", "residual_matmul", "skinny_matmul", "skinny_table")
 
 # The command line's `--compile` (graphc serve / generate): its words and the Engine's `compile=`.
 COMPILE_FLAG = {"graph": None, "off": False, "on": True, "auto": "auto", "measured": "measured"}

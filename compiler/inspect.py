@@ -9,6 +9,7 @@ import attrs
 import jinja2
 
 from .compile import CompiledGraph
+from .decode_options import COMPILED_ONLY
 from .plan import Plan
 from .trace import trace_ops
 
@@ -16,6 +17,24 @@ _TEMPLATES = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "templates")),
     keep_trailing_newline=True, trim_blocks=False, lstrip_blocks=False,
 )
+
+
+def layer_ranges(idxs) -> str:
+    """0-5,8,10-11 (9): a group's layer indices, runs collapsed."""
+    runs, out = [], []
+    for i in idxs:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    for a, b in runs:
+        out.append(str(a) if a == b else f"{a}-{b}")
+    return f"{','.join(out)} ({len(idxs)})"
+
+
+_TEMPLATES.filters["layer_ranges"] = layer_ranges
+_TEMPLATES.globals["dict"] = dict
+_TEMPLATES.globals["compiled_only"] = COMPILED_ONLY
 
 MEMORY_CONTEXTS = (8192, 32768)
 

@@ -25,6 +25,7 @@ GRAPHS_DIR = Path(__file__).resolve().parent.parent / "graphs"
 class _LineDict(dict):
     line = 0
     key_lines: dict
+    repeated: list  # (key, first line, repeated line)
 
 
 class _LineList(list):
@@ -37,9 +38,12 @@ class _LineLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         value = _LineDict(super().construct_mapping(node, deep=True))
         value.line = node.start_mark.line + 1
-        value.key_lines = {
-            self.construct_object(k, deep=True): k.start_mark.line + 1 for k, _ in node.value
-        }
+        value.key_lines, value.repeated = {}, []
+        for k, _ in node.value:
+            key, line = self.construct_object(k, deep=True), k.start_mark.line + 1
+            if key in value.key_lines:  # YAML keeps the last silently: a second `decode:` would hide the first
+                value.repeated.append((key, value.key_lines[key], line))
+            value.key_lines.setdefault(key, line)
         return value
 
     def construct_sequence(self, node, deep=False):
@@ -122,6 +126,9 @@ def _build(doc: _LineDict, file: str, diags: list[Diagnostic]) -> tuple[GraphSpe
     def loc(line):
         return SourceLoc(file, line)
 
+    for key, first, again in doc.repeated:
+        diags.append(Diagnostic(loc(again), f"top-level key '{key}' given twice (first at line {first})",
+                                hint="YAML keeps only the last one: merge them into one"))
     for key in doc:
         if key not in _TOP_KEYS:
             diags.append(Diagnostic(loc(doc.key_lines.get(key, 0)), f"unknown top-level key '{key}'",

@@ -16,6 +16,7 @@ from .bound import bound_nodes
 from .cachekinds import native_reasons
 from .choice import Choice
 from .decode_options import resolve
+from .layer_groups import declared, decoder_node
 from .ops import BATCH_KINDS, EDIT_KINDS, OPS
 from .passes import ChoiceContext, run_decode_passes
 from .target import Requested, Target
@@ -40,6 +41,24 @@ class LayerPlan:
     window: int | None
     sinks: bool
     bytes_per_token: int
+
+
+@attrs.frozen
+class GroupPlan:
+    """One of the decoder's layer groups (compiler/layer_groups.py) with this model's layers in it."""
+
+    name: str
+    kinds: tuple  # the kinds the group declares
+    required: bool
+    layers: tuple  # layer indices of this model in the group (possibly none)
+    kinds_present: tuple  # the kinds those layers have
+    policies: tuple  # their policies, as described
+    bytes_per_token: int  # KV bytes per token of context, all the group's layers
+    state_bytes: int  # bytes of one request's recurrent state (linear_attention layers)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GroupPlan":
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
 _CHECK_FIELDS = ("lowering", "ok", "max_abs_diff", "tolerance", "error", "batched", "mask_rank")
@@ -71,6 +90,9 @@ class Plan:
     choices: tuple = ()  # Choice, in pass order
     decode_options: tuple = ()  # (option, value): the graph's `decode:` under the engine's overrides
     target: str = ""  # the device facts the choices were made for (Target.describe)
+    decode_sources: tuple = ()  # (option, "graph" | "engine" | "default"): where each decode option came from
+    groups: tuple = ()  # GroupPlan per decoder layer group, in layer order
+    groups_from: str = ""  # who declared the groups (the attention node, or one per `cache:` entry)
 
     def choice(self, name: str) -> Choice | None:
         return next((c for c in self.choices if c.name == name), None)
@@ -91,6 +113,9 @@ class Plan:
         d["passes"] = [{"pass": a, "detail": b} for a, b in self.passes]
         d["choices"] = [c.to_dict() for c in self.choices]
         d["decode_options"] = dict(self.decode_options)
+        d["decode_sources"] = dict(self.decode_sources)
+        d["groups"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in attrs.asdict(g).items()}
+                       for g in self.groups]
         return d
 
     @classmethod
@@ -111,6 +136,8 @@ class Plan:
             passes=tuple((p["pass"], p["detail"]) for p in d.get("passes", [])),
             choices=tuple(Choice.from_dict(c) for c in d.get("choices", [])),
             decode_options=tuple(d.get("decode_options", {}).items()), target=d.get("target", ""),
+            decode_sources=tuple(d.get("decode_sources", {}).items()),
+            groups=tuple(GroupPlan.from_dict(g) for g in d.get("groups", [])), groups_from=d.get("groups_from", ""),
         )
 
     @property
@@ -250,6 +277,8 @@ def build_plan(binding: Binding, kind: str, target: Target | None = None, reques
                                          "earlier chunks only fill the caches"))
     target, requested = target or Target(), requested or Requested()
     opts = resolve(spec.decode_options, requested.decode_overrides)
+    sources = tuple((k, "engine" if requested.decode_overrides.get(k) is not None
+                     else "graph" if k in spec.decode_options else "default") for k in sorted(opts))
     choices, choice_lines = PREFILL_CHOICES, []
     if kind == "decode":
         ctx = ChoiceContext(binding, opts, target, requested, has_verify=any(n.op == "verify" for n in nodes))
@@ -274,4 +303,22 @@ def build_plan(binding: Binding, kind: str, target: Target | None = None, reques
         sample_method=by_op["sample"]["method"] if "sample" in by_op else None,
         passes=tuple(passes),
         choices=tuple(choices), decode_options=tuple(sorted(opts.items())), target=target.describe,
+        decode_sources=sources, groups=group_plans(binding), groups_from=_groups_from(spec),
     )
+
+
+def group_plans(binding: Binding) -> tuple:
+    pols = binding.policies
+    return tuple(GroupPlan(g.name, g.kinds, g.required, g.layers, g.kinds_present, g.policies,
+                           sum(pols[i].bytes_per_token() for i in g.layers),
+                           sum(binding.layers[i].state_bytes for i in g.layers))
+                 for g in binding.groups)
+
+
+def _groups_from(spec) -> str:
+    node = decoder_node(spec)
+    if node is None:
+        return ""
+    if declared(spec):
+        return f"declared by node '{node.id}', line {node.loc.line}"
+    return f"one per `cache:` entry (node '{node.id}' declares no `layers:`)"

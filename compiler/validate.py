@@ -15,10 +15,9 @@ from graphc.contracts.policies import get_policy, policy_names
 
 from .errors import Diagnostic, SourceLoc, did_you_mean
 from .ir import GraphSpec
+from .layer_groups import LAYER_TYPES
 from .ops import OPS, PRIMARY_OUTPUTS, REQUIRED_OPS, RUNTIME_OUTPUTS
 from .plugins import load_plugins
-
-LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention", "cache_list", "native")
 
 
 def to_digraph(spec: GraphSpec) -> nx.DiGraph:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from graphc.compiler.compile import load_spec
@@ -14,7 +16,9 @@ from helpers import random_prompts, reference_greedy
 
 
 def declared(tmp_path, options: str) -> str:
-    text = (GRAPHS_DIR / "dense.yaml").read_text().replace("inputs: [tokens]", f"decode: {options}\ninputs: [tokens]", 1)
+    """graphs/dense.yaml with its `decode:` section replaced by `options`."""
+    text = re.sub(r"\ndecode:\n(?:[ #].*\n)+", f"\ndecode: {options}\n", (GRAPHS_DIR / "dense.yaml").read_text(), count=1)
+    assert f"decode: {options}" in text
     p = tmp_path / "g.yaml"
     p.write_text(text)
     return str(p)

@@ -162,5 +162,5 @@ def test_the_ast_check_catches_the_old_rewrites():
 
 def test_describe_says_why_each_compiled_switch_is_off_once(model_dir):
     built = Engine.load(model_dir("llama"), compile=True).describe()["built"]
-    assert built["skinny_matmul"] == "off (decode: {skinny_matmul: false} by default)"
+    assert built["skinny_matmul"] == "off (the graph declares decode: {skinny_matmul: false})"  # graphs/dense.yaml
     assert not any("off (off" in str(v) for v in built.values()), built

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..layer_groups import check as check_layer_groups
 from .registry import HIDDEN, LOGITS, TOKENS, Param, model_dtype_key, register_op
 
 
@@ -40,6 +41,8 @@ def _describe_attention(node, binding, kind):
     for l, pol in zip(binding.layers, binding.policies):
         counts.setdefault((l.kind, pol.describe()), []).append(l.index)
     parts = "; ".join(f"{len(ix)}x {k} -> {d}" for (k, d), ix in counts.items())
+    if node.params.get("layers") is not None:  # the declared groups (compiler/layer_groups.py)
+        parts = " + ".join(f"{len(g.layers)} {g.name}" for g in binding.groups if g.layers) + f" ({parts})"
     how = ""
     if binding.lowering != "fast":
         out = "logits" if "logits" in node.consumers else "final hidden states"
@@ -48,7 +51,12 @@ def _describe_attention(node, binding, kind):
     return how + f"{len(binding.layers)} layers: {parts}"
 
 
-@register_op("attention", inputs=(HIDDEN,), output=HIDDEN, describe=_describe_attention,
+@register_op("attention", inputs=(HIDDEN,), output=HIDDEN, describe=_describe_attention, check=check_layer_groups,
+             params={
+                 "layers": Param(object, None, doc="group name -> the layer kinds the decoder stack serves in it "
+                                                   "(compiler/layer_groups.py); default: one group per `cache:` entry"),
+                 "requires": Param(object, None, doc="layer groups of which a model must have at least one layer"),
+             },
              doc="the decoder stack; each layer reads and writes the cache policy declared for its layer type")
 def attention(ctx, node, h):
     """The decoder stack. Fast path: the layer loop here, masks built once per (layer kind, window)

@@ -15,6 +15,7 @@ from graphc.contracts.policies import rollback_problem
 
 from ..choice import Choice
 from ..decode_options import compile_pass
+from ..layer_groups import TRACEABLE_KINDS, untraceable
 from ..target import UNPROBED, Requested, Target
 
 COMPILE_MODES = ("eager", "compiled", "auto", "measured")
@@ -60,15 +61,27 @@ class ChoiceContext:
         return f"decode: {{{key}: {word}}} by default"
 
 
+def _untraceable_note(ctx: ChoiceContext) -> str | None:
+    """Why no batch of this model could take a compiled step (runtime/compiled_decode.py _fixed), or None."""
+    blocked = untraceable(ctx.binding.groups)
+    if not blocked:
+        return None
+    layers = "; ".join(f"{len(g.layers)} {g.name} layers ({', '.join(g.kinds_present)})" for g in blocked)
+    return f"compiled steps take only layers on plain {', '.join(TRACEABLE_KINDS)} KV and this decoder has {layers}"
+
+
 def choose_compile_mode(ctx: ChoiceContext) -> Choice:
     mode = ctx.options["compile"]
     why = ctx.source("compile")
+    blocked = _untraceable_note(ctx)
     if not mode:
-        return Choice("compile mode", "eager", COMPILE_MODES, why)
+        return Choice("compile mode", "eager", COMPILE_MODES, why + (f" ({blocked})" if blocked else ""))
     if ctx.binding.lowering != "fast":
         return Choice("compile mode", "eager", COMPILE_MODES,
                       f"{why}, but the generic lowering runs the model's own forward uncompiled (compile needs the "
                       "fast path)")
+    if blocked:
+        return Choice("compile mode", "eager", COMPILE_MODES, f"{why}, but {blocked}: every step runs eager")
     if mode == "measured":
         return Choice("compile mode", "measured", COMPILE_MODES,
                       f"{why}: per batch-size bucket the gate times both steps on live decode cycles and runs the "
@@ -253,6 +266,9 @@ DECODE_PASSES = (
 
 def _compile_line(ctx: ChoiceContext) -> tuple | None:
     """The `compile` pass line: what the choices above applied, in the words inspect always used."""
+    blocked = _untraceable_note(ctx)
+    if ctx.options["compile"] and blocked and ctx.binding.lowering == "fast":
+        return ("compile", f"declared but not applied: {blocked}")
     if ctx.target.device == "unprobed":  # no facts: what the adapter would fuse, kernels as conditions
         preview = ctx.binding.adapter.fused_decode_preview() if (
             ctx.options["fuse_projections"] and ctx.binding.adapter) else None
