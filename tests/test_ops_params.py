@@ -30,6 +30,8 @@ COVERED = {
     ("logprobs", "max_top_n"): "test_logprobs_max_top_n",
     ("prompt_logprobs", "max_top_n"): "test_prompt_logprobs_max_top_n_and_absence",
     ("pool", "method"): "tests/test_embeddings.py::test_engine_embed_matches_numpy_reference",
+    ("attention", "layers"): "tests/test_graph_layer_groups.py::test_binding_refuses_a_model_the_decoder_was_not_written_for",
+    ("attention", "requires"): "tests/test_graph_layer_groups.py::test_binding_refuses_a_model_the_decoder_was_not_written_for",
 }
 
 
