@@ -118,9 +118,10 @@ def _oracle(refs: dict, vocab: int):
     return draft
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("bits", [8, 4])
-def test_speculative_rollback_keeps_greedy_output(llama, bits):
-    eng = Engine.load(llama, kv_bits=bits, prefill_chunk=16, spec_max_tokens=64)
+def test_speculative_rollback_keeps_greedy_output(llama, bits, compiled):
+    eng = Engine.load(llama, kv_bits=bits, compile=compiled, prefill_chunk=16, spec_max_tokens=64)
     assert eng.speculator.problem is None  # QuantizedKV trims per row like FullKV
     prompts = random_prompts(4, eng.vocab_size, [5, 40, 17, 23], seed=3)
     refs = {tuple(p): reference_greedy_q(eng.model, p, 30, bits) for p in prompts}
@@ -130,6 +131,8 @@ def test_speculative_rollback_keeps_greedy_output(llama, bits):
     assert [r.token_ids for r in out] == [refs[tuple(p)] for p in prompts]
     s = eng.stats
     assert s["spec_steps"] > 0 and 0 < s["spec_accepted_tokens"] < s["spec_drafted_tokens"]
+    if compiled:
+        assert eng.compiled.decode.verify_steps > 0  # verify forwards ran compiled on the codes too
 
 
 def test_trim_rows_drops_every_plane():

@@ -25,7 +25,7 @@ from graphc.runtime.cache.quantized import QuantizedKV, format_of
 from graphc.runtime.compiled_decode import CompiledDecode, _reshape_capacity
 from graphc.runtime.compiled_decode_quantized import layer_formats
 from helpers import random_prompts
-from test_kv_quantized import DIMS, _oracle, reference_greedy_q
+from test_kv_quantized import DIMS, reference_greedy_q
 
 
 @pytest.fixture(scope="module")
@@ -105,19 +105,7 @@ def test_prefix_hits_on_the_compiled_path_equal_cold_runs(llama, bits):
     eng.prefix.check()
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_speculative_rollback_on_the_compiled_path(llama, bits):
-    eng = Engine.load(llama, kv_bits=bits, compile=True, prefill_chunk=16, spec_max_tokens=64)
-    assert eng.speculator.problem is None
-    prompts = random_prompts(4, eng.vocab_size, [5, 40, 17, 23], seed=3)
-    refs = {tuple(p): reference_greedy_q(eng.model, p, 30, bits) for p in prompts}
-    eng.speculator.drafter = _oracle(refs, eng.vocab_size)
-    spec = SamplingParams(max_tokens=30, ignore_eos=True, speculative="prompt_lookup", num_draft_tokens=4)
-    out = eng.generate(prompts, spec)
-    assert [r.token_ids for r in out] == [refs[tuple(p)] for p in prompts]
-    s = eng.stats
-    assert s["spec_steps"] > 0 and 0 < s["spec_accepted_tokens"] < s["spec_drafted_tokens"]
-    assert eng.compiled.decode.verify_steps > 0  # verify forwards ran compiled on the codes too
+# Speculative rollback on the compiled path: tests/test_kv_quantized.py (compiled parametrization).
 
 
 def test_plan_and_describe_say_quantized_kv_compiles(llama):
