@@ -108,4 +108,7 @@ def test_always_mode_neither_reads_nor_writes(fresh, monkeypatch):
 def test_the_key_changes_with_graphc_code(fresh, monkeypatch):
     before = verdicts.record_key()
     monkeypatch.setattr(verdicts, "source_digest", lambda: "edited")
-    assert verdicts.record_key() != before
+    edited = verdicts.record_key()
+    assert edited != before
+    monkeypatch.setattr(verdicts, "_driver", lambda: "NVRM version: another driver")
+    assert verdicts.record_key() != edited

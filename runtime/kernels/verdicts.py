@@ -4,11 +4,12 @@ Before a CUDA kernel serves, its `check()` builds it (NVRTC) and compares it wit
 inputs at its CHECK_CASES, every variant the engine may pick. On a fresh H200 that was 155 s of a
 1B model's 172 s `Engine.load` (top ranks 53 s, attention 74 s with its writing variant, skinny
 matmul 27 s, by cProfile of the load). The answers depend only on
-the device, MLX's version and graphc's code, which is what a stored
+the device and its driver, MLX's version and graphc's code, which is what a stored
 record is keyed by; `$GRAPHC_CACHE_DIR/kernels/<key>.json` holds each kernel's
 `stored_verdicts()` (runtime/kernels/__init__.py KernelOp), failures included: a kernel that
 did not match here keeps not serving after a restart. GRAPHC_SELFCHECK=always checks at every
-start and neither reads nor writes a record (as for the model self-check)."""
+start and neither reads nor writes a record (as for the model self-check); deleting the
+`kernels` folder forgets every record (e.g. after a check failed for a passing reason)."""
 
 from __future__ import annotations
 
@@ -38,10 +39,19 @@ def record_key() -> str:
         device = mx.device_info()
     except Exception:  # noqa: BLE001 - an MLX without device_info: the device string alone
         device = {}
-    parts = {"schema": SCHEMA, "device": str(mx.default_device()), "info": device,
+    parts = {"schema": SCHEMA, "device": str(mx.default_device()), "info": device, "driver": _driver(),
              "mlx": metadata.version("mlx") if _has("mlx") else "?", "graphc": source_digest(),
              "host": platform.machine()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _driver() -> str:
+    """The NVIDIA kernel driver's version line where Linux shows it: a driver update re-checks
+    (NVRTC and the driver build the kernels, so a verdict is only as good as both)."""
+    try:
+        return Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _has(dist: str) -> bool:
