@@ -112,3 +112,15 @@ def test_the_key_changes_with_graphc_code(fresh, monkeypatch):
     assert edited != before
     monkeypatch.setattr(verdicts, "_driver", lambda: "NVRM version: another driver")
     assert verdicts.record_key() != edited
+
+
+def test_the_key_ignores_what_changes_between_starts(fresh, monkeypatch):
+    """CUDA's device_info() reports the free memory of the moment: a restart must find its record."""
+    info = {"device_name": "NVIDIA H200", "architecture": "sm_90", "total_memory": 150_000_000_000,
+            "free_memory": 149_000_000_000, "uuid": "GPU-1", "pci_bus_id": "0000:01:00.0"}
+    monkeypatch.setattr(verdicts.mx, "device_info", lambda: dict(info))
+    first = verdicts.record_key()
+    info.update(free_memory=120_000_000_000, uuid="GPU-2", pci_bus_id="0000:02:00.0")
+    assert verdicts.record_key() == first
+    info["device_name"] = "NVIDIA H100"
+    assert verdicts.record_key() != first

@@ -35,14 +35,25 @@ SCHEMA = 1
 
 def record_key() -> str:
     """sha256 over the device (MLX's device facts), MLX's version and graphc's code digest."""
-    try:
-        device = mx.device_info()
-    except Exception:  # noqa: BLE001 - an MLX without device_info: the device string alone
-        device = {}
-    parts = {"schema": SCHEMA, "device": str(mx.default_device()), "info": device, "driver": _driver(),
+    parts = {"schema": SCHEMA, "device": str(mx.default_device()), "info": device_facts(), "driver": _driver(),
              "mlx": metadata.version("mlx") if _has("mlx") else "?", "graphc": source_digest(),
              "host": platform.machine()}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+# device_info() keys that change while the device stays the same: the free memory at this
+# instant (CUDA reports it), and which physical card of a model this is. Keyed on them, every
+# start had a new key, so a restart checked again (71 s on an H200).
+_VOLATILE = ("free", "used", "avail", "uuid", "pci")
+
+
+def device_facts() -> dict:
+    """MLX's device facts that a kernel's verdict depends on (name, architecture, memory size)."""
+    try:
+        info = mx.device_info()
+    except Exception:  # noqa: BLE001 - an MLX without device_info: the device string alone
+        return {}
+    return {k: v for k, v in info.items() if not any(w in k.lower() for w in _VOLATILE)}
 
 
 def _driver() -> str:
