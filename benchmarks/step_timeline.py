@@ -27,6 +27,7 @@ import mlx.core as mx
 
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.cache import full as full_cache
+from graphc.runtime.scheduler_costs import StepCosts
 
 
 def _lognormal(rng: random.Random, n: int, lo: int, hi: int) -> list[int]:
@@ -238,6 +239,11 @@ def main(argv=None) -> int:
                    help="before repeat 0: probe = 4 requests of the mix (first-call costs left out), serve = "
                         "Engine.warm_up() as `graphc serve` runs it (repeat 0 = a fresh server's first traffic), "
                         "none = nothing")
+    p.add_argument("--sweep-step-tokens", default=None, metavar="N,N,...",
+                   help="on one engine, the repeats once per step_tokens value (ints or 'auto'), in this order; "
+                        "each value starts with a fresh cost model")
+    p.add_argument("--compile", choices=("eager", "auto", "on", "measured"), default=None,
+                   help="Engine(compile=) (default: the engine's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--json", help="write every step record and the summaries here")
@@ -254,6 +260,8 @@ def main(argv=None) -> int:
           "pad_final_chunk": {"on": True, "off": False}.get(a.pad_final_chunk, "auto")}
     if a.step_tokens is not None:
         kw["step_tokens"] = a.step_tokens
+    if a.compile is not None:
+        kw["compile"] = {"eager": False, "on": True}.get(a.compile, a.compile)
     engine = Engine.load(a.model, **kw)
     if a.burst_tokens is not None:
         engine.scheduler.BURST_TOKENS = a.burst_tokens
@@ -265,15 +273,22 @@ def main(argv=None) -> int:
     elif a.start == "serve":  # what `graphc serve` runs before ready: repeat 0 is its first traffic
         print(json.dumps({"warm_up_s": round(engine.warm_up(), 3)}), flush=True)
     out = []
-    for r in range(a.repeats):
-        # a fresh mix each repeat (its own seed): a repeat of the same prompts would hit the prefix cache
-        res = run_timeline(engine, make_mix(a.requests, vocab, (lo_i, hi_i), (lo_o, hi_o), a.rate, a.seed + r))
-        s = summarize(res, a.top)
-        print(json.dumps({"repeat": r, **{k: v for k, v in s.items() if k not in ("worst_gaps", "worst_ttft")}}),
-              flush=True)
-        print(json.dumps({"repeat": r, "worst_ttft": s["worst_ttft"]}), flush=True)
-        out.append({"summary": s, **res})
-        mx.clear_cache()
+    sweep = [_step_tokens(v) for v in a.sweep_step_tokens.split(",")] if a.sweep_step_tokens else [None]
+    for i, budget in enumerate(sweep):
+        if budget is not None:  # the lab sets the engine's own knob between runs (one load for the sweep)
+            engine.scheduler.step_tokens = budget
+            engine.scheduler.costs = StepCosts()
+        for r in range(a.repeats):
+            # a fresh mix each repeat (its own seed): a repeat of the same prompts would hit the prefix cache
+            seed = a.seed + r + 1000 * i
+            res = run_timeline(engine, make_mix(a.requests, vocab, (lo_i, hi_i), (lo_o, hi_o), a.rate, seed))
+            s = summarize(res, a.top)
+            label = {"repeat": r, "step_tokens": budget if budget is not None else a.step_tokens}
+            print(json.dumps({**label, **{k: v for k, v in s.items() if k not in ("worst_gaps", "worst_ttft")}}),
+                  flush=True)
+            print(json.dumps({**label, "worst_ttft": s["worst_ttft"]}), flush=True)
+            out.append({"summary": s, **label, **res})
+            mx.clear_cache()
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"args": vars(a), "runs": out}, f)
