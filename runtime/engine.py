@@ -46,7 +46,7 @@ from .prefix_io import PrefixIO
 from .cache.disk_tier import attach_disk_tier
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
-from .scheduler import Scheduler
+from .scheduler import Scheduler, step_tokens_floor
 from .target import probe_target, requested_of
 from .text import TextState, token_bytes_table
 from .warmup import warm_up
@@ -73,8 +73,9 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         # choice passes from the graph's `decode:` section under this config's overrides and the
         # device's facts (runtime/target.py); the runtime below only obeys the plan's choices.
         t0 = time.perf_counter()
+        target = probe_target()
         compiled = compile_cached(graph, model, config, lowering=c.lowering, kv_bits=c.kv_bits,
-                                  kv_group_size=c.kv_group_size, target=probe_target(), requested=requested_of(c),
+                                  kv_group_size=c.kv_group_size, target=target, requested=requested_of(c),
                                   model_path=c.model_path)
         log.info("compiled the step graph (with the load-time self-check unless its verdict was stored): %.1f s",
                  time.perf_counter() - t0)
@@ -117,6 +118,7 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         self.runner.views = KernelViews(compiled.decode)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
+                                   step_tokens_floor=step_tokens_floor(target.device),
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard()  # who takes part in each step; a failing one ends only the request(s) responsible

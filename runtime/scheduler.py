@@ -27,10 +27,20 @@ from .scheduler_costs import StepCosts
 
 # Prompt tokens a step may spend while rows decode (Engine(step_tokens=), `graphc serve
 # --step-tokens N` for a fixed N): every running stream waits for the step's prefill before its
-# next token. "auto" (the default): measured per step, at least STEP_TOKENS_FLOOR (the CPU sweep's
-# choice, docs/scheduling.md), more where a step's fixed cost dominates its prompt work.
+# next token. "auto" (the default): measured per step, at least the device's floor, more where a
+# step's fixed cost dominates its prompt work (docs/scheduling.md).
 STEP_TOKENS = "auto"
+# The floor: 256 on the CPU (its sweep's choice). On CUDA a prompt forward's launches cost about a
+# decode step whatever its length up to ~1k tokens, and the fit could not see the per-token cost
+# under that noise, so "auto" sat at 256; the H200 sweep (1B shape, 64 requests at once) gave at
+# 1024 half the TTFT p50 and p99 of the 256 it chose, for the same wall time and ITL p99.
 STEP_TOKENS_FLOOR = 256
+STEP_TOKENS_FLOORS = {"cuda": 1024}
+
+
+def step_tokens_floor(device: str) -> int:
+    """The "auto" budget's floor on `device` (runtime/target.py's Target.device)."""
+    return STEP_TOKENS_FLOORS.get(device, STEP_TOKENS_FLOOR)
 
 
 @attrs.define
@@ -61,7 +71,8 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
 
 class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
-                 kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | str | None = None):
+                 kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | str | None = None,
+                 step_tokens_floor: int = STEP_TOKENS_FLOOR):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if step_tokens is not None and step_tokens != "auto" and (
@@ -75,6 +86,7 @@ class Scheduler:
         # running stream waits for the step's prefill before its next token, so this bounds the
         # stall a long prompt causes; an idle engine still prefills prefill_chunk per step.
         self.step_tokens = step_tokens
+        self.step_tokens_floor = step_tokens_floor  # "auto" never spends less (step_tokens_floor())
         # "auto": the step costs measured from the intervals between schedule() calls (see
         # _clock); _last is the step in flight: [start time, prompt tokens, rows decoded].
         self.costs = StepCosts()
@@ -189,7 +201,7 @@ class Scheduler:
         if not self.running or self.step_tokens is None:
             return self.prefill_chunk
         if self.step_tokens == "auto":
-            n = self.costs.budget(STEP_TOKENS_FLOOR, self.prefill_chunk, self.STEP_TIME_FACTOR)
+            n = self.costs.budget(self.step_tokens_floor, self.prefill_chunk, self.STEP_TIME_FACTOR)
             # whole CHUNK_ALIGN units: a measured budget that moves by a few tokens each step would
             # give every step's chunk a new length (a new attention shape, see CHUNK_ALIGN)
             return n - n % self.CHUNK_ALIGN if n >= self.CHUNK_ALIGN else n

@@ -31,7 +31,6 @@ import time
 import mlx.core as mx
 
 from graphc.runtime.params import SamplingParams
-from graphc.runtime.scheduler import STEP_TOKENS_FLOOR
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 8
@@ -71,7 +70,7 @@ def serving_shapes(engine, rng: random.Random, vocab: int) -> bool:
     chunks and joins their batch (see the module docstring); False where the engine's max batch or
     KV budget cannot hold it (then those shapes are first met by clients)."""
     sched = engine.scheduler
-    budget = sched.step_tokens if isinstance(sched.step_tokens, int) else STEP_TOKENS_FLOOR
+    budget = sched.step_tokens if isinstance(sched.step_tokens, int) else sched.step_tokens_floor
     long_n = min(budget, sched.prefill_chunk) + 32
     need = ROWS * (PROMPT_TOKENS + sched.HEADROOM + NEW_TOKENS) + long_n + sched.HEADROOM + NEW_TOKENS
     if sched.max_batch < ROWS + 1 or (sched.kv_budget is not None and need > sched.kv_budget):

@@ -10,7 +10,7 @@ import pytest
 
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.request import Request, Status
-from graphc.runtime.scheduler import STEP_TOKENS, STEP_TOKENS_FLOOR, Scheduler
+from graphc.runtime.scheduler import STEP_TOKENS, STEP_TOKENS_FLOOR, STEP_TOKENS_FLOORS, Scheduler, step_tokens_floor
 from graphc.runtime.scheduler_costs import PROBE_EVERY, StepCosts
 from helpers import random_prompts
 
@@ -135,3 +135,20 @@ def test_noisy_step_times_never_push_the_budget_past_the_floor_on_a_per_token_co
         got.append(n)
         costs.observe((0.02 + 3.5e-3 * n) * (1 + (2 * rng.random() - 1)), n, True)
     assert max(got) == STEP_TOKENS_FLOOR
+
+
+def test_auto_floor_is_the_devices():
+    """On CUDA "auto" spends at least STEP_TOKENS_FLOORS["cuda"] while rows decode; the CPU keeps 256."""
+    assert step_tokens_floor("cpu") == STEP_TOKENS_FLOOR == 256
+    assert step_tokens_floor("cuda") == STEP_TOKENS_FLOORS["cuda"] > STEP_TOKENS_FLOOR
+    sched = Scheduler(prefill_chunk=2048, step_tokens="auto", step_tokens_floor=step_tokens_floor("cuda"))
+    sched.running.append(object())  # rows decode: the measured budget applies
+    assert sched.step_budget() == STEP_TOKENS_FLOORS["cuda"]  # nothing measured yet: the floor
+    sched = Scheduler(prefill_chunk=512, step_tokens="auto", step_tokens_floor=1024)
+    sched.running.append(object())
+    assert sched.step_budget() == 512  # never above one prefill chunk
+
+
+def test_engine_takes_the_floor_of_its_device(model_dir):
+    eng = Engine.load(model_dir("llama"))
+    assert eng.scheduler.step_tokens_floor == STEP_TOKENS_FLOOR  # the CPU here
