@@ -13,7 +13,8 @@ meets next (`serving_shapes`): four prompts admitted together (one batched prefi
 decode batch of 4), and while they decode a prompt of one step budget plus 32 tokens, which
 prefills in two chunks (a full one without the LM head, a last one at an offset) and joins the
 decoding batch (an extend of its caches, batch 5): on a GPU only, where first shapes cost
-(kernel JIT, cuDNN attention graphs per shape). On the CPU eager ops build nothing on first use:
+(kernel JIT, cuDNN attention graphs per shape), and every aligned prompt-chunk attention shape up
+to 4096 tokens of context within 20 s (runtime/warmup_plans.py). On the CPU eager ops build nothing on first use:
 there it measured no faster first traffic (8 requests at 8 req/s after a fresh start, three
 seeds) for a warm-up of 5 s instead of 0.5 s. Other batch sizes' compiled traces
 (`compile="auto"`) are still built when a batch of that size first decodes.
@@ -31,6 +32,8 @@ import time
 import mlx.core as mx
 
 from graphc.runtime.params import SamplingParams
+
+from .warmup_plans import attention_plans
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 8
@@ -60,6 +63,7 @@ def warm_up(engine, shapes: bool | None = None) -> float:
                                "(--no-warmup starts the server without it)") from e
     if shapes or (shapes is None and mx.default_device().type == mx.DeviceType.gpu):
         serving_shapes(engine, rng, vocab)
+        attention_plans(engine)  # on a GPU: the prompt chunks' attention shapes (warmup_plans.py)
     for k in engine.stats:  # taken back out: /metrics counts client traffic only
         engine.stats[k] = before.get(k, 0)
     return time.perf_counter() - t0
