@@ -182,15 +182,26 @@ class FullKV(LayerCache):
         self._offset = None
         if self.keys is None:
             return
-        idx = mx.array(rows, dtype=mx.int32)
         # Drop the columns that are padding for every remaining row.
         shift = min(self.left_pad) if self.left_pad else 0
+        runs = row_runs(rows)
+        copy_runs = runs and len(runs) <= MAX_COPY_RUNS and mx.default_device().type == mx.DeviceType.gpu
+        idx = None if copy_runs else mx.array(rows, dtype=mx.int32)
         for name in self.PLANES:
-            # One gather of the kept rows' columns (a contiguous result, not a view: kernels that
-            # read the whole buffer, the ragged attention kernel in runtime/kernel_views.py, would
-            # otherwise copy it on every step).
+            # A contiguous result, not a view: kernels that read the whole buffer (the ragged
+            # attention kernel, runtime/kernel_views.py) would otherwise copy it on every step.
+            # On a GPU, kept rows that are a few runs (rows leave a step at a time) are copied one
+            # run at a time, plain memory copies: a step's leave cost ~3x its join on the H200,
+            # which copies as many bytes with slice writes, while the gather by row index is
+            # the faster of the two on the CPU (benchmarks/probes/row_filter.py).
             x = getattr(self, name)
-            setattr(self, name, (x[..., shift:, :] if shift else x)[idx])
+            x = x[..., shift:, :] if shift else x
+            if idx is not None:
+                setattr(self, name, x[idx])
+            elif len(runs) == 1:
+                setattr(self, name, mx.contiguous(x[runs[0][0]:runs[0][1]]))
+            else:
+                setattr(self, name, mx.concatenate([x[a:b] for a, b in runs], axis=0))
         if shift:
             self.idx -= shift
             self.left_pad = [p - shift for p in self.left_pad]
@@ -265,6 +276,21 @@ class FullKV(LayerCache):
     @property
     def capacity(self) -> int:
         return 0 if self.keys is None else self.keys.shape[2]
+
+
+MAX_COPY_RUNS = 8  # more runs of kept rows than this: one gather instead of a copy per run
+
+
+def row_runs(rows: list[int]) -> list[tuple[int, int]]:
+    """Increasing row indices as [start, end) runs of consecutive rows ([0, 1, 2, 5, 6] ->
+    [(0, 3), (5, 7)]); rows out of order each start a run of their own."""
+    runs: list[tuple[int, int]] = []
+    for r in rows:
+        if runs and r == runs[-1][1]:
+            runs[-1] = (runs[-1][0], r + 1)
+        else:
+            runs.append((r, r + 1))
+    return runs
 
 
 def _batch_rank(mask, cache):
