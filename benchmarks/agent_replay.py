@@ -37,8 +37,7 @@ from tokenizers import Tokenizer
 
 from .env import describe, environment
 from .report import write_json
-from .serving.run import _free_port
-from .serving.servers import SERVERS, Server
+from .serving.servers import SERVERS, Server, free_port
 from .serving.workload import Request, corpus_ids, eos_token_ids
 
 PASSES = ("cold", "warm", "disk", "restart")
@@ -111,7 +110,7 @@ def run_replay(cfg: ReplayConfig, log=print) -> dict:
             extra = list(cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args)
 
             def start(more=()):
-                return Server(spec, cfg.model, _free_port(), 1, logs / f"{spec.name}.log", extra + list(more))
+                return Server(spec, cfg.model, free_port(), 1, logs / f"{spec.name}.log", extra + list(more))
 
             def record(pass_, ttft):
                 runs.append({"server": spec.name, "repeat": rep, "pass": pass_, "ttft": ttft})

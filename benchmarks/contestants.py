@@ -207,7 +207,9 @@ def batchgen_decode(model, prompts, *, warmup, steps, repeats, sampling=None, ti
 
 
 # -- the plain mlx-lm loop -----------------------------------------------------------------
-def _plain_prefill(model, prompts, chunk: int = 2048):
+def plain_prefill(model, prompts, chunk: int = 2048):
+    """mlx-lm's own prefill of equal-length prompts in ``chunk``-token pieces: (its prompt cache,
+    each row's last prompt token [B]), the starting point of `plain_step`."""
     cache = make_prompt_cache(model)
     x = mx.array(prompts, dtype=mx.int32)  # equal lengths: no padding needed
     while x.shape[1] > 1:
@@ -218,20 +220,21 @@ def _plain_prefill(model, prompts, chunk: int = 2048):
     return cache, x[:, 0]
 
 
-def _plain_step(model, cache, y):
+def plain_step(model, cache, y):
+    """One greedy mlx-lm decode step from the tokens ``y`` [B]: the next tokens [B], lazy."""
     return mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
 
 
 def plain_decode(model, prompts, *, warmup, steps, repeats, tick=None) -> list[float]:
-    cache, y = _plain_prefill(model, prompts)
-    nxt = _plain_step(model, cache, y)
+    cache, y = plain_prefill(model, prompts)
+    nxt = plain_step(model, cache, y)
     mx.async_eval(nxt)
 
     def run(n):
         nonlocal nxt
         for _ in range(n):
             cur = nxt
-            nxt = _plain_step(model, cache, cur)
+            nxt = plain_step(model, cache, cur)
             mx.async_eval(nxt)
             cur.tolist()
 
@@ -251,14 +254,14 @@ def plain_decode(model, prompts, *, warmup, steps, repeats, tick=None) -> list[f
 
 
 def plain_host(model, prompts, *, warmup, steps) -> dict:
-    cache, y = _plain_prefill(model, prompts)
+    cache, y = plain_prefill(model, prompts)
     for _ in range(warmup):
-        y = _plain_step(model, cache, y)
+        y = plain_step(model, cache, y)
         mx.eval(y)
     build, submit, device = [], [], []
     for _ in range(steps):
         t0 = now()
-        y = _plain_step(model, cache, y)
+        y = plain_step(model, cache, y)
         t1 = now()
         mx.async_eval(y)
         t2 = now()

@@ -44,7 +44,7 @@ from statistics import median
 
 import mlx.core as mx
 
-from .contestants import _plain_prefill, graphc_params, make_engine
+from .contestants import graphc_params, make_engine, plain_prefill
 from .shapes import load_shape
 
 now = time.perf_counter
@@ -127,7 +127,7 @@ def uninstrument(engine) -> None:
 
 def plain_loop(model, prompts, new: int, skip: int) -> list[dict]:
     """mlx-lm's plain loop with the same split (build, submit, wait; no engine part)."""
-    cache, y = _plain_prefill(model, prompts)
+    cache, y = plain_prefill(model, prompts)
     nxt = mx.argmax(model(y[:, None], cache=cache)[:, -1, :], axis=-1)
     mx.async_eval(nxt)
     rows = []

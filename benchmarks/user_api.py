@@ -95,13 +95,13 @@ def batch_generate(model, tokenizer, prompts, max_tokens: int, sampling: dict | 
 
 def plain_loop(model, prompts, max_tokens: int, sampling: dict | None = None):
     """mlx-lm's model on its batched KV cache: prefill, then argmax steps, two-deep pipeline."""
-    cache, y = C._plain_prefill(model, prompts)
-    nxt = C._plain_step(model, cache, y)
+    cache, y = C.plain_prefill(model, prompts)
+    nxt = C.plain_step(model, cache, y)
     mx.async_eval(nxt)
     n = 0
     for _ in range(max_tokens - 1):
         cur = nxt
-        nxt = C._plain_step(model, cache, cur)
+        nxt = C.plain_step(model, cache, cur)
         mx.async_eval(nxt)
         cur.tolist()
         n += len(prompts)

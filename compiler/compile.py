@@ -14,7 +14,7 @@ from .errors import GraphError, UnsupportedModel
 from .ir import GraphSpec
 from .lower import LoweredStep, lower
 from .parse import parse_collect, resolve_graph_path
-from .plan import Plan, build_plan
+from .plan import Plan
 from .selfcheck import chunking_changes_output, reference_run, run_check
 from .target import Requested, Target
 from .validate import validate
@@ -242,12 +242,11 @@ def _checked(spec, binding: Binding, ref, lowering: str, batched: bool, target: 
     binding.check = result
     binding.batched = batched
     log.info("model type '%s': %s lowering, self-check %s", binding.model_type, lowering, result.describe())
-    # Rebuild the plans now that the check is known (inspect prints it).
-    compiled.prefill.plan = build_plan(binding, "prefill", target, requested)
-    compiled.decode.plan = build_plan(binding, "decode", target, requested)
-    compiled.vocab_size = ref.vocab
-    compiled.target, compiled.requested = target, requested
-    return compiled
+    # Lowered again now that the check is known (the plans print it: inspect): a new CompiledGraph
+    # whose steps carry their final plans from construction, not the checked one's plans replaced.
+    return CompiledGraph(spec, binding, lower(binding, "prefill", target, requested),
+                         lower(binding, "decode", target, requested), vocab_size=ref.vocab, target=target,
+                         requested=requested)
 
 
 def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) -> CompiledGraph:
@@ -262,11 +261,9 @@ def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) ->
     for name in ("batched", "mask_rank"):  # what the check found about batching this model
         if hasattr(b0, name):
             setattr(binding, name, getattr(b0, name))
-    sib = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
-                        vocab_size=compiled.vocab_size, target=compiled.target, requested=compiled.requested)
-    for step in (sib.prefill, sib.decode):  # the plans' choice passes on the same inputs
-        step.plan = build_plan(binding, step.plan.kind, compiled.target, compiled.requested)
-    return sib
+    t, r = compiled.target, compiled.requested  # the plans' choice passes on the same inputs
+    return CompiledGraph(spec, binding, lower(binding, "prefill", t, r), lower(binding, "decode", t, r),
+                         vocab_size=compiled.vocab_size, target=t, requested=r)
 
 
 __all__ = ["CompiledGraph", "GraphError", "UnsupportedModel", "compile_graph", "compile_sibling", "load_spec"]

@@ -108,5 +108,6 @@ class LoweredStep:
         return self.head(self.forward(inputs))
 
 
-def lower(binding: Binding, kind: str) -> LoweredStep:
-    return LoweredStep(build_plan(binding, kind), binding)
+def lower(binding: Binding, kind: str, target=None, requested=None) -> LoweredStep:
+    """The step of one batch kind, its plan built on `target` / `requested` (build_plan's)."""
+    return LoweredStep(build_plan(binding, kind, target, requested), binding)

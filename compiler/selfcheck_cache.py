@@ -44,7 +44,6 @@ from .compile import CompiledGraph, compile_graph, load_spec, with_kv_bits
 from .lower import lower
 from .ops import OPS
 from .parse import resolve_graph_path
-from .plan import build_plan
 from .selfcheck import CheckResult
 from .target import Requested, Target
 
@@ -164,11 +163,9 @@ def _rebuild(record: dict, graph, model, config: dict, kv_bits, kv_group_size, t
     binding.lowering, binding.batched, binding.mask_rank = record["lowering"], record["batched"], record["mask_rank"]
     # The plans' choice passes run on this start's target and requested options: they are not
     # part of the verdict (they follow the check, as in compile.py's _checked).
-    compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"),
-                             vocab_size=int(record["vocab"]), target=target, requested=requested)
-    compiled.prefill.plan = build_plan(binding, "prefill", target, requested)
-    compiled.decode.plan = build_plan(binding, "decode", target, requested)
-    return compiled
+    return CompiledGraph(spec, binding, lower(binding, "prefill", target, requested),
+                         lower(binding, "decode", target, requested), vocab_size=int(record["vocab"]),
+                         target=target, requested=requested)
 
 
 def _distributed() -> bool:

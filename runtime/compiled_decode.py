@@ -15,7 +15,7 @@ What makes the step compile-friendly (the shapes stop changing every step):
 - the write column and RoPE positions are arrays (offset = idx - left_pad), not Python
   ints baked into the trace; the new K/V columns are written at the array column by
   the attention kernel itself, in place (CUDA, `kv_write_kernel`: `_FixedKV.attend_new`),
-  else by `_write_columns` (a scatter on CUDA, `mx.slice_update` elsewhere: see there why);
+  else by `write_columns` (a scatter on CUDA, `mx.slice_update` elsewhere: see there why);
 - capacities are bucketed (powers of two up to 256, then multiples of 256), so
   shapes change at most once per 256 steps; each distinct (batch size, capacity) is
   traced once and reused from mx.compile's cache. Batch sizes are not padded to
@@ -82,8 +82,8 @@ class _FixedKV:
         return [self.keys, self.values]
 
     def update_and_fetch(self, k, v):
-        self.keys = _write_columns(self.keys, k, self.idx)
-        self.values = _write_columns(self.values, v, self.idx)
+        self.keys = write_columns(self.keys, k, self.idx)
+        self.values = write_columns(self.values, v, self.idx)
         return self.keys, self.values
 
     def attend_new(self, q, k, v, scale):
@@ -118,7 +118,7 @@ class _FixedKV:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=self.mask)
 
 
-def _write_columns(buf, new, idx):
+def write_columns(buf, new, idx):
     """`buf[:, :, idx:idx + L] = new` for an array column `idx` (new: [B, H, L, D]).
 
     Why not always `mx.slice_update(buf, new, idx, axes=(2,))`: at an array index MLX's CUDA
@@ -170,7 +170,7 @@ def _bucket(n: int) -> int:
 # Why 64 and not less: a K/V write at an array column with `mx.slice_update` costs device time in
 # proportion to the whole buffer (8.5 of the compiled step's 17.2 ms at 8B batch 64 under ncu),
 # which made the compiled step lose at batch 64 (8B: 16.0-16.6 against 9.7-10.9 ms). With the
-# scatter write (`_write_columns`) the same step has 9.4 ms of device time against eager's 9.9,
+# scatter write (`write_columns`) the same step has 9.4 ms of device time against eager's 9.9,
 # and per step it ran 7.9-8.2 against 7.8-9.1 ms
 # (8B batch 64), 2.7-4.0 against 3.7-5.8 (1B batch 64), 5.0 against 5.9-6.3 (8B batch 1); through
 # the public API at 8B batch 64 13.6 against eager 15.6 ms (H200). Larger
@@ -263,7 +263,7 @@ class CompiledDecode:
         """Each layer's fixed-shape cache: `_FixedKV` over bf16 planes, `FixedQuantizedKV` over codes."""
         return [_FixedKV(p[0], p[1], idx, offset, mask, start, end, self.fused, self.kernel, self.matmul,
                          self.blocks, self.write, self.residual) if f is None else
-                FixedQuantizedKV(p, f, idx, offset, mask, self.fused, self.matmul, self.residual, _write_columns)
+                FixedQuantizedKV(p, f, idx, offset, mask, self.fused, self.matmul, self.residual, write_columns)
                 for f, p in zip(formats, planes)]
 
     @staticmethod

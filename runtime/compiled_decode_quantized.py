@@ -5,7 +5,7 @@ keys / values with `mx.quantize` and mlx-lm's attention, seeing the cache's `bit
 `quantized_scaled_dot_product_attention` over the (codes, scales, biases) of the written columns.
 The compiled step (runtime/compiled_decode.py) does the same at a fixed shape: the six planes
 (codes, scales and biases of K and of V) stay at the capacity bucket, the new column's codes are
-written in place at the array column `idx` (the same write as bf16 KV's: `_write_columns`), and
+written in place at the array column `idx` (the same write as bf16 KV's: `write_columns`), and
 the same quantized attention runs over the whole capacity with the step's [B, 1, L, C] mask.
 
 Why that is the eager step's math: the codes are the same `mx.quantize` of the same keys; the
@@ -53,7 +53,7 @@ def quantized_note(policies: list) -> str:
 class FixedQuantizedKV:
     """What a quantized layer sees inside the trace (contracts/decode_block.py): the six planes at
     their capacity, array offsets, `bits` / `group_size` so mlx-lm's attention quantizes as the
-    eager QuantizedKV does. `write_columns` is compiled_decode's `_write_columns` (its device rule)."""
+    eager QuantizedKV does. `write_columns` is compiled_decode.write_columns, passed in (its device rule)."""
 
     def __init__(self, planes: list, fmt: tuple, idx, offset, mask, fused, matmul, residual, write_columns):
         self.planes = list(planes)  # QuantizedKV.PLANES order: codes K, codes V, K scales/biases, V scales/biases

@@ -108,14 +108,21 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.
         self.host_edits = HostEdits(tokenizer, self.vocab_size, self.eos_token_ids)
+        self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
+                      "preemptions": 0, "step_faults": 0}
+        # Eager decode steps over left-padded rows and verify forwards take the ragged attention
+        # kernel where the plan chose it (runtime/kernel_views.py). The views and the speculator
+        # are built before the runner and handed to it: no component is assigned into afterwards.
+        views = KernelViews(compiled.decode)
+        self.speculator = speculator_for(c, self.compiled, views=views, stats=self.stats,
+                                         eos_token_ids=self.eos_token_ids, tokenizer=tokenizer,
+                                         vocab_size=self.vocab_size)
         self.runner = ModelRunner(self.compiled, chain=c.chain, host_edits=self.host_edits, prefix_io=io,
+                                  views=views, speculator=self.speculator,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                                   sampling_kernel=plan.choice("sampling").choice == "fused cuda",
                                   host_read=plan.choice("host read").choice,
                                   pad_final_chunk=chunk_pad.resolve(c.pad_final_chunk))
-        # Eager decode steps over left-padded rows and verify forwards take the ragged attention
-        # kernel where the plan chose it (runtime/kernel_views.py).
-        self.runner.views = KernelViews(compiled.decode)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
                                    step_tokens_floor=step_tokens_floor(target.device),
@@ -123,19 +130,13 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         self._batch_prefill = batch_prefill
         self.faults = StepGuard()  # who takes part in each step; a failing one ends only the request(s) responsible
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
-        self.stats = {"prompt_tokens": 0, "computed_prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0,
-                      "preemptions": 0, "step_faults": 0}
-        self.speculator = self.runner.speculator = speculator_for(self, c)
 
     @property
     def batch_prefill(self) -> bool:
-        """Whole short prompts share one left-padded prefill forward (when the graph's caches allow)."""
+        """Whole short prompts may share one left-padded prefill forward: EngineConfig's batch_prefill,
+        off for a graph exact only one request at a time; fixed at construction. The scheduler takes
+        it where the graph's caches allow it too (ModelRunner.can_batch_prefill)."""
         return self._batch_prefill
-
-    @batch_prefill.setter
-    def batch_prefill(self, on: bool) -> None:
-        self._batch_prefill = on
-        self.scheduler.batch_prefill = on and self.runner.can_batch_prefill
 
     # -- construction -------------------------------------------------------------
     @classmethod

@@ -45,6 +45,7 @@ class PrefillDone:
 
 class ModelRunner:
     def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
+                 views=None, speculator=None,
                  vocab_size: int | None = None, eos_token_ids=(), sampling_kernel: bool = False,
                  host_read: str = "tokens", pad_final_chunk: bool = False):
         if host_read not in host_reads.STRATEGIES:
@@ -74,10 +75,12 @@ class ModelRunner:
         # grammar row's next mask needs its first token consumed; rows that ended stay out).
         self.joining: list[tuple[list[Request], list]] = []
         self.steps = 0
-        # Speculative decoding (runtime/speculative/): set by the Engine when it is available;
-        # it runs verify steps instead of plain decode steps for batches it takes.
-        self.speculator = None
-        self.views = None  # KernelViews (runtime/kernel_views.py), set by the Engine
+        # Speculative decoding (runtime/speculative/): the Engine's Speculator, or None; it runs
+        # verify steps instead of plain decode steps for batches it takes.
+        self.speculator = speculator
+        # KernelViews (runtime/kernel_views.py), or None: eager decode steps over left-padded rows
+        # take the ragged attention kernel where the plan chose it.
+        self.views = views
         # A prompt's last chunk padded to a multiple of pad_align tokens, so its attention shapes
         # repeat (runtime/chunk_pad.py); 0: off, asked off or not exact for this graph (pad_off says why).
         self.pad_off = None if pad_final_chunk else "pad_final_chunk is off"

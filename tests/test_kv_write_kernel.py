@@ -46,7 +46,7 @@ def kernels(monkeypatch):
             seen["attend"].append(L)
         return da.reference(q, k, v, start, end, scale)
 
-    original = cd._write_columns
+    original = cd.write_columns
 
     def scatter(buf, new, idx):
         seen["scatter"] += 1
@@ -55,7 +55,7 @@ def kernels(monkeypatch):
     monkeypatch.setattr(da, "check", lambda seed=0: None)
     monkeypatch.setattr(da, "write_check", lambda seed=0: None)
     monkeypatch.setattr(da, "ragged_attention", kernel)
-    monkeypatch.setattr(cd, "_write_columns", scatter)
+    monkeypatch.setattr(cd, "write_columns", scatter)
     mx.disable_compile()
     try:
         yield seen

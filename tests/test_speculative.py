@@ -478,3 +478,15 @@ def test_bench_dequantize_measures_the_same_weights_unquantized(model_dir, tmp_p
         load_shape(str(src), "float32", dequantize=True)
     with pytest.raises(SystemExit, match="random unquantized"):
         load_shape("tiny", "float32", dequantize=True)
+
+
+def test_the_runner_is_built_with_the_engines_speculator_and_kernel_views(model_dir):
+    """The Engine hands the runner its speculator and kernel views at construction (nothing is
+    assigned into the runner afterwards: tests/test_component_wiring.py); the speculator is given
+    the engine's end-of-sequence ids and stats dict as values."""
+    eng = Engine.load(model_dir("llama"))
+    spec = eng.speculator
+    assert eng.runner.speculator is spec and spec is not None
+    assert eng.runner.views is spec.views and spec.views is not None
+    assert spec.eos_token_ids == eng.eos_token_ids and spec.eos_token_ids is not eng.eos_token_ids
+    assert spec.stats is eng.stats and "spec_steps" in eng.stats and "preemptions" in eng.stats

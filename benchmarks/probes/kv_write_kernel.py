@@ -37,7 +37,7 @@ import time
 
 import mlx.core as mx
 
-from graphc.runtime.compiled_decode import _write_columns
+from graphc.runtime.compiled_decode import write_columns
 from graphc.runtime.kernels import decode_attention as da
 
 print("check:", da.check() or "ok", "| write_check:", da.write_check() or "ok", "|", da.grouped_note(), flush=True)
@@ -100,8 +100,8 @@ def kernel(ctx=272, cap=512, layers=32, kinds=("scatter", "kernel")):
         outs = []
         for l in range(layers):
             if kind == "scatter":
-                ks[l] = _write_columns(ks[l], nk, idx)
-                vs[l] = _write_columns(vs[l], nk, idx)
+                ks[l] = write_columns(ks[l], nk, idx)
+                vs[l] = write_columns(vs[l], nk, idx)
                 outs.append(da.ragged_attention(q, ks[l], vs[l], start, end, D ** -0.5))
             else:
                 new = {"kernel": (nk, nk), "rows strided": (rk, rv),

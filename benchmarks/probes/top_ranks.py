@@ -24,7 +24,7 @@ from graphc.benchmarks.contestants import graphc_params, make_engine
 from graphc.benchmarks.shapes import load_shape
 from graphc.runtime.kernels import top_ranks
 from graphc.runtime import SamplingParams
-from graphc.runtime.sampling.bench_sampling import _host_us, _time
+from graphc.runtime.sampling.bench_sampling import median_build_us, median_eval_s
 from graphc.runtime.sampling.select import select_tokens
 from graphc.runtime.sampling.tensors import SamplingTensors
 
@@ -33,7 +33,7 @@ SAMPLING = dict(temperature=0.8, top_p=0.9, top_k=50)
 
 def timed(fn, iters=50):
     """(median ms of evaluated calls, median µs to build one): bench_sampling's timers."""
-    return _time(fn, iters, warmup=5) * 1e3, _host_us(fn, 20)
+    return median_eval_s(fn, iters, warmup=5) * 1e3, median_build_us(fn, 20)
 
 
 print("check:", top_ranks.check() or "matched MLX bit for bit", "| runs:", top_ranks.note(), flush=True)

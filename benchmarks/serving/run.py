@@ -4,7 +4,6 @@ Poisson rates plus saturation; per rate per server the medians over repeats with
 from __future__ import annotations
 
 import math
-import socket
 import statistics
 import sys
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from ..report import write_json
 from .client import Result, run_load
 from .options import CPU_DEFAULTS, GPU_DEFAULTS
 from .plot import plot_serving
-from .servers import SERVERS, Server
+from .servers import SERVERS, Server, free_port
 from .workload import as_dicts, eos_token_ids, make_workload, summary
 
 # Each metric: (key, column header, scale to print, format)
@@ -142,17 +141,11 @@ def rate_table(rate_key: str, per: dict, servers) -> str:
                      for x in [head] + rows)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def _started(cfg: ServingConfig, spec, startups: list, rep: int):
     """A ready server (its startup time recorded), warmed by two tiny requests: a server's first
     requests pay lazy loads and kernel builds, which belong to startup, not to the first rate."""
-    port = cfg.port + (spec.name != "graphc") if cfg.port else _free_port()
+    port = cfg.port + (spec.name != "graphc") if cfg.port else free_port()
     extra = cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args
     srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra)
     with srv as url:

@@ -16,8 +16,10 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
+from graphc.compiler.cache_dir import cache_root
+
 from .make import make_config, make_model
-from .tokenizer import PACKAGE_DIR, _cache_root, corpus_hash
+from .tokenizer import PACKAGE_DIR, corpus_hash
 
 SHIPPED_DEMO_DIR = PACKAGE_DIR / "demo"
 
@@ -55,7 +57,7 @@ def random_demo_key() -> str:
 
 def random_demo_path() -> Path:
     """Build (once) and return the cached random-weight llama demo model."""
-    final = _cache_root() / f"demo-llama-{random_demo_key()}"
+    final = cache_root() / f"demo-llama-{random_demo_key()}"
     if _shipped_demo_ok(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)

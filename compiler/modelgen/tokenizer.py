@@ -119,10 +119,6 @@ def train_tokenizer(vocab_size: int):
     return tok
 
 
-def _cache_root() -> Path:
-    return cache_root()  # compiler/cache_dir.py
-
-
 def shipped_tokenizer_path(vocab_size: int) -> Path:
     return SHIPPED_DIR / f"bpe-{vocab_size}.json"
 
@@ -132,7 +128,7 @@ def tokenizer_json(vocab_size: int) -> str:
     shipped = shipped_tokenizer_path(vocab_size)
     if shipped.exists():
         return shipped.read_text(encoding="utf-8")
-    cached = _cache_root() / "tokenizers" / f"bpe-{vocab_size}-{corpus_hash()}.json"
+    cached = cache_root() / "tokenizers" / f"bpe-{vocab_size}-{corpus_hash()}.json"
     if cached.exists():
         return cached.read_text(encoding="utf-8")
     text = train_tokenizer(vocab_size).to_str(pretty=False)

@@ -130,7 +130,7 @@ class FullKV(LayerCache):
             return mask
         # Never a row's own left padding.
         pad = self.left_pad_array()[:, None, None, None]
-        return _batch_rank(mask[None, None] & (mx.arange(self.idx + N) >= pad), self)
+        return to_mask_rank(mask[None, None] & (mx.arange(self.idx + N) >= pad), self)
 
     # -- the rest of mlx-lm's cache protocol, for model code that reads it ---------------------
     @property
@@ -293,7 +293,7 @@ def row_runs(rows: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _batch_rank(mask, cache):
+def to_mask_rank(mask, cache):
     """A per-row mask [B, 1, N, T], or [B, 1, 1, N, T] for models whose attention scores are
     [B, kv_heads, repeats, N, T] (gemma2 with grouped heads); the binding sets `mask_rank`
     on the caches when the self-check found the model needs it (compiler/compile.py)."""

@@ -28,7 +28,7 @@ import mlx.core as mx
 
 from .base import CachePolicy, LayerCache
 from .device_ints import offsets, on_device
-from .full import _batch_rank
+from .full import to_mask_rank
 from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
 
@@ -145,7 +145,7 @@ class WindowedKV(LayerCache):
         mask = (q >= k) & (q < k + w)
         if padded:
             lo_a = on_device(lo)[:, None, None, None]  # the same values step after step: one array
-            mask = _batch_rank(mask[None, None] & (k[None, None] >= lo_a), self)
+            mask = to_mask_rank(mask[None, None] & (k[None, None] >= lo_a), self)
         return mask
 
     # -- the rest of mlx-lm's cache protocol, for model code that reads it ---------------------

@@ -35,7 +35,8 @@ CONFIGS = {
 }
 
 
-def _time(fn, iters: int, warmup: int = 3) -> float:
+def median_eval_s(fn, iters: int, warmup: int = 3) -> float:
+    """Median seconds to build and evaluate ``fn()``, after ``warmup`` untimed calls (traces, caches)."""
     for _ in range(warmup):
         mx.eval(fn())
     ts = []
@@ -46,7 +47,7 @@ def _time(fn, iters: int, warmup: int = 3) -> float:
     return statistics.median(ts)
 
 
-def _host_us(fn, iters: int) -> float:
+def median_build_us(fn, iters: int) -> float:
     """Median µs to build the lazy graph alone (no evaluation): the host's share of a step."""
     fn()
     ts = []
@@ -118,10 +119,10 @@ def run_bench(
                 def fn():
                     return select_tokens(logits, st, positions, key)
 
-            ms = 1e3 * _time(fn, iters)
+            ms = 1e3 * median_eval_s(fn, iters)
             base = ms if base is None else base
             rows.append(dict(batch=B, config=name, ms=ms, ratio_to_greedy=ms / base,
-                             host_us=_host_us(fn, iters), nodes=graph_nodes(fn())))
+                             host_us=median_build_us(fn, iters), nodes=graph_nodes(fn())))
     return rows
 
 

@@ -7,7 +7,7 @@ selected by one ``mx.compile``d function over the whole batch:
     ~keys of the first K ranks (block maxima, partition, gather, partition, sort)
       -> values and ids decoded from the keys (no gather from the logits)
       -> per-row noise state (seed or key words, absorbed with the position)
-      -> temperature, top-k / top-p / min-p keep mask, Gumbel-max  (select._filtered)
+      -> temperature, top-k / top-p / min-p keep mask, Gumbel-max  (select.choose_ranked)
 
 A greedy row is a row with top_k = 1 and temperature 1: its only kept rank is rank 0,
 the argmax (lowest id on ties), whatever the noise. Every other row keeps exactly the
@@ -34,7 +34,7 @@ from ..kernels import gumbel_choose, top_ranks
 from .murmur import murmur_absorb
 from .noise import gumbel_from_uniform
 from .kinds import CANDIDATES, GREEDY
-from .select import _filtered, choose, decode_neg_keys, first_rank_neg_keys, rank_masks
+from .select import choose, choose_ranked, decode_neg_keys, first_rank_neg_keys, rank_masks
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
 _absorb = mx.compile(murmur_absorb, shapeless=True)  # elementwise: one kernel, once per batch composition
@@ -96,7 +96,7 @@ class FusedRows:
         top_k = np.ones(batch_size, np.int32)
         top_p = np.ones(batch_size, np.float32)
         log_min_p = np.full(batch_size, -np.inf, np.float32)
-        # The group's arrays are exactly what the grouped path feeds _filtered for these rows.
+        # The group's arrays are exactly what the grouped path feeds choose_ranked for these rows.
         inv_t[rows] = np.array(cand.inv_temperature)
         top_k[rows] = np.array(cand.top_k)
         top_p[rows] = np.array(cand.top_p)
@@ -151,7 +151,7 @@ def _fused(x, inv_t, top_k, top_p, log_min_p, seed_state, has_seed, positions, k
                       use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)
     sid, sv = decode_neg_keys(first_rank_neg_keys(x, width))  # [B, K] in rank order
     state = murmur_absorb(h, positions.astype(mx.uint32))
-    return _filtered(sv, sid, inv_t, top_k, top_p, log_min_p, state,
+    return choose_ranked(sv, sid, inv_t, top_k, top_p, log_min_p, state,
                      use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)
 
 

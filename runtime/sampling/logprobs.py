@@ -23,7 +23,7 @@ import functools
 import attrs
 import mlx.core as mx
 
-from .select import _ids_from_keys, rank_keys
+from .select import ids_from_keys, rank_keys
 
 
 @attrs.frozen(eq=False)
@@ -72,7 +72,7 @@ def top_n(s: mx.array, lse: mx.array, n: int) -> tuple[mx.array, mx.array]:
     """Top-n (ids int32 [b, n], logprobs f32 [b, n]) of scaled logits ``s`` [b, V]."""
     keys = mx.topk(rank_keys(s), n, axis=-1)
     keys = mx.sort(keys, axis=-1)[:, ::-1]
-    ids = _ids_from_keys(keys)
+    ids = ids_from_keys(keys)
     return ids, mx.take_along_axis(s, ids, axis=-1) - lse
 
 

@@ -67,7 +67,8 @@ def rank_keys(x: mx.array) -> mx.array:
     return _order_keys_c(x.astype(mx.float32).view(mx.uint32), ids)
 
 
-def _ids_from_keys(keys: mx.array) -> mx.array:
+def ids_from_keys(keys: mx.array) -> mx.array:
+    """The token ids int32 of `rank_keys`' keys: the low word holds 0xFFFFFFFF - id."""
     low = (keys & mx.array(0xFFFFFFFF, mx.uint64)).astype(mx.uint32)
     return (mx.array(0xFFFFFFFF, mx.uint32) - low).astype(mx.int32)
 
@@ -178,7 +179,7 @@ def rank_order(x: mx.array, width: int) -> tuple[mx.array, mx.array]:
         keys = mx.sort(mx.topk(rank_keys(x), width, axis=-1), axis=-1)[:, ::-1]
     else:
         keys = mx.sort(rank_keys(x), axis=-1)[:, ::-1][:, :width]
-    ids = _ids_from_keys(keys)
+    ids = ids_from_keys(keys)
     return mx.take_along_axis(x, ids, axis=-1), ids
 
 
@@ -202,7 +203,9 @@ def _plain(x, inv_t, log_min_p, state, *, use_min_p: bool):
     return mx.argmax(score, axis=-1).astype(mx.int32)
 
 
-def _filtered(sv, sid, inv_t, top_k, top_p, log_min_p, state, *, use_top_k, use_top_p, use_min_p, masks=None):
+def choose_ranked(sv, sid, inv_t, top_k, top_p, log_min_p, state, *, use_top_k, use_top_p, use_min_p, masks=None):
+    """`choose` over ranked candidates (values ``sv``, ids ``sid``, in rank order): scales them
+    by 1/T and draws their Gumbel noise from ``state``; the grouped and the fused path share it."""
     s = sv.astype(mx.float32) * inv_t[:, None]
     return choose(s, sid, gumbel_noise(state, sid), top_k, top_p, log_min_p,
                   use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p, masks=masks)
@@ -257,7 +260,7 @@ def choose(s, sid, g, top_k, top_p, log_min_p, *, use_top_k, use_top_p, use_min_
 
 def _ranked(x, inv_t, top_k, top_p, log_min_p, state, *, width, use_top_k, use_top_p, use_min_p, candidate_select=None):
     sv, sid = rank_order(x, min(width, x.shape[-1]))
-    return _filtered(
+    return choose_ranked(
         sv, sid, inv_t, top_k, top_p, log_min_p, state,
         use_top_k=use_top_k, use_top_p=use_top_p, use_min_p=use_min_p,
     )

@@ -28,7 +28,7 @@ from pydantic import Field
 
 from .body import parse
 from .errors import APIError, bad_request
-from .protocol import ChatCompletionRequest, _Req
+from .protocol import ChatCompletionRequest, RequestModel
 
 # HTTP status -> Anthropic's error type (docs: "Errors"); 503 is their overloaded_error.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -52,7 +52,7 @@ def as_messages_error(e: APIError) -> MessagesError:
     return MessagesError(e.status, msg, param=e.param, code=e.code, headers=e.headers)
 
 
-class MessagesRequest(_Req):
+class MessagesRequest(RequestModel):
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
@@ -71,7 +71,7 @@ class MessagesRequest(_Req):
     metadata: dict[str, Any] | None = None
 
 
-class CountTokensRequest(_Req):
+class CountTokensRequest(RequestModel):
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None

@@ -13,27 +13,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class _Req(BaseModel):
+class RequestModel(BaseModel):
+    """The base of every request model (OpenAI, Responses, Anthropic Messages): unknown fields are
+    ignored, non-finite floats refused, and fields may be given by name or by alias."""
+
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
 
 
-class StreamOptions(_Req):
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(_Req):
+class JsonSchemaFormat(RequestModel):
     name: str | None = None
     description: str | None = None
     schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Req):
+class ResponseFormat(RequestModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class _Sampling(_Req):
+class _Sampling(RequestModel):
     """Fields shared by /v1/completions and /v1/chat/completions (OpenAI names, plus vLLM's extras)."""
 
     model: str | None = None

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from .body import parse
 from .errors import APIError, bad_request
-from .protocol import ChatCompletionRequest, _Req
+from .protocol import ChatCompletionRequest, RequestModel
 
 # chat field -> the Responses field a client sent it as
 _PARAM = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text",
@@ -33,7 +33,7 @@ _PARAM = {"messages": "input", "max_tokens": "max_output_tokens", "response_form
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class TextFormat(_Req):
+class TextFormat(RequestModel):
     type: str
     name: str | None = None
     description: str | None = None
@@ -41,11 +41,11 @@ class TextFormat(_Req):
     strict: bool | None = None
 
 
-class TextConfig(_Req):
+class TextConfig(RequestModel):
     format: TextFormat | None = None
 
 
-class ResponsesRequest(_Req):
+class ResponsesRequest(RequestModel):
     model: str | None = None
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None

@@ -78,7 +78,7 @@ class Speculator:
                  max_tokens: int | None = None, problem: str | None = None, stats: dict | None = None,
                  min_acceptance: float = 0.15, cooldown: int = 32, pipeline: bool | None = None,
                  shrink_k: bool | None = None,
-                 adaptive: bool | None = None, views=None):
+                 adaptive: bool | None = None, views=None, eos_token_ids=(), draft_model=None):
         # `step`: the decode LoweredStep whose plan holds the verify node (the eager one, not
         # the compiled-decode wrapper: a verify batch has k + 1 positions per row).
         self.step = getattr(step, "step", step)
@@ -119,7 +119,7 @@ class Speculator:
         # draft (the drafter), build (graph + async_eval), wait (until the result is on the
         # host), post (trims, emitted tokens, per-row learning).
         self.timing = dict.fromkeys(("draft", "build", "wait", "post"), 0.0)
-        self.eos_token_ids: set = set()  # the Engine's: a row whose drafts hold one may end, so no guess after it
+        self.eos_token_ids: set = set(eos_token_ids)  # the Engine's: a row whose drafts hold one may end, so no guess after it
         self.stats = stats if stats is not None else {}
         for k in STAT_KEYS:
             self.stats.setdefault(k, 0)
@@ -128,7 +128,7 @@ class Speculator:
         # prompt + output. Any drafter is safe: the verify step accepts only what the target agrees with.
         self.drafter = None
         # A DraftModel (runtime/speculative/draft_model.py) for rows whose method is "draft_model".
-        self.draft_model = None
+        self.draft_model = draft_model
 
     # -- who speculates ------------------------------------------------------------
     def config_for(self, params) -> SpecConfig | None:
