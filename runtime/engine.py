@@ -26,7 +26,6 @@ from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
 from graphc.compiler.selfcheck_cache import compile_cached
 
-from . import chunk_pad
 from .compiled_decode import build_decode_step
 from .config import EngineConfig
 from .distributed import load_sharded
@@ -110,8 +109,7 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         self.runner = ModelRunner(self.compiled, chain=c.chain, host_edits=self.host_edits, prefix_io=io,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                                   sampling_kernel=plan.choice("sampling").choice == "fused cuda",
-                                  host_read=plan.choice("host read").choice,
-                                  pad_final_chunk=chunk_pad.resolve(c.pad_final_chunk))
+                                  host_read=plan.choice("host read").choice)
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
         # kernel where the plan chose it (runtime/kernel_views.py).
         self.runner.views = KernelViews(compiled.decode)
