@@ -5,8 +5,11 @@ positions (their output feeds nothing, so MLX computes only their cache writes) 
 one alone: the last layer's attention and MLP, and the head, run on one position. `whole` runs
 one forward over all L positions; the logits node reads only the sampled position, so on the
 fast path norm + head still run on one, and the last layer runs on L. What the split saves is
-about 1/num_layers of the prefill's arithmetic; what it costs is a second forward, every
-layer's kernel launches for one position: on a CUDA device that launch cost is the larger.
+about 1/num_layers of the prefill's arithmetic; what it costs is a second forward, which reads
+every layer's weights and launches every layer's kernels for one position: on the H200 that cost
+was the larger (and on the CPU with OpenBLAS), with the CPU's reference BLAS the split's saving
+was. The generic lowering keeps the split: the model's own forward runs its head on every
+position.
 
 Padding (`pad_final_chunk`) rounds the final chunk up to the scheduler's chunk alignment
 (runtime/scheduler.py CHUNK_ALIGN) so its attention shapes repeat: MLX's CUDA attention builds
@@ -20,19 +23,29 @@ from __future__ import annotations
 
 from ..choice import Choice
 from ..selfcheck import batch_prefill_ok
+from ..target import UNPROBED
 
 FINAL_CHUNK = ("whole", "split")
 PADDING = ("on", "off")
 FINAL_CHUNK_REQUESTS = ("auto", "whole", "split")
 
-# What a CPU forward of the final chunk cost, whole against split (benchmarks/probes/final_chunk.py,
-# docs/scheduling.md): the split's second forward is cheap there, the last layer's L-1 positions are not.
-CPU_WHY = ("on the CPU a forward's launches cost little and the last layer's attention and MLP over the other "
-           "L-1 positions cost about 1/num_layers of the prefill: split measured faster at chunks of 64-1024 "
-           "(benchmarks/probes/final_chunk.py)")
+# Why one forward wins where it was measured: the split's second forward (one position) reads
+# every layer's weights and launches every layer's kernels, against the last layer's attention
+# and MLP over L-1 more positions.
 CUDA_WHY = ("device is cuda: the split's second forward (one position through every layer) is launch-bound, "
             "~5.7 ms on an H200 (1B Llama, benchmarks/probes/step_phases.py), more than the last layer's attention "
             "and MLP over L-1 more positions")
+# On the CPU it depends on the BLAS (benchmarks/probes/final_chunk.py, docs/scheduling.md): with the
+# reference BLAS mlx-cpu bundles (the default install, what docs/cpu-prefill.md measured) the
+# matmuls dominate and split was faster; with OpenBLAS preloaded whole was as fast or faster. The
+# target does not tell the two apart (both libraries are mapped when one is preloaded), so the
+# CPU keeps the split that computes least; final_chunk="whole" takes the other.
+CPU_WHY = ("device is cpu: with mlx-cpu's bundled reference BLAS the last layer's attention and MLP over L-1 "
+           "positions cost more than a second forward (split/whole 0.87-0.99 at chunks of 64-1024, "
+           "benchmarks/probes/final_chunk.py); with OpenBLAS preloaded whole measured faster up to 256 tokens, and "
+           "at every length with a wide MLP (Engine(final_chunk='whole'))")
+GPU_WHY = ("device is gpu: not measured here; as on cuda, the split's second forward launches every layer's "
+           "kernels for one position")
 
 COMPILE = Choice("compile mode", "eager", ("eager",), "prefill shapes change every chunk: nothing to trace once")
 ATTENTION = Choice("attention (prefill)", "mlx sdpa", ("mlx sdpa",),
@@ -62,12 +75,12 @@ def choose_final_chunk(binding, target, requested) -> Choice:
         return Choice(name, "split", FINAL_CHUNK, "the generic lowering runs the model's own forward, whose head runs "
                       "on every position it is given: one forward would compute L x vocab logits (and hold them) to "
                       "read one row, so L-1 positions, then the last alone")
-    if target.device == "cuda":
-        return Choice(name, "whole", FINAL_CHUNK, f"{CUDA_WHY}; the logits node reads only the sampled position, so "
-                      "norm + head run on one")
-    where = CPU_WHY if target.device == "cpu" else (
-        f"device is {target.device}: no measurement says one forward is faster here, so the split that computes least")
-    return Choice(name, "split", FINAL_CHUNK, f"{where}; L-1 positions (cache writes only), then the last alone")
+    if target.device not in ("cuda", "gpu"):
+        why = CPU_WHY if target.device == "cpu" else UNPROBED
+        return Choice(name, "split", FINAL_CHUNK, f"{why}; L-1 positions (cache writes only), then the last alone")
+    why = CUDA_WHY if target.device == "cuda" else GPU_WHY
+    return Choice(name, "whole", FINAL_CHUNK, f"{why}; the logits node reads only the sampled position, so norm + "
+                  "head run on one")
 
 
 def unpaddable(policies) -> str | None:
