@@ -25,6 +25,7 @@ from .decode_input import Launch, next_input
 from .request import Request, Status
 from .scheduler import Scheduler
 
+
 @attrs.define
 class PrefillDone:
     """What one prefill chunk did (plain data for the engine's postprocess): the prompt positions
