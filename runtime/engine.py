@@ -110,6 +110,8 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                                   sampling_kernel=plan.choice("sampling").choice == "fused cuda",
                                   host_read=plan.choice("host read").choice)
+        if c.pad_final_chunk is True and self.runner.final_chunk.off:  # asked, refused by the prefill pass
+            log.info("pad_final_chunk: final prefill chunks stay unpadded: %s", self.runner.final_chunk.off)
         # Eager decode steps over left-padded rows and verify forwards take the ragged attention
         # kernel where the plan chose it (runtime/kernel_views.py).
         self.runner.views = KernelViews(compiled.decode)

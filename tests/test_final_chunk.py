@@ -12,11 +12,14 @@ import mlx_lm
 import numpy as np
 import pytest
 
+from graphc.cli.main import build_parser
 from graphc.compiler.compile import compile_graph
 from graphc.compiler.inspect import inspect_plan
 from graphc.compiler.plan import Plan
 from graphc.compiler.target import Requested, Target
 from graphc.runtime import Engine, EngineConfig, SamplingParams
+from graphc.runtime.server.cli import config_from_args
+from graphc.runtime.server.state import load_engine
 from helpers import assert_greedy_matches_mlx_lm, random_prompts, reference_greedy
 
 PARAMS = SamplingParams(max_tokens=10, ignore_eos=True)
@@ -83,6 +86,12 @@ def test_the_runner_obeys_the_plan(model_dir):
     assert eng.engine_config.final_chunk == "auto"
     assert eng.runner.final_chunk.whole is False  # the CPU's choice
     assert Engine.load(model_dir("llama"), final_chunk="whole").runner.final_chunk.whole is True
+
+
+def test_serve_flag_reaches_the_plan(model_dir):
+    args = build_parser().parse_args(["serve", "--model", str(model_dir("llama")), "--final-chunk", "whole"])
+    eng = load_engine(config_from_args(args))
+    assert eng.compiled.plan("prefill").choice("final chunk").choice == "whole" and eng.runner.final_chunk.whole
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
