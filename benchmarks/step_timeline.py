@@ -235,6 +235,8 @@ def main(argv=None) -> int:
                         "before decoding (default: the scheduler's)")
     p.add_argument("--pad-final-chunk", choices=("auto", "on", "off"), default="auto",
                    help="Engine(pad_final_chunk=): a prompt's last chunk padded to 128 tokens (docs/scheduling.md)")
+    p.add_argument("--final-chunk", choices=("auto", "whole", "split"), default="auto",
+                   help="Engine(final_chunk=): a prompt's last chunk as one forward or L-1 then 1 (docs/scheduling.md)")
     p.add_argument("--start", choices=("probe", "serve", "none"), default="probe",
                    help="before repeat 0: probe = 4 requests of the mix (first-call costs left out), serve = "
                         "Engine.warm_up() as `graphc serve` runs it (repeat 0 = a fresh server's first traffic), "
@@ -257,7 +259,7 @@ def main(argv=None) -> int:
     lo_i, hi_i = map(int, a.input.split(","))
     lo_o, hi_o = map(int, a.output.split(","))
     kw = {"max_batch": a.max_batch, "prefill_chunk": a.prefill_chunk,
-          "pad_final_chunk": {"on": True, "off": False}.get(a.pad_final_chunk, "auto")}
+          "pad_final_chunk": {"on": True, "off": False}.get(a.pad_final_chunk, "auto"), "final_chunk": a.final_chunk}
     if a.step_tokens is not None:
         kw["step_tokens"] = a.step_tokens
     if a.compile is not None:

@@ -62,6 +62,9 @@ def cmd_generate(args) -> int:
     return 0
 
 
+PAD_FLAG = {"auto": "auto", "on": True, "off": False}  # --pad-final-chunk -> Engine(pad_final_chunk=)
+
+
 def cmd_inspect(args) -> int:
     model, tokenizer, config = _load_model(_model_dir(args))
     for line in summary_lines(config):  # a converted GGUF: what was kept, what widened (stderr)
@@ -72,7 +75,9 @@ def cmd_inspect(args) -> int:
         # engine here would run; --compile asks what Engine(compile=True) asks.
         compiled = compile_graph(graph, model, config, lowering=args.lowering, kv_bits=args.kv_bits,
                                  kv_group_size=args.kv_group_size, target=probe_target(),
-                                 requested=Requested.of({"compile": True} if args.compile else None))
+                                 requested=Requested.of({"compile": True} if args.compile else None,
+                                                        final_chunk=args.final_chunk,
+                                                        pad_final_chunk=PAD_FLAG[args.pad_final_chunk]))
     except GraphError as e:
         print(e, file=sys.stderr)
         return 1

@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--no-trace", action="store_true", help="skip tracing the lowered step for its op counts")
     i.add_argument("--compile", action="store_true",
                    help="as an Engine with compile on runs it (same as the graph declaring `decode: {compile: true}`)")
+    i.add_argument("--final-chunk", choices=["auto", "whole", "split"], default="auto",
+                   help="as Engine(final_chunk=) asks: a prompt's last chunk as one forward or as L-1 positions then "
+                        "the last (default auto: the pass decides from the device; --kind prefill shows it)")
+    i.add_argument("--pad-final-chunk", choices=["auto", "on", "off"], default="auto",
+                   help="as Engine(pad_final_chunk=) asks (default auto: on with MLX's CUDA backend, where exact)")
     i.add_argument("-o", "--output", help="write to this file instead of stdout")
     add_kv_bits_arguments(i)
     i.set_defaults(func=Lazy(INSPECT, "graphc inspect"))

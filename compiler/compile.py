@@ -234,7 +234,9 @@ def _checked(spec, binding: Binding, ref, lowering: str, batched: bool, target: 
              requested: Requested) -> CompiledGraph | None:
     """The graph lowered with `lowering`, if it passes the self-check (the result is recorded either way)."""
     binding.lowering = lowering
-    compiled = CompiledGraph(spec, binding, lower(binding, "prefill"), lower(binding, "decode"))
+    # The self-check runs the plans the target gets (a final chunk whole or split, as served).
+    compiled = CompiledGraph(spec, binding, lower(binding, "prefill", target, requested),
+                             lower(binding, "decode", target, requested))
     result = run_check(compiled, ref, lowering, batched=batched)
     binding.checks.append(result)
     if not result.ok:

@@ -31,6 +31,11 @@ class StepContext:
     binding: Binding
     inputs: StepInputs
     values: dict = attrs.field(factory=dict)
+    plan: Plan | None = None  # the plan this step runs: the ops read its choices (e.g. "final chunk")
+
+    def chosen(self, name: str) -> str | None:
+        c = self.plan.choice(name) if self.plan is not None else None
+        return c.choice if c is not None else None
 
 
 def cache_arrays(obj) -> list:
@@ -69,7 +74,7 @@ class LoweredStep:
 
     def forward(self, inputs: StepInputs) -> StepContext:
         """The step up to (and including) the logits: the part that does not need host edits."""
-        ctx = StepContext(self.binding, inputs)
+        ctx = StepContext(self.binding, inputs, plan=self.plan)
         for name in self.binding.spec.inputs:
             ctx.values[name] = inputs.tokens
         self._run(ctx, ("forward", "final") if inputs.final else ("forward",))
@@ -109,5 +114,6 @@ class LoweredStep:
 
 
 def lower(binding: Binding, kind: str, target=None, requested=None) -> LoweredStep:
-    """The step of one batch kind, its plan built on `target` / `requested` (build_plan's)."""
+    """The step of one batch kind; its plan's choices are made for `target` / `requested`
+    (compiler/target.py; None: unprobed, nothing asked)."""
     return LoweredStep(build_plan(binding, kind, target, requested), binding)

@@ -18,7 +18,7 @@ from .choice import Choice
 from .decode_options import resolve
 from .layer_groups import declared, decoder_node
 from .ops import BATCH_KINDS, EDIT_KINDS, OPS
-from .passes import ChoiceContext, run_decode_passes
+from .passes import ChoiceContext, run_decode_passes, run_prefill_passes
 from .target import Requested, Target
 from .validate import to_digraph
 
@@ -210,17 +210,10 @@ def binding_notes(binding: Binding) -> list[str]:
     return notes
 
 
-PREFILL_CHOICES = (
-    Choice("compile mode", "eager", ("eager",), "prefill shapes change every chunk: nothing to trace once"),
-    Choice("attention (prefill)", "mlx sdpa", ("mlx sdpa",),
-           "the model's layers with MLX's attention (causal; left-padded batched prompts take an array mask)"),
-)
-
-
 def build_plan(binding: Binding, kind: str, target: Target | None = None, requested: Requested | None = None) -> Plan:
-    """The plan of one batch kind. For decode the choice passes (compiler/passes/) run on
-    `target` (the device's facts; None: unprobed, every kernel off) and `requested` (what the
-    engine's options ask over the graph's `decode:` section)."""
+    """The plan of one batch kind. The choice passes (compiler/passes/: decode's, and prefill's
+    final chunk and its padding) run on `target` (the device's facts; None: unprobed, every kernel
+    off) and `requested` (what the engine's options ask, over the graph's `decode:` section)."""
     if kind not in BATCH_KINDS:
         raise ValueError(f"unknown batch kind '{kind}' (known: {', '.join(BATCH_KINDS)})")
     spec = binding.spec
@@ -279,8 +272,10 @@ def build_plan(binding: Binding, kind: str, target: Target | None = None, reques
     opts = resolve(spec.decode_options, requested.decode_overrides)
     sources = tuple((k, "engine" if requested.decode_overrides.get(k) is not None
                      else "graph" if k in spec.decode_options else "default") for k in sorted(opts))
-    choices, choice_lines = PREFILL_CHOICES, []
-    if kind == "decode":
+    choices, choice_lines = (), []
+    if kind == "prefill":
+        choices = run_prefill_passes(binding, target, requested)
+    else:
         ctx = ChoiceContext(binding, opts, target, requested, has_verify=any(n.op == "verify" for n in nodes))
         choices, choice_lines = run_decode_passes(ctx)
         if choice_lines and choice_lines[0][0] == "compile":

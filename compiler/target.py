@@ -66,12 +66,17 @@ class Requested:
 
     decode: (option, value) pairs; None values leave the graph's.
     speculative: the engine's default method ("prompt_lookup", "draft_model"), "off", or None
-    (rows that ask); spec_pipeline / spec_adaptive: None = the default."""
+    (rows that ask); spec_pipeline / spec_adaptive: None = the default.
+    final_chunk / pad_final_chunk: how a prompt's last chunk runs ("auto", "whole", "split") and
+    whether it is padded ("auto", True, False); "auto" leaves it to the prefill passes
+    (compiler/passes/prefill_choices.py), which also refuse padding where it is not exact."""
 
     decode: tuple = ()
     speculative: str | None = None
     spec_pipeline: bool | None = None
     spec_adaptive: bool | None = None
+    final_chunk: str = "auto"
+    pad_final_chunk: bool | str = "auto"
 
     @classmethod
     def of(cls, decode: dict | None = None, **kw) -> "Requested":

@@ -35,6 +35,9 @@ class StepInputs:
     # The chunk's logits at every position are wanted (prompt logprobs): the generic lowering
     # then runs the final chunk as one forward instead of splitting off its last token.
     all_positions: bool = False
+    # The chunk position a final chunk samples from, when it is not the last: a padded chunk's last
+    # real token (pads after it; causal attention keeps them from changing it). None: the last.
+    sample_at: int | None = None
 
 
 @attrs.define

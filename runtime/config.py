@@ -17,6 +17,8 @@ import difflib
 
 import attrs
 
+from graphc.compiler.passes.prefill_choices import FINAL_CHUNK_REQUESTS
+
 from .cache.disk_tier import DEFAULT_BLOCK_TOKENS
 from .scheduler import STEP_TOKENS
 
@@ -54,6 +56,11 @@ def _pad_setting(inst, attribute, value) -> None:
         raise ValueError(f"pad_final_chunk must be 'auto', True or False, got {value!r}")
 
 
+def _final_chunk(inst, attribute, value) -> None:
+    if value not in FINAL_CHUNK_REQUESTS:
+        raise ValueError(f"final_chunk must be one of {', '.join(FINAL_CHUNK_REQUESTS)}, got {value!r}")
+
+
 def _fraction(inst, attribute, value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
         raise ValueError(f"mem_fraction must be a number in (0, 1], got {value!r}")
@@ -79,6 +86,8 @@ class EngineConfig:
     step_tokens: int | str | None = attrs.field(default=STEP_TOKENS, validator=_step_tokens)  # "auto": measured
     # A prompt's last chunk padded to a multiple of 128 tokens, exact layers only (runtime/chunk_pad.py); "auto": CUDA
     pad_final_chunk: bool | str = attrs.field(default="auto", validator=_pad_setting)
+    # A prompt's last chunk as one forward or as L-1 positions then the last (compiler/passes/prefill_choices.py)
+    final_chunk: str = attrs.field(default="auto", validator=_final_chunk)  # "auto": the target decides
     # Prefix cache
     prefix_cache: bool = True
     mem_fraction: float | None = attrs.field(default=None, validator=_fraction)  # of device memory for the pool

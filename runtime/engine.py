@@ -26,7 +26,6 @@ from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
 from graphc.compiler.selfcheck_cache import compile_cached
 
-from . import chunk_pad
 from .compiled_decode import build_decode_step
 from .config import EngineConfig
 from .distributed import load_sharded
@@ -121,8 +120,9 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
                                   views=views, speculator=self.speculator,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                                   sampling_kernel=plan.choice("sampling").choice == "fused cuda",
-                                  host_read=plan.choice("host read").choice,
-                                  pad_final_chunk=chunk_pad.resolve(c.pad_final_chunk))
+                                  host_read=plan.choice("host read").choice)
+        if c.pad_final_chunk is True and self.runner.final_chunk.off:  # asked, refused by the prefill pass
+            log.info("pad_final_chunk: final prefill chunks stay unpadded: %s", self.runner.final_chunk.off)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
                                    step_tokens_floor=step_tokens_floor(target.device),

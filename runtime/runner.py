@@ -10,8 +10,6 @@ joined rows).
 
 from __future__ import annotations
 
-import logging
-
 import attrs
 import mlx.core as mx
 
@@ -26,8 +24,6 @@ from .batch_sampling import SamplerCache
 from .decode_input import Launch, next_input
 from .request import Request, Status
 from .scheduler import Scheduler
-
-log = logging.getLogger("graphc.engine")
 
 
 @attrs.define
@@ -47,7 +43,7 @@ class ModelRunner:
     def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
                  views=None, speculator=None,
                  vocab_size: int | None = None, eos_token_ids=(), sampling_kernel: bool = False,
-                 host_read: str = "tokens", pad_final_chunk: bool = False):
+                 host_read: str = "tokens"):
         if host_read not in host_reads.STRATEGIES:
             raise ValueError(f"host_read must be one of {host_reads.STRATEGIES}, got {host_read!r}")
         self.compiled = compiled
@@ -81,14 +77,9 @@ class ModelRunner:
         # KernelViews (runtime/kernel_views.py), or None: eager decode steps over left-padded rows
         # take the ragged attention kernel where the plan chose it.
         self.views = views
-        # A prompt's last chunk padded to a multiple of pad_align tokens, so its attention shapes
-        # repeat (runtime/chunk_pad.py); 0: off, asked off or not exact for this graph (pad_off says why).
-        self.pad_off = None if pad_final_chunk else "pad_final_chunk is off"
-        if self.pad_off is None:
-            self.pad_off = chunk_pad.unpaddable(self.policies, prefix_io)
-            if self.pad_off is not None:
-                log.info("pad_final_chunk: final prefill chunks stay unpadded: %s", self.pad_off)
-        self.pad_align = Scheduler.CHUNK_ALIGN if self.pad_off is None else 0
+        # How a prompt's last chunk runs (whole or split) and whether it is padded to a multiple of
+        # the chunk alignment: the prefill plan's choices, obeyed (runtime/chunk_pad.py).
+        self.final_chunk = chunk_pad.FinalChunk.of(compiled.prefill.plan, Scheduler.CHUNK_ALIGN)
         self.padded_tokens = 0  # pad positions computed (for stats and tests)
 
     # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
@@ -184,17 +175,24 @@ class ModelRunner:
             # The graph's prompt_logprobs node scores each position against the next prompt token
             # (the chunk's last position against the next chunk's first).
             targets = PromptTargets(req.prompt_ids[start + 1:end + 1], req.params.prompt_logprobs)
-        pad = chunk_pad.pad_for(end - start, self.pad_align) if final and targets is None else 0
-        if pad:
-            # The chunk but its last token, padded after the real ones to an aligned length (cache
-            # writes only), the pad columns trimmed; the last token then runs alone, as unpadded.
-            head = mx.array(ctx_ids[start:end - 1] + [chunk_pad.PAD_TOKEN] * pad, dtype=mx.int32)[None]
-            step.forward(StepInputs(head, req.caches, final=False))
+        pad = self.final_chunk.pad(end - start) if final and targets is None else 0
+        self.padded_tokens += pad
+        if pad and self.final_chunk.whole:
+            # One forward: the real tokens, then pads they never see (causal), sampled at the last
+            # real one; the pad columns trimmed off the cache (its next write lands on the first).
+            padded = mx.array(ctx_ids[start:end] + [chunk_pad.PAD_TOKEN] * pad, dtype=mx.int32)[None]
+            ctx = step.forward(StepInputs(padded, req.caches, final=True, sample_at=end - start - 1))
             chunk_pad.trim(req.caches, pad)
-            self.padded_tokens += pad
-            tokens = tokens[:, -1:]
-        ctx = step.forward(StepInputs(tokens, req.caches, final=final, prompt_targets=targets,
-                                      all_positions=targets is not None))
+        else:
+            if pad:
+                # The chunk but its last token, padded after the real ones to an aligned length
+                # (cache writes only), the pad columns trimmed; the last token then runs alone.
+                head = mx.array(ctx_ids[start:end - 1] + [chunk_pad.PAD_TOKEN] * pad, dtype=mx.int32)[None]
+                step.forward(StepInputs(head, req.caches, final=False))
+                chunk_pad.trim(req.caches, pad)
+                tokens = tokens[:, -1:]
+            ctx = step.forward(StepInputs(tokens, req.caches, final=final, prompt_targets=targets,
+                                          all_positions=targets is not None))
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)
         if targets is not None:
@@ -257,16 +255,18 @@ class ModelRunner:
         left-padded, and sample each one's first token. Returns ((token, logprobs) per request,
         their layer caches as rows), the caches to join the decode batch in run_decode."""
         ctxs = [r.context_ids for r in reqs]
-        extra = chunk_pad.pad_for(max(map(len, ctxs)), self.pad_align)  # more left padding: aligned
+        extra = self.final_chunk.pad(max(map(len, ctxs)))  # more left padding: aligned
         L = max(map(len, ctxs)) + extra
         pads = [L - len(c) for c in ctxs]
         caches = [type(p.new_cache())(len(reqs), pads) for p in self.policies]
         tokens = mx.array([[chunk_pad.PAD_TOKEN] * p + c for p, c in zip(pads, ctxs)], dtype=mx.int32)
         step = self.compiled.prefill
-        if extra:  # all but the last column as one aligned forward (query = key length), as unpadded
+        self.padded_tokens += extra * len(reqs)
+        if extra and not self.final_chunk.whole:
+            # Split: all but the last column as one aligned forward (query = key length), then the
+            # last column. Whole: one forward, whose last column is real in every row.
             step.forward(StepInputs(tokens[:, :-1], caches, final=False))
             tokens = tokens[:, -1:]
-            self.padded_tokens += extra * len(reqs)
         ctx = step.forward(StepInputs(tokens, caches, final=True))
         st = self.sampler.tensors(reqs)
         if st is not None:

@@ -55,8 +55,8 @@ def probe_target() -> Target:
 
 def requested_of(c: EngineConfig) -> Requested:
     """What `c` asks of the compiler's choice passes: decode overrides over the graph's `decode:`
-    section, and the speculative defaults (None fields resolved by the speculator's defaults:
-    pipelined verify opt-in, the measured gate on)."""
+    section, the speculative defaults (None fields resolved by the speculator's defaults:
+    pipelined verify opt-in, the measured gate on), and how a prompt's final chunk runs."""
     spec = c.speculative
     method = (spec if isinstance(spec, str) or spec is None else
               spec.get("method") if isinstance(spec, dict) else getattr(spec, "method", str(spec)))
@@ -65,7 +65,8 @@ def requested_of(c: EngineConfig) -> Requested:
     return Requested.of(
         {**(c.decode_options or {}), "compile": c.compile, "skinny_matmul": c.skinny_gemm}, speculative=method,
         spec_pipeline=speculator.default_pipeline() if c.spec_pipeline is None else bool(c.spec_pipeline),
-        spec_adaptive=speculator.default_adaptive() if c.spec_adaptive is None else bool(c.spec_adaptive))
+        spec_adaptive=speculator.default_adaptive() if c.spec_adaptive is None else bool(c.spec_adaptive),
+        final_chunk=c.final_chunk, pad_final_chunk=c.pad_final_chunk)
 
 
 __all__ = ["probe_target", "requested_of"]

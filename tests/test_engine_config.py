@@ -59,7 +59,7 @@ ENGINE_KEYWORDS = (
     "max_total_tokens", "prefix_interval", "seed", "kv_budget_tokens", "batch_prefill", "skinny_gemm", "lowering",
     "decode_options", "speculative", "num_draft_tokens", "spec_max_batch", "spec_max_tokens", "draft_model",
     "spec_pipeline", "spec_adaptive", "kv_bits", "kv_group_size", "kv_cache_dir", "kv_cache_disk_gb",
-    "kv_cache_block_tokens", "step_tokens", "snapshot_interval", "pad_final_chunk")
+    "kv_cache_block_tokens", "step_tokens", "snapshot_interval", "pad_final_chunk", "final_chunk")
 
 
 def test_every_engine_keyword_is_a_config_field():

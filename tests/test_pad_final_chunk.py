@@ -1,6 +1,7 @@
 """pad_final_chunk: a prompt's last prefill chunk padded to a multiple of CHUNK_ALIGN (128).
 
-Forced on here (on the CPU "auto" leaves it off). Reference: mlx-lm's own forward with its
+Forced on here (on the CPU "auto" leaves it off), with the final chunk run whole and split
+(`final_chunk`, compiler/passes/prefill_choices.py). Reference: mlx-lm's own forward with its
 own caches (tests/helpers.py), and the same engine with the switch off. The padding must never
 show: the pad columns are trimmed off the cache, the prefix cache keeps real tokens only,
 prompt-logprobs chunks are not padded, and graphs whose layers cannot be padded exactly
@@ -31,6 +32,12 @@ def dense_dir(request, model_dir):
     return model_dir(request.param)
 
 
+@pytest.fixture(params=["whole", "split"])
+def final_chunk(request):
+    """Both ways a final chunk runs (compiler/passes/prefill_choices.py), forced: padded either way."""
+    return request.param
+
+
 def _joined_lengths(eng) -> list:
     """Wrap the runner's join so each joining row's cache length is recorded next to its prompt
     length: what every layer's cache holds when the row enters the decode batch."""
@@ -48,30 +55,38 @@ def _joined_lengths(eng) -> list:
 
 def test_auto_is_off_on_the_cpu_and_bad_values_name_the_option(model_dir):
     assert EngineConfig().pad_final_chunk == "auto"
-    assert chunk_pad.resolve("auto") is False and chunk_pad.resolve(True) is True
     eng = Engine.load(model_dir("llama"))
-    assert eng.runner.pad_align == 0 and eng.runner.pad_off == "pad_final_chunk is off"
+    pad = eng.compiled.prefill.plan.choice("final chunk padding")
+    assert (pad.choice, eng.runner.final_chunk.align) == ("off", 0)
+    assert "device is cpu" in pad.why and eng.runner.final_chunk.off == pad.why
+    off = Engine.load(model_dir("llama"), pad_final_chunk=False)
+    assert off.runner.final_chunk.off == "the engine asks pad_final_chunk=False"
     with pytest.raises(ValueError, match="pad_final_chunk must be 'auto', True or False"):
         EngineConfig(pad_final_chunk="on")
 
 
 def test_pad_lengths():
-    assert [chunk_pad.pad_for(n, 128) for n in (0, 1, 2, 128, 129, 130, 300)] == [0, 0, 127, 1, 0, 127, 85]
-    assert chunk_pad.pad_for(300, 0) == 0  # off
+    split = chunk_pad.FinalChunk(whole=False, align=128, off=None)  # the n - 1 before the last token aligned
+    assert [split.pad(n) for n in (0, 1, 2, 128, 129, 130, 300)] == [0, 0, 127, 1, 0, 127, 85]
+    whole = chunk_pad.FinalChunk(whole=True, align=128, off=None)  # all n tokens aligned
+    assert [whole.pad(n) for n in (0, 1, 2, 128, 129, 130, 300)] == [0, 0, 126, 0, 127, 126, 84]
+    assert chunk_pad.FinalChunk(whole=True, align=0, off="off").pad(300) == 0
 
 
 @pytest.mark.parametrize("prefill_chunk", [2048, 128, 48])
-def test_batched_and_chunked_greedy_equal_mlx_lm_and_unpadded(dense_dir, prefill_chunk):
+def test_batched_and_chunked_greedy_equal_mlx_lm_and_unpadded(dense_dir, prefill_chunk, final_chunk):
     """Whole prompts batched (2048), prompts chunked on aligned ends (128) and on unaligned ones
     (48 < CHUNK_ALIGN: the scheduler does not align, the last chunk starts anywhere)."""
     prompts = random_prompts(len(LENGTHS), 1024, LENGTHS, seed=prefill_chunk)
-    padded = Engine.load(dense_dir, prefill_chunk=prefill_chunk, pad_final_chunk=True)
-    assert padded.runner.pad_align == ALIGN and padded.runner.pad_off is None
+    padded = Engine.load(dense_dir, prefill_chunk=prefill_chunk, pad_final_chunk=True, final_chunk=final_chunk)
+    fc = padded.runner.final_chunk
+    assert (fc.align, fc.off, fc.whole) == (ALIGN, None, final_chunk == "whole")
     seen = _joined_lengths(padded)
     results = padded.generate(prompts, PARAMS)
     assert padded.runner.padded_tokens > 0
     assert_greedy_matches_mlx_lm(padded.model, prompts, results, 12)
-    plain = Engine.load(dense_dir, prefill_chunk=prefill_chunk, pad_final_chunk=False)
+    plain = Engine.load(dense_dir, prefill_chunk=prefill_chunk, pad_final_chunk=False,
+                        final_chunk="split" if final_chunk == "whole" else "whole")
     assert [r.token_ids for r in plain.generate(prompts, PARAMS)] == [r.token_ids for r in results]
     assert plain.runner.padded_tokens == 0
     # Every row joined with exactly its prompt in every layer's cache, and no column that every
@@ -80,14 +95,15 @@ def test_batched_and_chunked_greedy_equal_mlx_lm_and_unpadded(dense_dir, prefill
     assert all(lengths == {n} and shared_pad == 0 for n, lengths, shared_pad in seen), seen
 
 
-def test_batched_prefill_pads_on_the_left_to_an_aligned_width(model_dir):
-    eng = Engine.load(model_dir("llama"), pad_final_chunk=True)
+def test_batched_prefill_pads_on_the_left_to_an_aligned_width(model_dir, final_chunk):
+    eng = Engine.load(model_dir("llama"), pad_final_chunk=True, final_chunk=final_chunk)
     seen = _joined_lengths(eng)
     prompts = random_prompts(3, eng.vocab_size, [40, 7, 100], seed=4)
     results = eng.generate(prompts, PARAMS)
     assert_greedy_matches_mlx_lm(eng.model, prompts, results, 12)
-    # One batched forward: the 99 tokens before the last column padded to 128 in each of 3 rows.
-    assert eng.runner.padded_tokens == 3 * (ALIGN - 99)
+    # One batched forward: whole pads the 100 columns to 128 in each of 3 rows, split the 99
+    # before the last column.
+    assert eng.runner.padded_tokens == 3 * (ALIGN - (100 if final_chunk == "whole" else 99))
     assert all(lengths == {n} for n, lengths, _ in seen)
 
 
@@ -96,14 +112,14 @@ def _logprob_rows(results) -> list:
     return [[[lp["logprob"]] + [v for _, v in lp["top"]] for lp in r.logprobs] for r in results]
 
 
-def test_logprobs_equal_unpadded_and_mlx_lm(model_dir):
+def test_logprobs_equal_unpadded_and_mlx_lm(model_dir, final_chunk):
     """The first token (sampled at the last real position of a padded chunk) and the decode steps
     after it carry the logprobs the unpadded engine computes, to float32 rounding, and the first
     token's equal mlx-lm's log-softmax over its own forward."""
     d = model_dir("llama")
     prompts = random_prompts(3, 1024, [150, 3, 77], seed=9)
     params = SamplingParams(max_tokens=6, ignore_eos=True, logprobs=5)
-    padded = Engine.load(d, prefill_chunk=64, pad_final_chunk=True)
+    padded = Engine.load(d, prefill_chunk=64, pad_final_chunk=True, final_chunk=final_chunk)
     a = padded.generate(prompts, params)
     b = Engine.load(d, prefill_chunk=64, pad_final_chunk=False).generate(prompts, params)
     assert padded.runner.padded_tokens > 0
@@ -132,12 +148,12 @@ def _conversation(eng) -> tuple:
     return hits, eng.prefix.stats()["tree_tokens"]
 
 
-def test_prefix_cache_hits_store_and_restore_real_tokens_only(model_dir):
+def test_prefix_cache_hits_store_and_restore_real_tokens_only(model_dir, final_chunk):
     """Later prompts hit what the earlier (padded) prefills stored, the next turn hits the first
     conversation's prompt and output; hits and the tree's size equal the unpadded engine's (a pad
     column stored as a prompt position would change the later answers or the tree)."""
     d = model_dir("llama")
-    padded = Engine.load(d, prefill_chunk=128, pad_final_chunk=True, max_total_tokens=8192)
+    padded = Engine.load(d, prefill_chunk=128, pad_final_chunk=True, max_total_tokens=8192, final_chunk=final_chunk)
     hits, tree = _conversation(padded)
     assert hits[0] == 0 and all(h >= 190 for h in hits[1:]), hits
     assert padded.runner.padded_tokens > 0
@@ -160,9 +176,10 @@ def test_prompt_logprobs_chunks_are_not_padded(model_dir):
         assert abs(x["logprob"] - y["logprob"]) < 1e-4
 
 
-def test_generic_lowering_padded_equals_mlx_lm(model_dir):
-    eng = Engine.load(model_dir("llama"), prefill_chunk=128, lowering="generic", pad_final_chunk=True)
-    assert eng.compiled.binding.lowering == "generic"
+def test_generic_lowering_padded_equals_mlx_lm(model_dir, final_chunk):
+    eng = Engine.load(model_dir("llama"), prefill_chunk=128, lowering="generic", pad_final_chunk=True,
+                      final_chunk=final_chunk)
+    assert eng.compiled.binding.lowering == "generic" and eng.runner.final_chunk.whole == (final_chunk == "whole")
     prompts = random_prompts(4, eng.vocab_size, [300, 2, 45, 129], seed=6)
     assert_greedy_matches_mlx_lm(eng.model, prompts, eng.generate(prompts, PARAMS), 12)
     assert eng.runner.padded_tokens > 0
@@ -181,9 +198,10 @@ def _oracle(refs: dict, vocab: int):
     return draft
 
 
-def test_speculative_verify_after_padded_prefill(model_dir):
+def test_speculative_verify_after_padded_prefill(model_dir, final_chunk):
     """Verify steps (every position's logits, then trims) run on caches a padded prefill made."""
-    eng = Engine.load(model_dir("llama"), prefill_chunk=128, pad_final_chunk=True, spec_max_tokens=64)
+    eng = Engine.load(model_dir("llama"), prefill_chunk=128, pad_final_chunk=True, spec_max_tokens=64,
+                      final_chunk=final_chunk)
     prompts = random_prompts(3, eng.vocab_size, [200, 5, 60], seed=3)
     refs = {tuple(p): reference_greedy(eng.model, p, 24) for p in prompts}
     eng.speculator.drafter = _oracle(refs, eng.vocab_size)
@@ -196,20 +214,22 @@ def test_speculative_verify_after_padded_prefill(model_dir):
     ("gpt_oss", {"sliding_window": 8}, "sliding window or recurrent state"),
     ("qwen3_next", {}, "sliding window or recurrent state"),
 ])
-def test_sliding_and_hybrid_models_keep_the_unpadded_chunk(model_dir, arch, sizes, says):
-    eng = Engine.load(model_dir(arch, **sizes), prefill_chunk=16, max_total_tokens=4096, pad_final_chunk=True)
-    assert eng.runner.pad_align == 0 and says in eng.runner.pad_off
+def test_sliding_and_hybrid_models_keep_the_unpadded_chunk(model_dir, arch, sizes, says, final_chunk):
+    eng = Engine.load(model_dir(arch, **sizes), prefill_chunk=16, max_total_tokens=4096, pad_final_chunk=True,
+                      final_chunk=final_chunk)
+    pad = eng.compiled.prefill.plan.choice("final chunk padding")
+    assert pad.choice == "off" and says in pad.why and eng.runner.final_chunk.align == 0
     prompts = random_prompts(4, eng.vocab_size, [5, 40, 1, 150], seed=2)
     assert_greedy_matches_mlx_lm(eng.model, prompts, eng.generate(prompts, PARAMS), 12)
     assert eng.runner.padded_tokens == 0
 
 
-def test_quantized_kv_padded_equals_unpadded(model_dir):
+def test_quantized_kv_padded_equals_unpadded(model_dir, final_chunk):
     """kv_bits is not exact against bf16 KV, but quantizing is per token: padding changes nothing."""
     d = model_dir("llama", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32)
     prompts = random_prompts(3, 1024, [150, 9, 70], seed=8)
-    out = [Engine.load(d, kv_bits=8, kv_group_size=32, prefill_chunk=64, pad_final_chunk=pad).generate(prompts, PARAMS)
-           for pad in (True, False)]
+    out = [Engine.load(d, kv_bits=8, kv_group_size=32, prefill_chunk=64, pad_final_chunk=pad,
+                       final_chunk=final_chunk).generate(prompts, PARAMS) for pad in (True, False)]
     assert [r.token_ids for r in out[0]] == [r.token_ids for r in out[1]]
 
 
@@ -218,6 +238,6 @@ def test_serve_flag_reaches_the_engine(model_dir):
     assert config_from_args(p.parse_args(["serve"])).pad_final_chunk == "auto"
     on = config_from_args(p.parse_args(["serve", "--model", str(model_dir("llama")), "--pad-final-chunk", "on"]))
     assert on.pad_final_chunk is True
-    assert load_engine(on).runner.pad_align == ALIGN
+    assert load_engine(on).runner.final_chunk.align == ALIGN
     off = config_from_args(p.parse_args(["serve", "--pad-final-chunk", "off"]))
     assert off.pad_final_chunk is False

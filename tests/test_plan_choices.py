@@ -40,7 +40,7 @@ def test_inspect_names_each_backend_choice_for_every_shipped_graph(model_dir, gr
     model, config = _load(model_dir, *SHIPPED[graph])
     compiled = compile_graph(graph, model, config, target=probe_target())
     prefill = inspect_plan(compiled, "prefill", "text", trace=False)
-    for name in ("compile mode", "attention (prefill)"):
+    for name in ("compile mode", "attention (prefill)", "final chunk", "final chunk padding"):
         assert f"\n{name}" in prefill, (graph, name)
     plan = compiled.plan("decode")
     if "next_tokens" not in dict(plan.outputs):  # embed / score: no decode step to choose for

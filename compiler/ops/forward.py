@@ -97,8 +97,8 @@ def _decoder(ctx, node, h):
                 "without a logits node needs on the generic lowering")
         return inner(h, cache=inputs.caches)
     if _last_only(ctx, node, h.shape[1]):
-        # As the generic path (_model_forward) and mlx-lm's generate: a final chunk of L > 1
-        # tokens runs as L-1 positions, then the last one. The first pass's output feeds
+        # The plan's "final chunk" is `split` (compiler/passes/prefill_choices.py): a final chunk
+        # of L > 1 tokens runs as L-1 positions, then the last one. The first pass's output feeds
         # nothing, so MLX computes only its cache writes: the last layer's attention output and
         # MLP run for one position instead of L (a 4-layer model: a quarter of the prefill).
         # Any split of a prompt is exact (chunked prefill).
@@ -107,14 +107,22 @@ def _decoder(ctx, node, h):
     return _layers(b, inputs, h)
 
 
-def _last_only(ctx, node, n: int) -> bool:
-    """Only the last position of this final chunk is read: the readers are `logits` nodes, one
-    of them last-position (a `positions: all` one for prompt logprobs runs with all_positions
-    then), or `verify`, which runs only in verify steps and those ask for all_positions. Not
-    for scoring or embeddings, which read every position."""
+def _splits_final_chunk(ctx, n: int) -> bool:
+    """A final chunk of n > 1 positions of which only the last is read, and the plan chose to
+    split it (its "final chunk" choice; a plan without one, decode's, keeps the split). A chunk
+    that samples before its end (`sample_at`: a padded one) runs whole."""
     inputs = ctx.inputs
+    return (inputs.final and n > 1 and not inputs.all_positions and inputs.sample_at is None
+            and ctx.chosen("final chunk") != "whole")
+
+
+def _last_only(ctx, node, n: int) -> bool:
+    """Only the last position of this final chunk is read, and the plan splits it off: the readers
+    are `logits` nodes, one of them last-position (a `positions: all` one for prompt logprobs runs
+    with all_positions then), or `verify`, which runs only in verify steps and those ask for
+    all_positions. Not for scoring or embeddings, which read every position."""
     readers = set(node.consumers)
-    if not (inputs.final and n > 1 and not inputs.all_positions and not node.all_positions
+    if not (_splits_final_chunk(ctx, n) and not node.all_positions
             and "logits" in readers and readers <= {"logits", "verify"}):
         return False
     # The logits that sampling reads must be a last-position node: a graph whose only logits
@@ -144,17 +152,18 @@ def _layers(b, inputs, h):
 def _model_forward(ctx, node, tokens):
     """The model's own forward on graphc's caches: lazy logits [B, L, V] for every position.
 
-    A final chunk of L > 1 tokens runs as two forwards, L-1 tokens then the last one, so the
-    head (vocab x hidden per position: for a 128k vocabulary as much work as several layers)
-    runs on one position instead of L; the first forward's logits are never evaluated. Any
-    split of a prompt is exact (chunked prefill), and the self-check runs this path. Not when
-    every position's logits are wanted: a row asks for prompt logprobs (`all_positions`), or
-    the graph reads every position for more than on-request outputs (scoring).
+    Where the plan splits a final chunk (its "final chunk" choice), a final chunk of L > 1
+    tokens runs as two forwards, L-1 tokens then the last one, so the head (vocab x hidden per
+    position: for a 128k vocabulary as much work as several layers) runs on one position instead
+    of L; the first forward's logits are never evaluated. Any split of a prompt is exact (chunked
+    prefill), and the self-check runs this path. Not when every position's logits are wanted: a
+    row asks for prompt logprobs (`all_positions`), or the graph reads every position for more
+    than on-request outputs (scoring).
     """
     model, inputs = ctx.binding.model, ctx.inputs
     _set_mask_rank(ctx)
     n = tokens.shape[1]
-    if inputs.final and n > 1 and not inputs.all_positions and not node.all_positions:
+    if _splits_final_chunk(ctx, n) and not node.all_positions:
         model(tokens[:, :-1], cache=inputs.caches)
         return model(tokens[:, -1:], cache=inputs.caches)
     return model(tokens, cache=inputs.caches)
@@ -203,11 +212,12 @@ def _describe_logits(node, binding, kind):
              doc="final norm + LM head")
 def logits(ctx, node, h):
     last = node.params["positions"] == "last"
+    at = ctx.inputs.sample_at if ctx.inputs.final and ctx.inputs.sample_at is not None else -1
     if _generic(ctx):
-        out = h[:, -1, :] if last else h
+        out = h[:, at, :] if last else h
     else:
-        if last:
-            h = h[:, -1:, :]
+        if last:  # norm + head on the sampled position only
+            h = h[:, at:at + 1, :] if at >= 0 else h[:, -1:, :]
         adapter, mm = ctx.binding.adapter, ctx.inputs.matmul
         w = adapter.head_weight() if mm is not None else None
         h = adapter.norm(h)

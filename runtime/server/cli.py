@@ -40,6 +40,9 @@ def add_parser(subparsers) -> None:
     s.add_argument("--pad-final-chunk", choices=["auto", "on", "off"], default="auto",
                    help="pad a prompt's last prefill chunk to a multiple of 128 tokens so attention shapes repeat "
                         "(full-attention graphs only; default auto: on with MLX's CUDA backend; docs/scheduling.md)")
+    s.add_argument("--final-chunk", choices=["auto", "whole", "split"], default="auto",
+                   help="a prompt's last chunk as one forward, or as L-1 positions then the last (default auto: "
+                        "whole on CUDA, split on the CPU; `graphc inspect --kind prefill` says why)")
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
     add_kv_bits_arguments(s)
@@ -100,6 +103,7 @@ def config_from_args(args) -> ServerConfig:
         served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
         step_tokens=args.step_tokens, pad_final_chunk={"on": True, "off": False}.get(args.pad_final_chunk, "auto"),
+        final_chunk=args.final_chunk,
         kv_budget_tokens=args.kv_budget_tokens, kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, speculative=args.speculative,
         num_draft_tokens=args.num_draft_tokens, draft_model=args.draft_model,
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,

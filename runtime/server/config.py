@@ -34,6 +34,7 @@ class ServerConfig:
     step_tokens: int | None = None  # prompt tokens a step spends while rows decode; None = the engine's default
     kv_budget_tokens: int | None = None  # KV tokens the scheduler may hold; None = unbounded
     pad_final_chunk: bool | str = "auto"  # Engine(pad_final_chunk=): "auto" (on with CUDA), True, False
+    final_chunk: str = "auto"  # Engine(final_chunk=): "auto" (the prefill pass decides), "whole", "split"
     kv_bits: int | None = None  # full-attention KV quantized to 8 or 4 bits (not exact); None = the graph's
     kv_group_size: int | None = None  # with kv_bits: values per scale/bias (None: 64)
     speculative: str | None = None  # default for requests that do not say: "prompt_lookup" | "off" (docs/speculative.md)
