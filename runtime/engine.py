@@ -369,12 +369,13 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         caller's event loop; leaving early aborts it. Servers use AsyncEngine (own thread)."""
         return stream_in_loop(self, prompt, params, request_id)
 
-    def warm_up(self) -> float:
+    def warm_up(self, shapes: bool | None = None, agent: bool | None = None) -> float:
         """Run a short greedy and a short sampled request (batch 1) so that a first real request
         does not pay for kernel builds and the compiled step's trace; `stats` is left as it
-        was before. Seconds taken. `graphc serve` calls it before it reports ready
-        (runtime/warmup.py)."""
-        return warm_up(self)
+        was before. `shapes`: also the serving shapes, `agent`: with a disk tier, a turn read
+        back from disk (None: on a GPU only); a disk tier's folder is left as it was. Seconds
+        taken. `graphc serve` calls it before it reports ready (runtime/warmup.py)."""
+        return warm_up(self, shapes, agent)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  progress: bool = False) -> list[GenerationResult]:

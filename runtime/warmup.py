@@ -19,7 +19,13 @@ there it measured no faster first traffic (8 requests at 8 req/s after a fresh s
 seeds) for a warm-up of 5 s instead of 0.5 s. Other batch sizes' compiled traces
 (`compile="auto"`) are still built when a batch of that size first decodes.
 
-The warm-up's tokens are taken back out of the engine's counters, so `/metrics` counts only
+With a disk tier (`kv_cache_dir`) everything above runs against a scratch folder, and on a GPU a
+conversation turn follows (`agent_turn`): a prompt of one block and a bit, forgotten by the memory
+tier, then grown by a turn and read back from disk, the path of a client's first turn after a
+restart. The client's folder is left as it was: a chain's tail file is replaced by the next
+sequence that ends on it, so a warm-up prompt written there would push out a short conversation's.
+
+The warm-up's tokens are taken back out of the engine's counters (and the prefix cache's), so `/metrics` counts only
 what clients asked for. Its prompt is a fixed draw of token ids from the whole vocabulary: a
 client's prompt sharing a prefix-cache entry with it would only be a cache hit, never a wrong
 answer. Under a KV budget too small for 16 + 8 tokens it is shorter, so it is never refused."""
@@ -27,6 +33,7 @@ answer. Under a KV budget too small for 16 + 8 tokens it is shorter, so it is ne
 from __future__ import annotations
 
 import random
+import tempfile
 import time
 
 import mlx.core as mx
@@ -40,10 +47,26 @@ NEW_TOKENS = 8
 ROWS = 4  # serving_shapes: the decode batch a chunked prompt joins
 
 
-def warm_up(engine, shapes: bool | None = None) -> float:
+def warm_up(engine, shapes: bool | None = None, agent: bool | None = None) -> float:
     """Run the two warm-up requests on `engine` (not while its engine thread runs: the caller
     owns the Engine, as before `AsyncEngine` starts), then the serving shapes (`shapes`; None:
-    on a GPU only); seconds taken."""
+    on a GPU only) and, with a disk tier, a conversation turn read back from disk (`agent`;
+    None: as `shapes`); seconds taken."""
+    tier, prefix = engine.disk_tier, engine.prefix
+    counted = dict(prefix.counters) if prefix is not None else None
+    if tier is None:
+        took = _warm_up(engine, shapes, False)
+    else:
+        # On a scratch folder: the warm-up's prompts must not replace a client's tail files, and the
+        # memory tier forgets them after, so no later eviction writes them to the client's folder.
+        with tempfile.TemporaryDirectory(prefix="graphc-warmup-kv-") as root, tier.scratch(root):
+            took = _warm_up(engine, shapes, agent)
+    if counted is not None:  # hits and evictions by tier: client traffic only, as `stats`
+        prefix.counters.update(counted)
+    return took
+
+
+def _warm_up(engine, shapes: bool | None, agent: bool | None) -> float:
     rng = random.Random(0x9A7C)
     vocab = max(1, int(engine.vocab_size))
     n, sched = PROMPT_TOKENS, engine.scheduler
@@ -61,9 +84,12 @@ def warm_up(engine, shapes: bool | None = None) -> float:
         except Exception as e:  # an engine that cannot serve this cannot serve clients: say so at load
             raise RuntimeError(f"the warm-up request ({sampling}) failed: {type(e).__name__}: {e} "
                                "(--no-warmup starts the server without it)") from e
-    if shapes or (shapes is None and mx.default_device().type == mx.DeviceType.gpu):
+    gpu = mx.default_device().type == mx.DeviceType.gpu
+    if shapes or (shapes is None and gpu):
         serving_shapes(engine, rng, vocab)
         attention_plans(engine)  # on a GPU: the prompt chunks' attention shapes (warmup_plans.py)
+    if engine.disk_tier is not None and (agent or (agent is None and (shapes or (shapes is None and gpu)))):
+        agent_turn(engine, rng, vocab)
     for k in engine.stats:  # taken back out: /metrics counts client traffic only
         engine.stats[k] = before.get(k, 0)
     return time.perf_counter() - t0
@@ -90,5 +116,27 @@ def serving_shapes(engine, rng: random.Random, vocab: int) -> bool:
             engine.step()
     except Exception as e:  # as for the two requests above: say so at load
         raise RuntimeError(f"the warm-up's serving shapes failed: {type(e).__name__}: {e} "
+                           "(--no-warmup starts the server without it)") from e
+    return True
+
+
+def agent_turn(engine, rng: random.Random, vocab: int) -> bool:
+    """With a disk tier (the warm-up's scratch one): a prompt of one block and a bit, forgotten by
+    the memory tier, then the same prompt grown by a turn, whose blocks and tail are read back
+    from disk into the pool: the first turn of a conversation after a restart builds nothing.
+    False where the KV budget cannot hold it."""
+    sched, tier = engine.scheduler, engine.disk_tier
+    n = tier.block + 32
+    if sched.kv_budget is not None and n + 16 + sched.HEADROOM + NEW_TOKENS > sched.kv_budget:
+        return False
+    p = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    first = [rng.randrange(vocab) for _ in range(n)]
+    try:
+        engine.generate([first], p)
+        tier.flush()
+        engine.prefix.flush()  # as after a restart: only the disk holds it
+        engine.generate([first + [rng.randrange(vocab) for _ in range(16)]], p)
+    except Exception as e:  # as for the requests above: say so at load
+        raise RuntimeError(f"the warm-up's disk-tier turn failed: {type(e).__name__}: {e} "
                            "(--no-warmup starts the server without it)") from e
     return True

@@ -30,7 +30,8 @@ COMPONENTS = {"runner", "scheduler", "speculator", "spec", "views", "compiled", 
 EXCEPTIONS = {
     # The disk tier and the prefix cache / PrefixIO hold each other (the tier reads the tree and
     # writes through the io; they spill and promote through the tier), so one side is attached
-    # after both exist: attach_disk_tier, called once by the Engine before any request.
+    # after both exist: attach_disk_tier, called once by the Engine before any request (and
+    # DiskTier.scratch swaps in a scratch tier for the warm-up, before any request too).
     ("runtime/cache/disk_tier.py", "prefix.disk"): "the prefix cache's disk tier, attached once",
     ("runtime/cache/disk_tier.py", "io.disk"): "PrefixIO's disk tier, attached once",
     ("runtime/cache/disk_tier.py", "prefix.disk_off"): "why the asked-for tier is off (stats report it)",

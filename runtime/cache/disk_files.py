@@ -177,10 +177,17 @@ class BlockStore:
         self._queue.put(("mark", done, None))
         done.wait(timeout)
 
+    def close(self, timeout: float = 60.0) -> None:
+        """Finish the queued writes and end the writer thread (a scratch store, runtime/warmup.py)."""
+        self._queue.put(("stop", None, None))
+        self._thread.join(timeout)
+
     # -- the writer thread ----------------------------------------------------------------
     def _run(self) -> None:
         while True:
             op, a, b = self._queue.get()
+            if op == "stop":
+                return
             try:
                 if op in ("write", "replace"):
                     self._write(a, b, replace=op == "replace")

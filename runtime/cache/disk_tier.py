@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -86,6 +87,7 @@ class DiskTier:
         if block_tokens < 1:
             raise ValueError(f"kv_cache_block_tokens must be >= 1, got {block_tokens}")
         self.prefix = prefix
+        self.io = io
         self.pool = io.pool
         self.layers = io.token_layers
         self.snapshot_layers = io.snapshot_layers  # recurrent layers: their state at block ends
@@ -279,8 +281,32 @@ class DiskTier:
     def flush(self, timeout: float = 60.0) -> None:
         self.store.flush(timeout)
 
+    @contextmanager
+    def scratch(self, root: str):
+        """While inside, spills and reads go to a tier of the same identity in folder `root`
+        instead of this one (the warm-up, runtime/warmup.py, exercises the disk paths without
+        writing its prompts among the client's: a tail file is replaced by the next sequence that
+        ends on its chain, so a warm-up prompt would push out a conversation's). On the way out
+        the tree forgets what it holds (spilling it to `root`), then this tier is attached again."""
+        other = DiskTier(self.prefix, self.io, BlockStore(root, self.model_id), self.model_id, self.block)
+        self.prefix.flush()  # what clients left in memory reaches this tier's folder first
+        self.flush()
+        attach(self.prefix, self.io, other)
+        try:
+            yield other
+        finally:
+            self.prefix.flush()
+            other.store.close()
+            attach(self.prefix, self.io, self)
+
     def stats(self) -> dict:
         return {"disk_enabled": True, "disk_block_tokens": self.block, **self.counters, **self.store.stats()}
+
+
+def attach(prefix, io, tier: DiskTier) -> None:
+    """The prefix cache and its PrefixIO spill and promote through `tier` (attach_disk_tier, once;
+    DiskTier.scratch, for the warm-up's duration)."""
+    prefix.disk = io.disk = tier
 
 
 def attach_disk_tier(prefix, io, compiled, config: dict, model_path: str | None, root: str,
@@ -300,7 +326,7 @@ def attach_disk_tier(prefix, io, compiled, config: dict, model_path: str | None,
     model_id = model_identity(config, model_path, compiled)
     store = BlockStore(root, model_id, None if disk_gb is None else int(disk_gb * (1 << 30)))
     tier = DiskTier(prefix, io, store, model_id, block_tokens)
-    prefix.disk = io.disk = tier
+    attach(prefix, io, tier)
     log.info("kv disk tier: %s (model %s, blocks of %d tokens%s)", store.dir, model_id[:12], block_tokens,
              "" if disk_gb is None else f", cap {disk_gb:g} GB")
     return tier
