@@ -3,8 +3,8 @@
 Why our own and not GuideLLM/AIPerf: docs/serving-bench.md (their dependency closures do not fit
 the offline GPU machine). What is timed:
   ttft  - request sent -> first chunk with text (the prompt's prefill plus queueing);
-  itl   - gaps between consecutive text chunks (one per decoded token on graphc; mlx_lm.server
-          skips chunks whose text is empty, so a gap there may span several tokens);
+  itl   - gaps between consecutive text chunks (a token whose text is empty sends none, so a gap
+          may span several tokens: compare text_chunks with output_tokens);
   tpot  - (last chunk - first chunk) / (output tokens - 1): per-token decode time, whatever the chunking.
 """
 

@@ -34,11 +34,31 @@ def make_shape(name: str, out: str | Path, dtype: str = "bfloat16", seed: int = 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(out, cfg["vocab_size"])
+    cover_vocab(out / "tokenizer.json", cfg["vocab_size"])
     model = random_model(cfg, getattr(mx, dtype), seed)
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())),
                         metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def cover_vocab(path: Path, vocab_size: int) -> int:
+    """Give every id up to `vocab_size` a token (filler entries no merge reaches, so text still
+    tokenizes as before); returns how many were added. make-model's BPE tokenizer learns ~17.5k
+    tokens, and random weights generate ids all over a 128k vocabulary: the ids past it decode
+    to "" in graphc (as in HF `decode`) but to "!" in mlx_lm.server's streaming detokenizer, so
+    graphc's stream skipped most tokens' chunks and its inter-chunk gaps spanned several tokens
+    while mlx_lm.server's were one token each. With every id a text, both stream a chunk per token."""
+    tok = json.loads(path.read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    taken = set(vocab.values()) | {a["id"] for a in tok.get("added_tokens", [])}
+    added = 0
+    for i in range(vocab_size):
+        if i not in taken:
+            vocab[f"Ġw{i}"] = i  # "Ġ" is the byte-level space: decodes to " w<id>"
+            added += 1
+    path.write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
+    return added
 
 
 def main(argv=None) -> int:

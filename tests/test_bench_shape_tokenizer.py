@@ -1,0 +1,24 @@
+"""The serving bench's model folders (benchmarks/serving/make_shape.py): every id of the shape's
+vocabulary decodes to text, so graphc and mlx_lm.server both stream one chunk per token of a
+random-weight model's output, and text still tokenizes as make-model's tokenizer does."""
+
+from __future__ import annotations
+
+from graphc.benchmarks.serving.make_shape import cover_vocab
+from graphc.compiler.modelgen.tokenizer import write_tokenizer
+from transformers import PreTrainedTokenizerFast
+
+VOCAB = 128256
+
+
+def test_every_id_decodes_to_text_and_text_tokenizes_as_before(tmp_path):
+    write_tokenizer(tmp_path, VOCAB)
+    before = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert before.decode([VOCAB - 1]) == ""  # past the learned vocabulary: no text without the cover
+    added = cover_vocab(tmp_path / "tokenizer.json", VOCAB)
+    after = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
+    assert added > 100_000 and len(after) == VOCAB
+    for i in (20_000, 77_777, VOCAB - 1):
+        assert after.decode([i]).strip() == f"w{i}"
+    text = "Once upon a time, a small fox found a key. w20000 is not a token here."
+    assert after.encode(text) == before.encode(text)
