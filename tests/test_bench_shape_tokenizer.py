@@ -4,7 +4,10 @@ random-weight model's output, and text still tokenizes as make-model's tokenizer
 
 from __future__ import annotations
 
+import json
+
 from graphc.benchmarks.serving.make_shape import cover_vocab
+from graphc.benchmarks.serving.workload import ids_without_text
 from graphc.compiler.modelgen.tokenizer import write_tokenizer
 from transformers import PreTrainedTokenizerFast
 
@@ -22,3 +25,12 @@ def test_every_id_decodes_to_text_and_text_tokenizes_as_before(tmp_path):
         assert after.decode([i]).strip() == f"w{i}"
     text = "Once upon a time, a small fox found a key. w20000 is not a token here."
     assert after.encode(text) == before.encode(text)
+
+
+def test_the_serving_bench_counts_ids_without_text(tmp_path):
+    write_tokenizer(tmp_path, VOCAB)
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    holes, n = ids_without_text(tmp_path)
+    assert n == VOCAB and holes == VOCAB - len(PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json")))
+    cover_vocab(tmp_path / "tokenizer.json", VOCAB)
+    assert ids_without_text(tmp_path) == (0, VOCAB)

@@ -20,7 +20,7 @@ from .client import Result, run_load
 from .options import CPU_DEFAULTS, GPU_DEFAULTS
 from .plot import plot_serving
 from .servers import SERVERS, Server, free_port
-from .workload import as_dicts, eos_token_ids, make_workload, summary
+from .workload import as_dicts, eos_token_ids, ids_without_text, make_workload, summary
 
 # Each metric: (key, column header, scale to print, format)
 METRICS = (("req_per_s", "req/s", 1, ".2f"), ("output_tok_per_s", "out tok/s", 1, ".1f"),
@@ -170,6 +170,12 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
     env = environment()
     log(f"serving bench: {describe(env)}; {len(reqs)} requests per rate, rates "
         f"{','.join(_rate_key(r) for r in cfg.rates)}, {cfg.repeats} repeats, max batch {cfg.max_batch}")
+    holes, vocab = ids_without_text(cfg.model)
+    if holes:
+        log(f"warning: {holes} of the model's {vocab} token ids have no token in its tokenizer.json: a random-weight "
+            "model generates them, graphc streams no chunk for them and mlx_lm.server a '!', so ITL and TTFT "
+            "compare chunks of different sizes (python -m graphc.benchmarks.serving.make_shape writes folders "
+            "without holes; docs/serving-bench.md)")
     runs, startups = [], []
     bar = tqdm(total=cfg.repeats * len(specs) * len(cfg.rates), desc="serving", unit="run",
                disable=not cfg.progress, file=sys.stderr)

@@ -86,6 +86,16 @@ def eos_token_ids(model_dir: str | Path) -> list[int]:
     return sorted(out)
 
 
+def ids_without_text(model_dir: str | Path) -> tuple[int, int]:
+    """(ids of config.json's vocab_size the tokenizer has no token for, vocab_size). A random-weight
+    model generates such ids; graphc streams no chunk for a token without text and mlx_lm.server
+    renders it as "!", so the two servers' chunks, and so ITL and TTFT, would not compare."""
+    model_dir = Path(model_dir)
+    n = int(json.loads((model_dir / "config.json").read_text()).get("vocab_size") or 0)
+    size = Tokenizer.from_file(str(model_dir / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    return max(0, n - size), n
+
+
 def summary(reqs: list[Request]) -> dict:
     ins = sorted(r.prompt_tokens for r in reqs)
     outs = sorted(r.max_tokens for r in reqs)
