@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
+from .serving.http import httpx, require
 from tokenizers import Tokenizer
 
 from .env import describe, environment
@@ -177,6 +177,7 @@ def table(result: dict) -> str:
 
 
 def cmd_agent_replay(args) -> int:
+    require("--agent-replay")
     if not args.model or not (Path(args.model) / "config.json").exists():
         raise SystemExit("graphc bench --agent-replay: --model must be a model folder both servers can load "
                          "(make one with `graphc make-model` or benchmarks/serving/make_shape.py)")

@@ -17,7 +17,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-import httpx
+from .http import httpx
 
 from .workload import Request
 

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from ..env import describe, environment
 from ..report import write_json
 from .client import Result, run_load
+from .http import require
 from .options import CPU_DEFAULTS, GPU_DEFAULTS
 from .plot import plot_serving
 from .servers import SERVERS, Server, free_port
@@ -221,6 +222,7 @@ def _ms(v: float | None) -> str:
 
 
 def cmd_serving(args) -> int:
+    require("--serving")
     if not args.model or not (Path(args.model) / "config.json").exists():
         raise SystemExit("graphc bench --serving: --model must be a model folder (config.json, weights, "
                          "tokenizer.json): both servers load it; make one with `graphc make-model`")

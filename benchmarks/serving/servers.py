@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from .http import httpx
 
 # mlx_lm.server has no ignore_eos: an additive logit bias this negative keeps its EOS ids from
 # ever being picked, so it too generates exactly max_tokens (one add on the logits per step).
