@@ -27,6 +27,7 @@ from graphc.benchmarks.kernel_tune import rotating_weights, time_matmul
 from graphc.compiler.lower import StepInputs
 from graphc.compiler.modelgen import demo_model_path
 from graphc.runtime import Engine, EngineConfig, SamplingParams
+from graphc.runtime.decode_input import next_input
 from graphc.runtime.kernels import skinny_matmul
 from graphc.runtime.kernels import skinny_matmul as sk
 from graphc.runtime.request import Status
@@ -117,7 +118,7 @@ def graphc_host(model, tokenizer, config, prompts, *, warmup, steps, graph=None,
     build, submit, device = [], [], []
     for _ in range(steps):
         t0 = now()
-        toks, sampling = runner._next_input()
+        toks, sampling = next_input(runner.sampler, runner.rows, runner.pending)
         out = step_fn(StepInputs(toks, runner.caches, sampling=sampling))
         t1 = now()
         mx.async_eval(out.next_tokens)

@@ -55,8 +55,13 @@ def test_decode_rows_cover_every_batch_and_contestant(result):
         assert {"graphc/batchgen", "graphc/plain", "compiled/batchgen", "compiled/plain"} <= set(r["ratios"])
 
 
+def test_no_contestant_fails(result):
+    assert not [n for n in result["notes"] if "FAILED" in n]
+
+
 def test_host_and_chain_rows(result):
     assert [r["batch"] for r in _rows(result, "host")] == [2]
+    assert {"graphc", "graphc_compiled", "plain"} <= set(_rows(result, "host")[0]["values"])
     assert "chained/unchained" in _rows(result, "chain")[0]["ratios"]
 
 
