@@ -40,6 +40,7 @@ from .engine import Engine
 from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
 from .engine_snapshot import EngineSnapshot, Snapshots
 from .grammar import GrammarState
+from .latency_histograms import observe
 from .params import SamplingParams
 from .request import GenerationResult, RequestOutput
 
@@ -103,6 +104,7 @@ class AsyncEngine:
         self._inflight = 0
         self._closed = False
         self._finished: collections.Counter = collections.Counter()  # engine thread only
+        self._latency: dict = {}  # name -> Histogram of finished requests (engine thread; values, for snapshots)
         self._snapshots = Snapshots(tps_window_s)
         self.snapshot = EngineSnapshot(time=time.time())
         self.error: BaseException | None = None  # set when the engine thread died
@@ -314,6 +316,7 @@ class AsyncEngine:
             if out.finished:
                 del self._live[out.request_id]
                 self._finished[out.finish_reason] += 1
+                self._latency = observe(self._latency, live.req)
                 result = self.engine.result(live.req)
                 self._done_one()
             self._outgoing.append((live.outbox, StreamEvent(out, result)))
@@ -374,4 +377,4 @@ class AsyncEngine:
                 cmd.result.set_exception(err)
 
     def _snap(self) -> None:
-        self.snapshot = self._snapshots.take(self.engine, self.snapshot, self._inflight, self._finished)
+        self.snapshot = self._snapshots.take(self.engine, self.snapshot, self._inflight, self._finished, self._latency)

@@ -26,6 +26,7 @@ class EngineSnapshot:
     cache: dict = attrs.field(factory=dict)  # Engine.cache_stats(): prefix-cache pool and tree
     finished: dict = attrs.field(factory=dict)  # finish_reason -> requests finished that way
     generation_tps: float = 0.0  # generated tokens per second over the last few seconds
+    latency: dict = attrs.field(factory=dict)  # name -> latency_histograms.Histogram (queue, ttft, tpot, e2e)
     time: float = 0.0
 
 
@@ -48,7 +49,8 @@ class Snapshots:
             self._cache_stats, self._cache_time = fn(), now
         return self._cache_stats
 
-    def take(self, engine, last: EngineSnapshot, inflight: int, finished: dict) -> EngineSnapshot:
+    def take(self, engine, last: EngineSnapshot, inflight: int, finished: dict,
+             latency: dict | None = None) -> EngineSnapshot:
         now = time.time()
         stats = dict(engine.stats)
         gen = stats.get("generated_tokens", 0)
@@ -65,4 +67,4 @@ class Snapshots:
             waiting=info["waiting"], running=info["running"], inflight=inflight, steps=info["steps"],
             stats=stats, kv_bytes=info["kv_bytes"], kv_live_bytes=info["kv_live_bytes"],
             cache=self._cache(engine, now), kv_tokens=info["kv_tokens"], kv_budget=info["kv_budget"],
-            finished=dict(finished), generation_tps=tps, time=now)
+            finished=dict(finished), generation_tps=tps, latency=latency or {}, time=now)

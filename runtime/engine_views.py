@@ -52,6 +52,7 @@ class EngineViews:
             cached_tokens=req.cached_tokens, logprobs=req.logprobs or None,
             prompt_logprobs=req.prompt_logprobs,
             ttft_s=(req.first_token_time - req.arrival) if req.first_token_time else None,
+            queue_s=(req.scheduled_time - req.arrival) if req.scheduled_time else None,
             latency_s=(req.finish_time - req.arrival) if req.finish_time else None,
             error=req.error,
         )

@@ -15,7 +15,7 @@ the owner fails the test). docs/architecture.md has the same table with the "why
                             emitted_logprobs (postprocess, _delta)
     scheduler.py            status, finish_reason, finish_time,         Scheduler.advance / started /
                             prefilled, cached_tokens, n_resumed,        preempt / reset / finish (the
-                            preemptions                                 prefix cache's admit returns the
+                            preemptions, scheduled_time                 prefix cache's admit returns the
                                                                         hit length; the scheduler records it)
     runner.py               caches, pending_logprobs, prompt_logprobs   ModelRunner.leave / forget / reset
 """
@@ -55,6 +55,7 @@ class Request:
     caches: list | None = None  # per-layer caches while prefilling (batch of one)
     arrival: float = attrs.field(factory=time.perf_counter)
     first_token_time: float | None = None
+    scheduled_time: float | None = None  # the first step that ran a chunk of its prompt (queue time ends)
     finish_time: float | None = None
     emitted_tokens: int = 0  # output tokens already reported through step()
     detokenizer: object = None
@@ -95,7 +96,7 @@ FIELD_OWNERS: dict[str, str] = {
     **dict.fromkeys(("detokenizer", "grammar", "noise_seed", "output_ids", "logprobs", "error", "first_token_time",
                      "emitted_tokens", "emitted_logprobs"), "engine"),
     **dict.fromkeys(("status", "finish_reason", "finish_time", "prefilled", "cached_tokens", "n_resumed",
-                     "preemptions"), "scheduler"),
+                     "preemptions", "scheduled_time"), "scheduler"),
     **dict.fromkeys(("caches", "pending_logprobs", "prompt_logprobs"), "runner"),
 }
 
@@ -113,6 +114,7 @@ class GenerationResult:
     logprobs: list | None = None
     prompt_logprobs: list | None = None
     ttft_s: float | None = None
+    queue_s: float | None = None  # arrival -> the first step that ran its prompt (part of ttft_s)
     latency_s: float | None = None
     error: str | None = None  # set when finish_reason is "error"
 

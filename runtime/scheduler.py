@@ -9,7 +9,7 @@ It owns admission: matching a waiting request against the prefix cache (the radi
 bookkeeping, runtime/prefix_cache.py — like nano-vllm's scheduler owns its block manager),
 the KV budget and preemption, prefill grouping, and the request fields that say where a
 request is (see the ownership table in runtime/request.py): status, finish_reason,
-finish_time, prefilled, cached_tokens, n_resumed, preemptions. Other modules change them
+finish_time, prefilled, cached_tokens, n_resumed, preemptions, scheduled_time. Other modules change them
 through its methods (advance, started, preempt, reset, finish).
 """
 
@@ -181,6 +181,8 @@ class Scheduler:
                     break  # too little budget left to reach an aligned end: it goes first next step
                 n = aligned if aligned > 0 else n
             chunks.append((req, n))
+            if req.scheduled_time is None:
+                req.scheduled_time = now
             budget -= n
             if req.prefilled + n == len(req.context_ids):
                 slots -= 1

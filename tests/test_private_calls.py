@@ -63,7 +63,6 @@ IN_FILE = {
     # import it (tests/test_imports.py). Each reach-in:
     ("benchmarks/step_profile.py", "runner._launch"): "the step profiler wraps the runner's launch to time it",
     ("benchmarks/step_profile.py", "engine.runner._launch"): "and removes its wrapper afterwards",
-    ("benchmarks/contestants.py", "runner._next_input"): "the per-step split times building the decode input apart",
     ("benchmarks/step_timeline.py", "sched._burst_left"): "the timeline marks steps inside an admission burst",
     ("benchmarks/kernel_builds.py", "sk._check_cases"): "the offline build compiles the shapes the check runs",
     ("benchmarks/kernel_builds.py", "tr._VARIANTS"): "the offline build compiles every top-ranks variant",

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from ..env import describe, environment
 from ..report import write_json
 from .client import Result, run_load
+from .engine_side import run_quantiles, scrape
 from .http import require
 from .options import CPU_DEFAULTS, GPU_DEFAULTS
 from .plot import plot_serving
@@ -28,6 +29,9 @@ METRICS = (("req_per_s", "req/s", 1, ".2f"), ("output_tok_per_s", "out tok/s", 1
            ("ttft_p50", "TTFT p50 ms", 1e3, ".1f"), ("ttft_p99", "TTFT p99 ms", 1e3, ".1f"),
            ("itl_p50", "ITL p50 ms", 1e3, ".2f"), ("itl_p99", "ITL p99 ms", 1e3, ".2f"),
            ("tpot_p50", "TPOT p50 ms", 1e3, ".2f"), ("errors", "errors", 1, ".0f"))
+# graphc's own side of the same runs (its /metrics histograms, engine_side.py): the TTFT from the
+# request's arrival at the engine, and of that the queueing before its prompt's first chunk ran.
+ENGINE_METRICS = ("engine_ttft_p50", "engine_ttft_p99", "engine_queue_p50", "engine_queue_p99", "engine_tpot_p50")
 
 @dataclass
 class ServingConfig:
@@ -107,6 +111,7 @@ def aggregate(runs: list[dict], servers, rates) -> dict:
         for s in servers:
             mine = [r for r in runs if r["server"] == s and r["rate"] == rate]
             per[s] = {k: _spread([r["metrics"][k] for r in mine]) for k, *_ in METRICS}
+            per[s].update({k: _spread([r["metrics"].get(k) for r in mine]) for k in ENGINE_METRICS})
             per[s]["repeats"] = len(mine)
         if "graphc" in servers and "mlx_lm" in servers:
             # Ratios within one repeat (the two servers ran back to back), then their spread.
@@ -133,6 +138,12 @@ def _cell(spread: dict | None, scale: float, fmt: str) -> str:
 def rate_table(rate_key: str, per: dict, servers) -> str:
     head = [f"rate {rate_key} req/s" if rate_key != "inf" else "rate inf (saturation)"] + [h for _, h, *_ in METRICS]
     rows = [[s] + [_cell(per[s][k], sc, f) for k, _, sc, f in METRICS] for s in servers]
+    g = per.get("graphc", {})
+    if g.get("engine_ttft_p99"):  # the engine's share of graphc's TTFT, under the TTFT columns
+        rows.append(["graphc engine", "", "", _cell(g["engine_ttft_p50"], 1e3, ".1f"),
+                     _cell(g["engine_ttft_p99"], 1e3, ".1f"), "", "", _cell(g.get("engine_tpot_p50"), 1e3, ".2f"), ""])
+        rows.append(["  of it queued", "", "", _cell(g.get("engine_queue_p50"), 1e3, ".1f"),
+                     _cell(g.get("engine_queue_p99"), 1e3, ".1f"), "", "", "", ""])
     if "graphc_over_mlx_lm" in per:
         r = per["graphc_over_mlx_lm"]
         rows.append(["graphc/mlx_lm", "", _cell(r["output_tok_per_s"], 1, ".2f"), "", _cell(r["ttft_p99"], 1, ".2f"),
@@ -193,16 +204,20 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
             for rep in reps:
                 for i, rate in enumerate(cfg.rates):
                     bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
+                    before = scrape(url) if spec.name == "graphc" else None
                     results, dur = run_load(url, fresh[rep][i], rate, cfg.concurrency,
                                             spec.fixed_length_body(eos), cfg.seed + rep)
                     m = run_metrics(results, dur)
+                    m.update(run_quantiles(before, scrape(url) if before else None))
                     runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
                     bar.update(1)
                     if checkpoint:
                         checkpoint([{**r, "rate": _rate_key(r["rate"])} for r in runs])
                     bar.write(f"  repeat {rep + 1} {spec.name:7s} rate {_rate_key(rate):>4s}: "
                               f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
-                              f"TTFT p99 {_ms(m['ttft_p99'])}, ITL p99 {_ms(m['itl_p99'])}, "
+                              f"TTFT p99 {_ms(m['ttft_p99'])}"
+                              + (f" (engine {_ms(m['engine_ttft_p99'])})" if m.get("engine_ttft_p99") else "")
+                              + f", ITL p99 {_ms(m['itl_p99'])}, "
                               f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
                               f"{m['retries']} resent", file=sys.stderr)
     if runs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 
 from graphc.runtime.async_engine import EngineSnapshot
+from graphc.runtime.latency_histograms import BUCKETS, HELP, Histogram
 from graphc.runtime.scheduler import Scheduler
 
 
@@ -138,11 +139,26 @@ class ServerMetrics:
         metric("graphc_step_faults_total", "counter",
                "Engine steps that raised and were recovered (only the request(s) responsible ended).",
                [(m, st.get("step_faults", 0))])
+        for name, help_ in HELP.items():  # engine-side latencies of finished requests (latency_histograms.py)
+            self._histogram(lines, f"graphc_request_{name}_seconds", help_, s.latency.get(name, Histogram()), m)
         metric("graphc_requests_rejected_total", "counter", "Requests refused before they ran, by cause.",
                [({**m, "cause": c}, n) for c, n in sorted(self.rejected.items())] or [({**m, "cause": "overloaded"}, 0)])
         metric("graphc_http_requests_total", "counter", "HTTP responses by path and status.",
                [({"path": p, "status": str(c)}, n) for (p, c), n in sorted(self.http.items())])
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _histogram(lines: list, name: str, help_: str, h: Histogram, labels: dict) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} histogram")
+        lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+        cum = 0
+        for bound, c in zip((*BUCKETS, float("inf")), h.counts):
+            cum += c
+            le = "+Inf" if bound == float("inf") else repr(bound)
+            lines.append(f'{name}_bucket{{{lab},le="{le}"}} {cum}')
+        lines.append(f"{name}_sum{{{lab}}} {_num(float(h.total))}")
+        lines.append(f"{name}_count{{{lab}}} {cum}")
 
 
 def _num(v) -> str:

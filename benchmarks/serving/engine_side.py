@@ -1,0 +1,62 @@
+"""The engine's own side of a run's latencies, from two scrapes of graphc's /metrics.
+
+`graphc serve` exports per-request histograms on the engine's clock (runtime/latency_histograms.py:
+queue, ttft, tpot, latency from the request's arrival at the engine). The counts one run added are
+the difference of a scrape after it and one before; their quantiles, next to the client's, say
+how much of a TTFT is the engine's (queueing plus prefill) and how much the door's (HTTP,
+tokenizing, thread hand-offs, the stream back). mlx_lm.server exports nothing like it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from graphc.runtime.latency_histograms import BUCKETS, quantile
+
+from .http import httpx
+
+NAMES = ("queue", "ttft", "tpot", "latency")
+_LINE = re.compile(r'^graphc_request_(\w+?)_seconds_bucket\{.*le="([^"]+)"\} (\d+)$')
+
+
+def parse(text: str) -> dict[str, list[int]]:
+    """name -> non-cumulative bucket counts (BUCKETS then +Inf), summed over the server's models."""
+    cum: dict[str, dict[str, int]] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and m.group(1) in NAMES:
+            per = cum.setdefault(m.group(1), {})
+            per[m.group(2)] = per.get(m.group(2), 0) + int(m.group(3))
+    out = {}
+    bounds = [repr(b) for b in BUCKETS] + ["+Inf"]
+    for name, per in cum.items():
+        c = [per.get(b, 0) for b in bounds]
+        out[name] = [c[0]] + [c[i] - c[i - 1] for i in range(1, len(c))]
+    return out
+
+
+def scrape(base_url: str) -> dict[str, list[int]] | None:
+    """The server's histograms now, or None when it has none (not graphc, or an older one)."""
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/metrics", timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    return (parse(r.text) or None) if r.status_code == 200 else None
+
+
+def run_quantiles(before: dict | None, after: dict | None) -> dict:
+    """engine_<name>_p50/_p99 (seconds) of what the run between the two scrapes added; {} without both."""
+    if not before or not after:
+        return {}
+    out = {}
+    for name in NAMES:
+        a, b = after.get(name), before.get(name, [0] * (len(BUCKETS) + 1))
+        if a is None:
+            continue
+        delta = [x - y for x, y in zip(a, b)]
+        out[f"engine_{name}_p50"] = quantile(delta, 0.50)
+        out[f"engine_{name}_p99"] = quantile(delta, 0.99)
+    return out
+
+
+__all__ = ["NAMES", "parse", "run_quantiles", "scrape"]
