@@ -55,6 +55,7 @@ class ReplayConfig:
     mlx_args: tuple = ()
     log_dir: str = "agent-replay-logs"
     seed: int = 0
+    passes: tuple = PASSES  # which to run; "cold" always runs (the others are ratios to it)
 
 
 def conversation(model: str, context: int, turns: int, seed: int) -> tuple[list[Request], list[Request]]:
@@ -120,13 +121,16 @@ def run_replay(cfg: ReplayConfig, log=print) -> dict:
             with start() as url:  # cold, then warm, on one process
                 replay(url, warm, 2, body)
                 record("cold", replay(url, cold_turns, cfg.max_tokens, body))
-                record("warm", replay(url, turns, cfg.max_tokens, body))
+                if "warm" in cfg.passes:
+                    record("warm", replay(url, turns, cfg.max_tokens, body))
             with tempfile.TemporaryDirectory(prefix="graphc-kv-") as folder:
-                disk = ("--kv-cache-dir", folder) if spec.name == "graphc" else ()
+                disk = ("--kv-cache-dir", folder) if spec.name == "graphc" and "disk" in cfg.passes else ()
                 if disk:
                     with start(disk) as url:
                         replay(url, warm, 2, body)
                         record("disk", replay(url, turns, cfg.max_tokens, body))
+            if "restart" not in cfg.passes:
+                continue
             with tempfile.TemporaryDirectory(prefix="graphc-kv-") as folder:
                 disk = ("--kv-cache-dir", folder) if spec.name == "graphc" else ()
                 if disk:  # the conversation up to its last turn, on a process that then stops
@@ -189,10 +193,16 @@ def cmd_agent_replay(args) -> int:
                          f"--replay-max-tokens {args.replay_max_tokens} exceed the model's context ({limit} tokens, "
                          "max_position_embeddings in its config.json): the servers would refuse the last turns")
     servers = tuple(s for s in args.servers.split(",") if s)
+    passes = tuple(p for p in args.replay_passes.split(",") if p)
+    unknown = sorted(set(passes) - set(PASSES))
+    if unknown:
+        raise SystemExit(f"graphc bench --agent-replay: --replay-passes: unknown {', '.join(unknown)} "
+                         f"(choose from {', '.join(PASSES)})")
     cfg = ReplayConfig(model=args.model, context=args.replay_context, turns=args.replay_turns,
                        max_tokens=args.replay_max_tokens, repeats=args.replay_repeats, servers=servers,
                        graphc_args=tuple(args.graphc_args.split()), mlx_args=tuple(args.mlx_args.split()),
-                       log_dir=args.log_dir, seed=args.seed)
+                       log_dir=args.log_dir, seed=args.seed,
+                       passes=tuple(p for p in PASSES if p in passes or p == "cold"))
     result = run_replay(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
     result["command"] = "graphc " + " ".join(sys.argv[1:])
     print(table(result))

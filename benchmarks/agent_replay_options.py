@@ -15,3 +15,7 @@ def add_arguments(p) -> None:
     g.add_argument("--replay-max-tokens", type=int, default=1,
                    help="new tokens per turn (1: the latency is the time to first token)")
     g.add_argument("--replay-repeats", type=int, default=3, help="repeats on fresh server processes")
+    g.add_argument("--replay-passes", default="cold,warm,disk,restart",
+                   help="passes to run, comma-separated (cold always runs: the others are its ratios); "
+                        "e.g. cold,warm,restart skips the disk tier's write-through pass, whose server "
+                        "start and writes cost the most device time on large shapes")

@@ -41,6 +41,18 @@ SHAPES: dict[str, dict] = {
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
                          rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
                          max_position_embeddings=131072, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0)),
+    # A hybrid shape for the agent replay: Qwen3-Next's layer plan (three gated-delta linear-attention
+    # layers to one full-attention layer, its head counts and dims) at ~2B parameters, with a small
+    # mixture of experts in place of its 512 (expert routing is not what a prefix cache changes).
+    "qwen3-next-2b": dict(model_type="qwen3_next", hidden_size=2048, num_hidden_layers=24, intermediate_size=4096,
+                          num_attention_heads=16, num_key_value_heads=2, head_dim=256, vocab_size=32000,
+                          rms_norm_eps=1e-6, rope_theta=10000000.0, partial_rotary_factor=0.25,
+                          full_attention_interval=4, linear_num_key_heads=16, linear_num_value_heads=32,
+                          linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                          num_experts=8, num_experts_per_tok=2, moe_intermediate_size=1024,
+                          shared_expert_intermediate_size=1024, decoder_sparse_step=1, mlp_only_layers=[],
+                          norm_topk_prob=True, attention_bias=False, tie_word_embeddings=False,
+                          max_position_embeddings=65536),
 }
 
 

@@ -37,3 +37,31 @@ def test_summary_ratios_are_to_the_same_repeats_cold_pass():
     assert s["graphc/restart"]["vs_cold_turns_2_on"] is None
     text = table({"summary": s, "turn_tokens": [10, 20, 30]})
     assert "| graphc/restart | - | - | 800 (800-800) | 0.150 (0.100-0.200) | - |" in text
+
+
+@pytest.mark.parametrize("passes, started, recorded", [
+    (("cold", "warm", "disk", "restart"), ["graphc", "graphc+disk", "graphc+disk", "graphc+disk"],
+     ["cold", "warm", "disk", "restart"]),
+    (("cold", "warm", "restart"), ["graphc", "graphc+disk", "graphc+disk"], ["cold", "warm", "restart"]),
+    (("cold",), ["graphc"], ["cold"]),
+])
+def test_replay_passes_choose_which_servers_start_and_what_is_timed(monkeypatch, model_dir, passes, started, recorded):
+    """--replay-passes: a pass left out starts no server process and times nothing; cold always runs."""
+    from contextlib import contextmanager
+
+    from graphc.benchmarks import agent_replay as ar
+
+    starts = []
+
+    @contextmanager
+    def fake_server(spec, model, port, n, log, extra):
+        starts.append(spec.name + ("+disk" if "--kv-cache-dir" in extra else ""))
+        yield "http://fake"
+
+    monkeypatch.setattr(ar, "Server", fake_server)
+    monkeypatch.setattr(ar, "replay", lambda url, reqs, max_tokens, body: [0.1] * len(reqs))
+    cfg = ReplayConfig(model=str(model_dir("llama")), context=256, turns=2, repeats=1, servers=("graphc",),
+                       passes=passes, log_dir="/tmp/graphc-test-replay-logs")
+    out = ar.run_replay(cfg, log=lambda line: None)
+    assert starts == started
+    assert [r["pass"] for r in out["runs"]] == recorded

@@ -25,12 +25,13 @@ from ..shapes import SHAPES, random_model
 
 def make_shape(name: str, out: str | Path, dtype: str = "bfloat16", seed: int = 0) -> Path:
     shape = dict(SHAPES[name])
-    # make-model's llama config gives the token ids of its tokenizer (bos/eos); the shape gives the sizes.
+    # make-model's config of the shape's architecture gives the token ids of its tokenizer (bos/eos);
+    # the shape gives the sizes.
     dims = Dims(hidden_size=shape["hidden_size"], num_layers=shape["num_hidden_layers"],
                 num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],
                 head_dim=shape["head_dim"], intermediate_size=shape["intermediate_size"],
                 vocab_size=shape["vocab_size"], sliding_window=None)
-    cfg = {**build_config("llama", dims, {}), **shape, "torch_dtype": dtype}
+    cfg = {**build_config(shape["model_type"], dims, {}), **shape, "torch_dtype": dtype}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(out, cfg["vocab_size"])
