@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import os
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.cache.disk_files import SUFFIX, BadBlock, decode_block
+from graphc.runtime.cache.disk_files import SUFFIX, BadBlock, BlockStore, decode_block, encode_block
 from graphc.runtime.cache.disk_tails import TAIL
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -230,3 +231,29 @@ def test_decode_rejects_garbage():
     for buf in (b"", b"\x01", b"\xff" * 16, (8).to_bytes(8, "little") + b"{}      "):
         with pytest.raises(BadBlock):
             decode_block(buf)
+
+
+def test_read_ahead_yields_each_block_in_order_and_skips_a_spoiled_one(tmp_path):
+    """BlockStore.read_many (the read-ahead a long hit uses) gives what read() gives, block by block
+    in order; a corrupt file in the middle is None at its place and removed, as read() does."""
+    store = BlockStore(tmp_path, "m" * 40)
+    names = [f"b{j}" for j in range(7)]
+    for j, name in enumerate(names):
+        plane = np.full((2, 4, 8), j, np.float32).tobytes()
+        store.path(name).write_bytes(encode_block({"block": name}, np.arange(4) + 4 * j,
+                                                  {"l0.0": (mx.float32, (2, 4, 8), plane)}))
+    spoiled = store.path(names[4])
+    buf = bytearray(spoiled.read_bytes())
+    buf[-1] ^= 0xFF
+    spoiled.write_bytes(bytes(buf))
+    got = list(store.read_many(names))
+    assert [g is None for g in got] == [False] * 4 + [True] + [False] * 2
+    for j, g in enumerate(got):
+        if g is not None:
+            assert g[0]["block"] == names[j] and g[1].tolist() == list(range(4 * j, 4 * j + 4))
+            assert float(g[2]["l0.0"].sum()) == j * 64
+    assert not spoiled.exists()
+    early = store.read_many(names)
+    assert next(early)[0]["block"] == "b0"
+    early.close()  # a caller that stops early drops the reads in flight
+    store.close()

@@ -32,6 +32,8 @@ import queue
 import struct
 import threading
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mlx.core as mx
@@ -44,6 +46,7 @@ SUFFIX = ".safetensors"
 _DTYPES = {mx.float32: "F32", mx.float16: "F16", mx.bfloat16: "BF16", mx.int8: "I8", mx.uint8: "U8",
            mx.int32: "I32", mx.uint32: "U32", mx.int16: "I16", mx.uint16: "U16"}
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
+READ_AHEAD = max(2, min(8, os.cpu_count() or 2))  # block files read and checked at once on a hit
 
 
 class BadBlock(Exception):
@@ -73,8 +76,9 @@ def encode_block(meta: dict, tokens: np.ndarray, arrays: dict[str, tuple]) -> by
     return struct.pack("<Q", len(head)) + head + data
 
 
-def decode_block(buf: bytes) -> tuple[dict, np.ndarray, dict[str, mx.array]]:
-    """(metadata, tokens, arrays) of a block file's bytes; BadBlock when they do not check out."""
+def parse_block(buf: bytes) -> tuple[dict, np.ndarray, dict[str, tuple]]:
+    """(metadata, tokens, {name: (mx dtype, shape, raw uint8 numpy view)}) of a block file's bytes;
+    BadBlock when they do not check out. No mx work: it runs on the read-ahead threads."""
     if len(buf) < 8:
         raise BadBlock(f"{len(buf)} bytes: shorter than a safetensors header")
     (n,) = struct.unpack("<Q", buf[:8])
@@ -100,12 +104,22 @@ def decode_block(buf: bytes) -> tuple[dict, np.ndarray, dict[str, mx.array]]:
                 continue
             dt = _BY_NAME[t["dtype"]]
             shape = list(t["shape"])
-            arrays[name] = mx.array(raw.reshape(shape[:-1] + [shape[-1] * dt.size])).view(dt)
+            arrays[name] = (dt, shape, raw.reshape(shape[:-1] + [shape[-1] * dt.size]))
     except (KeyError, ValueError, TypeError) as e:
         raise BadBlock(f"bad tensor entry ({type(e).__name__}: {e})") from None
     if tokens is None:
         raise BadBlock("no tokens tensor")
     return meta, tokens, arrays
+
+
+def as_mx(arrays: dict[str, tuple]) -> dict[str, mx.array]:
+    return {name: mx.array(raw).view(dt) for name, (dt, _, raw) in arrays.items()}
+
+
+def decode_block(buf: bytes) -> tuple[dict, np.ndarray, dict[str, mx.array]]:
+    """(metadata, tokens, arrays) of a block file's bytes; BadBlock when they do not check out."""
+    meta, tokens, arrays = parse_block(buf)
+    return meta, tokens, as_mx(arrays)
 
 
 class BlockStore:
@@ -123,6 +137,7 @@ class BlockStore:
         self.files = 0
         self._queue: queue.Queue = queue.Queue()
         self._writes_since_scan = 0
+        self._pool: ThreadPoolExecutor | None = None  # read-ahead threads, made on the first long hit
         # The folder may hold files of an earlier run (or other servers): indexed in the background
         # so a large folder does not delay the engine's start; lookups go by name and never wait.
         self._thread = threading.Thread(target=self._run, name="graphc-kvdisk", daemon=True)
@@ -138,6 +153,37 @@ class BlockStore:
     def read(self, block: str) -> tuple[dict, np.ndarray, dict] | None:
         """A block's contents if its file is there and checks out; a bad file is logged, removed
         (a later write puts a good one back) and never returned."""
+        got = self._load(block)
+        return None if got is None else (got[0], got[1], as_mx(got[2]))
+
+    def read_many(self, blocks: list[str]):
+        """read() of each block in order, as a generator, with the files read and checked ahead
+        on a few threads: file reads and blake2b release the GIL, so a long prompt's blocks
+        (32 MiB each at 8B) come in at the disk's speed instead of one read-then-hash at a time.
+        Stop iterating at the first None; reads still in flight are dropped."""
+        if len(blocks) <= 1:
+            yield from (self.read(b) for b in blocks)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=READ_AHEAD, thread_name_prefix="graphc-kvread")
+        ahead: deque = deque()
+        todo = iter(blocks)
+        try:
+            for b in todo:
+                ahead.append(self._pool.submit(self._load, b))
+                if len(ahead) >= READ_AHEAD:
+                    break
+            while ahead:
+                got = ahead.popleft().result()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    ahead.append(self._pool.submit(self._load, nxt))
+                yield None if got is None else (got[0], got[1], as_mx(got[2]))
+        finally:
+            for f in ahead:
+                f.cancel()
+
+    def _load(self, block: str) -> tuple[dict, np.ndarray, dict] | None:
         p = self.path(block)
         try:
             buf = p.read_bytes()
@@ -147,7 +193,7 @@ class BlockStore:
             log.warning("kv disk tier: skipping %s: %s", p, e)
             return None
         try:
-            out = decode_block(buf)
+            out = parse_block(buf)
         except BadBlock as e:
             self.reject(p, str(e))
             return None
@@ -181,6 +227,8 @@ class BlockStore:
         """Finish the queued writes and end the writer thread (a scratch store, runtime/warmup.py)."""
         self._queue.put(("stop", None, None))
         self._thread.join(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- the writer thread ----------------------------------------------------------------
     def _run(self) -> None:

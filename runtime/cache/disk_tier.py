@@ -117,13 +117,16 @@ class DiskTier:
         j0 = m0 // B
         hs = self.hashes(tokens, n_blocks)
         loaded = []
-        for j in range(j0, n_blocks):
-            got = self.store.read(hs[j])
-            if got is None or not self._valid(hs[j], j, tokens, *got):
-                break
-            loaded.append(got[2])
-            self.known.add(hs[j])
-            self.counters["disk_loaded_blocks"] += 1
+        reads = self.store.read_many(hs[j0:n_blocks])
+        try:
+            for j, got in zip(range(j0, n_blocks), reads):
+                if got is None or not self._valid(hs[j], j, tokens, *got):
+                    break
+                loaded.append(got[2])
+                self.known.add(hs[j])
+                self.counters["disk_loaded_blocks"] += 1
+        finally:
+            reads.close()
         j1 = j0 + len(loaded)
         tail = read_tail(self, tokens, j1 * B, hs[j1 - 1] if j1 else self.model_id, m0)
         if not loaded and tail is None:
