@@ -2,6 +2,7 @@
 # The serving bench on one H200: graphc serve vs mlx_lm.server on a Llama-shape model folder with
 # random bf16 weights (no network there; graphc and mlx come from PYTHONPATH).
 #   OUT=/some/dir PYTHONPATH=/root/site bash benchmarks/serving/h200.sh 1b    # or 8b
+#   MAX_BATCH=32 ... 8b: mlx_lm.server runs out of GPU memory on the 8B shape at decode concurrency 64
 # Sized to finish in ~500 s per invocation: REPEATS (default 3) on one start of each server, one
 # server after the other (--keep-servers; KEEP=0 restarts both every repeat, alternating), the mix (input 64-4096, output
 # 32-512 tokens), batch 64.
@@ -20,5 +21,5 @@ model=/tmp/serving-models/$shape  # not under $OUT: 2.5 / 16 GB of weights must 
 # config.json is written last, so its presence means a complete folder from an earlier call
 [ -f "$model/config.json" ] || { time "$PY" -m graphc.benchmarks.serving.make_shape "$shape" "$model"; }
 "$PY" -m graphc.cli bench --serving --model "$model" --requests "$requests" --rates "$rates" \
-  --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) ${BENCH_ARGS:-} --max-batch 64 --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
+  --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) ${BENCH_ARGS:-} --max-batch "${MAX_BATCH:-64}" --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
   --json "$OUT/serving-$1.json" --plot "$OUT/serving-$1.png" --log-dir "$OUT/logs-$1" 2>&1 | tee "$OUT/serving-$1.txt"
