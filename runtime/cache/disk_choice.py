@@ -113,13 +113,17 @@ class DiskReadChoice:
             self.counters["disk_recomputed_tokens"] += tokens
         return read
 
-    def keep_reading(self, done_bytes: int, elapsed: float, left_bytes: int, left_tokens: int) -> bool:
+    def keep_reading(self, done_bytes: int, elapsed: float, left_bytes: int, left_tokens: int,
+                     in_flight_bytes: int = 0) -> bool:
         """Mid-read (auto only): whether reading the rest, at the rate this hit gets so far, still
-        beats computing it. Counts a stop."""
+        beats computing it. `in_flight_bytes`: of `left_bytes`, the files being read ahead now,
+        counted half done (else the first blocks, which shared the disk with them, make the
+        rate look several times lower than it is). Counts a stop."""
         pr = self.prefill_rate()
         if self.mode != "auto" or pr is None or done_bytes < self.probe_bytes or elapsed <= 0 or left_tokens <= 0:
             return True
-        rate = done_bytes / elapsed
+        rate = (done_bytes + in_flight_bytes / 2) / elapsed
+        left_bytes -= in_flight_bytes / 2
         if left_bytes / rate < left_tokens / pr:
             return True
         log.debug("kv disk tier: stopping a read after %.1f MiB at %.2f GiB/s: computing the %d tokens left "

@@ -42,7 +42,7 @@ import mlx.core as mx
 import numpy as np
 
 from .disk_choice import DiskReadChoice
-from .disk_files import BlockStore, chain_hash, encode_block
+from .disk_files import READ_AHEAD, BlockStore, chain_hash, encode_block
 from .disk_tails import read_tail, tail_name, write_tail
 from .prefix_state import PrefixKind, PrefixState
 
@@ -149,7 +149,8 @@ class DiskTier:
                 done += sizes[k]
                 # a hybrid hit resumes at the state at its last block end only: once begun, read it whole
                 if (not self.snapshot_layers and j + 1 < j_end and not self.choice.keep_reading(
-                        done, clock() - t0, sum(sizes[k + 1:]) + tail_bytes, (j_end - j - 1) * B + tail_tokens)):
+                        done, clock() - t0, sum(sizes[k + 1:]) + tail_bytes, (j_end - j - 1) * B + tail_tokens,
+                        sum(sizes[k + 1:k + 1 + READ_AHEAD]))):
                     stopped = True
                     self.known.update(hs[j + 1:j_end])
                     break
