@@ -19,6 +19,7 @@ import attrs
 
 from graphc.compiler.passes.prefill_choices import FINAL_CHUNK_REQUESTS
 
+from .cache.disk_choice import MODES as DISK_READ_MODES
 from .cache.disk_tier import DEFAULT_BLOCK_TOKENS
 from .scheduler import STEP_TOKENS
 
@@ -61,6 +62,11 @@ def _final_chunk(inst, attribute, value) -> None:
         raise ValueError(f"final_chunk must be one of {', '.join(FINAL_CHUNK_REQUESTS)}, got {value!r}")
 
 
+def _disk_read(inst, attribute, value) -> None:
+    if value not in DISK_READ_MODES:
+        raise ValueError(f"kv_cache_disk_read must be one of {', '.join(DISK_READ_MODES)}, got {value!r}")
+
+
 def _fraction(inst, attribute, value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
         raise ValueError(f"mem_fraction must be a number in (0, 1], got {value!r}")
@@ -101,6 +107,8 @@ class EngineConfig:
     kv_cache_dir: str | None = None
     kv_cache_disk_gb: float | None = None  # None: the tier's default size
     kv_cache_block_tokens: int = attrs.field(default=DEFAULT_BLOCK_TOKENS, validator=_positive_int)
+    # A hit's blocks read from disk or computed again: "auto" (measured), "always", "never" (runtime/cache/disk_choice.py)
+    kv_cache_disk_read: str = attrs.field(default="auto", validator=_disk_read)
     # Compilation (compiler/decode_options.py; None leaves what the graph's `decode:` section says)
     lowering: str = attrs.field(default="auto", validator=_lowering)  # auto | fast | generic
     compile: bool | str | None = attrs.field(default=None, validator=_compile_mode)

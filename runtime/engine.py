@@ -42,6 +42,7 @@ from .plan_contract import request_problem
 from .prefix_sizing import for_binding
 from .host_edits import HostEdits
 from .prefix_io import PrefixIO
+from .prefill_rate import PrefillRate
 from .cache.disk_tier import attach_disk_tier
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
@@ -101,8 +102,12 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
             self.compiled.binding, mem_fraction=c.mem_fraction, max_total_tokens=c.max_total_tokens,
             interval=c.prefix_interval or min(prefill_chunk, 512), snapshot_interval=c.snapshot_interval) or None
         io = PrefixIO(self.prefix, self.compiled) if self.prefix is not None else None
+        # Prompt tokens per second of the prefill forwards the runner runs (runtime/prefill_rate.py):
+        # the runner feeds it, the disk tier weighs reading a hit against it; made here, handed to both.
+        self.prefill_rate = PrefillRate()
         self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, c.model_path, c.kv_cache_dir,
-                                          c.kv_cache_disk_gb, c.kv_cache_block_tokens) if c.kv_cache_dir else None
+                                          c.kv_cache_disk_gb, c.kv_cache_block_tokens, read=c.kv_cache_disk_read,
+                                          prefill_rate=self.prefill_rate) if c.kv_cache_dir else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.
@@ -117,7 +122,7 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
                                          eos_token_ids=self.eos_token_ids, tokenizer=tokenizer,
                                          vocab_size=self.vocab_size)
         self.runner = ModelRunner(self.compiled, chain=c.chain, host_edits=self.host_edits, prefix_io=io,
-                                  views=views, speculator=self.speculator,
+                                  views=views, speculator=self.speculator, prefill_rate=self.prefill_rate,
                                   vocab_size=self.vocab_size, eos_token_ids=self.eos_token_ids,
                                   sampling_kernel=plan.choice("sampling").choice == "fused cuda",
                                   host_read=plan.choice("host read").choice)

@@ -42,7 +42,9 @@ class EngineViews:
             choices.append(d)
         applied = getattr(self.compiled.decode, "applied", None)
         return {"graph": plan.graph, "model_type": plan.model_type, "lowering": plan.lowering, "target": plan.target,
-                "choices": choices, "built": applied() if applied is not None else None}
+                "choices": choices, "built": applied() if applied is not None else None,
+                # the prefix cache's disk tier: its folder, block size, read policy and the two rates it weighs
+                "disk_tier": self.disk_tier.describe() if self.disk_tier is not None else None}
 
     def result(self, req: Request) -> GenerationResult:
         """The GenerationResult of a request (finished or not: what it produced so far)."""

@@ -10,6 +10,8 @@ joined rows).
 
 from __future__ import annotations
 
+import time
+
 import attrs
 import mlx.core as mx
 
@@ -41,7 +43,7 @@ class PrefillDone:
 
 class ModelRunner:
     def __init__(self, compiled: CompiledGraph, *, chain: bool = True, host_edits=None, prefix_io=None,
-                 views=None, speculator=None,
+                 views=None, speculator=None, prefill_rate=None,
                  vocab_size: int | None = None, eos_token_ids=(), sampling_kernel: bool = False,
                  host_read: str = "tokens"):
         if host_read not in host_reads.STRATEGIES:
@@ -81,6 +83,9 @@ class ModelRunner:
         # the chunk alignment: the prefill plan's choices, obeyed (runtime/chunk_pad.py).
         self.final_chunk = chunk_pad.FinalChunk.of(compiled.prefill.plan, Scheduler.CHUNK_ALIGN)
         self.padded_tokens = 0  # pad positions computed (for stats and tests)
+        # The engine's PrefillRate (runtime/prefill_rate.py), or None: every prefill forward below
+        # ends in an mx.eval, so its wall time is what computing those prompt tokens costs here.
+        self.prefill_rate = prefill_rate
 
     # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
     def run_prefill(self, groups: list) -> list[PrefillDone]:
@@ -90,20 +95,27 @@ class ModelRunner:
         if groups:
             self._busy()
         for group in groups:
+            t0 = time.perf_counter()
             if len(group) > 1:
                 reqs = [r for r, _ in group]
                 firsts, caches = self.prefill_batch(reqs)
+                self.timed(sum(n for _, n in group), t0)
                 out += [PrefillDone(r, n, len(r.context_ids), tok, lp) for (r, n), (tok, lp) in zip(group, firsts)]
                 self.joining.append((reqs, caches))
                 continue
             [(req, n)] = group
             end = min(len(req.context_ids), req.prefilled + n)
             tok = self.prefill_chunk(req, n)
+            self.timed(end - req.prefilled, t0)
             out.append(PrefillDone(req, n, end, tok, req.pending_logprobs if tok is not None else None))
             if tok is not None:
                 self.joining.append(([req], req.caches))
                 req.caches = None
         return out
+
+    def timed(self, tokens: int, t0: float) -> None:
+        if self.prefill_rate is not None:
+            self.prefill_rate.observe(tokens, time.perf_counter() - t0)
 
     def run_decode(self, batch) -> list[tuple[Request, int, dict | None]]:
         """The step's decode half (scheduler.DecodeBatch): prefilled rows that did not end on their

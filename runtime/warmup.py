@@ -25,7 +25,8 @@ tier, then grown by a turn and read back from disk, the path of a client's first
 restart. The client's folder is left as it was: a chain's tail file is replaced by the next
 sequence that ends on it, so a warm-up prompt written there would push out a short conversation's.
 
-The warm-up's tokens are taken back out of the engine's counters (and the prefix cache's), so `/metrics` counts only
+The warm-up's tokens are taken back out of the engine's counters (and the prefix cache's), and its
+forwards do not feed the prefill-rate estimate (runtime/prefill_rate.py), so `/metrics` counts only
 what clients asked for. Its prompt is a fixed draw of token ids from the whole vocabulary: a
 client's prompt sharing a prefix-cache entry with it would only be a cache hit, never a wrong
 answer. Under a KV budget too small for 16 + 8 tokens it is shorter, so it is never refused."""
@@ -54,13 +55,15 @@ def warm_up(engine, shapes: bool | None = None, agent: bool | None = None) -> fl
     None: as `shapes`); seconds taken."""
     tier, prefix = engine.disk_tier, engine.prefix
     counted = dict(prefix.counters) if prefix is not None else None
-    if tier is None:
-        took = _warm_up(engine, shapes, False)
-    else:
-        # On a scratch folder: the warm-up's prompts must not replace a client's tail files, and the
-        # memory tier forgets them after, so no later eviction writes them to the client's folder.
-        with tempfile.TemporaryDirectory(prefix="graphc-warmup-kv-") as root, tier.scratch(root):
-            took = _warm_up(engine, shapes, agent)
+    # Its forwards are each the first of their shape (kernel builds): no measure of the prefill rate.
+    with engine.prefill_rate.paused():
+        if tier is None:
+            took = _warm_up(engine, shapes, False)
+        else:
+            # On a scratch folder: the warm-up's prompts must not replace a client's tail files, and the
+            # memory tier forgets them after, so no later eviction writes them to the client's folder.
+            with tempfile.TemporaryDirectory(prefix="graphc-warmup-kv-") as root, tier.scratch(root):
+                took = _warm_up(engine, shapes, agent)
     if counted is not None:  # hits and evictions by tier: client traffic only, as `stats`
         prefix.counters.update(counted)
     return took

@@ -59,7 +59,7 @@ ENGINE_KEYWORDS = (
     "max_total_tokens", "prefix_interval", "seed", "kv_budget_tokens", "batch_prefill", "skinny_gemm", "lowering",
     "decode_options", "speculative", "num_draft_tokens", "spec_max_batch", "spec_max_tokens", "draft_model",
     "spec_pipeline", "spec_adaptive", "kv_bits", "kv_group_size", "kv_cache_dir", "kv_cache_disk_gb",
-    "kv_cache_block_tokens", "step_tokens", "snapshot_interval", "pad_final_chunk", "final_chunk")
+    "kv_cache_block_tokens", "kv_cache_disk_read", "step_tokens", "snapshot_interval", "pad_final_chunk", "final_chunk")
 
 
 def test_every_engine_keyword_is_a_config_field():
@@ -68,18 +68,20 @@ def test_every_engine_keyword_is_a_config_field():
 
 def test_the_kv_and_step_options_reach_what_they_configure(model_dir, tmp_path):
     d = model_dir("llama", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32)  # a head a group divides
-    eng = Engine.load(d, kv_bits=8, kv_group_size=32, step_tokens=24,
+    eng = Engine.load(d, kv_bits=8, kv_group_size=32, step_tokens=24, kv_cache_disk_read="never",
                       kv_cache_dir=str(tmp_path / "kv"), kv_cache_block_tokens=16, prefill_chunk=32)
     c = eng.engine_config
     assert (c.kv_bits, c.kv_group_size, c.step_tokens, c.kv_cache_block_tokens) == (8, 32, 24, 16)
     assert {p.name for p in eng.compiled.binding.policies} == {"quantized"}  # kv_bits rewrote the graph
     assert eng.scheduler.step_tokens == 24
     assert eng.disk_tier is not None and eng.disk_tier.block == 16
+    assert eng.disk_tier.choice.mode == "never" and eng.describe()["disk_tier"]["read"] == "never"
 
 
 @pytest.mark.parametrize("kw, says", [
     ({"step_tokens": 0}, "step_tokens must be a positive integer"),
     ({"kv_cache_block_tokens": 0}, "kv_cache_block_tokens must be a positive integer"),
+    ({"kv_cache_disk_read": "sometimes"}, "kv_cache_disk_read must be one of auto, always, never"),
 ])
 def test_bad_kv_and_step_values_name_the_option(kw, says):
     with pytest.raises(ValueError, match=says):

@@ -32,7 +32,8 @@ def prompt(n: int, seed: int = 0) -> list[int]:
 
 
 def engine(model, folder, **kw) -> Engine:
-    return Engine.load(model, prefill_chunk=32, kv_cache_dir=str(folder), kv_cache_block_tokens=B, **kw)
+    return Engine.load(model, prefill_chunk=32, kv_cache_dir=str(folder), kv_cache_block_tokens=B,
+                       **{"kv_cache_disk_read": "always", **kw})
 
 
 def written(eng: Engine) -> list:

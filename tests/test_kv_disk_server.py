@@ -23,6 +23,9 @@ def test_flags_reach_the_config():
     c = config_from_args(p.parse_args(["serve", "--kv-cache-dir", "/tmp/kv", "--kv-cache-disk-gb", "2.5"]))
     assert c.kv_cache_dir == "/tmp/kv" and c.kv_cache_disk_gb == 2.5
     assert config_from_args(p.parse_args(["serve"])).kv_cache_dir is None
+    assert config_from_args(p.parse_args(["serve"])).kv_cache_disk_read == "auto"
+    c = config_from_args(p.parse_args(["serve", "--kv-cache-dir", "/tmp/kv", "--kv-cache-disk-read", "never"]))
+    assert c.kv_cache_disk_read == "never"
 
 
 def complete(srv, prompt: list[int]) -> dict:
@@ -50,3 +53,7 @@ def test_a_restarted_server_hits_on_disk(model_dir, tmp_path):
         assert srv.metric("graphc_prefix_cache_tier_hits_total", tier="memory") == 0
         assert srv.metric("graphc_prefix_cache_disk_hit_tokens_total") == 299
         assert srv.metric("graphc_prefix_cache_disk_tails_total", op="read") == 1
+        # the restarted server has no read rate yet (the stopped one never read): it reads
+        assert srv.metric("graphc_prefix_cache_disk_choices_total", choice="read") == 1
+        assert srv.metric("graphc_prefix_cache_disk_choices_total", choice="recompute") == 0
+        assert srv.metric("graphc_prefix_cache_disk_read_bytes_per_second") > 0

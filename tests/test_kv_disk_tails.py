@@ -25,7 +25,8 @@ def conversation(n: int, seed: int = 0) -> list[int]:
 
 
 def load(model, folder) -> Engine:
-    return Engine.load(model, prefill_chunk=128, max_total_tokens=4096, kv_cache_dir=str(folder))
+    return Engine.load(model, prefill_chunk=128, max_total_tokens=4096, kv_cache_dir=str(folder),
+                       kv_cache_disk_read="always")
 
 
 def stopped_after(model, folder, turns: list[list[int]], params=ONE) -> None:

@@ -24,7 +24,8 @@ def folder_state(eng: Engine) -> dict:
 
 
 def load(model, folder) -> Engine:
-    return Engine.load(model, prefill_chunk=32, kv_cache_dir=str(folder), kv_cache_block_tokens=B)
+    return Engine.load(model, prefill_chunk=32, kv_cache_dir=str(folder), kv_cache_block_tokens=B,
+                       kv_cache_disk_read="always")
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3_next"])

@@ -150,6 +150,24 @@ class BlockStore:
     def exists(self, block: str) -> bool:
         return self.path(block).is_file()
 
+    def size(self, block: str) -> int | None:
+        """The file's size in bytes, or None when it is not there (a stat, nothing read)."""
+        try:
+            return self.path(block).stat().st_size
+        except OSError:
+            return None
+
+    def sizes(self, blocks: list[str]) -> list[int]:
+        """The sizes of the leading files of `blocks` that are there, up to the first missing one:
+        what reading them would cost, before anything is read (runtime/cache/disk_choice.py)."""
+        out = []
+        for b in blocks:
+            n = self.size(b)
+            if n is None:
+                break
+            out.append(n)
+        return out
+
     def read(self, block: str) -> tuple[dict, np.ndarray, dict] | None:
         """A block's contents if its file is there and checks out; a bad file is logged, removed
         (a later write puts a good one back) and never returned."""

@@ -12,7 +12,9 @@ between the pool and a folder (runtime/cache/disk_files.py):
 - **In** (`promote`, called by `PrefixCache.admit` before it matches): when the folder holds
   blocks of the prompt beyond what the tree matched, they are read, checked, inserted into
   the tree and written into the pool, so the ordinary match then hits on them; then the tail
-  at the end of the last of them, as far as it matches the prompt.
+  at the end of the last of them, as far as it matches the prompt. Whether reading them beats
+  computing those tokens again is measured (runtime/cache/disk_choice.py): a hit not read is a
+  miss for that part, its files left as they are.
 
 Block names chain a hash of the model identity (config, weight files, graph and cache
 policies, dtype, lowering, device) through every token id, so a block can only be found by
@@ -39,8 +41,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .disk_files import BlockStore, chain_hash, encode_block
-from .disk_tails import read_tail, write_tail
+from .disk_choice import DiskReadChoice
+from .disk_files import READ_AHEAD, BlockStore, chain_hash, encode_block
+from .disk_tails import read_tail, tail_name, write_tail
 from .prefix_state import PrefixKind, PrefixState
 
 log = logging.getLogger("graphc.kvdisk")
@@ -83,7 +86,8 @@ def model_identity(config: dict, model_path: str | None, compiled) -> str:
 
 
 class DiskTier:
-    def __init__(self, prefix, io, store: BlockStore, model_id: str, block_tokens: int):
+    def __init__(self, prefix, io, store: BlockStore, model_id: str, block_tokens: int,
+                 choice: DiskReadChoice | None = None):
         if block_tokens < 1:
             raise ValueError(f"kv_cache_block_tokens must be >= 1, got {block_tokens}")
         self.prefix = prefix
@@ -96,6 +100,10 @@ class DiskTier:
         self.block = block_tokens
         self.known: set[str] = set()  # blocks this process wrote or read: never written again
         self.known_tails: dict[str, tuple] = {}  # tail name -> what this process last wrote or read there
+        # read a hit's blocks or compute them again (runtime/cache/disk_choice.py); None: always read
+        self.choice = choice if choice is not None else DiskReadChoice("always")
+        # a pool slot's bytes over the layers kept on disk: a tail file's size says about how many tokens it holds
+        self.token_bytes = max(1, sum(io.policies[i].bytes_per_token() for i in self.layers))
         self.counters = {"disk_loaded_blocks": 0, "disk_spilled_blocks": 0, "disk_loaded_states": 0,
                          "disk_spilled_states": 0, "disk_loaded_tails": 0, "disk_spilled_tails": 0}
 
@@ -109,26 +117,51 @@ class DiskTier:
     # -- in -------------------------------------------------------------------------------
     def promote(self, tokens: np.ndarray) -> int:
         """Load the prompt's blocks past the tree's match from disk into the tree and pool, then the
-        tail past the last of them (runtime/cache/disk_tails.py). Returns the tokens gained (0:
-        nothing usable on disk)."""
+        tail past the last of them (runtime/cache/disk_tails.py), if reading them is the faster way
+        back (runtime/cache/disk_choice.py). Returns the tokens gained (0: nothing usable on disk,
+        or computing them was chosen)."""
         B = self.block
         n_blocks = len(tokens) // B
         _, m0 = self.prefix.tree.match(tokens)
         j0 = m0 // B
         hs = self.hashes(tokens, n_blocks)
+        sizes = self.store.sizes(hs[j0:n_blocks])  # the files there, stat only: what a read would cost
+        j_end = j0 + len(sizes)
+        tail_bytes = self.store.size(tail_name(hs[j_end - 1] if j_end else self.model_id)) or 0
+        tail_tokens = min(B - 1, tail_bytes // self.token_bytes) if tail_bytes else 0
+        gain = j_end * B + tail_tokens - m0
+        if gain <= 0:
+            return 0
+        if not self.choice.decide(gain, sum(sizes) + tail_bytes):
+            self.known.update(hs[j0:j_end])  # on disk already: a later spill gathers none of them
+            return 0
+        clock = self.choice.clock
+        t0, done, stopped = clock(), 0, False
         loaded = []
-        reads = self.store.read_many(hs[j0:n_blocks])
+        reads = self.store.read_many(hs[j0:j_end])
         try:
-            for j, got in zip(range(j0, n_blocks), reads):
+            for k, (j, got) in enumerate(zip(range(j0, j_end), reads)):
                 if got is None or not self._valid(hs[j], j, tokens, *got):
                     break
                 loaded.append(got[2])
                 self.known.add(hs[j])
                 self.counters["disk_loaded_blocks"] += 1
+                done += sizes[k]
+                # a hybrid hit resumes at the state at its last block end only: once begun, read it whole
+                if (not self.snapshot_layers and j + 1 < j_end and not self.choice.keep_reading(
+                        done, clock() - t0, sum(sizes[k + 1:]) + tail_bytes, (j_end - j - 1) * B + tail_tokens,
+                        sum(sizes[k + 1:k + 1 + READ_AHEAD]))):
+                    stopped = True
+                    self.known.update(hs[j + 1:j_end])
+                    break
         finally:
             reads.close()
         j1 = j0 + len(loaded)
-        tail = read_tail(self, tokens, j1 * B, hs[j1 - 1] if j1 else self.model_id, m0)
+        tail = None if stopped else read_tail(self, tokens, j1 * B, hs[j1 - 1] if j1 else self.model_id, m0)
+        if tail is not None:
+            done += tail_bytes
+        self.choice.observe_read(done, clock() - t0)
+        self.choice.save()
         if not loaded and tail is None:
             return 0
         base, end = j0 * B, j1 * B + (tail[0] if tail else 0)
@@ -248,6 +281,7 @@ class DiskTier:
                 if self.snapshot_layers:
                     self._spill_state(tokens[:m], path)
             write_tail(self, tokens[:m], slots, path)
+        self.choice.save()  # the estimates, now and then: a restarted server starts from them
 
     def _spill_state(self, tokens: np.ndarray, path: list) -> None:
         """The snapshots at the sequence's block ends that the folder lacks, beside their blocks."""
@@ -283,6 +317,7 @@ class DiskTier:
 
     def flush(self, timeout: float = 60.0) -> None:
         self.store.flush(timeout)
+        self.choice.save(force=True)
 
     @contextmanager
     def scratch(self, root: str):
@@ -291,7 +326,9 @@ class DiskTier:
         writing its prompts among the client's: a tail file is replaced by the next sequence that
         ends on its chain, so a warm-up prompt would push out a conversation's). On the way out
         the tree forgets what it holds (spilling it to `root`), then this tier is attached again."""
-        other = DiskTier(self.prefix, self.io, BlockStore(root, self.model_id), self.model_id, self.block)
+        # its reads measure a scratch folder (page cache): they go to no estimate; it reads unless told never
+        choice = DiskReadChoice("never" if self.choice.mode == "never" else "always")
+        other = DiskTier(self.prefix, self.io, BlockStore(root, self.model_id), self.model_id, self.block, choice)
         self.prefix.flush()  # what clients left in memory reaches this tier's folder first
         self.flush()
         attach(self.prefix, self.io, other)
@@ -303,7 +340,13 @@ class DiskTier:
             attach(self.prefix, self.io, self)
 
     def stats(self) -> dict:
-        return {"disk_enabled": True, "disk_block_tokens": self.block, **self.counters, **self.store.stats()}
+        return {"disk_enabled": True, "disk_block_tokens": self.block, **self.counters, **self.store.stats(),
+                **self.choice.stats()}
+
+    def describe(self) -> dict:
+        """The tier's settings and estimates (Engine.describe()["disk_tier"])."""
+        return {"dir": str(self.store.dir), "block_tokens": self.block, "cap_bytes": self.store.cap,
+                **self.choice.describe()}
 
 
 def attach(prefix, io, tier: DiskTier) -> None:
@@ -313,8 +356,11 @@ def attach(prefix, io, tier: DiskTier) -> None:
 
 
 def attach_disk_tier(prefix, io, compiled, config: dict, model_path: str | None, root: str,
-                     disk_gb: float | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> DiskTier | None:
-    """Give `prefix` (a PrefixCache) a disk tier in folder `root`, or log why it cannot have one."""
+                     disk_gb: float | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS,
+                     read: str = "auto", prefill_rate=None) -> DiskTier | None:
+    """Give `prefix` (a PrefixCache) a disk tier in folder `root`, or log why it cannot have one.
+    `read`: whether a hit reads its blocks or computes them (runtime/cache/disk_choice.py);
+    `prefill_rate`: the engine's prefill meter (runtime/prefill_rate.py) that choice weighs against."""
     if prefix is None:
         log.warning("kv disk tier off: this graph has no prefix cache (prefix_cache=False or a policy that "
                     "takes no part), so there is nothing to spill")
@@ -328,8 +374,8 @@ def attach_disk_tier(prefix, io, compiled, config: dict, model_path: str | None,
         raise ValueError(f"kv_cache_disk_gb must be > 0, got {disk_gb}")
     model_id = model_identity(config, model_path, compiled)
     store = BlockStore(root, model_id, None if disk_gb is None else int(disk_gb * (1 << 30)))
-    tier = DiskTier(prefix, io, store, model_id, block_tokens)
+    tier = DiskTier(prefix, io, store, model_id, block_tokens, DiskReadChoice(read, prefill_rate, store.dir))
     attach(prefix, io, tier)
-    log.info("kv disk tier: %s (model %s, blocks of %d tokens%s)", store.dir, model_id[:12], block_tokens,
-             "" if disk_gb is None else f", cap {disk_gb:g} GB")
+    log.info("kv disk tier: %s (model %s, blocks of %d tokens%s, read %s)", store.dir, model_id[:12], block_tokens,
+             "" if disk_gb is None else f", cap {disk_gb:g} GB", read)
     return tier

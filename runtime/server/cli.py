@@ -74,6 +74,10 @@ def add_parser(subparsers) -> None:
                                           "when memory misses and survive restarts (docs/cache-policies.md)")
     s.add_argument("--kv-cache-disk-gb", type=float,
                    help="size cap of --kv-cache-dir in GB (least recently used files go first; default: no cap)")
+    s.add_argument("--kv-cache-disk-read", choices=["auto", "always", "never"], default="auto",
+                   help="on a --kv-cache-dir hit, read the blocks back or compute those tokens again: auto (default) "
+                        "reads when the measured read rate beats the measured prefill rate, always reads, never "
+                        "computes (docs/cache-policies.md#disk-tier---kv-cache-dir)")
     s.add_argument("--kv-cache-block-tokens", type=positive_int,
                    help="tokens per --kv-cache-dir block file (default 256): a restarted conversation recomputes up "
                         "to this many tokens less one besides its new turn; smaller blocks, more files")
@@ -111,7 +115,8 @@ def config_from_args(args) -> ServerConfig:
         max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,
         shutdown_timeout=args.shutdown_timeout, compile=COMPILE_FLAG[args.compile],
         warmup=args.warmup, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb,
-        snapshot_interval=args.snapshot_interval, kv_cache_block_tokens=args.kv_cache_block_tokens)
+        snapshot_interval=args.snapshot_interval, kv_cache_block_tokens=args.kv_cache_block_tokens,
+        kv_cache_disk_read=args.kv_cache_disk_read)
 
 
 def _exit_early(sig, frame) -> None:

@@ -46,6 +46,7 @@ class ServerConfig:
     kv_cache_dir: str | None = None  # the prefix cache's disk tier (docs/cache-policies.md#the-disk-tier)
     kv_cache_disk_gb: float | None = None  # its size cap, least recently used files first; None: no cap
     kv_cache_block_tokens: int | None = None  # tokens per disk block file; None: 256
+    kv_cache_disk_read: str = "auto"  # a disk hit read back or recomputed: "auto" (measured), "always", "never"
     snapshot_interval: int | None = None  # recurrent-state snapshots every N prompt tokens; None: 4096
 
     # limits

@@ -106,6 +106,21 @@ class ServerMetrics:
                        "Tail files (a sequence's positions past its last full block) written to / read back from "
                        "--kv-cache-dir.", [({**m, "op": "written"}, c.get("disk_spilled_tails", 0)),
                                            ({**m, "op": "read"}, c.get("disk_loaded_tails", 0))])
+                # read a hit's blocks or compute them again (--kv-cache-disk-read; runtime/cache/disk_choice.py)
+                metric("graphc_prefix_cache_disk_choices_total", "counter",
+                       "Hits on --kv-cache-dir blocks by what was done: read back, or recomputed (computing them "
+                       "was estimated faster, or --kv-cache-disk-read never).",
+                       [({**m, "choice": "read"}, c.get("disk_read_choices", 0)),
+                        ({**m, "choice": "recompute"}, c.get("disk_recompute_choices", 0))])
+                metric("graphc_prefix_cache_disk_recomputed_tokens_total", "counter",
+                       "Prompt tokens on disk that were computed instead of read (whole hits, and the rest of "
+                       "reads stopped as slower than computing).", [(m, c.get("disk_recomputed_tokens", 0))])
+                metric("graphc_prefix_cache_disk_read_bytes_per_second", "gauge",
+                       "The disk tier's estimate of its block read rate (0: not measured yet).",
+                       [(m, c.get("disk_read_bytes_per_s", 0.0))])
+                metric("graphc_prefix_cache_disk_prefill_tokens_per_second", "gauge",
+                       "The prefill rate the disk tier weighs reads against (0: not measured yet).",
+                       [(m, c.get("disk_prefill_tokens_per_s", 0.0))])
                 if "snapshots" in c:  # hybrid models: recurrent state at block ends, beside the blocks
                     metric("graphc_prefix_cache_disk_states_total", "counter",
                            "Recurrent-state files written to / read back from --kv-cache-dir.",

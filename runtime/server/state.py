@@ -33,7 +33,8 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
     if c.kv_bits is not None:  # opt-in quantized KV (runtime/cache/quantized.py)
         extra.update(kv_bits=c.kv_bits, kv_group_size=c.kv_group_size)
     if c.kv_cache_dir is not None:
-        extra.update(kv_cache_dir=c.kv_cache_dir, kv_cache_disk_gb=c.kv_cache_disk_gb)
+        extra.update(kv_cache_dir=c.kv_cache_dir, kv_cache_disk_gb=c.kv_cache_disk_gb,
+                     kv_cache_disk_read=c.kv_cache_disk_read)
         if c.kv_cache_block_tokens is not None:
             extra["kv_cache_block_tokens"] = c.kv_cache_block_tokens
     if c.speculative is not None:  # the default for requests without a `speculative` field
