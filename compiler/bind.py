@@ -14,19 +14,21 @@ from graphc.contracts.policies import PolicyLike, get_policy
 
 from .archs import ArchAdapter, adapter_for
 from .cachekinds import LayerInfo, layers_from_caches, model_type_of, text_model
+from .cachekinds import folding_layers as folding_layers_of
 from .errors import Diagnostic, GraphError
 from .ir import GraphSpec
 from .layer_groups import BoundGroup, bind_groups, declared, decoder_node, groups_of
 from .selfcheck import reference_run
 
 
-@attrs.define
+@attrs.frozen
 class Binding:
     """A graph bound to a model: each layer's info and policy, and how the forward is lowered.
 
     `lowering` is "fast" (the split embed / layers / norm / head of `adapter`) or "generic"
     (the model's own `__call__`); `check` is the load-time self-check that chose it
-    (compiler/selfcheck.py), set by compile_graph."""
+    (compiler/selfcheck.py). Frozen: compile_graph makes a new Binding for each lowering it
+    tries (attrs.evolve), so a lowered step's binding never changes under it."""
 
     spec: GraphSpec
     model: object  # the model graphc serves (a multimodal wrapper's language_model)
@@ -37,15 +39,16 @@ class Binding:
     adapter: ArchAdapter | None = None  # the fast path's decomposition, when this model type has one
     lowering: str = "generic"
     check: object = None  # CheckResult of the lowering in use
-    checks: list = attrs.field(factory=list)  # every lowering tried, in order
+    checks: tuple = attrs.field(default=(), converter=tuple)  # every lowering tried, in order
     batched: bool = True  # False: exact only one request at a time; the engine runs max_batch=1
     mask_rank: int = 4  # 5: per-row masks as [B, 1, 1, N, T] (attention scores split by KV group)
     wrapper_type: str | None = None  # the multimodal wrapper's type when the text model inside is served
-    # Layers whose caches count the positions a forward folds in (`folded`, runtime/cache/ssm_state.py):
-    # found from the policies on the first forward (compiler/ops/forward.py), so decode steps visit
-    # only those.
-    folding_layers: tuple | None = None
     groups: tuple[BoundGroup, ...] = ()  # the decoder's layer groups with this model's layers in each
+    # Layers whose caches count the positions a forward folds in (`folded`, runtime/cache/ssm_state.py):
+    # found from the policies when the Binding is made, so each forward (compiler/ops/forward.py)
+    # visits only those.
+    folding_layers: tuple[int, ...] = attrs.field(
+        default=attrs.Factory(lambda self: folding_layers_of(self.policies), takes_self=True))
 
 
 def classify_model(model, config: dict) -> list[LayerInfo]:

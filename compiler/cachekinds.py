@@ -137,3 +137,14 @@ def layers_from_caches(caches: list, model_type: str, model=None, fresh: list | 
         infos = [attrs.evolve(info, sinks=True) if "sinks" in (getattr(m, "self_attn", None) or {}) else info
                  for info, m in zip(infos, mods)]
     return infos
+
+
+def position_counters(cache) -> list:
+    """The parts of a layer cache that count the positions a forward folds in (`folded`,
+    runtime/cache/ssm_state.py StateCache): a CacheList's parts, or the cache itself."""
+    return [p for p in getattr(cache, "caches", None) or [cache] if hasattr(p, "folded")]
+
+
+def folding_layers(policies) -> tuple[int, ...]:
+    """The layers whose policies keep caches that count positions: the forward tells only those."""
+    return tuple(i for i, p in enumerate(policies) if position_counters(p.new_cache()))

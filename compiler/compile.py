@@ -157,43 +157,43 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
     tries = ["generic"] if lowering == "generic" or binding.adapter is None else (
         ["fast"] if lowering == "fast" else ["fast", "generic"])
     natives = native_reasons(layers)
+    checks: list = []  # every lowering tried, in order; each try gets its own Binding (_checked)
     if natives:
         # Some layer keeps mlx-lm's own cache (no batching): one request at a time, or refused.
         name = tries[-1]
-        compiled = _checked(spec, binding, ref, name, batched=False, target=target, requested=requested)
+        compiled = _checked(spec, binding, ref, name, checks, batched=False, target=target, requested=requested)
         if compiled is not None:
             log.warning("%s; serving one request at a time on mlx-lm's own cache", natives[0])
             return compiled
         raise UnsupportedModel(f"{natives[0]} Served one request at a time on mlx-lm's own cache it does not match "
-                               f"either ({binding.checks[-1].describe()}: {binding.checks[-1].error}).")
+                               f"either ({checks[-1].describe()}: {checks[-1].error}).")
     for name in tries:
-        compiled = _checked(spec, binding, ref, name, batched=True, target=target, requested=requested)
+        compiled = _checked(spec, binding, ref, name, checks, batched=True, target=target, requested=requested)
         if compiled is not None:
-            if binding.checks[:-1]:
+            if checks[:-1]:
                 log.warning("model type '%s': the fast path failed the self-check (%s); serving the generic "
-                            "lowering (the model's own forward)", mtype, binding.checks[0].describe())
+                            "lowering (the model's own forward)", mtype, checks[0].describe())
             return compiled
-    last = binding.checks[-1]
+    last = checks[-1]
     if last.batched_only and last.lowering == "generic":
         # Exact one request at a time, wrong when rows share a forward. Models that split
         # attention scores by KV group ([B, kv, repeats, N, T]: gemma2) need per-row masks of
         # rank 5; try that, batched.
-        binding.mask_rank = 5
-        compiled = _checked(spec, binding, ref, "generic", batched=True, target=target, requested=requested)
+        compiled = _checked(spec, binding, ref, "generic", checks, batched=True, target=target,
+                            requested=requested, mask_rank=5)
         if compiled is not None:
             log.info("model type '%s': batched with per-row masks of rank 5", mtype)
             return compiled
-        binding.mask_rank = 4
     if last.batched_only:
         # Still exact only one request at a time: serve it unbatched rather than refuse it —
         # slower, never wrong.
-        compiled = _checked(spec, binding, ref, last.lowering, batched=False, target=target,
+        compiled = _checked(spec, binding, ref, last.lowering, checks, batched=False, target=target,
                             requested=requested)
         if compiled is not None:
             log.warning("model type '%s': its forward is exact one request at a time but not on batches of "
                         "rows at different positions (%s); serving one request at a time", mtype, last.error)
             return compiled
-    tried = "; ".join(c.describe() for c in binding.checks)
+    tried = "; ".join(c.describe() for c in checks)
     if lossy:
         raise UnsupportedModel(
             f"model type '{mtype}': {lossy[0].describe()} (kv_bits) does not reproduce mlx-lm's own forward on "
@@ -224,28 +224,28 @@ def _on_own_caches(model, config: dict, mtype: str, ref, why: str, target: Targe
               for i, c in enumerate(make_prompt_cache(text_model(model)))]
     spec = load_spec("hybrid", config)
     binding = bind(spec, model, config, layers, mtype)
-    compiled = _checked(spec, binding, ref, "generic", batched=False, target=target, requested=requested)
+    compiled = _checked(spec, binding, ref, "generic", [], batched=False, target=target, requested=requested)
     if compiled is not None:
         log.warning("%s; serving one request at a time on mlx-lm's own caches", reason)
     return compiled
 
 
-def _checked(spec, binding: Binding, ref, lowering: str, batched: bool, target: Target,
-             requested: Requested) -> CompiledGraph | None:
-    """The graph lowered with `lowering`, if it passes the self-check (the result is recorded either way)."""
-    binding.lowering = lowering
+def _checked(spec, bound: Binding, ref, lowering: str, checks: list, batched: bool, target: Target,
+             requested: Requested, mask_rank: int = 4) -> CompiledGraph | None:
+    """The graph lowered with `lowering`, if it passes the self-check (the result is appended to
+    `checks` either way). `bound` is bind()'s Binding; each try lowers its own copy of it."""
+    trial = attrs.evolve(bound, lowering=lowering, mask_rank=mask_rank, checks=checks)
     # The self-check runs the plans the target gets (a final chunk whole or split, as served).
-    compiled = CompiledGraph(spec, binding, lower(binding, "prefill", target, requested),
-                             lower(binding, "decode", target, requested))
+    compiled = CompiledGraph(spec, trial, lower(trial, "prefill", target, requested),
+                             lower(trial, "decode", target, requested))
     result = run_check(compiled, ref, lowering, batched=batched)
-    binding.checks.append(result)
+    checks.append(result)
     if not result.ok:
         return None
-    binding.check = result
-    binding.batched = batched
-    log.info("model type '%s': %s lowering, self-check %s", binding.model_type, lowering, result.describe())
-    # Lowered again now that the check is known (the plans print it: inspect): a new CompiledGraph
-    # whose steps carry their final plans from construction, not the checked one's plans replaced.
+    log.info("model type '%s': %s lowering, self-check %s", trial.model_type, lowering, result.describe())
+    # Lowered again now that the check is known (the plans print it: inspect): a new Binding and
+    # CompiledGraph whose steps carry their final plans from construction.
+    binding = attrs.evolve(trial, checks=checks, check=result, batched=batched)
     return CompiledGraph(spec, binding, lower(binding, "prefill", target, requested),
                          lower(binding, "decode", target, requested), vocab_size=ref.vocab, target=target,
                          requested=requested)
@@ -258,11 +258,9 @@ def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) ->
     (the forward ops are the same; only the ops after them differ), so no second check runs."""
     b0 = compiled.binding
     spec = load_spec(graph, b0.config)
-    binding = bind(spec, model, b0.config, b0.layers, b0.model_type)
-    binding.lowering, binding.check, binding.checks = b0.lowering, b0.check, list(b0.checks)
-    for name in ("batched", "mask_rank"):  # what the check found about batching this model
-        if hasattr(b0, name):
-            setattr(binding, name, getattr(b0, name))
+    # What the check chose, and found about batching this model.
+    binding = attrs.evolve(bind(spec, model, b0.config, b0.layers, b0.model_type), lowering=b0.lowering,
+                           check=b0.check, checks=b0.checks, batched=b0.batched, mask_rank=b0.mask_rank)
     t, r = compiled.target, compiled.requested  # the plans' choice passes on the same inputs
     return CompiledGraph(spec, binding, lower(binding, "prefill", t, r), lower(binding, "decode", t, r),
                          vocab_size=compiled.vocab_size, target=t, requested=r)

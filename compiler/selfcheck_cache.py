@@ -155,12 +155,12 @@ def _rebuild(record: dict, graph, model, config: dict, kv_bits, kv_group_size, t
     spec = load_spec(default_graph_for(layers) if graph is None else graph, config)
     if kv_bits is not None:
         spec = with_kv_bits(spec, kv_bits, kv_group_size)
-    binding = bind(spec, model, config, layers, record["model_type"])
-    binding.checks = [CheckResult(**c) for c in record["checks"]]
-    binding.check = binding.checks[record["check"]]
-    if not binding.check.ok:
+    checks = tuple(CheckResult(**c) for c in record["checks"])
+    check = checks[record["check"]]
+    if not check.ok:
         raise ValueError("the stored verdict is not a passing check")
-    binding.lowering, binding.batched, binding.mask_rank = record["lowering"], record["batched"], record["mask_rank"]
+    binding = attrs.evolve(bind(spec, model, config, layers, record["model_type"]), checks=checks, check=check,
+                           lowering=record["lowering"], batched=record["batched"], mask_rank=record["mask_rank"])
     # The plans' choice passes run on this start's target and requested options: they are not
     # part of the verdict (they follow the check, as in compile.py's _checked).
     return CompiledGraph(spec, binding, lower(binding, "prefill", target, requested),

@@ -33,6 +33,8 @@ def test_graph_and_policies(engine):
     assert all(p.bytes_per_request(32768) == l.state_bytes > 0
                for l, p in zip(engine.compiled.binding.layers, engine.compiled.binding.policies)
                if p.name == "ssm_state")
+    b = engine.compiled.binding  # the layers whose caches count positions, found at bind time
+    assert b.folding_layers == tuple(i for i, p in enumerate(b.policies) if p.name == "ssm_state")
 
 
 def test_batched_greedy_matches_mlx_lm(engine):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
+import attrs
 import mlx_lm
 import pytest
 
@@ -35,6 +36,18 @@ def test_fast_path_serves_its_architectures(llama):
     _, model, config = llama
     b = compile_graph(None, model, config).binding
     assert b.lowering == "fast" and [c.lowering for c in b.checks] == ["fast"] and b.check.ok
+
+
+def test_the_binding_is_frozen_and_each_lowering_tried_gets_its_own(llama, monkeypatch):
+    _, model, config = llama
+    monkeypatch.setitem(archs.ADAPTERS, "llama", _ScaledEmbed)
+    compiled = compile_graph(None, model, config)
+    b = compiled.binding
+    assert b.lowering == "generic" and isinstance(b.checks, tuple)
+    assert compiled.decode.plan.lowering == "generic"
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        b.lowering = "fast"
+    assert b.folding_layers == ()  # found at bind time: a llama's caches count no positions
 
 
 def test_a_wrong_fast_path_falls_back_to_the_generic_lowering_and_says_so(llama, monkeypatch, caplog):

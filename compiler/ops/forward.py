@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..cachekinds import position_counters
 from ..layer_groups import check as check_layer_groups
 from .registry import HIDDEN, LOGITS, TOKENS, Param, model_dtype_key, register_op
 
@@ -64,15 +65,9 @@ def attention(ctx, node, h):
     `logits` node reads this one, else to its final (normed) hidden states (embedding graphs)."""
     out = _decoder(ctx, node, h)
     b = ctx.binding
-    if b.folding_layers is None:  # which layers' policies keep caches that count positions: found once
-        b.folding_layers = tuple(i for i, p in enumerate(b.policies) if _counters(p.new_cache()))
-    if b.folding_layers:
+    if b.folding_layers:  # found at bind time (compiler/cachekinds.py folding_layers)
         _folded([ctx.inputs.caches[i] for i in b.folding_layers], h.shape[1])
     return out
-
-
-def _counters(cache) -> list:
-    return [p for p in getattr(cache, "caches", None) or [cache] if hasattr(p, "folded")]
 
 
 def _folded(caches, n: int) -> None:
@@ -80,7 +75,7 @@ def _folded(caches, n: int) -> None:
     forward folded n positions in: some models' recurrent layers never call `cache.advance`
     (mlx-lm's bailing_moe_linear), and the prefix cache checks a state snapshot's position."""
     for c in caches:
-        for part in _counters(c):
+        for part in position_counters(c):
             part.folded(n)
 
 
