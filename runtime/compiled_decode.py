@@ -16,6 +16,7 @@ What makes the step compile-friendly (the shapes stop changing every step):
   ints baked into the trace; the new K/V columns are written at the array column by
   the attention kernel itself, in place (CUDA, `kv_write_kernel`: `_FixedKV.attend_new`),
   else by `write_columns` (a scatter on CUDA, `mx.slice_update` elsewhere: see there why);
+  these fixed-shape caches are runtime/compiled_decode_kv.py;
 - capacities are bucketed (powers of two up to 256, then multiples of 256), so
   shapes change at most once per 256 steps; each distinct (batch size, capacity) is
   traced once and reused from mx.compile's cache. Batch sizes are not padded to
@@ -46,124 +47,14 @@ from graphc.compiler.fused_block import FusedBlocks
 from graphc.compiler.lower import LoweredStep, StepContext, StepInputs
 from graphc.compiler.ops.registry import is_model_dtype_key
 
-from . import kernels
-from .cache.full import MIN_CAPACITY, FullKV
-from .compiled_decode_quantized import FixedQuantizedKV, layer_formats, quantized_note
+from .compiled_decode_kv import bucket, cache_planes, fit_capacity, fixed_caches, store_planes
+from .compiled_decode_quantized import layer_formats, quantized_note
 from .kernels import decode_attention, skinny_matmul
 from .measured_gate import ArmGate
 
 
-class _FixedKV:
-    """What an mlx-lm layer sees inside the trace: array offsets, a write at an array column.
-
-    Also the cache a fused decode block runs through (contracts/decode_block.py)."""
-
-    def __init__(self, keys, values, idx, offset, mask, start, end, fused, kernel, matmul, blocks=None,
-                 write=False, residual=False):
-        self.keys, self.values = keys, values
-        self.idx, self.offset, self.mask = idx, offset, mask
-        self.start, self.end = start, end  # first valid column per row, one past the last
-        self.fused, self.kernel = fused, kernel
-        # {id(layer): block} for unfused layers the kernel serves (decode_attention.kernel_blocks).
-        self.blocks = blocks or {}
-        self.matmul = matmul  # x @ w.T for the fused block's projections (MLX's or the skinny kernel)
-        self.write = write  # attend_new writes the new columns inside the kernel (kv_write_kernel)
-        self.residual = residual  # plus_matmul adds x in the matmul (residual_matmul)
-
-    def plus_matmul(self, x, y, w):
-        """x + y @ w.T for a fused block's residual: one matmul that takes x as its C input
-        (`mx.addmm`; on CUDA cuBLAS adds it in the epilogue and rounds once), or the matmul and an add."""
-        if self.residual:
-            return mx.addmm(x, y, w.T)
-        return x + self.matmul(y, w)
-
-    @property
-    def planes(self) -> list:
-        return [self.keys, self.values]
-
-    def update_and_fetch(self, k, v):
-        self.keys = write_columns(self.keys, k, self.idx)
-        self.values = write_columns(self.values, v, self.idx)
-        return self.keys, self.values
-
-    def attend_new(self, q, k, v, scale):
-        """Write this step's keys / values and attend over the valid columns: on CUDA one kernel
-        launch that writes them into the buffers in place (decode_attention.ragged_attention's
-        `new`), else a scatter and the attention. In place is safe here: the buffers are plain
-        row-contiguous `FullKV` arrays (`layer_formats`), every step is submitted before anything that
-        reads a later column is built (runner._launch), and nothing reads a column past `idx`."""
-        if self.write and self._kernel_takes(q, k):
-            return decode_attention.ragged_attention(q, self.keys, self.values, self.start, self.end, scale, new=(k, v))
-        keys, values = self.update_and_fetch(k, v)
-        return self.attend(q, keys, values, scale)
-
-    def _kernel_takes(self, q, k) -> bool:
-        return self.kernel and q.shape[-1] % 32 == 0 and q.shape[1] % k.shape[1] == 0
-
-    def make_mask(self, N, window_size=None, return_array=False):
-        if window_size is not None:
-            raise ValueError("compiled decode serves full-attention layers only")
-        return self.mask
-
-    # Called by the lowering's attention rule in place of `layer(h, mask, cache)`.
-    def run_layer(self, layer, h, mask):
-        out = self.fused.run(layer, h, self)
-        if out is None and self.kernel and id(layer) in self.blocks:  # e.g. quantized projections
-            out = self.blocks[id(layer)](layer, h, self)
-        return layer(h, mask, self) if out is None else out
-
-    def attend(self, q, k, v, scale):
-        if self._kernel_takes(q, k):
-            return decode_attention.ragged_attention(q, k, v, self.start, self.end, scale)
-        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=self.mask)
-
-
-def write_columns(buf, new, idx):
-    """`buf[:, :, idx:idx + L] = new` for an array column `idx` (new: [B, H, L, D]).
-
-    Why not always `mx.slice_update(buf, new, idx, axes=(2,))`: at an array index MLX's CUDA
-    backend runs it as a dynamic copy whose device time grows with the whole buffer, not with
-    the L columns written — 92 µs per layer-write at batch 64 and capacity 256, 293 µs at
-    1,024, against 8 µs for this scatter (H200, benchmarks/probes/kv_write.py). At
-    Llama-3.1-8B batch 64 that copy was 8.5 of the compiled step's 17.2 ms of device time
-    (ncu). On the CPU the slice update is the faster of the two
-    (11 against 53 µs at batch 4), so it stays there."""
-    if not _scatter_writes():
-        return mx.slice_update(buf, new, idx, axes=(2,))
-    L = new.shape[2]
-    cols = (idx + mx.arange(L, dtype=idx.dtype)) if L > 1 else idx
-    return mx.put_along_axis(buf, mx.broadcast_to(cols.reshape(1, 1, L, 1), new.shape), new, axis=2)
-
-
-def on_cuda() -> bool:
-    """MLX's CUDA backend is the default device: what switches on the device-only choices here."""
-    return kernels.available()
-
-
-def _scatter_writes() -> bool:  # its own name: tests force the scatter alone
-    return on_cuda()
-
-
 def _mlx_matmul(x, w):
     return x @ w.T
-
-
-CAPACITY_STEP = 256
-
-
-def _bucket(n: int) -> int:
-    """Capacity for n columns: powers of two up to CAPACITY_STEP, then multiples of it.
-
-    Finer than doubling at long contexts because every step attends over the whole
-    capacity: the step bounds the wasted KV reads; each new capacity costs one copy and
-    one trace (at most once per CAPACITY_STEP decode steps).
-    """
-    cap = MIN_CAPACITY
-    while cap < n and cap < CAPACITY_STEP:
-        cap *= 2
-    if cap >= n:
-        return cap
-    return -(-n // CAPACITY_STEP) * CAPACITY_STEP
 
 
 # `Engine(compile="auto")`: batches up to this many rows decode compiled, larger ones eager.
@@ -259,13 +150,6 @@ class CompiledDecode:
         self.compiled_steps = 0
         self.fallback_steps = 0
 
-    def _shims(self, formats, planes, idx, offset, mask, start, end) -> list:
-        """Each layer's fixed-shape cache: `_FixedKV` over bf16 planes, `FixedQuantizedKV` over codes."""
-        return [_FixedKV(p[0], p[1], idx, offset, mask, start, end, self.fused, self.kernel, self.matmul,
-                         self.blocks, self.write, self.residual) if f is None else
-                FixedQuantizedKV(p, f, idx, offset, mask, self.fused, self.matmul, self.residual, write_columns)
-                for f, p in zip(formats, planes)]
-
     @staticmethod
     def _compiled(fns: dict, formats: tuple, fn):
         if formats not in fns:
@@ -282,7 +166,7 @@ class CompiledDecode:
         mask = ((cols[None] <= idx) & (cols[None] >= left_pad[:, None]))[:, None, None, :]
         offset = idx - left_pad
         end = (idx + 1).reshape(1)
-        shims = self._shims(formats, planes, idx, offset, mask, left_pad, end)
+        shims = fixed_caches(self, formats, planes, idx, offset, mask, left_pad, end)
         ctx = self.step.forward(StepInputs(tokens, shims, matmul=self.matmul if self.skinny else None))
         vals = {k: v for k, v in ctx.values.items() if isinstance(v, mx.array)}
         for key in [k for k in vals if is_model_dtype_key(k)]:
@@ -301,7 +185,7 @@ class CompiledDecode:
         mask = ((cols <= last) & (cols >= left_pad[:, None, None]))[:, None]  # [B, 1, L, C]
         offset = idx - left_pad
         end = (idx + L).reshape(1)  # the kernel: query j sees columns up to end - L + j = idx + j
-        shims = self._shims(formats, planes, idx, offset, mask, left_pad, end)
+        shims = fixed_caches(self, formats, planes, idx, offset, mask, left_pad, end)
         ctx = self.step.forward(StepInputs(tokens, shims, all_positions=True, options={"draft_lengths": lengths},
                                            matmul=self.matmul if self.skinny else None))
         out = ctx.values[self.verify_node]
@@ -315,30 +199,21 @@ class CompiledDecode:
         formats = layer_formats(caches)
         if self.verify_node is None or not self._within(B, caches, L) or formats is None:
             return None
-        self._fit(caches, caches[0].idx + L)
+        fit_capacity(caches, caches[0].idx + L)
         first = caches[0]
         idx = mx.array(first.idx, dtype=mx.int32)
         left_pad = first.left_pad_array()  # on the device already: no page migration a step
         fn = self._compiled(self._verify_fns, formats, self._traced_verify)
-        targets, accepted, planes = fn(tokens, mx.array(lengths, dtype=mx.int32), idx, left_pad, _planes(caches))
-        _store(caches, planes, L)
+        targets, accepted, planes = fn(tokens, mx.array(lengths, dtype=mx.int32), idx, left_pad, cache_planes(caches))
+        store_planes(caches, planes, L)
         self.verify_steps += 1
         return targets, accepted
-
-    @staticmethod
-    def _fit(caches: list, need: int) -> None:
-        for c in caches:
-            cap = c.keys.shape[2]
-            if cap < need or cap != _bucket(cap):
-                # Grow (or re-round after a filter shifted columns) to a bucketed capacity:
-                # one copy now, then every step writes in place at a fixed shape.
-                _reshape_capacity(c, _bucket(need))
 
     def _within(self, B: int, caches: list, L: int) -> bool:
         """B rows writing L columns fit the `max_batch` and `max_kv` limits."""
         if self.max_batch is not None and B > self.max_batch:
             return False
-        return self.max_kv is None or not caches or B * _bucket(caches[0].idx + L) <= self.max_kv
+        return self.max_kv is None or not caches or B * bucket(caches[0].idx + L) <= self.max_kv
 
     def eligible(self, inputs: StepInputs) -> bool:
         caches = inputs.caches
@@ -354,18 +229,18 @@ class CompiledDecode:
             return self.step.forward(inputs)
         caches = inputs.caches
         first = caches[0]
-        self._fit(caches, first.idx + 1)
+        fit_capacity(caches, first.idx + 1)
         idx = mx.array(first.idx, dtype=mx.int32)
         left_pad = first.left_pad_array()  # on the device already: no page migration a step
         formats = layer_formats(caches)
         if any(formats):
             fn = self._compiled(self._fns, formats, self._traced)
-            vals, planes = fn(inputs.tokens, idx, left_pad, _planes(caches))
+            vals, planes = fn(inputs.tokens, idx, left_pad, cache_planes(caches))
         else:
             vals, keys, values = self._fn(inputs.tokens, idx, left_pad, [c.keys for c in caches],
                                           [c.values for c in caches])
             planes = list(zip(keys, values))
-        _store(caches, planes, 1)
+        store_planes(caches, planes, 1)
         ctx = StepContext(self.step.binding, inputs)
         ctx.values.update(vals)
         for key in [k for k in vals if is_model_dtype_key(k)]:
@@ -389,29 +264,3 @@ class CompiledDecode:
 
     def __call__(self, inputs: StepInputs):
         return self.head(self.forward(inputs))
-
-
-def _planes(caches: list) -> list:
-    """Each layer's arrays in its PLANES order: what a trace takes (keys, values; quantized: six)."""
-    return [[getattr(c, name) for name in c.PLANES] for c in caches]
-
-
-def _store(caches: list, planes: list, n: int) -> None:
-    """The trace's written planes back into the caches, `n` columns further."""
-    for c, arrays in zip(caches, planes):
-        for name, a in zip(c.PLANES, arrays):
-            setattr(c, name, a)
-        c.idx += n
-
-
-def _reshape_capacity(c: FullKV, cap: int) -> None:
-    """Copy `c`'s written columns into fresh [B, H, cap, ...] buffers, every plane (cap >= the columns needed)."""
-    cap = max(cap, _bucket(c.idx + 1))
-    for name in c.PLANES:
-        old = getattr(c, name)
-        new = mx.zeros(old.shape[:2] + (cap,) + old.shape[3:], old.dtype)
-        if c.idx:
-            new[..., : c.idx, :] = old[..., : c.idx, :]
-        else:  # zeros are one broadcast element: a kernel that writes in place needs a real buffer
-            new = mx.contiguous(new)
-        setattr(c, name, new)

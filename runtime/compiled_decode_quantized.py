@@ -53,7 +53,7 @@ def quantized_note(policies: list) -> str:
 class FixedQuantizedKV:
     """What a quantized layer sees inside the trace (contracts/decode_block.py): the six planes at
     their capacity, array offsets, `bits` / `group_size` so mlx-lm's attention quantizes as the
-    eager QuantizedKV does. `write_columns` is compiled_decode.write_columns, passed in (its device rule)."""
+    eager QuantizedKV does. `write_columns` is compiled_decode_kv.write_columns, passed in (its device rule)."""
 
     def __init__(self, planes: list, fmt: tuple, idx, offset, mask, fused, matmul, residual, write_columns):
         self.planes = list(planes)  # QuantizedKV.PLANES order: codes K, codes V, K scales/biases, V scales/biases

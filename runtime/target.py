@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from graphc.compiler.target import Requested, Target
 
-from . import compiled_decode, kernels
+from . import compiled_decode_kv, kernels
 from .config import EngineConfig
 from .kernels import decode_attention, gumbel_choose, skinny_matmul, top_ranks, verdicts
 from .speculative import speculator
@@ -50,7 +50,7 @@ def probe_target() -> Target:
         log.info("CUDA kernel checks done in %.1f s", time.perf_counter() - t0)
     device = "cuda" if cuda else ("gpu" if mx.default_device().type == mx.gpu else "cpu")
     return Target(device=device, kernels=tuple(facts), cuda_memory=bool(mx.cuda.is_available()),
-                  cuda_adds=compiled_decode.on_cuda())
+                  cuda_adds=compiled_decode_kv.on_cuda())
 
 
 def requested_of(c: EngineConfig) -> Requested:

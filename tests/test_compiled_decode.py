@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.compiled_decode import CompiledDecode, _bucket
+from graphc.runtime.compiled_decode import CompiledDecode
+from graphc.runtime.compiled_decode_kv import bucket
 from helpers import random_prompts, reference_greedy
 
 
@@ -47,7 +48,7 @@ def test_compiled_matches_mlx_lm_reference(llama):
 
 
 def test_capacity_buckets():
-    assert [_bucket(n) for n in (1, 64, 65, 256, 257, 700)] == [64, 64, 128, 256, 512, 768]
+    assert [bucket(n) for n in (1, 64, 65, 256, 257, 700)] == [64, 64, 128, 256, 512, 768]
 
 
 def test_auto_compiles_small_batches_only_and_stays_exact(llama, monkeypatch):
@@ -226,7 +227,7 @@ def test_write_columns_scatter_equals_the_slice_update(monkeypatch):
     """The CUDA write (a scatter at the array column) puts the same values where the slice update does."""
     import mlx.core as mx
 
-    from graphc.runtime import compiled_decode as cd
+    from graphc.runtime import compiled_decode_kv as cd
 
     buf = mx.random.normal((3, 2, 16, 8), key=mx.random.key(0))
     for L in (1, 5):
@@ -244,7 +245,7 @@ def test_write_columns_scatter_equals_the_slice_update(monkeypatch):
 def test_compiled_steps_with_scatter_writes_stay_exact(llama, monkeypatch, speculative):
     """The engine with the CUDA KV write forced on: decode through joins, leaves and capacity
     growth, and compiled verify steps writing L columns, keep mlx-lm's own greedy tokens."""
-    from graphc.runtime import compiled_decode as cd
+    from graphc.runtime import compiled_decode_kv as cd
 
     monkeypatch.setattr(cd, "_scatter_writes", lambda: True)
     comp = Engine.load(llama, prefill_chunk=32, max_batch=3, compile=True)

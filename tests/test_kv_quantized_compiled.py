@@ -22,7 +22,8 @@ from graphc.compiler.lower import StepInputs
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.cache.full import FullKV
 from graphc.runtime.cache.quantized import QuantizedKV, format_of
-from graphc.runtime.compiled_decode import CompiledDecode, _reshape_capacity
+from graphc.runtime.compiled_decode import CompiledDecode
+from graphc.runtime.compiled_decode_kv import reshape_capacity
 from graphc.runtime.compiled_decode_quantized import layer_formats
 from helpers import random_prompts
 from test_kv_quantized import DIMS, reference_greedy_q
@@ -142,7 +143,7 @@ def test_reshape_capacity_moves_every_plane():
     k = mx.random.normal((2, 2, 5, 64))
     c.update_and_fetch(k, k * 2)
     before = {n: np.array(getattr(c, n)[..., :5, :]) for n in c.PLANES}
-    _reshape_capacity(c, 256)
+    reshape_capacity(c, 256)
     assert c.capacity == 256 and all(getattr(c, n).shape[2] == 256 for n in c.PLANES)
     for n in c.PLANES:
         np.testing.assert_array_equal(np.array(getattr(c, n)[..., :5, :]), before[n])

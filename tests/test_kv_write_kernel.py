@@ -19,6 +19,7 @@ import pytest
 
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime import compiled_decode as cd
+from graphc.runtime import compiled_decode_kv as cdkv
 from graphc.runtime.kernels import decode_attention as da
 from helpers import random_prompts, reference_greedy
 from test_speculative import WIDE, _oracle
@@ -46,7 +47,7 @@ def kernels(monkeypatch):
             seen["attend"].append(L)
         return da.reference(q, k, v, start, end, scale)
 
-    original = cd.write_columns
+    original = cdkv.write_columns
 
     def scatter(buf, new, idx):
         seen["scatter"] += 1
@@ -55,7 +56,7 @@ def kernels(monkeypatch):
     monkeypatch.setattr(da, "check", lambda seed=0: None)
     monkeypatch.setattr(da, "write_check", lambda seed=0: None)
     monkeypatch.setattr(da, "ragged_attention", kernel)
-    monkeypatch.setattr(cd, "write_columns", scatter)
+    monkeypatch.setattr(cdkv, "write_columns", scatter)
     mx.disable_compile()
     try:
         yield seen

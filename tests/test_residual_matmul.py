@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime import compiled_decode as cd
+from graphc.runtime import compiled_decode_kv as cdkv
 from helpers import random_prompts, reference_greedy
 
 PLAIN = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -30,7 +30,7 @@ def test_the_adds_run_inside_the_matmuls_and_tokens_stay_mlx_lms(model_dir, monk
     separate add, and greedy tokens are mlx-lm's (on the CPU the rounding happens to agree on
     this model; on CUDA cuBLAS rounds once instead of twice, which the bench's `exact` workload
     counts)."""
-    monkeypatch.setattr(cd, "on_cuda", lambda: True)
+    monkeypatch.setattr(cdkv, "on_cuda", lambda: True)
     calls = []
     addmm = mx.addmm
 
@@ -50,7 +50,7 @@ def test_the_adds_run_inside_the_matmuls_and_tokens_stay_mlx_lms(model_dir, monk
 
 
 def test_the_option_and_the_skinny_matmul_switch_it_off(model_dir, monkeypatch):
-    monkeypatch.setattr(cd, "on_cuda", lambda: True)
+    monkeypatch.setattr(cdkv, "on_cuda", lambda: True)
     eng = Engine.load(model_dir("llama"), compile=True, decode_options={"residual_matmul": False})
     assert not eng.compiled.decode.residual
     assert "residual adds: off;" in _compile_pass(eng)  # switched off, as the other options say it

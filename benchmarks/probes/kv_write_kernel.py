@@ -37,7 +37,7 @@ import time
 
 import mlx.core as mx
 
-from graphc.runtime.compiled_decode import write_columns
+from graphc.runtime.compiled_decode_kv import write_columns
 from graphc.runtime.kernels import decode_attention as da
 
 print("check:", da.check() or "ok", "| write_check:", da.write_check() or "ok", "|", da.grouped_note(), flush=True)

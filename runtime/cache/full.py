@@ -6,7 +6,7 @@ CAPACITY_STEP (256) columns, then multiples of it (`capacity_for`). Doubling was
 the buffer at long contexts, and every row of a batch pays for the longest row's capacity (one
 4,128-token row among 15 short ones held 8,192 columns in all 16 rows); a fixed step wastes at
 most 255 columns a row, and costs one copy per 256 decode steps (amortized O(B x T / 256)).
-The compiled decode path (runtime/compiled_decode.py) buckets capacities the same way, so its
+The compiled decode path (runtime/compiled_decode_kv.py) buckets capacities the same way, so its
 traces see the shapes this makes.
 """
 
@@ -25,7 +25,7 @@ CAPACITY_STEP = 256
 
 def capacity_for(n: int) -> int:
     """Columns to allocate for n: powers of two from MIN_CAPACITY up to CAPACITY_STEP, then the
-    next multiple of CAPACITY_STEP (runtime/compiled_decode.py's _bucket, the same rule)."""
+    next multiple of CAPACITY_STEP (runtime/compiled_decode_kv.py's bucket, the same rule)."""
     cap = MIN_CAPACITY
     while cap < n and cap < CAPACITY_STEP:
         cap *= 2
