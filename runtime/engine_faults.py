@@ -30,12 +30,14 @@ class FaultRecovery:
             for r in rec.suspects:
                 self._end_culprit(r, rec.give_up)
         else:
-            while (group := rec.probes.next_group()) is not None:
-                err, probed = self._probe(group)
+            sus = rec.suspects  # the bisection's groups are positions in this list
+            while (group := rec.probes.next_group({i for i, r in enumerate(sus) if r.finished})) is not None:
+                err, probed = self._probe([sus[i] for i in group])
                 outs += probed
                 culprit = rec.probes.report(group, err)
                 if culprit is not None:
-                    self._end_culprit(*culprit)
+                    i, why = culprit
+                    self._end_culprit(sus[i], why)
         self.faults.settled(rec)
         # Then what is left: tokens appended before the failure, culprits' final deltas.
         touched = dict.fromkeys(rec.finished + rec.suspects)

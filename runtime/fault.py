@@ -55,25 +55,30 @@ PROBE_STEP_LIMIT = 4096
 class Bisection:
     """The groups of suspects to probe alone: the halves of the set that failed, and the halves
     of every group that fails again, depth first (a failing half is found soon), down to
-    single requests; a single request that fails is a culprit."""
+    single requests; a single request that fails is a culprit.
 
-    def __init__(self, suspects: list[Request]):
+    Over plain values: a suspect is its position in the list of `n` suspects (Recovery.suspects),
+    and what happened to the requests meanwhile is passed in (`next_group(finished)`); the
+    engine holds the requests and maps positions to them (runtime/engine_faults.py)."""
+
+    def __init__(self, n: int):
         # The whole set just failed: start from its halves (a single suspect is probed alone).
-        half = len(suspects) // 2
-        self._groups = collections.deque([suspects[:half], suspects[half:]] if half else [suspects])
-        self.culprits: list[tuple[Request, str]] = []  # (request, what raised), in the order found
+        half = n // 2
+        self._groups = collections.deque([list(range(half)), list(range(half, n))] if half else [list(range(n))])
+        self.culprits: list[tuple[int, str]] = []  # (suspect, what raised), in the order found
 
-    def next_group(self) -> list[Request] | None:
-        """The next group to probe (its members that have not finished), None when none is left."""
+    def next_group(self, finished=frozenset()) -> list[int] | None:
+        """The next group to probe, less the suspects in `finished` (ended meanwhile: aborted, or
+        done in an earlier probe); None when none is left."""
         while self._groups:
-            group = [r for r in self._groups.popleft() if not r.finished]
+            group = [i for i in self._groups.popleft() if i not in finished]
             if group:
                 return group
         return None
 
-    def report(self, group: list[Request], err: Exception | None) -> tuple[Request, str] | None:
+    def report(self, group: list[int], err: Exception | None) -> tuple[int, str] | None:
         """The probe of `group` ended: `err` is what it raised again, None when it went through.
-        (request, why) when `group` is one request that failed: the culprit, to be ended."""
+        (suspect, why) when `group` is one suspect that failed: the culprit, to be ended."""
         if err is None:
             return None
         if len(group) == 1:
@@ -91,7 +96,7 @@ class Recovery:
     suspects: list[Request]  # reset: KV dropped uncached, back at the front of the queue
     finished: list[Request]  # ended inside the failed step: their final deltas still go out
     give_up: str | None  # set: end every suspect with this error and probe nothing
-    probes: Bisection | None  # otherwise: the groups to probe alone
+    probes: Bisection | None  # otherwise: the groups to probe alone (positions in `suspects`)
 
 
 class StepGuard:
@@ -130,7 +135,7 @@ class StepGuard:
         if self._failed_last:  # nothing reproduced it alone last time and it failed again: stop retrying
             why = f"the engine step failed twice in a row: {type(exc).__name__}: {exc}"
             return Recovery(suspects, finished, give_up=why, probes=None)
-        return Recovery(suspects, finished, give_up=None, probes=Bisection(suspects))
+        return Recovery(suspects, finished, give_up=None, probes=Bisection(len(suspects)))
 
     def settled(self, rec: Recovery) -> None:
         """`rec` was applied: count the requests it ended. A bisection that found no culprit

@@ -1,5 +1,5 @@
 """Fault recovery's decisions as values (runtime/fault.py), without an engine: the bisection
-finds exactly the requests that fail alone, in about 2·log2(n) probes, and the guard gives up
+(over suspects' positions) finds exactly the requests that fail alone, in about 2·log2(n) probes, and the guard gives up
 only on a fault that nothing explained and that came back on the very next step.
 (tests/chaos/test_fault_isolation.py runs the same recovery through a real engine.)"""
 
@@ -22,37 +22,34 @@ class Req:
         return f"Req({self.i})"
 
 
-def run_bisection(suspects, poison: set[int]):
+def run_bisection(n: int, poison: set[int]):
     """Probe as an engine would: a group fails while it holds a poison request."""
-    b, probes, ended = Bisection(suspects), [], []
-    while (group := b.next_group()) is not None:
-        probes.append([r.i for r in group])
-        err = RuntimeError("boom") if any(r.i in poison for r in group) else None
+    b, probes, ended = Bisection(n), [], []
+    while (group := b.next_group(set(ended))) is not None:
+        probes.append(group)
+        err = RuntimeError("boom") if any(i in poison for i in group) else None
         culprit = b.report(group, err)
         if culprit is not None:
-            req, why = culprit
+            i, why = culprit
             assert why == "RuntimeError: boom"
-            req.finished = True  # the engine ends it
-            ended.append(req.i)
+            ended.append(i)  # the engine ends it
     return b, probes, ended
 
 
 @pytest.mark.parametrize("n, poison", [(1, {0}), (2, {1}), (13, {2, 9}), (64, {0, 63}), (40, set()), (7, {0, 1, 2})])
 def test_the_bisection_ends_exactly_the_requests_that_fail_alone(n, poison):
-    b, probes, ended = run_bisection([Req(i) for i in range(n)], poison)
+    b, probes, ended = run_bisection(n, poison)
     assert sorted(ended) == sorted(poison)
-    assert [r.i for r, _ in b.culprits] == ended
+    assert [i for i, _ in b.culprits] == ended
     # every suspect is probed (cleared or found), and each poison costs about 2·log2(n) probes
     assert {i for p in probes for i in p} == set(range(n))
     assert len(probes) <= 2 + 2 * len(poison) * max(1, math.ceil(math.log2(n)))
 
 
 def test_the_bisection_skips_requests_that_finished_meanwhile():
-    reqs = [Req(i) for i in range(4)]
-    b = Bisection(reqs)
-    assert [r.i for r in b.next_group()] == [0, 1]
-    reqs[2].finished = reqs[3].finished = True  # e.g. aborted while the first half was probed
-    assert b.next_group() is None
+    b = Bisection(4)
+    assert b.next_group(set()) == [0, 1]
+    assert b.next_group({2, 3}) is None  # e.g. aborted while the first half was probed
 
 
 def test_the_guard_records_the_step_and_gives_up_only_on_an_unexplained_repeat():
@@ -82,7 +79,8 @@ def test_a_fault_whose_culprit_was_found_does_not_make_the_next_one_a_repeat():
     g.begin([], running=[r])
     rec = g.recovery(RuntimeError("poison"), running=[r])
     group = rec.probes.next_group()
-    assert rec.probes.report(group, RuntimeError("poison")) == (r, "RuntimeError: poison")
+    assert rec.probes.report(group, RuntimeError("poison")) == (0, "RuntimeError: poison")
+    assert rec.suspects[0] is r  # the engine ends the suspect at that position
     g.settled(rec)
     assert g.culprits == 1
     assert g.recovery(RuntimeError("new"), running=[Req(1)]).probes is not None
