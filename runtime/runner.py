@@ -24,6 +24,7 @@ from . import chunk_pad, kv_usage
 from . import host_read as host_reads
 from .batch_sampling import SamplerCache
 from .decode_input import Launch, next_input
+from .prefill_rate import attention_pairs
 from .request import Request, Status
 from .scheduler import Scheduler
 
@@ -99,23 +100,23 @@ class ModelRunner:
             if len(group) > 1:
                 reqs = [r for r, _ in group]
                 firsts, caches = self.prefill_batch(reqs)
-                self.timed(sum(n for _, n in group), t0)
+                self.timed(sum(n for _, n in group), t0, sum(attention_pairs(n, r.prefilled) for r, n in group))
                 out += [PrefillDone(r, n, len(r.context_ids), tok, lp) for (r, n), (tok, lp) in zip(group, firsts)]
                 self.joining.append((reqs, caches))
                 continue
             [(req, n)] = group
             end = min(len(req.context_ids), req.prefilled + n)
             tok = self.prefill_chunk(req, n)
-            self.timed(end - req.prefilled, t0)
+            self.timed(end - req.prefilled, t0, attention_pairs(end - req.prefilled, req.prefilled))
             out.append(PrefillDone(req, n, end, tok, req.pending_logprobs if tok is not None else None))
             if tok is not None:
                 self.joining.append(([req], req.caches))
                 req.caches = None
         return out
 
-    def timed(self, tokens: int, t0: float) -> None:
+    def timed(self, tokens: int, t0: float, pairs: float) -> None:
         if self.prefill_rate is not None:
-            self.prefill_rate.observe(tokens, time.perf_counter() - t0)
+            self.prefill_rate.observe(tokens, time.perf_counter() - t0, pairs)
 
     def run_decode(self, batch) -> list[tuple[Request, int, dict | None]]:
         """The step's decode half (scheduler.DecodeBatch): prefilled rows that did not end on their

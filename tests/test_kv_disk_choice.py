@@ -16,7 +16,7 @@ import pytest
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.cache.disk_choice import RATES_FILE, DiskReadChoice
 from graphc.runtime.cache.disk_files import SUFFIX
-from graphc.runtime.prefill_rate import PrefillRate
+from graphc.runtime.prefill_rate import PrefillRate, attention_pairs
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 B = 16
@@ -175,3 +175,73 @@ def test_the_choice_alone():
     with meter.paused():
         meter.observe(10, 100.0)
     assert meter.tokens_per_s() == pytest.approx(2000)
+
+
+def _meter_on(a: float, c: float, chunks) -> PrefillRate:
+    """A meter fed forwards that cost exactly a * tokens + c * attention pairs."""
+    meter = PrefillRate()
+    for n, offset in chunks:
+        meter.observe(n, a * n + c * attention_pairs(n, offset), attention_pairs(n, offset))
+    return meter
+
+
+def test_the_prefill_fit_prices_a_long_recompute_by_its_own_length():
+    # costs of the H200 8B shape's order: a cold 30k prompt ~1.3 s, a 2k turn over 28k of context ~0.15 s
+    a, c = 5e-6, 2.5e-9
+    chunks = [(2048, o) for o in range(0, 8192, 2048)] + [(2048, o) for o in range(16384, 30720, 2048)]
+    meter = _meter_on(a, c, chunks)  # a few cold prompts' chunks, then conversation turns at long offsets
+    fa, fc = meter.fit()
+    assert fa == pytest.approx(a, rel=1e-6) and fc == pytest.approx(c, rel=1e-6)
+    true = a * 30720 + c * attention_pairs(30720)
+    assert meter.seconds_for(30720) == pytest.approx(true, rel=1e-6)
+    flat = 30720 / meter.tokens_per_s()  # the flat rate of those recent long-offset chunks
+    assert flat > 1.2 * true
+    # a 32k hit of 3.75 GiB whose read takes between the two estimates: the fit recomputes it, the
+    # flat rate alone would have read it
+    hit = int(3.75 * (1 << 30))
+    read_s = (true + flat) / 2
+    by_fit = DiskReadChoice("auto", meter)
+    by_fit.observe_read(hit, read_s)
+    assert not by_fit.decide(30720, hit)
+    flat_only = PrefillRate()
+    flat_only.seed(meter.tokens_per_s())
+    by_flat = DiskReadChoice("auto", flat_only)
+    by_flat.observe_read(hit, read_s)
+    assert by_flat.decide(30720, hit)
+    # what is left of a read is priced at its own offset: the last 1k tokens of a 31k prompt are dear
+    assert meter.seconds_for(1024, 29696) > 3 * meter.seconds_for(1024, 0)
+    assert by_fit.compute_seconds(1024, 29696) == pytest.approx(meter.seconds_for(1024, 29696))
+
+
+def test_the_prefill_fit_falls_back_to_the_flat_rate_while_unsound():
+    same = _meter_on(2e-5, 4e-10, [(2048, 4096)] * 6)  # one size, one offset: a and c not told apart
+    assert same.fit() is None
+    assert same.seconds_for(2048, 4096) == pytest.approx(2048 / same.tokens_per_s())
+    few = _meter_on(2e-5, 4e-10, [(2048, 0), (2048, 8192)])  # too little weight yet
+    assert few.fit() is None
+    negative = PrefillRate()  # longer offsets measured *cheaper*: c < 0 is noise, not a model
+    for n, o, t in [(1024, 0, 0.05), (1024, 8192, 0.03), (1024, 16384, 0.02), (1024, 24576, 0.01)]:
+        negative.observe(n, t, attention_pairs(n, o))
+    assert negative.fit() is None and negative.seconds_for(1024) == pytest.approx(1024 / negative.tokens_per_s())
+    assert PrefillRate().seconds_for(10) is None
+    seeded = _meter_on(2e-5, 4e-10, [(2048, o) for o in range(0, 16384, 2048)])
+    seeded.seed(1000.0)  # a flat rate handed in replaces the fit too
+    assert seeded.fit() is None and seeded.seconds_for(500, 9000) == pytest.approx(0.5)
+
+
+def test_the_prefill_fit_is_kept_in_the_folder(tmp_path):
+    meter = _meter_on(2e-5, 4e-10, [(2048, o) for o in range(0, 16384, 2048)])
+    writer = DiskReadChoice("auto", meter, tmp_path)
+    writer.observe_read(1 << 30, 2.0)
+    writer.save(force=True)
+    kept = json.loads((tmp_path / RATES_FILE).read_text())
+    assert kept["prefill_seconds_per_token"] == pytest.approx(2e-5, rel=1e-6)
+    fresh = PrefillRate()
+    reader = DiskReadChoice("auto", fresh, tmp_path)
+    assert fresh.fit() == pytest.approx(meter.fit(), rel=1e-9)
+    assert reader.compute_seconds(30720, 0) == pytest.approx(meter.seconds_for(30720), rel=1e-9)
+    assert reader.describe()["prefill_seconds_per_pair"] == pytest.approx(4e-10, rel=1e-6)
+    (tmp_path / RATES_FILE).write_text(json.dumps({"prefill_tokens_per_s": 5000.0}))  # an older file: flat only
+    old = PrefillRate()
+    DiskReadChoice("auto", old, tmp_path)
+    assert old.fit() is None and old.seconds_for(5000) == pytest.approx(1.0)

@@ -8,8 +8,10 @@ read back at ~1.05 GiB/s (read ahead on a few threads) takes ~3.6 s, where the H
 the whole prompt cold in 1.56 s. On a CPU or Apple silicon (slow prefill, fast SSD) reading
 wins by far. So the choice is measured, per hit (`kv_cache_disk_read`):
 
-- `auto` (default): read when B / read rate < N / prefill rate, both estimates on this
-  machine; while either is unknown, read (and so measure). While reading a dense model's
+- `auto` (default): read when B / read rate < the time to prefill those N tokens after the
+  M already matched in memory (runtime/prefill_rate.py `seconds_for(N, M)`: a per-token and
+  a per-attention-pair cost fitted on this machine's forwards, so a long hit is not priced
+  at the rate of short chunks at long offsets), both estimates on this machine; while either is unknown, read (and so measure). While reading a dense model's
   blocks, once `probe_bytes` of this hit are in, the rate this hit is getting is checked
   against recomputing what is left, and the read stops there when recomputing is faster (a
   folder slower than its estimate: files no longer in the page cache). A hybrid model's hit
@@ -78,6 +80,10 @@ class DiskReadChoice:
     def prefill_rate(self) -> float | None:
         return None if self.prefill is None else self.prefill.tokens_per_s()
 
+    def compute_seconds(self, tokens: int, offset: int) -> float | None:
+        """Seconds to prefill `tokens` positions after `offset` (None: no prefill estimate)."""
+        return None if self.prefill is None else self.prefill.seconds_for(tokens, offset)
+
     def seed_read_rate(self, bytes_per_s: float, weight_bytes: float = SEED_BYTES) -> None:
         """Start from `bytes_per_s` (replaces what was measured): a persisted rate, or a test's."""
         if bytes_per_s <= 0:
@@ -92,20 +98,21 @@ class DiskReadChoice:
         self.seconds = DECAY * self.seconds + seconds
 
     # -- the choice ---------------------------------------------------------------------------
-    def decide(self, tokens: int, nbytes: int) -> bool:
-        """Read a hit of `tokens` tokens in `nbytes` of files (True), or compute them (False)."""
-        rr, pr = self.read_rate(), self.prefill_rate()
+    def decide(self, tokens: int, nbytes: int, offset: int = 0) -> bool:
+        """Read a hit of `tokens` tokens in `nbytes` of files, after `offset` tokens matched in
+        memory (True), or compute them (False)."""
+        rr, compute_s = self.read_rate(), self.compute_seconds(tokens, offset)
         if self.mode == "never":
             read, why = False, "kv_cache_disk_read=never"
         elif self.mode == "always":
             read, why = True, "kv_cache_disk_read=always"
-        elif rr is None or pr is None:
+        elif rr is None or compute_s is None:
             read, why = True, f"no estimate yet of the {'read' if rr is None else 'prefill'} rate"
         else:
-            read_s, compute_s = nbytes / rr, tokens / pr
+            read_s = nbytes / rr
             read = read_s < compute_s
             why = (f"read {read_s * 1e3:.1f} ms at {rr / (1 << 30):.2f} GiB/s vs compute {compute_s * 1e3:.1f} ms "
-                   f"at {pr:.0f} tok/s")
+                   f"({tokens / compute_s:.0f} tok/s at this length)")
         log.debug("kv disk tier: %s a hit of %d tokens (%.1f MiB on disk): %s",
                   "reading" if read else "recomputing", tokens, nbytes / (1 << 20), why)
         self.counters["disk_read_choices" if read else "disk_recompute_choices"] += 1
@@ -114,21 +121,24 @@ class DiskReadChoice:
         return read
 
     def keep_reading(self, done_bytes: int, elapsed: float, left_bytes: int, left_tokens: int,
-                     in_flight_bytes: int = 0) -> bool:
+                     in_flight_bytes: int = 0, left_offset: int = 0) -> bool:
         """Mid-read (auto only): whether reading the rest, at the rate this hit gets so far, still
         beats computing it. `in_flight_bytes`: of `left_bytes`, the files being read ahead now,
         counted half done (else the first blocks, which shared the disk with them, make the
-        rate look several times lower than it is). Counts a stop."""
-        pr = self.prefill_rate()
-        if self.mode != "auto" or pr is None or done_bytes < self.probe_bytes or elapsed <= 0 or left_tokens <= 0:
+        rate look several times lower than it is); `left_offset`: where the tokens left start.
+        Counts a stop."""
+        if self.mode != "auto" or done_bytes < self.probe_bytes or elapsed <= 0 or left_tokens <= 0:
+            return True
+        compute_s = self.compute_seconds(left_tokens, left_offset)
+        if compute_s is None:
             return True
         rate = (done_bytes + in_flight_bytes / 2) / elapsed
         left_bytes -= in_flight_bytes / 2
-        if left_bytes / rate < left_tokens / pr:
+        if left_bytes / rate < compute_s:
             return True
         log.debug("kv disk tier: stopping a read after %.1f MiB at %.2f GiB/s: computing the %d tokens left "
-                  "(%.1f ms at %.0f tok/s) beats reading them (%.1f ms)", done_bytes / (1 << 20), rate / (1 << 30),
-                  left_tokens, left_tokens / pr * 1e3, pr, left_bytes / rate * 1e3)
+                  "(%.1f ms) beats reading them (%.1f ms)", done_bytes / (1 << 20), rate / (1 << 30),
+                  left_tokens, compute_s * 1e3, left_bytes / rate * 1e3)
         self.counters["disk_stopped_reads"] += 1
         self.counters["disk_recomputed_tokens"] += left_tokens
         return False
@@ -142,12 +152,15 @@ class DiskReadChoice:
         try:
             got = json.loads(self.path.read_text())
             rr, pr = got.get("read_bytes_per_s"), got.get("prefill_tokens_per_s")
+            a, c = got.get("prefill_seconds_per_token"), got.get("prefill_seconds_per_pair")
         except (OSError, ValueError, AttributeError):
             return  # none yet, or unreadable: start unmeasured
-        if isinstance(rr, (int, float)) and rr > 0:
+        if _positive(rr):
             self.seed_read_rate(float(rr))
-        if self.prefill is not None and self.prefill.tokens_per_s() is None and isinstance(pr, (int, float)) and pr > 0:
+        if self.prefill is not None and self.prefill.tokens_per_s() is None and _positive(pr):
             self.prefill.seed(float(pr))
+            if _positive(a) and isinstance(c, (int, float)) and c >= 0:
+                self.prefill.seed_fit(float(a), float(c))
 
     def save(self, force: bool = False) -> None:
         """Write the estimates to the folder (at most every SAVE_EVERY_S unless `force`); a failed
@@ -161,9 +174,12 @@ class DiskReadChoice:
         if rr is None and pr is None:
             return
         self.saved_at = now
+        fit = None if self.prefill is None else self.prefill.fit()
+        kept = {"read_bytes_per_s": rr, "prefill_tokens_per_s": pr,
+                "prefill_seconds_per_token": fit and fit[0], "prefill_seconds_per_pair": fit and fit[1]}
         tmp = self.path.with_name(f".tmp-{RATES_FILE}-{os.getpid()}-{time.monotonic_ns()}")
         try:
-            tmp.write_text(json.dumps({"read_bytes_per_s": rr, "prefill_tokens_per_s": pr}))
+            tmp.write_text(json.dumps(kept))
             os.replace(tmp, self.path)
         except OSError as e:
             log.warning("kv disk tier: could not keep the rate estimates in %s: %s", self.path, e)
@@ -171,10 +187,14 @@ class DiskReadChoice:
 
     # -- views ----------------------------------------------------------------------------------
     def describe(self) -> dict:
-        rr, pr = self.read_rate(), self.prefill_rate()
-        return {"read": self.mode, "read_bytes_per_s": rr, "prefill_tokens_per_s": pr}
+        prefill = {"prefill_tokens_per_s": None} if self.prefill is None else self.prefill.describe()
+        return {"read": self.mode, "read_bytes_per_s": self.read_rate(), **prefill}
 
     def stats(self) -> dict:
         rr, pr = self.read_rate(), self.prefill_rate()
         return {"disk_read_policy": self.mode, "disk_read_bytes_per_s": rr or 0.0,
                 "disk_prefill_tokens_per_s": pr or 0.0, **self.counters}
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0

@@ -132,7 +132,7 @@ class DiskTier:
         gain = j_end * B + tail_tokens - m0
         if gain <= 0:
             return 0
-        if not self.choice.decide(gain, sum(sizes) + tail_bytes):
+        if not self.choice.decide(gain, sum(sizes) + tail_bytes, m0):
             self.known.update(hs[j0:j_end])  # on disk already: a later spill gathers none of them
             return 0
         clock = self.choice.clock
@@ -150,7 +150,7 @@ class DiskTier:
                 # a hybrid hit resumes at the state at its last block end only: once begun, read it whole
                 if (not self.snapshot_layers and j + 1 < j_end and not self.choice.keep_reading(
                         done, clock() - t0, sum(sizes[k + 1:]) + tail_bytes, (j_end - j - 1) * B + tail_tokens,
-                        sum(sizes[k + 1:k + 1 + READ_AHEAD]))):
+                        sum(sizes[k + 1:k + 1 + READ_AHEAD]), (j + 1) * B)):
                     stopped = True
                     self.known.update(hs[j + 1:j_end])
                     break
