@@ -2,6 +2,12 @@
 
 Each runs in its own process group (so a server's worker children die with it) and logs to a
 file next to the results; readiness is GET /health answering 200 (both servers have it).
+
+Its own process group also means a signal to the bench does not reach the servers: a bench
+ended by SIGTERM or SIGHUP (`timeout`, a closed terminal, a job scheduler) would leave them
+running, holding the model and its KV in GPU memory, so the next bench's servers run out of
+it. While a server is up, those signals stop every live server first, then end the bench
+with SystemExit (the `with` blocks and the partial JSON still run).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +58,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_LIVE: set = set()  # the Servers started and not yet stopped
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_live_and_exit(signum, frame) -> None:
+    for srv in list(_LIVE):
+        srv.stop(grace=10.0)
+    raise SystemExit(128 + signum)
+
+
+def _stop_servers_on_signal() -> None:
+    """Route SIGTERM / SIGHUP to `_stop_live_and_exit`, where the default (end at once) holds;
+    a handler someone else set is theirs. Only the main thread can set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _stop_live_and_exit)
+
+
 class Server:
     """`with Server(spec, model, port, batch, log_path) as url:` a ready server at `url`."""
 
@@ -68,7 +95,9 @@ class Server:
         log.write(("\n$ " + " ".join(self.argv) + "\n").encode())
         log.flush()
         t0 = time.perf_counter()
+        _stop_servers_on_signal()
         self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _LIVE.add(self)
         log.close()  # the child holds its own copy
         try:
             self._wait_ready()
@@ -103,6 +132,7 @@ class Server:
             return "(no log)"
 
     def stop(self, grace: float = 20.0) -> None:
+        _LIVE.discard(self)
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
