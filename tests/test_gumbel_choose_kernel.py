@@ -1,6 +1,6 @@
 """The Gumbel-choose kernel (runtime/kernels/gumbel_choose.py) on the CPU: its rule — the top-p
 sums in MLX's CUDA scan order, the keep mask, s + Gumbel noise, a tree argmax that keeps the lower
-rank on ties — run in numpy exactly as the CUDA source runs it, picks `select.choose`'s token on
+rank on ties — run in numpy exactly as the CUDA source runs it, picks `choose.choose`'s token on
 rows with ties, masked ranks and every filter combination; its scan adds in the order of MLX's
 CUDA `cumsum` (a different order than the CPU's, so its sums differ from the CPU's in low bits but
 are the same prefix sums); and its route: a fused sampled step takes it only with the top-ranks
@@ -18,8 +18,8 @@ from graphc.runtime.kernels import gumbel_choose as GC
 from graphc.runtime.kernels import top_ranks as TR
 from graphc.runtime.sampling import SamplingParams, SamplingTensors, select_tokens
 from graphc.runtime.sampling import fused as F
-from graphc.runtime.sampling.noise import gumbel_from_uniform
-from graphc.runtime.sampling.select import choose, top_p_sums
+from graphc.runtime.token_math.choose import choose, top_p_sums
+from graphc.runtime.token_math.noise import gumbel_from_uniform
 
 
 def _shfl_up(x, d):
@@ -131,7 +131,7 @@ def test_the_kernel_rule_picks_chooses_token(B, K, tie, flags):
 @pytest.mark.parametrize("K", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("use_k", [False, True])
 def test_the_kernel_scan_is_a_prefix_sum_in_the_cuda_order(K, use_k):
-    """Its sums are select.top_p_sums' up to float32 rounding (the same prefix sums), and its order is
+    """Its sums are choose.top_p_sums' up to float32 rounding (the same prefix sums), and its order is
     not the CPU's sequential one: at K >= 32 some sums differ in low bits, which is why the GPU check
     compares the kernel's sums with MLX's CUDA cumsum bit for bit, and why the order is written out."""
     s, ids, u, top_k, top_p, log_min_p = _rows(8, K, 0.0, K + use_k)

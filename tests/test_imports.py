@@ -336,3 +336,64 @@ def test_the_module_scan_sees_local_string_and_relative_imports(tmp_path):
     assert len(module_cycles(tmp_path)) == 1
     assert function_local_imports(tmp_path) == ["contracts/a.py:4 imports numpy",
                                                 "runtime/b.py:4 imports graphc.runtime"]
+
+
+# ---- the kernels are leaves: token_math (pure mx: murmur, noise, rank keys, filters, Gumbel-max)
+# imports no graphc module outside itself; a kernel may import it, never the sampler (which
+# dispatches to the kernels) nor the model adapters (compiler/archs.py's ArchAdapter).
+TOKEN_MATH = "graphc.runtime.token_math"
+KERNELS = "graphc.runtime.kernels"
+NOT_FROM_KERNELS = ("graphc.runtime.sampling", "graphc.compiler.archs")
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def kernel_imports_of_the_sampler(root: Path) -> list[str]:
+    """Each import (string ones included) a kernel makes of the sampler or the adapters, and each
+    sampler module a kernel reaches through other modules' imports."""
+    g = module_graph(root)
+    out = []
+    for mod in (m for m in g if _within(m, KERNELS)):
+        for target in g.successors(mod):
+            if any(_within(target, p) for p in NOT_FROM_KERNELS) or "adapter" in target.rpartition(".")[2]:
+                out.append(f"{mod} -> {target} ({g.edges[mod, target]['where'][0]})")
+        out += [f"{mod} reaches {t}" for t in sorted(nx.descendants(g, mod))
+                if _within(t, "graphc.runtime.sampling") and t not in g.successors(mod)]
+    return sorted(out)
+
+
+def token_math_imports(root: Path) -> list[str]:
+    """"module -> target (file:line)" for each graphc module outside token_math that it imports."""
+    g = module_graph(root)
+    return sorted(f"{a} -> {b} ({g.edges[a, b]['where'][0]})" for a, b in g.edges
+                  if _within(a, TOKEN_MATH) and not _within(b, TOKEN_MATH))
+
+
+def test_no_kernel_imports_the_sampler_or_the_adapters():
+    assert kernel_imports_of_the_sampler(ROOT) == []
+    assert token_math_imports(ROOT) == []
+    g = module_graph(ROOT)  # the scan saw the real edges: the kernels do use the token math
+    assert g.has_edge("graphc.runtime.kernels.top_ranks", "graphc.runtime.token_math.ranks")
+    assert g.has_edge("graphc.runtime.kernels.gumbel_choose", "graphc.runtime.token_math.choose")
+
+
+def test_the_kernel_scan_sees_string_and_function_local_imports(tmp_path):
+    for folder in ("runtime", "runtime/kernels", "runtime/sampling", "runtime/token_math"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    # k names the sampler by string, in and outside a function; j reaches it through token_math
+    (tmp_path / "runtime" / "sampling" / "select.py").write_text("")
+    (tmp_path / "runtime" / "token_math" / "ranks.py").write_text("X = 'graphc.runtime.kernels.k'\n")
+    (tmp_path / "runtime" / "kernels" / "k.py").write_text(
+        "import importlib\nREF = 'graphc.runtime.sampling.select:choose'\n"
+        "def f():\n    importlib.import_module('graphc.runtime.sampling')\n")
+    (tmp_path / "runtime" / "kernels" / "j.py").write_text("from ..token_math import ranks\n")
+    assert kernel_imports_of_the_sampler(tmp_path) == [
+        "graphc.runtime.kernels.j reaches graphc.runtime.sampling",
+        "graphc.runtime.kernels.j reaches graphc.runtime.sampling.select",
+        "graphc.runtime.kernels.k -> graphc.runtime.sampling (runtime/kernels/k.py:4)",
+        "graphc.runtime.kernels.k -> graphc.runtime.sampling.select (runtime/kernels/k.py:2)"]
+    assert token_math_imports(tmp_path) == [
+        "graphc.runtime.token_math.ranks -> graphc.runtime.kernels.k (runtime/token_math/ranks.py:1)"]

@@ -9,8 +9,8 @@ import pytest
 from graphc.runtime.batch_sampling import SamplerCache
 from graphc.runtime.sampling import SamplingParams, SamplingTensors, select_tokens
 from graphc.runtime.sampling import fused as F
-from graphc.runtime.sampling import select as S
 from graphc.runtime.sampling import tensors as T
+from graphc.runtime.token_math import ranks as R
 
 
 def _params(rng, n, seeded=0.7, ks=(2, 5, 17, 50, 64)):
@@ -121,7 +121,7 @@ def test_signed_zero_ties_go_to_the_lower_id_on_every_path():
     # -0.0 and +0.0 compare equal: argmax takes the first; rank order must agree with it.
     x = mx.array([[-1.0, -0.0, 0.0, -2.0], [0.0, -0.0, -3.0, -0.0]])
     assert mx.argmax(x, -1).tolist() == [1, 0]
-    _, ids = S.rank_order(x, 4)
+    _, ids = R.rank_order(x, 4)
     assert ids.tolist() == [[1, 2, 0, 3], [0, 1, 3, 2]]
     st = SamplingTensors.build([SamplingParams(), SamplingParams(temperature=1.0, top_k=2, seed=1)], 4)
     assert st.fused is not None

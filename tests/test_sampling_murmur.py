@@ -6,8 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from graphc.runtime.sampling.murmur import murmur3_32, murmur3_32_bytes, murmur3_32_words_py
-from graphc.runtime.sampling.noise import (
+from graphc.runtime.token_math.murmur import murmur3_32, murmur3_32_bytes, murmur3_32_words_py
+from graphc.runtime.token_math.noise import (
     U_MAX,
     U_MIN,
     gumbel_noise,
@@ -80,7 +80,7 @@ def test_noise_key_layout_matches_host_reference():
         mx.array(np.array(positions, np.int32)),
     )
     # The murmur words themselves, bit for bit.
-    from graphc.runtime.sampling.murmur import murmur_absorb, murmur_finalize
+    from graphc.runtime.token_math.murmur import murmur_absorb, murmur_finalize
 
     h = np.array(murmur_finalize(murmur_absorb(state[:, None], mx.array(ids).astype(mx.uint32)), 12))
     for i in range(B):

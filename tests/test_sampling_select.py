@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from graphc.runtime.sampling import SamplingParams, SamplingTensors, noise_state, select_tokens
-from graphc.runtime.sampling import select as S
-from graphc.runtime.sampling.select import rank_order, select_candidates, select_full, select_plain
+from graphc.runtime.sampling.select import select_candidates, select_full, select_plain
 from graphc.runtime.sampling.tensors import CANDIDATES, FULL, PLAIN, _make_group
+from graphc.runtime.token_math import ranks as R
+from graphc.runtime.token_math.ranks import rank_order
 
 V = 1000
 
@@ -135,13 +136,11 @@ def test_candidate_path_equals_full_path(tie_step):
     a = np.array(select_candidates(x, g_cand, state))
     b = np.array(select_full(x, g_full, state))
     assert np.array_equal(a, b), f"{(a != b).sum()} rows differ"
-    import graphc.runtime.sampling.select as sel
-
     try:  # the sort-based way of finding the candidates picks the same ranks
-        sel.CANDIDATE_SELECT = "sort"
+        R.CANDIDATE_SELECT = "sort"
         c = np.array(select_candidates(x, g_cand, state))
     finally:
-        sel.CANDIDATE_SELECT = "topk"
+        R.CANDIDATE_SELECT = "topk"
     assert np.array_equal(a, c)
     # The batch entry point routes these rows to the candidate path.
     assert [g.kind for g in st.groups] == [CANDIDATES]
@@ -221,14 +220,14 @@ def test_compiled_selectors_equal_eager(monkeypatch):
 
 @pytest.mark.parametrize("vocab,width", [(40000, 64), (128256, 64), (9000, 16)])
 def test_block_candidate_search_matches_a_topk_over_every_key(vocab, width):
-    # Large vocabularies find their first ranks block-wise (select._block_candidates); with
+    # Large vocabularies find their first ranks block-wise (ranks._block_candidates); with
     # many ties, -inf bans and a vocabulary that is not a multiple of the block, the ranks must
     # be exactly those of a top-k over all V rank keys.
     x = mx.round(mx.random.normal((6, vocab), key=mx.random.key(vocab)) * 4) / 4
     x[:, 3] = float("-inf")
     x[1] = 0.0  # a row of ties only: the lowest ids rank first
-    assert -(-vocab // S.BLOCK) >= 4 * width  # this shape takes the block path
-    ref = mx.sort(mx.topk(S.rank_keys(x), width, axis=-1), axis=-1)[:, ::-1]
-    vals, ids = S.rank_order(x, width)
-    assert mx.array_equal(S.ids_from_keys(ref), ids).item()
+    assert -(-vocab // R.BLOCK) >= 4 * width  # this shape takes the block path
+    ref = mx.sort(mx.topk(R.rank_keys(x), width, axis=-1), axis=-1)[:, ::-1]
+    vals, ids = R.rank_order(x, width)
+    assert mx.array_equal(R.ids_from_keys(ref), ids).item()
     assert ids[1].tolist() == list(range(width))

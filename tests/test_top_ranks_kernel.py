@@ -1,7 +1,7 @@
 """The top-ranks kernel (runtime/kernels/top_ranks.py) on the CPU: which shapes it takes, that its
 three-stage algorithm (block keys, the K best blocks, their tokens' keys) finds exactly the ranks
 MLX's candidate search finds — emulated here in numpy with the kernel's own block width, which
-need not be select.BLOCK — and its route: a fused sampled step takes it only when asked and when
+need not be ranks.BLOCK — and its route: a fused sampled step takes it only when asked and when
 its check passed, picks the same tokens, and the engine's plan and `decode:` option say so. The
 CUDA source itself is compared with MLX bit for bit by `check()` on the GPU before any use."""
 
@@ -15,7 +15,7 @@ from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.kernels import top_ranks as TR
 from graphc.runtime.sampling import SamplingTensors, select_tokens
 from graphc.runtime.sampling import fused as F
-from graphc.runtime.sampling.select import first_rank_neg_keys
+from graphc.runtime.token_math.ranks import first_rank_neg_keys
 
 
 def test_the_kernel_takes_the_shapes_it_can_hold():

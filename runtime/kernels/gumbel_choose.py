@@ -1,8 +1,8 @@
 """A sampled row's top-p scan, filters and Gumbel-max over its first K ranks, in one launch.
 
 After the top-ranks kernel (top_ranks.py) a fused sampled step has, per row, its first K ranks'
-ids, scaled logits s and uniform noise u. `select.choose` turns them into a token with MLX's ops:
-exp(s − s_0) over the kept ranks and its inclusive prefix sums (`select.top_p_sums`: a fused
+ids, scaled logits s and uniform noise u. `choose.choose` turns them into a token with MLX's ops:
+exp(s − s_0) over the kept ranks and its inclusive prefix sums (`choose.top_p_sums`: a fused
 elementwise kernel and `mx.cumsum`), the sums' total at rank top_k − 1 (a gather), the exclusive
 sums (a concatenate), the keep mask, s + Gumbel noise, an argmax and a gather of the id — seven
 launches, each encoded on the host, and at Llama-3.2-1B batch 64 the step is bound by that host
@@ -25,9 +25,9 @@ output line in its order (`graphc_mlx_cumsum` in `_HEADER` below). Every other o
 exact or the same correctly rounded float function MLX's kernels call (libdevice's `expf` and `logf`, as MLX's `Exp` and
 `Log`; IEEE compares, one subtract, one add, one multiply; MLX builds without fast math, and this
 kernel goes through the same NVRTC), and the argmax keeps MLX's rule (the larger value, the
-lower index on ties), so a row picks the token `select.choose` picks. `check_config()` compares
+lower index on ties), so a row picks the token `choose.choose` picks. `check_config()` compares
 the two on this device before a configuration (K and the filters in use) is first used, on
-random rows with and without ties and with masked ranks, against `select.choose` compiled as
+random rows with and without ties and with masked ranks, against `choose.choose` compiled as
 the fused step compiles it; otherwise MLX's ops run (`check()` does every configuration at once,
 for the bench). NaN logits may pick differently (as in top_ranks.py).
 
@@ -42,10 +42,10 @@ import functools
 
 import mlx.core as mx
 
-from ..sampling.noise import gumbel_from_uniform
-from ..sampling.select import choose as mlx_choose
-from ..sampling.select import rank_masks
-from ..sampling.select import top_p_sums as mlx_sums
+from ..token_math.choose import choose as mlx_choose
+from ..token_math.choose import rank_masks
+from ..token_math.choose import top_p_sums as mlx_sums
+from ..token_math.noise import gumbel_from_uniform
 from . import Kernel, KernelOp, cuda_source, in_process_check
 
 # MLX's CUDA `cumsum` of one contiguous row of K <= 256 floats (mlx/backend/cuda/scan.cu,
@@ -61,7 +61,7 @@ _SOURCE = cuda_source("gumbel_choose/source.cu")
 _kernel = Kernel("graphc_gumbel_choose", ["s", "ids", "u", "top_k", "top_p", "log_min_p"], ["token"], _SOURCE,
                  header=_HEADER)
 
-# The kernel's prefix sums alone, for check(): they must equal select.top_p_sums bit for bit (random
+# The kernel's prefix sums alone, for check(): they must equal choose.top_p_sums bit for bit (random
 # magnitudes: an addition in another order would show), which a token comparison alone would
 # catch only when a sum lands on a top-p boundary.
 _SUMS_SOURCE = cuda_source("gumbel_choose/sums_source.cu")
@@ -98,7 +98,7 @@ def choose(s: mx.array, ids: mx.array, u: mx.array, top_k: mx.array, top_p: mx.a
 
 
 def top_p_sums(s: mx.array, top_k: mx.array, *, use_top_k: bool) -> mx.array:
-    """The kernel's top-p prefix sums float32 [B, K] (what select.top_p_sums gives; for check())."""
+    """The kernel's top-p prefix sums float32 [B, K] (what choose.top_p_sums gives; for check())."""
     b, k = s.shape
     threads = max(k, 32)
     return _sums_kernel(inputs=[s, top_k.astype(mx.int32)], template=[("K", k), ("MASK", use_top_k)],
@@ -107,7 +107,7 @@ def top_p_sums(s: mx.array, top_k: mx.array, *, use_top_k: bool) -> mx.array:
 
 
 def _mlx_sums(s, top_k, *, use_top_k: bool):
-    """select.top_p_sums as the fused selection runs it (compiled; its keep_k from select.rank_masks)."""
+    """choose.top_p_sums as the fused selection runs it (compiled; its keep_k from choose.rank_masks)."""
     if not use_top_k:
         return mx.compile(lambda x: mlx_sums(x, None))(s)
     return mx.compile(mlx_sums)(s, rank_masks(top_k, s.shape[1])[0])

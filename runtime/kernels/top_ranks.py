@@ -5,7 +5,7 @@ For each row of x [B, V] it computes what sampling/fused.py computes with MLX's 
 filters (top-k / top-p / min-p) and the Gumbel-max:
 
   ids  int32 [B, K]    the first K ranks' token ids, in rank order (logit descending, lower id
-                       first on ties: `select.first_rank_neg_keys` and `decode_neg_keys`)
+                       first on ties: `ranks.first_rank_neg_keys` and `decode_neg_keys`)
   s    float32 [B, K]  their logits times the row's 1 / T
   u    float32 [B, K]  their uniform noise (noise.py: murmur of the row state, the position and
                        the id; u = clip((float(h) + 0.5) * 2**-32, 2**-32, 1 - 2**-24))
@@ -13,7 +13,7 @@ filters (top-k / top-p / min-p) and the Gumbel-max:
 All of it is integer work or one correctly rounded float operation each (`__fmul_rn`,
 `__fadd_rn`, `__uint2float_rn`), so the outputs are bit patterns that must equal MLX's, not
 approximations; `check()` compares them that way (ties included: bf16 logits at V = 128k have
-many). What follows them stays in MLX's ops (select.choose: exp, the prefix scan, the logs of
+many). What follows them stays in MLX's ops (choose.choose: exp, the prefix scan, the logs of
 the Gumbel noise), so a seeded row draws the same token with or without the kernel.
 
 Why: on MLX's CUDA backend the same work was about 18 launches per step (a max per block, the
@@ -25,7 +25,7 @@ block of 512 threads per row does it in shared memory:
 
   1. the best token of every BK-token block as a key (order(max), 0xFFFFFFFF - block index);
   2. the K largest block keys: the first K blocks hold the first K ranks
-     (select._block_candidates says why; the proof does not depend on BK);
+     (ranks._block_candidates says why; the proof does not depend on BK);
   3. the K * BK tokens of those blocks as rank keys, the K largest, decoded.
 
 "The K largest" of stages 2 and 3 comes in two variants (`_VARIANTS`): a radix select of the
@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..sampling.murmur import murmur_absorb
-from ..sampling.noise import uniform_noise
-from ..sampling.select import decode_neg_keys, first_rank_neg_keys
+from ..token_math.murmur import murmur_absorb
+from ..token_math.noise import uniform_noise
+from ..token_math.ranks import decode_neg_keys, first_rank_neg_keys
 from . import Kernel, KernelOp, answers_of, cuda_source, in_process_check, restore_answers
 
 THREADS = 512  # 1,024 would cap registers at 64 a thread (the signature has no __launch_bounds__)

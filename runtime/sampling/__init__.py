@@ -4,6 +4,9 @@ The step graph's ``logit_edits``, ``sample`` and ``logprobs`` nodes. Build a
 ``SamplingTensors`` once per batch composition, then per step call
 ``sample_step`` (or the three pieces: ``edit_logits`` -> ``select_tokens`` ->
 ``token_logprobs``) and ``advance``. See docs/sampling.md.
+
+The murmur hash, the Gumbel noise and the rank-key math live in runtime/token_math/, below
+this package and the kernels alike; import them from there.
 """
 
 from graphc.contracts.providers import resolve
@@ -15,8 +18,6 @@ from .edits import (
     apply_token_bitmask,
 )
 from .logprobs import LogprobsOutput, logprobs_of, prompt_logprobs, token_logprobs
-from .murmur import murmur3_32, murmur3_32_bytes, murmur3_32_words_py
-from .noise import gumbel_noise, row_noise_state, split_seed
 from .params import MAX_LOGPROBS, SamplingParamsLike, validate_params
 from .penalties import (
     apply_penalties,
@@ -46,19 +47,13 @@ __all__ = [
     "apply_token_bitmask",
     "build_token_counts",
     "edit_logits",
-    "gumbel_noise",
     "logprobs_of",
-    "murmur3_32",
-    "murmur3_32_bytes",
-    "murmur3_32_words_py",
     "noise_state",
     "penalize",
     "penalty_history",
     "prompt_logprobs",
-    "row_noise_state",
     "sample_step",
     "select_tokens",
-    "split_seed",
     "token_logprobs",
     "update_token_counts",
     "validate_params",

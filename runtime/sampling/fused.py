@@ -31,10 +31,12 @@ import mlx.core as mx
 import numpy as np
 
 from ..kernels import gumbel_choose, top_ranks
-from .murmur import murmur_absorb
-from .noise import gumbel_from_uniform
+from ..token_math.choose import choose, rank_masks
+from ..token_math.murmur import murmur_absorb
+from ..token_math.noise import gumbel_from_uniform
+from ..token_math.ranks import decode_neg_keys, first_rank_neg_keys
 from .kinds import CANDIDATES, GREEDY
-from .select import choose, choose_ranked, decode_neg_keys, first_rank_neg_keys, rank_masks
+from .select import choose_ranked
 
 ALL, NONE, MIXED = "all", "none", "mixed"  # which rows carry a seed
 _absorb = mx.compile(murmur_absorb, shapeless=True)  # elementwise: one kernel, once per batch composition
@@ -56,11 +58,11 @@ class FusedRows:
     kernel            host flag: the first K ranks, their scaled logits and noise come from the
                       CUDA top-ranks kernel (runtime/kernels/top_ranks.py; bit for bit MLX's
                       ops, checked here)
-    masks             (rank < top_k [B, K], top_k - 1 [B, 1], zeros [B, 1]): select.rank_masks,
+    masks             (rank < top_k [B, K], top_k - 1 [B, 1], zeros [B, 1]): choose.rank_masks,
                       built here once instead of in every step
     choose_kernel     host flag (with `kernel`): the top-p scan, the filters and Gumbel-max over the K
                       ranks run as one CUDA kernel too (runtime/kernels/gumbel_choose.py; the same
-                      tokens as select.choose, checked here)
+                      tokens as choose.choose, checked here)
     """
 
     width: int
@@ -73,7 +75,7 @@ class FusedRows:
     use_min_p: bool
     seeding: str
     seed_state: mx.array
-    masks: tuple  # select.rank_masks(top_k, K): fixed while the rows are
+    masks: tuple  # choose.rank_masks(top_k, K): fixed while the rows are
     kernel: bool = False
     choose_kernel: bool = False
 

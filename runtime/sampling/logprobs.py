@@ -23,7 +23,7 @@ import functools
 import attrs
 import mlx.core as mx
 
-from .select import ids_from_keys, rank_keys
+from ..token_math.ranks import ids_from_keys, rank_keys
 
 
 @attrs.frozen(eq=False)

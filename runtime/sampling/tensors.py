@@ -27,9 +27,9 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
+from ..token_math.noise import split_seed
 from .fused import FusedRows
 from .kinds import CANDIDATES, FULL, GREEDY, PLAIN
-from .noise import split_seed
 from .params import SamplingParamsLike, check_token_ids, validate_params
 
 CANDIDATE_MAX = 1024

@@ -32,7 +32,7 @@ __device__ __forceinline__ void graphc_mlx_cumsum(float* c) {
   __syncthreads();
 }
 
-// select.top_p_sums into c [K] (shared): where(rank < kk, exp(s_r - s_0), 0) (no mask without
+// choose.top_p_sums into c [K] (shared): where(rank < kk, exp(s_r - s_0), 0) (no mask without
 // top-k: MASK false), then MLX's scan. Thread i < K is rank i; called by every thread of the block.
 template <int K, bool MASK>
 __device__ __forceinline__ void graphc_top_p_sums(float* c, float sv, float s0, int kk) {

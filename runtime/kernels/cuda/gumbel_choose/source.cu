@@ -7,7 +7,7 @@
     const size_t base = (size_t)row * K;
     const float s0 = s[base];
     const float sv = rank ? s[base + i] : s0;
-    const int kk = min(top_k[row], K);  // select.rank_masks: rank < min(top_k, K); the last kept rank kk - 1
+    const int kk = min(top_k[row], K);  // choose.rank_masks: rank < min(top_k, K); the last kept rank kk - 1
     bool keep = rank;
     if (USE_TOP_K) keep = keep && i < kk;
     if (USE_TOP_P) {

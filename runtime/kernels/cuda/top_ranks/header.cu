@@ -1,6 +1,6 @@
 
 __device__ __forceinline__ unsigned int graphc_order_bits(float f) {
-  // select._order_keys: -0.0 as +0.0; IEEE order -> unsigned order
+  // ranks._order_keys: -0.0 as +0.0; IEEE order -> unsigned order
   unsigned int b = __float_as_uint(f);
   if (b == 0x80000000u) b = 0u;
   return (b >> 31) ? ~b : (b | 0x80000000u);

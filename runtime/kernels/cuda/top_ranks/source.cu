@@ -41,7 +41,7 @@
     __syncthreads();
     FIRST_K(N);
     if (threadIdx.x < K) {
-      // decode (select.decode_neg_keys), scale (one rounding), noise (noise.py's key layout)
+      // decode (ranks.decode_neg_keys), scale (one rounding), noise (noise.py's key layout)
       const unsigned long long key = s[threadIdx.x];
       const int id = (int)(0xFFFFFFFFu - (unsigned int)(key & 0xFFFFFFFFull));
       const unsigned int o = (unsigned int)(key >> 32);
