@@ -16,9 +16,10 @@ from . import kernels
 from .cache.full import MIN_CAPACITY, FullKV
 from .compiled_decode_quantized import FixedQuantizedKV
 from .kernels import decode_attention
+from .trace_layers import TraceLayers
 
 
-class _FixedKV:
+class _FixedKV(TraceLayers):
     """What an mlx-lm layer sees inside the trace: array offsets, a write at an array column.
 
     Also the cache a fused decode block runs through (contracts/decode_block.py)."""
@@ -65,17 +66,10 @@ class _FixedKV:
     def _kernel_takes(self, q, k) -> bool:
         return self.kernel and q.shape[-1] % 32 == 0 and q.shape[1] % k.shape[1] == 0
 
-    def make_mask(self, N, window_size=None, return_array=False):
-        if window_size is not None:
-            raise ValueError("compiled decode serves full-attention layers only")
-        return self.mask
-
-    # Called by the lowering's attention rule in place of `layer(h, mask, cache)`.
-    def run_layer(self, layer, h, mask):
-        out = self.fused.run(layer, h, self)
-        if out is None and self.kernel and id(layer) in self.blocks:  # e.g. quantized projections
-            out = self.blocks[id(layer)](layer, h, self)
-        return layer(h, mask, self) if out is None else out
+    def run_block(self, layer, h):
+        if self.kernel and id(layer) in self.blocks:  # e.g. quantized projections
+            return self.blocks[id(layer)](layer, h, self)
+        return None
 
     def attend(self, q, k, v, scale):
         if self._kernel_takes(q, k):

@@ -22,6 +22,7 @@ from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
 from .cache.full import FullKV
 from .cache.quantized import format_of
+from .trace_layers import TraceLayers
 
 
 def layer_formats(caches: list) -> tuple | None:
@@ -50,7 +51,7 @@ def quantized_note(policies: list) -> str:
             "never the CUDA attention kernel)")
 
 
-class FixedQuantizedKV:
+class FixedQuantizedKV(TraceLayers):
     """What a quantized layer sees inside the trace (contracts/decode_block.py): the six planes at
     their capacity, array offsets, `bits` / `group_size` so mlx-lm's attention quantizes as the
     eager QuantizedKV does. `write_columns` is compiled_decode_kv.write_columns, passed in (its device rule)."""
@@ -81,11 +82,3 @@ class FixedQuantizedKV:
     def plus_matmul(self, x, y, w):
         return mx.addmm(x, y, w.T) if self.residual else x + self.matmul(y, w)
 
-    def make_mask(self, N, window_size=None, return_array=False):
-        if window_size is not None:
-            raise ValueError("compiled decode serves full-attention layers only")
-        return self.mask
-
-    def run_layer(self, layer, h, mask):
-        out = self.fused.run(layer, h, self)
-        return layer(h, mask, self) if out is None else out
