@@ -133,6 +133,15 @@ def test_the_warm_up_is_not_a_prefill_measurement(dense_dir, tmp_path):
     assert eng.prefill_rate.observed >= 1
 
 
+def test_the_runner_tells_the_meter_each_chunk_s_offset(dense_dir, tmp_path, monkeypatch):
+    eng = engine(dense_dir, tmp_path)
+    seen = []
+    monkeypatch.setattr(eng.prefill_rate, "observe", lambda n, t, pairs=None: seen.append((n, pairs)))
+    eng.generate([prompt(80)], GREEDY)  # chunks of 32: 32 at 0, 32 at 32, 16 at 64
+    assert [n for n, _ in seen] == [32, 32, 16]
+    assert [p for _, p in seen] == [attention_pairs(32, 0), attention_pairs(32, 32), attention_pairs(16, 64)]
+
+
 class Clock:
     """Each call one second later: every block read looks slow, deterministically."""
 

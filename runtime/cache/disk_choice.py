@@ -11,9 +11,10 @@ wins by far. So the choice is measured, per hit (`kv_cache_disk_read`):
 - `auto` (default): read when B / read rate < the time to prefill those N tokens after the
   M already matched in memory (runtime/prefill_rate.py `seconds_for(N, M)`: a per-token and
   a per-attention-pair cost fitted on this machine's forwards, so a long hit is not priced
-  at the rate of short chunks at long offsets), both estimates on this machine; while either is unknown, read (and so measure). While reading a dense model's
-  blocks, once `probe_bytes` of this hit are in, the rate this hit is getting is checked
-  against recomputing what is left, and the read stops there when recomputing is faster (a
+  at the rate of short chunks at long offsets), both estimates on this machine; while
+  either is unknown, read (and so measure). While reading a dense model's blocks, once
+  `probe_bytes` of this hit are in, the rate this hit is getting is checked against
+  recomputing what is left, and the read stops there when recomputing is faster (a
   folder slower than its estimate: files no longer in the page cache). A hybrid model's hit
   is read whole once begun: it can only resume at the recurrent state at its last block end.
 - `always`: read, as the disk tier did before this choice existed.
