@@ -105,6 +105,24 @@ def test_always_mode_neither_reads_nor_writes(fresh, monkeypatch):
     assert not verdicts.record_path().exists()
 
 
+def test_the_key_follows_the_kernels_code_only(fresh, monkeypatch, tmp_path):
+    """An edit under runtime/kernels or runtime/token_math re-checks; one elsewhere (the scheduler)
+    keeps the stored verdicts."""
+    import shutil
+    for sub in ("runtime/kernels", "runtime/token_math", "runtime/cache"):
+        shutil.copytree(verdicts._PACKAGE / sub, tmp_path / sub, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(verdicts, "_PACKAGE", tmp_path)
+    first = verdicts.source_digest()
+    (tmp_path / "runtime/cache/full.py").write_text("# edited outside the kernels\n")
+    assert verdicts.source_digest() == first
+    fragment = next((tmp_path / "runtime/kernels/cuda").rglob("*.cu"))
+    fragment.write_text(fragment.read_text() + "// edited\n")
+    second = verdicts.source_digest()
+    assert second != first
+    (tmp_path / "runtime/token_math/noise.py").write_text("# edited\n")
+    assert verdicts.source_digest() != second
+
+
 def test_the_key_changes_with_graphc_code(fresh, monkeypatch):
     before = verdicts.record_key()
     monkeypatch.setattr(verdicts, "source_digest", lambda: "edited")

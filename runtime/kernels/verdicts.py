@@ -4,8 +4,10 @@ Before a CUDA kernel serves, its `check()` builds it (NVRTC) and compares it wit
 inputs at its CHECK_CASES, every variant the engine may pick. On a fresh H200 that was 155 s of a
 1B model's 172 s `Engine.load` (top ranks 53 s, attention 74 s with its writing variant, skinny
 matmul 27 s, by cProfile of the load). The answers depend only on
-the device and its driver, MLX's version and graphc's code, which is what a stored
-record is keyed by; `$GRAPHC_CACHE_DIR/kernels/<key>.json` holds each kernel's
+the device and its driver, MLX's version and the kernels' own code (runtime/kernels/ and the
+token math they import, runtime/token_math/: tests/test_imports.py keeps them from importing
+anything else), which is what a stored record is keyed by. Keyed on all of graphc's code, any
+edit outside the kernels (a scheduler change) re-checked them on the next start; `$GRAPHC_CACHE_DIR/kernels/<key>.json` holds each kernel's
 `stored_verdicts()` (runtime/kernels/__init__.py KernelOp), failures included: a kernel that
 did not match here keeps not serving after a restart. GRAPHC_SELFCHECK=always checks at every
 start and neither reads nor writes a record (as for the model self-check); deleting the
@@ -24,7 +26,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from graphc.compiler.cache_dir import cache_root
-from graphc.compiler.selfcheck_cache import mode, source_digest
+from graphc.compiler.selfcheck_cache import mode
 
 from .registry import KERNELS
 
@@ -33,8 +35,24 @@ log = logging.getLogger("graphc.kernels")
 SCHEMA = 1
 
 
+# What a verdict depends on in graphc: every file under these folders of the package.
+_KERNEL_CODE = ("runtime/kernels", "runtime/token_math")
+_PACKAGE = Path(__file__).resolve().parents[2]
+
+
+def source_digest() -> str:
+    """A digest of the kernels' code: their Python, CUDA fragments and the token math they import."""
+    h = hashlib.sha256()
+    for sub in _KERNEL_CODE:
+        for p in sorted((_PACKAGE / sub).rglob("*")):
+            if p.is_file() and p.suffix in (".py", ".cu", ".cuh", ".h"):
+                h.update(str(p.relative_to(_PACKAGE)).encode())
+                h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def record_key() -> str:
-    """sha256 over the device (MLX's device facts), MLX's version and graphc's code digest."""
+    """sha256 over the device (MLX's device facts), MLX's version and the kernels' code digest."""
     parts = {"schema": SCHEMA, "device": str(mx.default_device()), "info": device_facts(), "driver": _driver(),
              "mlx": metadata.version("mlx") if _has("mlx") else "?", "graphc": source_digest(),
              "host": platform.machine()}
