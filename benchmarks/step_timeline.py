@@ -61,27 +61,28 @@ def _nbytes(c) -> int:
 
 @contextmanager
 def _watch_caches(copies: _Copies):
-    """Count the bytes FullKV's growth, extend (a row joining) and filter (rows leaving) write."""
+    """Count the bytes FullKV's growth, extend_all (rows joining, vacant rows dropped on the way)
+    and filter (rows leaving) write."""
     cls = full_cache.FullKV
-    grow, extend, filt = cls._grow, cls.extend, cls.filter
+    grow, extend_all, filt = cls._grow, cls.extend_all, cls.filter
 
     def _grow(self, new, need):
         grow(self, new, need)
         copies.step["grow"] += _nbytes(self)
 
-    def _extend(self, other):
-        extend(self, other)
+    def _extend_all(self, others, keep=None):
+        extend_all(self, others, keep)
         copies.step["join"] += _nbytes(self)
 
     def _filter(self, rows):
         filt(self, rows)
         copies.step["leave"] += _nbytes(self)
 
-    cls._grow, cls.extend, cls.filter = _grow, _extend, _filter
+    cls._grow, cls.extend_all, cls.filter = _grow, _extend_all, _filter
     try:
         yield
     finally:
-        cls._grow, cls.extend, cls.filter = grow, extend, filt
+        cls._grow, cls.extend_all, cls.filter = grow, extend_all, filt
 
 
 def run_timeline(engine, mix, *, log=None) -> dict:

@@ -46,7 +46,7 @@ from .prefill_rate import PrefillRate
 from .cache.disk_tier import attach_disk_tier
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
-from .scheduler import Scheduler, step_tokens_floor
+from .scheduler import Scheduler, burst_sizes, step_tokens_floor
 from .target import probe_target, requested_of
 from .text import TextState, token_bytes_table
 from .warmup import warm_up
@@ -130,7 +130,7 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
             log.info("pad_final_chunk: final prefill chunks stay unpadded: %s", self.runner.final_chunk.off)
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
-                                   step_tokens_floor=step_tokens_floor(target.device),
+                                   step_tokens_floor=step_tokens_floor(target.device), burst=burst_sizes(target.device),
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard()  # who takes part in each step; a failing one ends only the request(s) responsible

@@ -22,6 +22,7 @@ from graphc.compiler.selfcheck import batch_prefill_ok
 
 from . import chunk_pad, kv_usage
 from . import host_read as host_reads
+from .batch_rows import BatchRows, may_vacate
 from .batch_sampling import SamplerCache
 from .decode_input import Launch, next_input
 from .prefill_rate import attention_pairs
@@ -66,8 +67,9 @@ class ModelRunner:
         # A graph whose plan is not chain-safe (a policy with chain_safe=False) never chains.
         self.chain = chain and plan.chain_safe
         self.host_read = host_read  # how the host reads a decode step's tokens
-        self.rows: list[Request] = []
-        self.caches: list | None = None
+        # The decode batch: its rows (requests, some left vacant by ones that ended) and their layer
+        # caches (runtime/batch_rows.py).
+        self.batch = BatchRows()
         self.pending: Launch | None = None
         # Prompts prefilled but not in the decode batch yet: (requests, their caches as rows). They
         # join at the next run_decode, after the engine's postprocess saw their first tokens (a
@@ -123,34 +125,42 @@ class ModelRunner:
         first token join, preempted rows leave (their KV to the prefix cache), then one decode
         step if the batch says so. Returns (request, token, logprobs) per row of the step that
         completed."""
-        # The step's prefilled groups are merged among themselves first (a copy of the new rows
-        # only), then join the batch in one extend: one copy of the running rows' KV per step, not
-        # one per group (a step admitting 6 prompts copied every running row 4 times).
-        new_reqs, new_caches = [], None
-        for reqs, caches in self.joining:
-            rows = [i for i, r in enumerate(reqs) if r.status is Status.RUNNING]  # not ended, not preempted
-            if rows and len(rows) < len(reqs):
-                for c in caches:
-                    c.filter(rows)
-            if not rows:
-                continue
-            if new_caches is None:
-                new_caches = caches
-            else:
-                for mine, theirs in zip(new_caches, caches):
-                    mine.extend(theirs)
-            new_reqs += [reqs[i] for i in rows]
-        if new_reqs:
-            self._join_rows(new_reqs, new_caches)
-        self.joining = []
+        # The prefilled groups join the batch together, every layer's parts in one extend_all (one
+        # copy of the running rows' KV and of each new row, not one per group). A step that does
+        # not decode (a burst still admitting) keeps them waiting: the burst's rows join once, at
+        # its last step, instead of the batch being copied at every step of it.
+        live = [[i for i, r in enumerate(reqs) if r.status is Status.RUNNING]  # not ended, not preempted
+                for reqs, _ in self.joining]
+        if batch.decode or not any(live):
+            new_reqs, parts = [], []
+            for (reqs, caches), rows in zip(self.joining, live):
+                if rows and len(rows) < len(reqs):
+                    for c in caches:
+                        c.filter(rows)
+                if rows:
+                    parts.append(caches)
+                    new_reqs += [reqs[i] for i in rows]
+            if new_reqs:
+                self._join_rows(new_reqs, parts)
+            self.joining = []
         if batch.preempt:
             self.leave(batch.preempt)
         return self.decode() if batch.decode else []
 
+    @property
+    def rows(self) -> list[Request]:
+        """The decode batch's requests in row order, rows left vacant included (runtime/batch_rows.py)."""
+        return self.batch.rows
+
+    @property
+    def caches(self) -> list | None:
+        return self.batch.caches
+
     def reset(self) -> None:
         """Drop the whole decode batch, the chain and the prompts waiting to join, without storing
         anything (fault recovery: none of it can be trusted)."""
-        self.rows, self.caches, self.pending, self.joining = [], None, None, []
+        self.batch.clear()
+        self.pending, self.joining = None, []
         if self.speculator is not None:
             self.speculator.drop()
 
@@ -243,16 +253,12 @@ class ModelRunner:
         return self.host_edits(rows, logits)
 
     # -- decode batch membership ------------------------------------------------------
-    def _join_rows(self, reqs: list[Request], caches: list) -> None:
+    def _join_rows(self, reqs: list[Request], parts: list[list]) -> None:
+        """Append `reqs` to the batch; `parts` are their layer caches, one list per prefilled group."""
         self._busy()
         if self.speculator is not None:
             self.speculator.settle(self.caches)  # a pipelined verify assumed the old rows
-        if self.caches is None or not self.rows:
-            self.caches = caches
-        else:
-            for mine, theirs in zip(self.caches, caches):
-                mine.extend(theirs)
-        self.rows.extend(reqs)
+        self.batch.join(reqs, parts)
 
     # -- batched prefill ------------------------------------------------------------------
     @property
@@ -301,23 +307,19 @@ class ModelRunner:
         that ended are left out when the rest join (run_decode)."""
         for r in reqs:
             r.caches = None
-        gone = {id(r) for r in reqs}
-        keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
-        if len(keep) == len(self.rows):
+        gone = {id(r) for r in reqs} - self.batch.vacant
+        left = [i for i, r in enumerate(self.rows) if id(r) in gone]
+        if not left:
             return
         self._busy()
         if self.speculator is not None:
             self.speculator.settle(self.caches)  # before the rows' KV is stored or filtered
         if self.prefix_io is not None:  # their prompt + output KV into the prefix cache first
-            left = [i for i, r in enumerate(self.rows) if id(r) in gone]
             self.prefix_io.store_rows([self.rows[i] for i in left], left, self.caches)
-        self.rows = [self.rows[i] for i in keep]
+        speculates = self.speculator.config_for if self.speculator is not None else (lambda params: False)
+        self.batch.leave(left, vacate=all(may_vacate(self.rows[i], speculates) for i in left))
         if not self.rows:
-            self.caches = None
             self.pending = None
-            return
-        for c in self.caches:
-            c.filter(keep)
 
     # -- decode -------------------------------------------------------------------
     def _launch(self) -> Launch:
@@ -375,7 +377,8 @@ class ModelRunner:
                     for c in self.caches:
                         c.trim_rows(verified.trims)
                 self.steps += 1
-                return verified.emitted, True
+                live = {id(r) for r in self.batch.live()}
+                return [e for e in verified.emitted if id(e[0]) in live], True
         cur = self.pending if self.pending is not None else self._launch()
         # Speculative rows need the host between steps (variable acceptance): no chain into them.
         chain = (self.chain and all(r.params.chain_safe for r in self.rows)
@@ -384,7 +387,7 @@ class ModelRunner:
         self.pending = self._launch() if chain else None
         toks = host_reads.read(cur.host)
         lps = cur.logprobs.to_lists(cur.sampling.st) if cur.logprobs is not None else [None] * len(toks)
-        live = {id(r) for r in self.rows}
+        live = {id(r) for r in self.batch.live()}
         return [(r, t, lp) for r, t, lp in zip(cur.rows, toks, lps) if id(r) in live], False
 
     @property

@@ -43,6 +43,22 @@ def step_tokens_floor(device: str) -> int:
     return STEP_TOKENS_FLOORS.get(device, STEP_TOKENS_FLOOR)
 
 
+# A burst (Scheduler.schedule): prompts that reach an idle engine are admitted before anything
+# decodes, (BURST_TOKENS in all, BURST_STEP_TOKENS a step). The CPU's 2,048 / 2,048: there a
+# prompt token costs the same in a burst as between decode steps, and a longer burst only delays
+# its first rows' second token. On CUDA a prompt forward costs its launches more than its tokens
+# (a 2,048-token forward of the 1B Llama shape took ~7 ms on the H200, a 64-row decode step as
+# much), so prompts admitted between decode steps cost a forward each on top of the step: 64
+# requests arriving at once waited ~4.8 s in the queue (docs/serving-bench.md). There the burst
+# takes every prompt that fits the free rows, up to 65,536 tokens, 8,192 a step.
+BURST_SIZES = {"cuda": (65536, 8192)}
+
+
+def burst_sizes(device: str) -> tuple[int, int]:
+    """(BURST_TOKENS, BURST_STEP_TOKENS) on `device` (runtime/target.py's Target.device)."""
+    return BURST_SIZES.get(device, (Scheduler.BURST_TOKENS, Scheduler.BURST_STEP_TOKENS))
+
+
 @attrs.define
 class Schedule:
     prefill: list  # (request, n_tokens) chunks to run this step, in order
@@ -72,7 +88,7 @@ def _padded_ok(lengths: list[int], chunk: int) -> bool:
 class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
                  kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | str | None = None,
-                 step_tokens_floor: int = STEP_TOKENS_FLOOR):
+                 step_tokens_floor: int = STEP_TOKENS_FLOOR, burst: tuple[int, int] | None = None):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if step_tokens is not None and step_tokens != "auto" and (
@@ -103,6 +119,8 @@ class Scheduler:
         # the graph's caches allow it and batching is on).
         self.batch_prefill = batch_prefill
         self._burst_left = 0  # prompt tokens the current burst may still admit before decoding
+        if burst is not None:  # the device's burst sizes (burst_sizes()); the class's otherwise
+            self.BURST_TOKENS, self.BURST_STEP_TOKENS = burst
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.by_id: dict[str, Request] = {}
@@ -119,9 +137,11 @@ class Scheduler:
     # BURST_STEP_TOKENS (batched where they are whole), and decoding waits until the burst is in,
     # at most BURST_TOKENS (or one prefill_chunk) of prompt, so its rows decode together from equal
     # starting points. The burst's rows are streams already (each step hands out first tokens), so
-    # the burst is one step by default: every step after it decodes. At 8,192 tokens (four steps)
+    # on the CPU the burst is one step: every step after it decodes. At 8,192 tokens (four steps)
     # the first rows' second token waited for three more full prefill steps, and the burst's last
-    # step could overrun it; benchmarks/step_timeline.py showed both (docs/scheduling.md).
+    # step could overrun it; benchmarks/step_timeline.py showed both (docs/scheduling.md). On CUDA
+    # the burst is longer (BURST_SIZES above: there its steps cost far less than the forwards
+    # they save).
     BURST_TOKENS = 2048
     BURST_STEP_TOKENS = 2048
     # A piece of a prompt (not its end) ends on a multiple of CHUNK_ALIGN tokens, so the chunk
@@ -186,8 +206,11 @@ class Scheduler:
             budget -= n
             if req.prefilled + n == len(req.context_ids):
                 slots -= 1
-            else:
-                break  # a request mid-prompt goes first next step too (FIFO, no starvation)
+            elif not bursting:
+                # A request mid-prompt goes first next step too (FIFO, no starvation). A burst step
+                # goes on admitting after it (it still goes first next step): a long prompt's
+                # first chunk would otherwise end a step of BURST_STEP_TOKENS after 2,048 tokens.
+                break
         if bursting:
             self._burst_left -= step_budget  # a whole step of the burst, even one that stopped short above
             admitted = sum(1 for r, n in chunks if r.prefilled + n == len(r.context_ids))
@@ -243,18 +266,25 @@ class Scheduler:
         return self.SHORT_HIT
 
     def group_prefill(self, chunks: list) -> list[list]:
-        """Consecutive chunks that are whole prompts with nothing cached (and no prompt logprobs)
-        go through one batched forward; every other chunk runs alone."""
-        groups: list[list] = []
-        for req, n in chunks:
-            whole = (self.batch_prefill and req.prefilled == 0 and n == len(req.context_ids)
-                     and req.params.prompt_logprobs is None)
-            g = groups[-1] if groups else None
-            if whole and g and g[-1][2] and _padded_ok([m for _, m, _ in g] + [n], self.prefill_chunk):
-                g.append((req, n, True))
-            else:
-                groups.append([(req, n, whole)])
-        return [[(r, n) for r, n, _ in g] for g in groups]
+        """Chunks that are whole prompts with nothing cached (and no prompt logprobs) go through
+        batched forwards, shortest first so that each left-padded group pads little; every other
+        chunk runs alone, first (in the step's order). A step's first tokens are all handed out
+        when the step ends, so the order of its forwards costs nobody time to first token."""
+        def whole(req, n):
+            return (self.batch_prefill and req.prefilled == 0 and n == len(req.context_ids)
+                    and req.params.prompt_logprobs is None)
+
+        groups = [[(r, n)] for r, n in chunks if not whole(r, n)]
+        batchable = sorted(((r, n) for r, n in chunks if whole(r, n)), key=lambda c: c[1])
+        run: list = []
+        for req, n in batchable:
+            if run and not _padded_ok([m for _, m in run] + [n], self.prefill_chunk):
+                groups.append(run)
+                run = []
+            run.append((req, n))
+        if run:
+            groups.append(run)
+        return groups
 
     # -- KV budget ------------------------------------------------------------------
     HEADROOM = 16  # decode tokens a newly admitted request must have room for

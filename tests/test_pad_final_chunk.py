@@ -43,11 +43,13 @@ def _joined_lengths(eng) -> list:
     length: what every layer's cache holds when the row enters the decode batch."""
     seen, join = [], eng.runner._join_rows
 
-    def record(reqs, caches):
-        shared_pad = min(caches[0].left_pad)  # columns every row of the group pads
-        for row, r in enumerate(reqs):
-            seen.append((len(r.context_ids), {c.row_length(row) for c in caches}, shared_pad))
-        join(reqs, caches)
+    def record(reqs, parts):  # parts: each prefilled group's layer caches, its rows in reqs' order
+        rows = iter(reqs)
+        for caches in parts:
+            shared_pad = min(caches[0].left_pad)  # columns every row of the group pads
+            for row in range(caches[0].batch):
+                seen.append((len(next(rows).context_ids), {c.row_length(row) for c in caches}, shared_pad))
+        join(reqs, parts)
 
     eng.runner._join_rows = record
     return seen

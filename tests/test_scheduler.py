@@ -126,7 +126,9 @@ def test_batched_prefill_equals_one_at_a_time_and_feeds_the_prefix_cache(mdir):
 
 def test_the_scheduler_groups_whole_prompts_into_batched_prefills():
     """Prefill grouping is the scheduler's decision (plain Python): whole uncached prompts share a
-    forward while the padding stays small; a prompt-logprobs request runs alone."""
+    forward while the padding stays small, shortest first whatever their arrival order (the 11
+    tokens of the fourth go with the 10 and 12 of the first two, across the prompt-logprobs
+    request between them, which runs alone)."""
     from graphc.runtime.request import Request
     from graphc.runtime.scheduler import Scheduler
 
@@ -137,8 +139,8 @@ def test_the_scheduler_groups_whole_prompts_into_batched_prefills():
     for r in reqs:
         s.add(r)
     sched = s.schedule()
-    # 40 tokens next to 11 would pad 2 x 40 = 80 > the 64-token chunk and > 1.5 x 51: alone.
-    assert [[r.prompt_ids[0] for r, _ in g] for g in sched.groups] == [[1, 2], [3], [4], [5]]
+    # 40 tokens next to 10, 11 and 12 would pad 4 x 40 = 160 > the 64-token chunk and > 1.5 x 73: alone.
+    assert [[r.prompt_ids[0] for r, _ in g] for g in sched.groups] == [[3], [1, 4, 2], [5]]
     off = Scheduler(prefill_chunk=64, batch_prefill=False)
     for r in [Request([1] * 10, SamplingParams()), Request([2] * 12, SamplingParams())]:
         off.add(r)
@@ -212,7 +214,7 @@ def test_a_burst_is_one_step_and_never_overruns():
         s.add(r)
     sched = s.schedule()
     assert [n for _, n in sched.prefill] == [700, 700, 640] and s.BURST_TOKENS == 2048
-    assert [len(g) for g in sched.groups] == [2, 1]
+    assert [len(g) for g in sched.groups] == [1, 2]  # the piece alone first, then the whole two batched
     for r, n in sched.prefill:
         s.advance(r, r.prefilled + n)
         if r.prefilled == len(r.context_ids):
@@ -220,6 +222,75 @@ def test_a_burst_is_one_step_and_never_overruns():
     nxt = s.schedule()
     # the third prompt's last 60 tokens; the fourth cannot reach an aligned end with the 68 left
     assert nxt.decode and [(r, n) for r, n in nxt.prefill] == [(reqs[2], 60)]
+
+
+def test_a_device_burst_admits_every_prompt_that_fits_before_decoding():
+    """With a device's larger burst (runtime/scheduler.py BURST_SIZES: CUDA's), prompts that reach an
+    idle engine are all admitted before anything decodes, BURST_STEP_TOKENS a step: a long prompt's
+    first chunk does not end a burst step (the prompts behind it are admitted in the same step and
+    it goes first in the next), whole prompts are batched shortest first, and decoding starts when
+    the burst is in. The CPU's burst (the class's sizes) stays one step."""
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler, burst_sizes
+
+    assert burst_sizes("cpu") == (Scheduler.BURST_TOKENS, Scheduler.BURST_STEP_TOKENS) == (2048, 2048)
+    assert burst_sizes("cuda") == (65536, 8192)
+    s = Scheduler(max_batch=64, prefill_chunk=2048, step_tokens=1024, batch_prefill=True, burst=(65536, 8192))
+    lengths = [5000, 300, 900, 2100, 120, 700, 3000, 64, 1500, 800]
+    reqs = [Request([i + 1] * n, SamplingParams()) for i, n in enumerate(lengths)]
+    for r in reqs:
+        s.add(r)
+    steps = []
+    while s.waiting:
+        sched = s.schedule()
+        steps.append(sched)
+        assert sum(n for _, n in sched.prefill) <= 8192
+        for r, n in sched.prefill:
+            s.advance(r, r.prefilled + n)
+            if r.prefilled == len(r.context_ids):
+                s.started(r)
+        if sched.decode:
+            break
+    assert not s.waiting and len(s.running) == len(reqs)  # every prompt in before the first decode
+    assert [st.decode for st in steps] == [False] * (len(steps) - 1) + [True]
+    first = steps[0]
+    # the 5,000-token prompt's first 2,048 tokens did not end the step: the prompts behind it came in too
+    assert first.prefill[0] == (reqs[0], 2048) and len(first.prefill) > 2
+    whole = [g for g in first.groups if len(g) > 1]
+    assert whole and all([n for _, n in g] == sorted(n for _, n in g) for g in whole)
+    assert len(steps) < 5  # 14,484 prompt tokens: two steps of 8,192 and the long prompts' last chunks
+    cpu = Scheduler(max_batch=64, prefill_chunk=2048, step_tokens=1024, batch_prefill=True)
+    for r in [Request([i + 1] * n, SamplingParams()) for i, n in enumerate(lengths)]:
+        cpu.add(r)
+    assert cpu.schedule().decode and len(cpu.waiting) > 5  # one step, then every step decodes
+
+
+def test_a_long_burst_is_exact_and_joins_the_batch_once(mdir):
+    """CUDA's longer burst (forced here on the CPU): prompts of several lengths, some longer than a
+    prefill chunk, admitted over several steps before anything decodes, give mlx-lm's own greedy
+    tokens, and the burst's rows join the decode batch in one extend per layer at its last step."""
+    from graphc.runtime.cache.full import FullKV
+    from helpers import assert_greedy_matches_mlx_lm
+
+    prompts = random_prompts(9, 1024, [70, 5, 33, 140, 12, 64, 90, 3, 41], seed=4)
+    eng = Engine.load(mdir, prefill_chunk=48)
+    eng.scheduler.BURST_TOKENS, eng.scheduler.BURST_STEP_TOKENS = 4096, 160
+    joins, burst_steps = [], []
+    orig_join, orig_sched = eng.runner._join_rows, eng.scheduler.schedule
+    eng.runner._join_rows = lambda reqs, parts: (joins.append(len(reqs)), orig_join(reqs, parts))[1]
+    eng.scheduler.schedule = lambda: (lambda s: (burst_steps.append(not s.decode), s)[1])(orig_sched())
+    extends = []
+    orig_extend = FullKV.extend_all
+    FullKV.extend_all = lambda self, others, keep=None: (extends.append(len(others)), orig_extend(self, others, keep))[1]
+    try:
+        got = eng.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
+    finally:
+        FullKV.extend_all = orig_extend
+    assert sum(burst_steps) >= 2  # 458 prompt tokens at 160 a step: steps that admitted without decoding
+    assert burst_steps[:sum(burst_steps)] == [True] * sum(burst_steps)
+    assert joins == [9]  # every row joined at once, when the burst was in
+    assert len(extends) == len(eng.runner.policies) and all(n > 1 for n in extends)  # one extend_all per layer, several parts
+    assert_greedy_matches_mlx_lm(eng.model, prompts, got, 6)
 
 
 def test_pieces_of_prompts_end_on_the_alignment():

@@ -12,7 +12,9 @@ so the model never knows its policy. The runtime additionally batches requests
 with four operations every layer cache implements:
 
     filter(rows)    keep only these batch rows (requests that finished leave)
-    extend(other)   append other's rows (admitted requests join the decode batch)
+    extend(other)   append other's rows (admitted requests join the decode batch);
+                    extend_all(others, keep) the same for several after filter(keep), at once
+                    where the cache can
     extract(row)    one row as a batch-of-one cache (preemption, prefix storage)
     row_length(row) tokens of context `row` has seen (its next absolute position)
     nbytes          bytes held right now
@@ -54,6 +56,15 @@ class LayerCache:
 
     def extend(self, other: "LayerCache") -> None:
         raise NotImplementedError
+
+    def extend_all(self, others: list, keep: list[int] | None = None) -> None:
+        """filter(keep) (when given), then extend() by each of `others` in order; a cache that can
+        do it in one copy overrides this (FullKV: the kept rows and every part written once into
+        one buffer)."""
+        if keep is not None:
+            self.filter(keep)
+        for other in others:
+            self.extend(other)
 
     def extract(self, row: int) -> "LayerCache":
         raise NotImplementedError

@@ -57,8 +57,11 @@ class ListCache(LayerCache):
             c.filter(rows)
 
     def extend(self, other: "ListCache") -> None:
-        for c, o in zip(self.caches, other.caches):
-            c.extend(o)
+        self.extend_all([other])
+
+    def extend_all(self, others: list, keep: list[int] | None = None) -> None:
+        for i, c in enumerate(self.caches):
+            c.extend_all([o.caches[i] for o in others], keep)
 
     def extract(self, row: int) -> "ListCache":
         return ListCache([c.extract(row) for c in self.caches])

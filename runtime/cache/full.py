@@ -207,31 +207,65 @@ class FullKV(LayerCache):
             self.left_pad = [p - shift for p in self.left_pad]
 
     def extend(self, other: "FullKV") -> None:
-        if other.keys is None and self.keys is None:
-            self.left_pad += other.left_pad
+        self.extend_all([other])
+
+    def extend_all(self, others: list, keep: list[int] | None = None) -> None:
+        """Append the rows of every cache in `others`, in order, in one copy: a step's prompts join
+        the batch together, so merging them one by one would copy the rows gathered so far again
+        for each. `keep`: only these rows of this cache stay (a filter done by the same copy; the
+        batch's vacant rows, runtime/batch_rows.py)."""
+        if keep is not None and self.keys is None:
+            self.left_pad = [self.left_pad[r] for r in keep]
+            keep = None
+        parts = [(self, keep), *((o, None) for o in others)]
+        if all(c.keys is None for c, _ in parts):
+            self.left_pad = [p for c, _ in parts for p in c.left_pad]
             self._offset = None
             return
-        idx = max(self.idx, other.idx)
+        # Per part: its rows' padding, and the first column any of them reads (a kept subset drops
+        # the columns that are padding for all of it, as filter does).
+        pads = [c.left_pad if rows is None else [c.left_pad[r] for r in rows] for c, rows in parts]
+        firsts = [0 if rows is None or c.keys is None else min(p) for (c, rows), p in zip(parts, pads)]
+        idx = max(c.idx - f for (c, _), f in zip(parts, firsts))
         # Room for the next decode write, in capacity_for's steps (not the larger headroom of the
-        # two: a row prefilled alone must not widen every row of the batch).
+        # parts: a row prefilled alone must not widen every row of the batch).
         cap = capacity_for(idx + 1)
-        ref = self if self.keys is not None else other
-        B = self.batch + other.batch
-        pads, row = [], 0
+        ref = next(c for c, _ in parts if c.keys is not None)
+        B = sum(len(p) for p in pads)
+        out_pads, row = [], 0
         # One fresh buffer per plane and one write of each part's columns into it, right-aligned at
         # column idx (a pad of each part then a concatenate copied every row twice).
         out = {name: mx.zeros((B,) + getattr(ref, name).shape[1:2] + (cap,) + getattr(ref, name).shape[3:],
                               getattr(ref, name).dtype) for name in self.PLANES}
-        for c in (self, other):
-            shift = idx - c.idx
-            if c.keys is not None and c.idx:
+        for (c, rows), p, first in zip(parts, pads, firsts):
+            n = c.idx - first
+            shift = idx - n
+            if c.keys is not None and n:
+                runs = [(0, c.batch)] if rows is None else row_runs(rows)
                 for name in self.PLANES:
-                    out[name][row:row + c.batch, :, shift:idx] = getattr(c, name)[..., : c.idx, :]
-            pads += [p + shift for p in c.left_pad]
-            row += c.batch
+                    x = getattr(c, name)
+                    if len(runs) > MAX_COPY_RUNS:  # scattered rows: one gather
+                        picked = x[mx.array(rows, dtype=mx.int32)]
+                        out[name][row:row + len(p), :, shift:idx] = picked[..., first:c.idx, :]
+                        continue
+                    at = row
+                    for a, b in runs:
+                        out[name][at:at + b - a, :, shift:idx] = x[a:b, :, first:c.idx]
+                        at += b - a
+            out_pads += [q - first + shift for q in p]
+            row += len(p)
         for name in self.PLANES:
             setattr(self, name, mx.contiguous(out[name]))
-        self.left_pad, self.idx, self._offset = pads, idx, None
+        self.left_pad, self.idx, self._offset = out_pads, idx, None
+
+    def vacate(self, rows: list[int]) -> None:
+        """Rows whose requests ended but that stay in the batch (runtime/batch_rows.py): each attends
+        to the column it writes next only, and holds no live token (kv_usage)."""
+        pads = list(self.left_pad)
+        for r in rows:
+            pads[r] = self.idx
+        self.left_pad = pads
+        self._offset = None
 
     def extract(self, row: int) -> "FullKV":
         out = type(self)(1)

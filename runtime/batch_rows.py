@@ -1,0 +1,104 @@
+"""The decode batch's rows: which request sits in which row of the batch caches, and the rows that
+requests which ended have left vacant.
+
+Why vacant rows: the batch caches are contiguous left-padded `[B, H, T, ...]` arrays
+(runtime/cache/full.py), so taking a row out copies every kept row's KV. A saturated serving run
+ends one row at a time; on the H200 (1B Llama shape, 64 rows) a step in which rows left cost
+~19 ms against an 8.7 ms decode step (docs/serving-bench.md), and those steps set the tail of the
+inter-token latency. A row whose request ended is left in place instead: it keeps decoding (its
+tokens are dropped), and a FullKV narrows it to the column it writes (`vacate`), so its attention
+reads one column and `/metrics` counts none of it as live. The rows are compacted when a join
+copies the batch anyway, and when vacant rows pass a quarter of the batch (a vacant row costs a
+row of every decode matmul).
+
+Only rows that could not come back and need nothing from the host are left vacant: a preempted
+request is queued again (its row must go, or it would sit in the batch twice once it rejoins),
+and a row with host logit edits (grammar, logits processors) or drafts of its own would keep
+costing host work each step. Those rows are taken out at once, as before.
+"""
+
+from __future__ import annotations
+
+from .request import Status
+
+# Compact once more than this share of the batch's rows is vacant.
+MAX_VACANT_SHARE = 0.25
+
+
+class BatchRows:
+    """rows: the batch's requests in row order (vacant ones included); caches: one layer cache per
+    layer holding those rows (None while the batch is empty); vacant: ids of the rows left vacant."""
+
+    def __init__(self):
+        self.rows: list = []
+        self.caches: list | None = None
+        self.vacant: set[int] = set()
+
+    def live(self) -> list:
+        """The requests still decoding, in row order."""
+        return [r for r in self.rows if id(r) not in self.vacant]
+
+    def clear(self) -> None:
+        self.rows, self.caches, self.vacant = [], None, set()
+
+    def join(self, reqs: list, parts: list[list]) -> None:
+        """Append `reqs`; `parts` are their layer caches, one list per prefilled group. Vacant rows go
+        in the same copy of the batch (filtered out before the extend)."""
+        keep = None
+        if self.caches is None or not self.rows:
+            self.rows, self.vacant = [], set()
+            self.caches, parts = parts[0], parts[1:]
+        elif self.vacant:
+            keep = self.live_indices()
+            self.rows, self.vacant = [self.rows[i] for i in keep], set()
+        if parts or keep is not None:
+            for i, mine in enumerate(self.caches):
+                extend_all(mine, [p[i] for p in parts], keep)
+        self.rows.extend(reqs)
+
+    def leave(self, idx: list[int], vacate: bool) -> None:
+        """The rows at `idx` (requests that ended or were preempted) leave the batch: left vacant
+        where `vacate` says they may (see the module docstring), else taken out now with any vacant
+        ones. An empty batch drops its caches."""
+        for i in idx:
+            self.vacant.add(id(self.rows[i]))
+        live = self.live_indices()
+        if not live:
+            self.clear()
+            return
+        if not vacate or len(self.vacant) > MAX_VACANT_SHARE * len(self.rows):
+            self._keep(live)
+            return
+        for c in self.caches:
+            narrow = getattr(c, "vacate", None)
+            if narrow is not None:
+                narrow(idx)
+
+    def live_indices(self) -> list[int]:
+        return [i for i, r in enumerate(self.rows) if id(r) not in self.vacant]
+
+    def _keep(self, keep: list[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+        self.vacant = set()
+        for c in self.caches:
+            c.filter(keep)
+
+
+def may_vacate(req, speculates) -> bool:
+    """A row that may be left vacant: its request ended for good (not preempted back to the queue)
+    and its steps need nothing from the host (no grammar, processors or drafts of its own);
+    `speculates(params)`: whether the engine's speculator drafts for such a request."""
+    return req.status is Status.FINISHED and req.params.chain_safe and not speculates(req.params)
+
+
+def extend_all(cache, others: list, keep: list[int] | None = None) -> None:
+    """cache.extend_all(others, keep) (runtime/cache/base.py), or filter and one extend at a time
+    for a cache of mlx-lm's own (the `native` policy) that has no extend_all."""
+    many = getattr(cache, "extend_all", None)
+    if many is not None:
+        many(others, keep)
+        return
+    if keep is not None:
+        cache.filter(keep)
+    for other in others:
+        cache.extend(other)
