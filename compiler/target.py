@@ -34,6 +34,9 @@ class Target:
     cuda_adds: the residual add may move into the matmul (cuBLAS's epilogue; CUDA only, where
     the step already rounds differently from mlx-lm's).
     kernel_head_dim_multiple: the attention kernel serves heads whose dim is a multiple of this.
+    cpu_lanes: (count, why): how many prefill forwards run at once on this CPU, as measured
+    (runtime/cpu_lanes.py); (1, "") off the CPU.
+    ranks: processes of a distributed launch this one is a rank of (1: none).
     """
 
     device: str = "unprobed"
@@ -41,6 +44,8 @@ class Target:
     cuda_memory: bool = False
     cuda_adds: bool = False
     kernel_head_dim_multiple: int = 32
+    cpu_lanes: tuple = (1, "")
+    ranks: int = 1
 
     def why_not(self, name: str) -> str | None:
         """None when kernel `name` serves on this target, else why not."""
@@ -69,7 +74,8 @@ class Requested:
     (rows that ask); spec_pipeline / spec_adaptive: None = the default.
     final_chunk / pad_final_chunk: how a prompt's last chunk runs ("auto", "whole", "split") and
     whether it is padded ("auto", True, False); "auto" leaves it to the prefill passes
-    (compiler/passes/prefill_choices.py), which also refuse padding where it is not exact."""
+    (compiler/passes/prefill_choices.py), which also refuse padding where it is not exact.
+    prefill_lanes: batched prefill forwards run at once ("auto": the CPU's measured lanes)."""
 
     decode: tuple = ()
     speculative: str | None = None
@@ -77,6 +83,7 @@ class Requested:
     spec_adaptive: bool | None = None
     final_chunk: str = "auto"
     pad_final_chunk: bool | str = "auto"
+    prefill_lanes: int | str = "auto"
 
     @classmethod
     def of(cls, decode: dict | None = None, **kw) -> "Requested":

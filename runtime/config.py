@@ -17,7 +17,7 @@ import difflib
 
 import attrs
 
-from graphc.compiler.passes.prefill_choices import FINAL_CHUNK_REQUESTS
+from graphc.compiler.passes.prefill_choices import FINAL_CHUNK_REQUESTS, PREFILL_LANES
 
 from .cache.disk_choice import MODES as DISK_READ_MODES
 from .cache.disk_tier import DEFAULT_BLOCK_TOKENS
@@ -62,6 +62,11 @@ def _final_chunk(inst, attribute, value) -> None:
         raise ValueError(f"final_chunk must be one of {', '.join(FINAL_CHUNK_REQUESTS)}, got {value!r}")
 
 
+def _lanes(inst, attribute, value) -> None:
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value not in PREFILL_LANES):
+        raise ValueError(f"prefill_lanes must be 'auto' or one of {', '.join(map(str, PREFILL_LANES))}, got {value!r}")
+
+
 def _disk_read(inst, attribute, value) -> None:
     if value not in DISK_READ_MODES:
         raise ValueError(f"kv_cache_disk_read must be one of {', '.join(DISK_READ_MODES)}, got {value!r}")
@@ -94,6 +99,8 @@ class EngineConfig:
     pad_final_chunk: bool | str = attrs.field(default="auto", validator=_pad_setting)
     # A prompt's last chunk as one forward or as L-1 positions then the last (compiler/passes/prefill_choices.py)
     final_chunk: str = attrs.field(default="auto", validator=_final_chunk)  # "auto": the target decides
+    # Batched prefill forwards at once, on CPU streams (compiler/passes/prefill_choices.py); "auto": measured
+    prefill_lanes: int | str = attrs.field(default="auto", validator=_lanes)
     # Prefix cache
     prefix_cache: bool = True
     mem_fraction: float | None = attrs.field(default=None, validator=_fraction)  # of device memory for the pool

@@ -131,7 +131,8 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         self.scheduler = Scheduler(max_batch=max_batch, prefill_chunk=prefill_chunk, prefix=self.prefix,
                                    kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
                                    step_tokens_floor=step_tokens_floor(target.device), burst=burst_sizes(target.device),
-                                   batch_prefill=batch_prefill and self.runner.can_batch_prefill)
+                                   batch_prefill=batch_prefill and self.runner.can_batch_prefill,
+                                   lanes=self.runner.batched.lanes)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard()  # who takes part in each step; a failing one ends only the request(s) responsible
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)

@@ -18,12 +18,12 @@ import mlx.core as mx
 from graphc.compiler.compile import CompiledGraph
 from graphc.compiler.lower import StepInputs
 from graphc.compiler.ops import HOST_EDITS, PromptTargets
-from graphc.compiler.selfcheck import batch_prefill_ok
 
 from . import chunk_pad, kv_usage
 from . import host_read as host_reads
 from .batch_rows import BatchRows, may_vacate
 from .batch_sampling import SamplerCache
+from .batched_prefill import BatchedPrefill
 from .decode_input import Launch, next_input
 from .prefill_rate import attention_pairs
 from .request import Request, Status
@@ -85,7 +85,12 @@ class ModelRunner:
         # How a prompt's last chunk runs (whole or split) and whether it is padded to a multiple of
         # the chunk alignment: the prefill plan's choices, obeyed (runtime/chunk_pad.py).
         self.final_chunk = chunk_pad.FinalChunk.of(compiled.prefill.plan, Scheduler.CHUNK_ALIGN)
-        self.padded_tokens = 0  # pad positions computed (for stats and tests)
+        self._padded_tokens = 0  # pad positions of prefill_chunk (padded_tokens adds the batched ones)
+        # Whole prompts in left-padded forwards, several at once in the prefill plan's lanes
+        # (runtime/batched_prefill.py).
+        lanes = int(compiled.prefill.plan.choice("prefill lanes").choice)
+        self.batched = BatchedPrefill(compiled.prefill, self.sampler, self.final_chunk, prefix_io, self.policies,
+                                      self._edits, lanes)
         # The engine's PrefillRate (runtime/prefill_rate.py), or None: every prefill forward below
         # ends in an mx.eval, so its wall time is what computing those prompt tokens costs here.
         self.prefill_rate = prefill_rate
@@ -97,14 +102,22 @@ class ModelRunner:
         out = []
         if groups:
             self._busy()
-        for group in groups:
+        todo = list(groups)
+        while todo:
+            group = todo.pop(0)
             t0 = time.perf_counter()
-            if len(group) > 1:
-                reqs = [r for r, _ in group]
-                firsts, caches = self.prefill_batch(reqs)
-                self.timed(sum(n for _, n in group), t0, sum(attention_pairs(n, r.prefilled) for r, n in group))
-                out += [PrefillDone(r, n, len(r.context_ids), tok, lp) for (r, n), (tok, lp) in zip(group, firsts)]
-                self.joining.append((reqs, caches))
+            if len(group) > 1 or self.batched.in_lane(group):
+                # Groups of whole prompts, side by side in the prefill lanes while they may be.
+                wave = [group]
+                while todo and len(wave) < self.batched.lanes and self.batched.in_lane(group) and \
+                        self.batched.in_lane(todo[0]):
+                    wave.append(todo.pop(0))
+                done = self.prefill_batches([[r for r, _ in g] for g in wave])
+                chunks = [c for g in wave for c in g]
+                self.timed(sum(n for _, n in chunks), t0, sum(attention_pairs(n, r.prefilled) for r, n in chunks))
+                for g, (firsts, caches) in zip(wave, done):
+                    out += [PrefillDone(r, n, len(r.context_ids), tok, lp) for (r, n), (tok, lp) in zip(g, firsts)]
+                    self.joining.append(([r for r, _ in g], caches))
                 continue
             [(req, n)] = group
             end = min(len(req.context_ids), req.prefilled + n)
@@ -199,7 +212,7 @@ class ModelRunner:
             # (the chunk's last position against the next chunk's first).
             targets = PromptTargets(req.prompt_ids[start + 1:end + 1], req.params.prompt_logprobs)
         pad = self.final_chunk.pad(end - start) if final and targets is None else 0
-        self.padded_tokens += pad
+        self._padded_tokens += pad
         if pad and self.final_chunk.whole:
             # One forward: the real tokens, then pads they never see (causal), sampled at the last
             # real one; the pad columns trimmed off the cache (its next write lands on the first).
@@ -265,41 +278,23 @@ class ModelRunner:
     def can_batch_prefill(self) -> bool:
         """Several whole prompts in one left-padded forward: for graphs whose every layer keeps
         FullKV rows (full / pool_backed) and whose prefix cache needs no boundary captures."""
-        if self.prefix_io is not None and self.prefix_io.prefix.needs_boundaries:
-            return False
-        return batch_prefill_ok(self.policies)
+        return self.batched.possible
 
     def prefill_batch(self, reqs: list[Request]) -> tuple[list[tuple[int, dict | None]], list]:
         """Prefill the whole contexts of `reqs` (none with cached tokens) in one forward, rows
         left-padded, and sample each one's first token. Returns ((token, logprobs) per request,
         their layer caches as rows), the caches to join the decode batch in run_decode."""
-        ctxs = [r.context_ids for r in reqs]
-        extra = self.final_chunk.pad(max(map(len, ctxs)))  # more left padding: aligned
-        L = max(map(len, ctxs)) + extra
-        pads = [L - len(c) for c in ctxs]
-        caches = [type(p.new_cache())(len(reqs), pads) for p in self.policies]
-        tokens = mx.array([[chunk_pad.PAD_TOKEN] * p + c for p, c in zip(pads, ctxs)], dtype=mx.int32)
-        step = self.compiled.prefill
-        self.padded_tokens += extra * len(reqs)
-        if extra and not self.final_chunk.whole:
-            # Split: all but the last column as one aligned forward (query = key length), then the
-            # last column. Whole: one forward, whose last column is real in every row.
-            step.forward(StepInputs(tokens[:, :-1], caches, final=False))
-            tokens = tokens[:, -1:]
-        ctx = step.forward(StepInputs(tokens, caches, final=True))
-        st = self.sampler.tensors(reqs)
-        if st is not None:
-            ctx.inputs.sampling = self.sampler.host_state(st, reqs)
-        out = step.head(ctx, self._edits(reqs, ctx, step))
-        mx.eval(out.next_tokens)
-        toks = out.next_tokens.tolist()
-        lps = out.logprobs.to_lists(st) if out.logprobs is not None else [None] * len(reqs)
-        if self.prefix_io is not None:
-            self.prefix_io.store_prompt_rows(reqs, caches)
-        if extra:  # the columns every row pads go (filter drops them): the decode batch never holds them
-            for c in caches:
-                c.filter(list(range(len(reqs))))
-        return list(zip(toks, lps)), caches
+        return self.prefill_batches([reqs])[0]
+
+    def prefill_batches(self, groups: list[list[Request]]) -> list[tuple[list, list]]:
+        """prefill_batch for several groups, side by side in the plan's prefill lanes
+        (runtime/batched_prefill.py)."""
+        return self.batched.run(groups)
+
+    @property
+    def padded_tokens(self) -> int:
+        """Pad positions computed (for stats and tests)."""
+        return self._padded_tokens + self.batched.padded_tokens
 
     def leave(self, reqs: list[Request]) -> None:
         """Drop finished, aborted or preempted requests: their working KV (mid-prefill), and their

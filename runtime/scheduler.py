@@ -21,6 +21,7 @@ from collections import deque
 
 import attrs
 
+from .prefill_groups import group_prefill
 from .request import Request, Status
 from .scheduler_costs import StepCosts
 
@@ -78,17 +79,11 @@ class DecodeBatch:
     decode: bool = True
 
 
-def _padded_ok(lengths: list[int], chunk: int) -> bool:
-    """A batched prefill pads every prompt to the longest: allow it while the padded batch is no
-    bigger than one prefill chunk, or the padding stays under a third of the work."""
-    padded = max(lengths) * len(lengths)
-    return padded <= chunk or padded <= 1.5 * sum(lengths)
-
-
 class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
                  kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | str | None = None,
-                 step_tokens_floor: int = STEP_TOKENS_FLOOR, burst: tuple[int, int] | None = None):
+                 step_tokens_floor: int = STEP_TOKENS_FLOOR, burst: tuple[int, int] | None = None,
+                 lanes: int = 1):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if step_tokens is not None and step_tokens != "auto" and (
@@ -118,6 +113,9 @@ class Scheduler:
         # Whole short prompts may share one left-padded prefill forward (the engine says so when
         # the graph's caches allow it and batching is on).
         self.batch_prefill = batch_prefill
+        # Batched prefill forwards the runner runs at once (the prefill plan's lanes): whole prompts
+        # are split into at least this many groups where there are as many.
+        self.lanes = lanes
         self._burst_left = 0  # prompt tokens the current burst may still admit before decoding
         if burst is not None:  # the device's burst sizes (burst_sizes()); the class's otherwise
             self.BURST_TOKENS, self.BURST_STEP_TOKENS = burst
@@ -266,25 +264,8 @@ class Scheduler:
         return self.SHORT_HIT
 
     def group_prefill(self, chunks: list) -> list[list]:
-        """Chunks that are whole prompts with nothing cached (and no prompt logprobs) go through
-        batched forwards, shortest first so that each left-padded group pads little; every other
-        chunk runs alone, first (in the step's order). A step's first tokens are all handed out
-        when the step ends, so the order of its forwards costs nobody time to first token."""
-        def whole(req, n):
-            return (self.batch_prefill and req.prefilled == 0 and n == len(req.context_ids)
-                    and req.params.prompt_logprobs is None)
-
-        groups = [[(r, n)] for r, n in chunks if not whole(r, n)]
-        batchable = sorted(((r, n) for r, n in chunks if whole(r, n)), key=lambda c: c[1])
-        run: list = []
-        for req, n in batchable:
-            if run and not _padded_ok([m for _, m in run] + [n], self.prefill_chunk):
-                groups.append(run)
-                run = []
-            run.append((req, n))
-        if run:
-            groups.append(run)
-        return groups
+        """The step's chunks as forwards (runtime/prefill_groups.py)."""
+        return group_prefill(chunks, batch_prefill=self.batch_prefill, chunk=self.prefill_chunk, lanes=self.lanes)
 
     # -- KV budget ------------------------------------------------------------------
     HEADROOM = 16  # decode tokens a newly admitted request must have room for

@@ -18,6 +18,7 @@ import mlx.core as mx
 from graphc.compiler.target import Requested, Target
 
 from . import compiled_decode_kv, kernels
+from .cpu_lanes import cpu_lanes
 from .config import EngineConfig
 from .kernels import decode_attention, gumbel_choose, skinny_matmul, top_ranks, verdicts
 from .speculative import speculator
@@ -49,8 +50,11 @@ def probe_target() -> Target:
         _checked_here = True  # the checks answer from memory in this process from now on
         log.info("CUDA kernel checks done in %.1f s", time.perf_counter() - t0)
     device = "cuda" if cuda else ("gpu" if mx.default_device().type == mx.gpu else "cpu")
+    ranks = mx.distributed.init().size() if mx.distributed.is_available() else 1
+    lanes = cpu_lanes() if device == "cpu" and ranks == 1 else None  # (measured only where it can serve)
     return Target(device=device, kernels=tuple(facts), cuda_memory=bool(mx.cuda.is_available()),
-                  cuda_adds=compiled_decode_kv.on_cuda())
+                  cuda_adds=compiled_decode_kv.on_cuda(), cpu_lanes=(lanes.count, lanes.why) if lanes else (1, ""),
+                  ranks=ranks)
 
 
 def requested_of(c: EngineConfig) -> Requested:
@@ -66,7 +70,7 @@ def requested_of(c: EngineConfig) -> Requested:
         {**(c.decode_options or {}), "compile": c.compile, "skinny_matmul": c.skinny_gemm}, speculative=method,
         spec_pipeline=speculator.default_pipeline() if c.spec_pipeline is None else bool(c.spec_pipeline),
         spec_adaptive=speculator.default_adaptive() if c.spec_adaptive is None else bool(c.spec_adaptive),
-        final_chunk=c.final_chunk, pad_final_chunk=c.pad_final_chunk)
+        final_chunk=c.final_chunk, pad_final_chunk=c.pad_final_chunk, prefill_lanes=c.prefill_lanes)
 
 
 __all__ = ["probe_target", "requested_of"]

@@ -11,7 +11,17 @@ def test_mlx_plan_cache_default_is_set_and_a_user_value_kept():
     """graphc raises MLX's cuDNN attention plan cache (serving meets more shapes than its default
     holds) unless the user set it; importing the runtime applied it to this process."""
     env = {"MLX_CUDA_SDPA_CACHE_SIZE": "32"}
-    assert mlx_env.apply_defaults(env) == {} and env["MLX_CUDA_SDPA_CACHE_SIZE"] == "32"
+    assert mlx_env.apply_defaults(env, cpu=False) == {} and env["MLX_CUDA_SDPA_CACHE_SIZE"] == "32"
     env = {}
-    assert mlx_env.apply_defaults(env) == mlx_env.DEFAULTS == env
+    assert mlx_env.apply_defaults(env, cpu=False) == mlx_env.DEFAULTS == env
     assert "MLX_CUDA_SDPA_CACHE_SIZE" in os.environ
+
+
+def test_the_cpu_gets_a_wider_evaluation_order_for_prefill_lanes():
+    """On the CPU, MLX's breadth-first tape is widened so that two prefill lanes' forwards run side
+    by side (runtime/batched_prefill.py); a user's value is kept, and a GPU keeps MLX's."""
+    env = {}
+    assert mlx_env.apply_defaults(env, cpu=True) == {**mlx_env.DEFAULTS, "MLX_BFS_MAX_WIDTH": "64"}
+    env = {"MLX_BFS_MAX_WIDTH": "20"}
+    assert "MLX_BFS_MAX_WIDTH" not in mlx_env.apply_defaults(env, cpu=True) and env["MLX_BFS_MAX_WIDTH"] == "20"
+    assert os.environ.get("MLX_BFS_MAX_WIDTH") == "64"  # this process: the CPU, nothing set before graphc

@@ -98,7 +98,7 @@ def test_a_batch_that_finishes_together_is_stored_together_and_hits(dense_dir, m
     write = KVPool.write
     monkeypatch.setattr(KVPool, "write", lambda self, layer, slots, planes: (writes.append(len(slots)),
                                                                               write(self, layer, slots, planes))[1])
-    eng = Engine.load(dense_dir, prefill_chunk=64, max_total_tokens=2048)
+    eng = Engine.load(dense_dir, prefill_chunk=64, max_total_tokens=2048, prefill_lanes=1)  # one batched forward
     # Turns of 33+ tokens: a burst's shorter hits are declined for a batched prefill (test below).
     prompts = random_prompts(4, 1024, [30, 23, 41, 24], seed=6)
     firsts = eng.generate(prompts, GREEDY)  # same max_tokens: the four rows leave in one step
@@ -313,12 +313,12 @@ def test_a_burst_sharing_a_short_header_stays_batched(dense_dir, header, decline
     """A burst of prompts that share a cached header: a hit shorter than Scheduler.SHORT_HIT (a
     chat template's header, a BOS token) is declined, so the burst is prefilled in batched
     forwards instead of one forward per prompt; a longer hit is kept. Tokens stay exact."""
-    eng = Engine.load(dense_dir, prefill_chunk=256, max_total_tokens=4096)
+    eng = Engine.load(dense_dir, prefill_chunk=256, max_total_tokens=4096, prefill_lanes=1)  # one forward at a time
     head = random_prompts(1, 1024, [header], seed=11)[0]
     eng.generate([head + [5, 6, 7]], GREEDY)  # stores the header
     forwards = {"batched": 0, "alone": 0}
-    pb, pc = eng.runner.prefill_batch, eng.runner.prefill_chunk
-    eng.runner.prefill_batch = lambda reqs: (forwards.__setitem__("batched", forwards["batched"] + 1), pb(reqs))[1]
+    pb, pc = eng.runner.prefill_batches, eng.runner.prefill_chunk
+    eng.runner.prefill_batches = lambda gs: (forwards.__setitem__("batched", forwards["batched"] + len(gs)), pb(gs))[1]
     eng.runner.prefill_chunk = lambda req, n: (forwards.__setitem__("alone", forwards["alone"] + 1), pc(req, n))[1]
     prompts = [head + t for t in random_prompts(6, 1024, [9, 17, 5, 30, 12, 21], seed=12)]
     res = eng.generate(prompts, GREEDY)

@@ -108,8 +108,8 @@ def test_batched_prefill_equals_one_at_a_time_and_feeds_the_prefix_cache(mdir):
           for i in range(8)]
     batched = Engine.load(mdir, prefill_chunk=256)
     groups = []
-    orig = batched.runner.prefill_batch
-    batched.runner.prefill_batch = lambda reqs: (groups.append(len(reqs)), orig(reqs))[1]
+    orig = batched.runner.prefill_batches
+    batched.runner.prefill_batches = lambda gs: (groups.extend(map(len, gs)), orig(gs))[1]
     got = batched.generate(prompts, ps)
     # All eight whole prompts went through batched forwards, split where padding would be over
     # half the work (lengths 5, 40, 17, 1, 33, 9, 64, 2 in arrival order).

@@ -24,7 +24,8 @@ def _record(eng) -> list:
 
 
 def test_warm_up_prefills_a_batch_and_a_chunked_prompt_that_joins_it(model_dir):
-    eng = Engine.load(model_dir("llama"), step_tokens=STEP_TOKENS_FLOOR)  # "auto" may take it whole
+    # "auto" may take it whole; one prefill lane, as on a GPU, where the shapes are warmed
+    eng = Engine.load(model_dir("llama"), step_tokens=STEP_TOKENS_FLOOR, prefill_lanes=1)
     seen = _record(eng)
     warm_up(eng, shapes=True)  # (Engine.warm_up() runs them on a GPU only)
     assert ([ROWS], [16] * ROWS, 0) in seen  # the ROWS prompts in one batched forward

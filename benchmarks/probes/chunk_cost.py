@@ -1,6 +1,6 @@
 """Where a serving step's time goes: the prompt chunk's forward vs the decode step vs the rest.
 
-Wraps the runner's prefill_chunk / prefill_batch / run_decode with wall timers (each of them
+Wraps the runner's prefill_chunk / prefill_batches / run_decode with wall timers (each of them
 ends in a host read, so the times are device-inclusive) while a few rows decode and long
 prompts arrive.
 
@@ -43,7 +43,7 @@ def run(engine, rows: int, prompt: int, longs: int, seed: int) -> dict:
         engine.step()
     log: list = []
     r = engine.runner
-    for n in ("prefill_chunk", "prefill_batch", "run_decode"):
+    for n in ("prefill_chunk", "prefill_batches", "run_decode"):
         _timed(r, n, log)
     steps = []
     for _ in range(longs):
@@ -55,14 +55,14 @@ def run(engine, rows: int, prompt: int, longs: int, seed: int) -> dict:
         steps.append({"ms": (time.perf_counter() - t) * 1e3, "parts": list(log)})
         if len(r.rows) >= rows + longs:
             break
-    for n in ("prefill_chunk", "prefill_batch", "run_decode"):
+    for n in ("prefill_chunk", "prefill_batches", "run_decode"):
         delattr(r, n)
     for rid in bg:
         engine.abort(rid)
     while engine.has_unfinished():
         engine.step()
     summary = {}
-    for n in ("prefill_chunk", "prefill_batch", "run_decode"):
+    for n in ("prefill_chunk", "prefill_batches", "run_decode"):
         xs = [ms for s in steps for (k, ms) in s["parts"] if k == n]
         if xs:
             summary[n] = {"n": len(xs), "median_ms": round(statistics.median(xs), 2), "max_ms": round(max(xs), 2)}

@@ -78,7 +78,7 @@ def instrument(engine) -> Phases:
     ph.wrap(s, "schedule", "scheduler.schedule")
     ph.wrap(r, "prefill_chunk", "runner.prefill_chunk",
             classify=lambda req, n: " (final)" if req.prefilled + n >= len(req.context_ids) else " (mid)")
-    ph.wrap(r, "prefill_batch", "runner.prefill_batch")
+    ph.wrap(r, "prefill_batches", "runner.prefill_batch")
     ph.wrap(r, "_join_rows", "runner.join_rows", evaluate=batch_arrays)
     ph.wrap(r, "leave", "runner.leave", evaluate=batch_arrays)
     ph.wrap(r, "decode", "runner.decode")

@@ -28,6 +28,7 @@ from ..target import UNPROBED
 FINAL_CHUNK = ("whole", "split")
 PADDING = ("on", "off")
 FINAL_CHUNK_REQUESTS = ("auto", "whole", "split")
+PREFILL_LANES = (1, 2)
 
 # Why one forward wins where it was measured: the split's second forward (one position) reads
 # every layer's weights and launches every layer's kernels, against the last layer's attention
@@ -123,11 +124,38 @@ def choose_padding(binding, target, requested, final_chunk: str) -> Choice:
                   f"excepted): {how}")
 
 
+def choose_lanes(binding, target, requested) -> Choice:
+    """`prefill lanes`: how many batched prefill forwards (whole prompts, nothing cached) of one step
+    run at once, each on a CPU stream of its own. Where the CPU's BLAS runs a matmul on one thread
+    (mlx-cpu's bundled reference BLAS), one forward leaves the other cores idle and two forwards on
+    two streams take about the time of one (runtime/cpu_lanes.py measures it at load); a GPU runs
+    one forward's kernels across the whole device."""
+    name, asked = "prefill lanes", requested.prefill_lanes
+    alternatives = tuple(str(n) for n in PREFILL_LANES)
+    if target.ranks > 1:  # refused even where asked: a hang, not a slowdown
+        return Choice(name, "1", alternatives, f"rank of a distributed launch of {target.ranks}: every rank issues "
+                      "its forwards' collectives in one order, which two lanes would interleave differently per rank")
+    if asked != "auto":
+        return Choice(name, str(asked), alternatives, f"the engine asks prefill_lanes={asked}")
+    if not batch_prefill_ok(binding.policies):
+        return Choice(name, "1", alternatives, "prompts are prefilled one at a time here (a layer keeps state other "
+                      "than plain FullKV rows): no batched forwards to run side by side")
+    if target.device != "cpu":
+        why = (UNPROBED if target.device == "unprobed" else
+               f"device is {target.device}: one forward's kernels take the device")
+        return Choice(name, "1", alternatives, why)
+    count, why = target.cpu_lanes
+    how = ("a step's batched prompt forwards run two at a time, each on a CPU stream of its own" if count > 1
+           else "one forward at a time")
+    return Choice(name, str(count), alternatives, f"device is cpu: {why}; {how}")
+
+
 def run_prefill_passes(binding, target, requested) -> tuple:
     """The prefill plan's choices, in order."""
     final = choose_final_chunk(binding, target, requested)
-    return COMPILE, ATTENTION, final, choose_padding(binding, target, requested, final.choice)
+    return (COMPILE, ATTENTION, final, choose_padding(binding, target, requested, final.choice),
+            choose_lanes(binding, target, requested))
 
 
-__all__ = ["FINAL_CHUNK", "PADDING", "choose_final_chunk", "choose_padding", "run_prefill_passes",
-           "samples_last_position", "unpaddable"]
+__all__ = ["FINAL_CHUNK", "PADDING", "PREFILL_LANES", "choose_final_chunk", "choose_lanes", "choose_padding",
+           "run_prefill_passes", "samples_last_position", "unpaddable"]
