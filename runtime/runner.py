@@ -280,15 +280,11 @@ class ModelRunner:
         FullKV rows (full / pool_backed) and whose prefix cache needs no boundary captures."""
         return self.batched.possible
 
-    def prefill_batch(self, reqs: list[Request]) -> tuple[list[tuple[int, dict | None]], list]:
-        """Prefill the whole contexts of `reqs` (none with cached tokens) in one forward, rows
-        left-padded, and sample each one's first token. Returns ((token, logprobs) per request,
-        their layer caches as rows), the caches to join the decode batch in run_decode."""
-        return self.prefill_batches([reqs])[0]
-
     def prefill_batches(self, groups: list[list[Request]]) -> list[tuple[list, list]]:
-        """prefill_batch for several groups, side by side in the plan's prefill lanes
-        (runtime/batched_prefill.py)."""
+        """Prefill each group's whole contexts (none with cached tokens) in one forward, rows
+        left-padded, and sample each one's first token; the groups side by side in the plan's
+        prefill lanes (runtime/batched_prefill.py). Per group: ((token, logprobs) per request,
+        its layer caches as rows), the caches that join the decode batch in run_decode."""
         return self.batched.run(groups)
 
     @property

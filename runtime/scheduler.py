@@ -207,7 +207,7 @@ class Scheduler:
             elif not bursting:
                 # A request mid-prompt goes first next step too (FIFO, no starvation). A burst step
                 # goes on admitting after it (it still goes first next step): a long prompt's
-                # first chunk would otherwise end a step of BURST_STEP_TOKENS after 2,048 tokens.
+                # first chunk would otherwise end a burst step after one prefill_chunk.
                 break
         if bursting:
             self._burst_left -= step_budget  # a whole step of the burst, even one that stopped short above
