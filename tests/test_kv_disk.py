@@ -258,3 +258,39 @@ def test_read_ahead_yields_each_block_in_order_and_skips_a_spoiled_one(tmp_path)
     assert next(early)[0]["block"] == "b0"
     early.close()  # a caller that stops early drops the reads in flight
     store.close()
+
+
+def _with_meta(buf: bytes, **meta) -> bytes:
+    """A block file's bytes with its metadata entries replaced (the data section unchanged)."""
+    import json
+    import struct
+    (n,) = struct.unpack("<Q", buf[:8])
+    header = json.loads(buf[8:8 + n])
+    header["__metadata__"].update(meta)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return struct.pack("<Q", len(head)) + head + buf[8 + n:]
+
+
+def test_block_checksums_by_format():
+    """New files carry a CRC-32 of their data (format 2, disk_files.FORMATS says why); a format-1
+    file, blake2b, written before, still reads; a flipped data byte fails either, and an unknown
+    format is never served."""
+    import hashlib
+    import zlib
+
+    plane = np.arange(2 * 4 * 8, dtype=np.float32).reshape(2, 4, 8)
+    buf = encode_block({"block": "b0"}, np.arange(4), {"l0.0": (mx.float32, plane.shape, plane.tobytes())})
+    meta, tokens, arrays = decode_block(buf)
+    data = buf[len(buf) - plane.nbytes - 16:]  # the data section: 4 int32 tokens, then the plane
+    assert meta["format"] == "graphc-kv-block/2" and meta["checksum"] == f"{zlib.crc32(data):08x}"
+    assert np.array_equal(np.array(arrays["l0.0"]), plane) and tokens.tolist() == [0, 1, 2, 3]
+    old = _with_meta(buf, format="graphc-kv-block/1", checksum=hashlib.blake2b(data, digest_size=20).hexdigest())
+    assert np.array_equal(np.array(decode_block(old)[2]["l0.0"]), plane)
+    for good in (buf, old):
+        bad = bytearray(good)
+        bad[-3] ^= 0x10
+        with pytest.raises(BadBlock, match="checksum"):
+            decode_block(bytes(bad))
+    with pytest.raises(BadBlock, match="format 'graphc-kv-block/9'"):
+        decode_block(_with_meta(buf, format="graphc-kv-block/9"))
