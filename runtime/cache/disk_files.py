@@ -26,8 +26,8 @@ Why CRC-32 for the data: the checksum guards against corruption and truncation (
 model and token ids are checked apart from it), and reading a hit back is the one place its cost
 shows. blake2b hashed 0.75 GiB/s on a core of the development machine, CRC-32 3.8 GiB/s; the
 disk probe (benchmarks/probes/disk_read.py, 2 GiB of 8B-shape blocks, cold page cache) read
-0.36 GiB/s one file after the other and 0.62 GiB/s read ahead with blake2b, 0.68 and 1.10 GiB/s
-with CRC-32. A random corruption passes a CRC-32 once in 2^32.
+0.36 GiB/s one file after the other and 0.62 GiB/s read ahead with blake2b, 0.58-0.68 and
+0.93-1.10 GiB/s with CRC-32 (three runs). A random corruption passes a CRC-32 once in 2^32.
 """
 
 from __future__ import annotations
