@@ -1,16 +1,18 @@
 """`graphc bench --kv-capacity`: KV bytes allocated per live token under a mixed-length mix.
 
-Both engines keep decode rows as contiguous left-padded `[B, H, T, D]` arrays: every row is as
-long as the longest (graphc's runtime/cache/full.py grows T by doubling from 64; mlx-lm's
-BatchKVCache in 256-column steps). One long request among short ones makes every row pay for
-its length. This runs the same mix (one `--kv-long`-token prompt and `--kv-short-n` prompts of
-`--kv-short` tokens) through graphc's Engine and mlx-lm's BatchGenerator, on the model given,
-until every row decodes, and reads the allocated bytes from each engine's own cache arrays;
-live bytes are the tokens the rows hold times the model's KV bytes per token.
+graphc's default graph and mlx-lm keep decode rows as contiguous left-padded `[B, H, T, D]`
+arrays: every row is as long as the longest (graphc's runtime/cache/full.py grows T in 256-column
+steps past 256, mlx-lm's BatchKVCache in 256-column steps). One long request among short ones
+makes every row pay for its length. graphc's `dense_paged` graph keeps rows in 16-token pages
+(runtime/cache/paged.py). This runs the same mix (one long prompt and n short ones) through
+graphc's Engine on both graphs and mlx-lm's BatchGenerator, on the model given, until every row
+decodes, and reads the allocated bytes from each engine's own caches; live bytes are the tokens
+the rows hold times the model's KV bytes per token. graphc's rows also time a few decode steps
+of the whole batch (what the paged layout's gather costs).
 
-From the measured layout (bytes per row-column, checked against the arrays) it then reports
-the most concurrent requests of the same mix (one long + n short) that fit `--kv-budget-gib`,
-for each engine and for an ideal layout holding only live tokens (paged or ragged).
+From the measured layout it then reports the most concurrent requests of the same mix (one
+long + n short) that fit a KV budget, for each engine and for an ideal layout holding only live
+tokens.
 
     graphc bench --kv-capacity --model tiny --dtype float32
 """
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import sys
+import time
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
@@ -49,16 +53,25 @@ def _per_token_bytes(caches) -> float:
     return out
 
 
-def graphc_mix(model, tokenizer, config, prompts, new_tokens: int) -> dict:
-    eng = C.make_engine(model, tokenizer, config, max_batch=len(prompts), prefix_cache=False)
+def graphc_mix(model, tokenizer, config, prompts, new_tokens: int, graph=None, steps: int = 8) -> dict:
+    eng = C.make_engine(model, tokenizer, config, graph=graph, max_batch=len(prompts), prefix_cache=False)
     ids = [eng.add_request(p, C.graphc_params(new_tokens)) for p in prompts]
     while eng.scheduler.waiting or len(eng.runner.rows) < len(prompts):
         eng.step()
     eng.step()
     caches = eng.runner.caches
+    paged = hasattr(caches[0], "pages")
     out = {"allocated": eng.runner.kv_bytes, "live_gauge": eng.runner.kv_live_bytes,
-           "rows": len(eng.runner.rows), "columns": _columns(caches), "per_token": _per_token_bytes(caches),
-           "tokens": sum(r.num_tokens for r in eng.runner.rows)}
+           "rows": len(eng.runner.rows), "columns": None if paged else _columns(caches),
+           "per_token": _per_token_bytes(caches) if not paged else sum(c.pool.bytes_per_slot for c in caches),
+           "tokens": sum(r.num_tokens for r in eng.runner.rows),
+           "page_tokens": caches[0].pool.page_tokens if paged else None}
+    times = []
+    for _ in range(min(steps, new_tokens - 3)):  # whole-batch decode steps (every row still running)
+        t0 = time.perf_counter()
+        eng.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    out["step_ms"] = statistics.median(times) if times else None
     for i in ids:
         eng.abort(i)
     del eng
@@ -85,11 +98,14 @@ def batchgen_mix(model, prompts, new_tokens: int) -> dict:
     return out
 
 
-def most_requests(budget: float, per_token: float, long: int, short: int, columns: int | None) -> int:
+def most_requests(budget: float, per_token: float, long: int, short: int, columns: int | None,
+                  page: int = 1) -> int:
     """Most requests (one long + n short) whose KV fits `budget` bytes: with a contiguous layout
-    every row is `columns` wide (as measured for this mix); columns=None: only live tokens."""
+    every row is `columns` wide (as measured for this mix); columns=None: each row its own tokens,
+    rounded up to a multiple of `page` (1: only live tokens)."""
     if columns is not None:
         return int(budget // (columns * per_token))
+    long, short = -(-long // page) * page, -(-short // page) * page
     if long * per_token > budget:
         return 0
     return 1 + int((budget - long * per_token) // (short * per_token))
@@ -111,6 +127,7 @@ def run_kv_capacity(model, tokenizer, config, *, long: int, short: int, n_short:
     prompts = [[rng.randrange(3, vocab) for _ in range(long)]] + \
               [[rng.randrange(3, vocab) for _ in range(short)] for _ in range(n_short)]
     g = graphc_mix(model, tokenizer, config, prompts, new_tokens)
+    pg = graphc_mix(model, tokenizer, config, prompts, new_tokens, graph="dense_paged")
     b = batchgen_mix(model, prompts, new_tokens)
     live = g["tokens"] * g["per_token"]
     budget = budget_gib * 2 ** 30
@@ -118,9 +135,11 @@ def run_kv_capacity(model, tokenizer, config, *, long: int, short: int, n_short:
     L, S = long + new_tokens, short + new_tokens
     res = {"mix": {"long": long, "short": short, "n_short": n_short, "new_tokens": new_tokens},
            "kv_bytes_per_token": g["per_token"], "live_bytes": live,
-           "graphc": {**g, "ratio": g["allocated"] / live}, "batchgen": {**b, "ratio": b["allocated"] / live},
+           "graphc": {**g, "ratio": g["allocated"] / live}, "graphc_paged": {**pg, "ratio": pg["allocated"] / live},
+           "batchgen": {**b, "ratio": b["allocated"] / live},
            "budget_gib": budget_gib, "budget_bytes_per_token": per,
            "fit": {"graphc": most_requests(budget, per, L, S, g["columns"]),
+                   "graphc_paged": most_requests(budget, per, L, S, None, pg["page_tokens"]),
                    "batchgen": most_requests(budget, per, L, S, b["columns"]),
                    "live_only": most_requests(budget, per, L, S, None)}}
     if log:
@@ -133,12 +152,15 @@ def kv_table(r: dict) -> str:
     out = [f"KV under a mix of 1 x {m['long']} + {m['n_short']} x {m['short']} prompt tokens "
            f"(+{m['new_tokens']} new): {r['kv_bytes_per_token']:.0f} B/token, live {r['live_bytes'] / 2**20:.2f} MiB",
            "| engine | allocated MiB | columns T | allocated / live | requests of this mix in "
-           f"{r['budget_gib']:g} GiB at {r['budget_bytes_per_token'] / 1024:g} KiB/token |", "|---|---|---|---|---|"]
-    for k, name in (("graphc", "graphc"), ("batchgen", "mlx-lm BatchGenerator")):
+           f"{r['budget_gib']:g} GiB at {r['budget_bytes_per_token'] / 1024:g} KiB/token | decode step ms |",
+           "|---|---|---|---|---|---|"]
+    for k, name in (("graphc", "graphc (dense: contiguous rows)"),
+                    ("graphc_paged", "graphc (dense_paged: 16-token pages)"), ("batchgen", "mlx-lm BatchGenerator")):
         e = r[k]
-        out.append(f"| {name} | {e['allocated'] / 2**20:.2f} | {e['columns']} | {e['ratio']:.2f}x | {r['fit'][k]} |")
-    out.append(f"| live tokens only (paged / ragged) | {r['live_bytes'] / 2**20:.2f} | - | 1.00x | "
-               f"{r['fit']['live_only']} |")
+        ms = f"{e['step_ms']:.1f}" if e.get("step_ms") is not None else "-"
+        out.append(f"| {name} | {e['allocated'] / 2**20:.2f} | {e['columns'] or '-'} | {e['ratio']:.2f}x | "
+                   f"{r['fit'][k]} | {ms} |")
+    out.append(f"| live tokens only | {r['live_bytes'] / 2**20:.2f} | - | 1.00x | {r['fit']['live_only']} | - |")
     return "\n".join(out)
 
 

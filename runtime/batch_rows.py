@@ -66,7 +66,8 @@ class BatchRows:
         if not live:
             self.clear()
             return
-        if not vacate or len(self.vacant) > MAX_VACANT_SHARE * len(self.rows):
+        cheap = any(getattr(c, "cheap_filter", False) for c in self.caches)  # paged rows: no copy to save
+        if not vacate or cheap or len(self.vacant) > MAX_VACANT_SHARE * len(self.rows):
             self._keep(live)
             return
         for c in self.caches:

@@ -26,6 +26,9 @@ def live_bytes(cache) -> int:
     parts = getattr(cache, "caches", None)
     if parts is not None and not hasattr(cache, "keys"):  # a list of caches (runtime/cache/cache_list.py)
         return sum(live_bytes(c) for c in parts)
+    own = getattr(cache, "live_bytes", None)
+    if own is not None:  # a cache that knows (runtime/cache/paged.py: its rows' tokens in pages)
+        return int(own())
     if getattr(cache, "keys", None) is None:
         return int(cache.nbytes)  # constant-size state (SSM) or nothing yet: all of it is live
     idx = cache.idx

@@ -74,3 +74,8 @@ def test_bench_kv_capacity_reads_both_engines_arrays():
         assert r[side]["columns"] >= 204 and r[side]["ratio"] > 2
     assert r["fit"]["live_only"] > r["fit"]["graphc"] > 0
     assert "live tokens only" in kv_table(r)
+    paged = r["graphc_paged"]  # graphs/dense_paged.yaml: rows hold their own tokens in 16-token pages
+    assert paged["rows"] == 4 and paged["columns"] is None and paged["live_gauge"] == int(r["live_bytes"])
+    pages = -(-(200 + 1) // 16) + 3 * -(-(10 + 1) // 16)  # each row's positions, rounded up to a page
+    assert paged["allocated"] == pages * 16 * paged["per_token"] and paged["ratio"] < 1.5
+    assert r["fit"]["graphc"] < r["fit"]["graphc_paged"] <= r["fit"]["live_only"]

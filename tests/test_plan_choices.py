@@ -21,8 +21,9 @@ DECODE_CHOICES = ["compile mode", "attention (eager steps)", "sampling", "host r
 COMPILED_CHOICES = ["decode layers", "attention (compiled steps)", "K/V write", "projections (compiled steps)",
                     "residual adds"]
 # Every shipped graph, on a model whose layers it serves.
-SHIPPED = {"dense": ("llama", {}), "dense_noprefix": ("llama", {}), "sliding": ("gemma3_text", {"sliding_window": 8}),
-           "hybrid": ("qwen3_next", {}), "embed": ("llama", {}), "score": ("llama", {})}
+SHIPPED = {"dense": ("llama", {}), "dense_noprefix": ("llama", {}), "dense_paged": ("llama", {}),
+           "sliding": ("gemma3_text", {"sliding_window": 8}), "hybrid": ("qwen3_next", {}), "embed": ("llama", {}),
+           "score": ("llama", {})}
 
 
 def _load(model_dir, arch, sizes):
