@@ -27,7 +27,7 @@ from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.compiled_decode import CompiledDecode
 from helpers import random_prompts
 
-GENERATION = ("dense", "dense_noprefix", "sliding", "hybrid")
+GENERATION = ("dense", "dense_noprefix", "dense_paged", "sliding", "hybrid")
 SHIPPED = sorted(p.stem for p in GRAPHS_DIR.glob("*.yaml"))
 
 
@@ -50,7 +50,7 @@ def test_every_shipped_graph_declares_its_decoder_layers():
 
 def test_the_shipped_graphs_differ_where_the_models_differ():
     decl = {name: _declaration(name) for name in GENERATION}
-    assert decl["dense"] == decl["dense_noprefix"] == (("attention", ("full_attention",), True),)
+    assert decl["dense"] == decl["dense_noprefix"] == decl["dense_paged"] == (("attention", ("full_attention",), True),)
     assert len({decl["dense"], decl["sliding"], decl["hybrid"]}) == 3
     sliding = {g: (kinds, req) for g, kinds, req in decl["sliding"]}
     assert sliding["windowed"] == (("sliding_attention",), True) and sliding["attention"][1] is False
@@ -83,7 +83,7 @@ def test_generation_graphs_carry_a_decode_section_and_the_others_none():
             assert decode == {}, name
     # Options that only compiled steps read are declared where compiled steps can run.
     assert "kv_write_kernel" in load_spec("dense").decode_options
-    for name in ("sliding", "hybrid"):
+    for name in ("sliding", "hybrid", "dense_paged"):
         assert "kv_write_kernel" not in load_spec(name).decode_options
 
 

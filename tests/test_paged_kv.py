@@ -160,3 +160,25 @@ def test_the_cache_alone_joins_trims_and_extracts():
     del one, a
     gc.collect()
     assert int((pool.refs[1:] > 0).sum()) == 0
+
+
+def test_the_plan_says_paged_rows_decode_eagerly_with_mlx_attention(mdir):
+    """Asked to compile, on a CUDA target whose attention kernel matched: the decode plan still says
+    eager and MLX's attention, and why (compiled steps and the kernel read contiguous rows)."""
+    import json
+    from pathlib import Path
+
+    import mlx_lm
+
+    from graphc.compiler.compile import compile_graph
+    from graphc.compiler.target import Requested, Target
+
+    model, _ = mlx_lm.load(str(mdir))
+    config = json.loads((Path(mdir) / "config.json").read_text())
+    cuda = Target(device="cuda", kernels=(("decode_attention", None, "grouped"), ("kv_write", None, "")))
+    plan = compile_graph(GRAPH, model, config, target=cuda, requested=Requested.of({"compile": True})).plan("decode")
+    mode, att = plan.choice("compile mode"), plan.choice("attention (eager steps)")
+    assert mode.choice == "eager" and "'paged' keeps its rows in pages" in mode.why
+    assert att.choice == "mlx sdpa" and "contiguous rows" in att.why
+    dense = compile_graph("dense", model, config, target=cuda, requested=Requested.of({"compile": True}))
+    assert dense.plan("decode").choice("compile mode").choice == "compiled"  # the same model, contiguous rows

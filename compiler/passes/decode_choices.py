@@ -65,9 +65,18 @@ def _untraceable_note(ctx: ChoiceContext) -> str | None:
     """Why no batch of this model could take a compiled step (runtime/compiled_decode.py _fixed), or None."""
     blocked = untraceable(ctx.binding.groups)
     if not blocked:
-        return None
+        paged = _rowless(ctx)  # a compiled step traces fixed-shape row buffers
+        return f"compiled steps take only plain contiguous KV rows and {paged}" if paged else None
     layers = "; ".join(f"{len(g.layers)} {g.name} layers ({', '.join(g.kinds_present)})" for g in blocked)
     return f"compiled steps take only layers on plain {', '.join(TRACEABLE_KINDS)} KV and this decoder has {layers}"
+
+
+def _rowless(ctx: ChoiceContext) -> str | None:
+    """Full-attention policies that keep something else than plain contiguous rows (the `paged`
+    policy's pages, runtime/cache/paged.py: it says `batch_prefill = False`), in words; None."""
+    names = sorted({p.name for p in getattr(ctx.binding, "policies", ())
+                    if "full_attention" in p.LAYER_KINDS and not getattr(p.new_cache(), "batch_prefill", True)})
+    return f"policy {', '.join(map(repr, names))} keeps its rows in pages" if names else None
 
 
 def choose_compile_mode(ctx: ChoiceContext) -> Choice:
@@ -185,6 +194,8 @@ def choose_eager_attention(ctx: ChoiceContext) -> Choice:
         why = "off (decode: {attention_kernel: false})"
     elif adapter is None:
         why = "off (the generic lowering runs the model's own forward)"
+    elif (paged := _rowless(ctx)) is not None:
+        why = f"off ({paged}: the kernel reads contiguous rows)"
     elif not (n := kernel_layers(adapter, ctx.target.kernel_head_dim_multiple)):
         why = (f"off (no layer fits: {type(adapter).__name__} needs an own block for it and the kernel a head dim "
                f"that is a multiple of {ctx.target.kernel_head_dim_multiple})")
