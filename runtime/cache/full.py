@@ -120,8 +120,8 @@ class FullKV(LayerCache):
         if not padded and window_size is None:
             if N == 1:
                 return None
-            return _causal(N, self.idx) if return_array else "causal"
-        mask = _causal(N, self.idx)
+            return causal(N, self.idx) if return_array else "causal"
+        mask = causal(N, self.idx)
         if window_size is not None:
             cols = mx.arange(self.idx + N)[None]
             rows = mx.arange(self.idx, self.idx + N)[:, None]
@@ -334,7 +334,8 @@ def to_mask_rank(mask, cache):
     return mask[:, None] if getattr(cache, "mask_rank", 4) == 5 else mask
 
 
-def _causal(N: int, offset: int):
+def causal(N: int, offset: int):
+    """Boolean [N, offset + N]: query i (at position offset + i) sees the columns up to its own."""
     cols = mx.arange(offset + N)
     rows = mx.arange(offset, offset + N)[:, None]
     return rows >= cols[None]

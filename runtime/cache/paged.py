@@ -33,7 +33,7 @@ from graphc.compiler.fused_block import llama_block, llama_not_own_block
 
 from .base import CachePolicy, LayerCache, PolicyParam
 from .device_ints import on_device
-from .full import to_mask_rank
+from .full import causal, to_mask_rank
 from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
 
@@ -245,7 +245,7 @@ class PagedKV(LayerCache):
         if self.batch == 1 and window_size is None:
             if N == 1:
                 return None
-            return _causal(N, self.lengths[0]) if return_array else "causal"
+            return causal(N, self.lengths[0]) if return_array else "causal"
         T = max(self.lengths) + N
         cols = mx.arange(T)[None, None]
         at = mx.array(self.lengths, dtype=mx.int32)[:, None, None] + mx.arange(N)[None, :, None]  # [B, N, 1]
@@ -355,12 +355,6 @@ def length_groups(lengths: list[int]) -> list[list[int]]:
         k = -(-len(order) // MAX_GROUPS)
         groups = [order[i:i + k] for i in range(0, len(order), k)]
     return [sorted(g) for g in groups]  # each group's rows in batch order (one group: the batch as is)
-
-
-def _causal(N: int, offset: int):
-    cols = mx.arange(offset + N)
-    rows = mx.arange(offset, offset + N)[:, None]
-    return rows >= cols[None]
 
 
 @register_policy("paged")
