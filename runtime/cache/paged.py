@@ -24,6 +24,7 @@ would write pads into pages).
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import mlx.core as mx
@@ -53,27 +54,33 @@ class PagePool:
         self.refs = np.zeros(1, np.int32)  # per page: how many rows hold it (page 0: never)
         self.free: list[int] = []
         self.grows = 0
+        # The page counts are changed on the engine's thread, and by a dropped cache's finalizer,
+        # which runs on whichever thread let the cache go (the garbage collector's, at times).
+        self._lock = threading.Lock()
 
     @property
     def pages(self) -> int:
         return len(self.refs)
 
     def alloc(self, n: int) -> list[int]:
-        if len(self.free) < n:
-            self._grow(n - len(self.free))
-        out = [self.free.pop() for _ in range(n)]
-        self.refs[out] = 1
-        return out
+        with self._lock:
+            if len(self.free) < n:
+                self._grow(n - len(self.free))
+            out = [self.free.pop() for _ in range(n)]
+            self.refs[out] = 1
+            return out
 
     def retain(self, pages) -> None:
-        np.add.at(self.refs, np.asarray(pages, np.int64), 1)
+        with self._lock:
+            np.add.at(self.refs, np.asarray(pages, np.int64), 1)
 
     def release(self, pages) -> None:
         if not len(pages):
             return
         idx = np.asarray(pages, np.int64)
-        np.subtract.at(self.refs, idx, 1)
-        self.free.extend(int(p) for p in np.unique(idx) if self.refs[p] == 0)
+        with self._lock:
+            np.subtract.at(self.refs, idx, 1)
+            self.free.extend(int(p) for p in np.unique(idx) if self.refs[p] == 0)
 
     def _grow(self, at_least: int) -> None:
         extra = max(at_least, MIN_GROWTH, int(self.pages * (GROWTH - 1)))
