@@ -65,7 +65,9 @@ def graphc_mix(model, tokenizer, config, prompts, new_tokens: int, graph=None, s
            "rows": len(eng.runner.rows), "columns": None if paged else _columns(caches),
            "per_token": _per_token_bytes(caches) if not paged else sum(c.pool.bytes_per_slot for c in caches),
            "tokens": sum(r.num_tokens for r in eng.runner.rows),
-           "page_tokens": caches[0].pool.page_tokens if paged else None}
+           "page_tokens": caches[0].pool.page_tokens if paged else None,
+           # the pools' arrays: they grow to the peak in quarter steps and keep it (free pages reused)
+           "pool_bytes": sum(c.pool.nbytes for c in caches) if paged else None}
     times = []
     for _ in range(min(steps, new_tokens - 3)):  # whole-batch decode steps (every row still running)
         t0 = time.perf_counter()
