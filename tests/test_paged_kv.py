@@ -43,6 +43,16 @@ def test_the_pool_hands_out_counts_and_takes_back_pages():
     assert len(set(big)) == len(big) and pool.grows == 2
 
 
+def test_a_growing_pool_overshoots_by_at_most_an_eighth():
+    # KV per live token is the pool's pages over the pages held: growth steps bound the slack
+    pool = PagePool(16)
+    held = []
+    for _ in range(1000):  # one page at a time, as decode rows fill theirs
+        held += pool.alloc(1)
+        assert pool.pages - 1 <= len(held) + max(64, (len(held) + 1) / 8 + 1), (len(held), pool.pages)
+    assert pool.grows < 30  # yet few copies of the pool
+
+
 def test_rows_of_similar_length_attend_together():
     assert length_groups([4384] + [288] * 15) == [list(range(1, 16)), [0]]
     assert length_groups([12, 4, 8]) == [[0, 1, 2]]  # one group: the batch in its own order

@@ -38,7 +38,7 @@ from .full import causal, to_mask_rank
 from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
 
-GROWTH = 1.25  # the pool grows by a quarter of its pages (at least MIN_GROWTH) when they run out
+GROWTH = 1.125  # the pool grows by an eighth of its pages (at least MIN_GROWTH) when they run out
 MIN_GROWTH = 64
 
 
