@@ -31,12 +31,13 @@ from .cache.full import FullKV
 from .kernels import decode_attention
 
 
-# Padded eager decode steps take the kernel up to this many rows. Measured on the H200
-# (benchmarks/probes/padded_decode.py, Llama-3.2-1B shape): MLX's masked attention over
-# the kernel 1.20x at 4 rows, 1.70x at 8, 1.15x at 16 and 1.00x at 32 — no gain above 16, where
-# the kernel's per-(row, head) reads of K and V (repeated for each query head of a KV group) catch
-# up with MLX's batched path.
-DECODE_MAX_BATCH = 16
+# Every eager decode step over left-padded rows takes the kernel, at any batch size: MLX's attention
+# with an array mask reads every row's padding on its slow path. On an H100 (MLX 0.32.4,
+# benchmarks/probes/ragged_decode.py, Llama-3.2-1B heads, one layer): 64 rows of the serving mix's
+# lengths (64-4096 tokens, 22% of 4,352 columns live) 2,109 us masked against 86 us in the kernel;
+# 64 rows of one length padded by 240 columns 679 against 71 us; 16 rows 415 against 27 us. At the
+# door (python -m graphc.benchmarks.step_timeline, 64 requests at once) a decode step of 64 rows
+# went from 42 to 5.2 ms (median).
 
 
 class _KernelKV:
@@ -94,13 +95,11 @@ class KernelViews:
         return [_KernelKV(c, self.blocks, start, ends) for c in caches]
 
     def for_decode(self, step, inputs) -> list:
-        """The caches a plain decode step runs on: views when its rows are left-padded, it has at
-        most DECODE_MAX_BATCH rows and it runs eagerly (a compiled step that takes the batch has
-        its own kernel path; rows that started together take MLX's fused one-query kernel, no
-        mask needed)."""
+        """The caches a plain decode step runs on: views when its rows are left-padded and it runs
+        eagerly (a compiled step that takes the batch has its own kernel path; rows that started
+        together take MLX's fused one-query kernel, no mask needed)."""
         caches = inputs.caches
-        if (not self.blocks or not caches or type(caches[0]) is not FullKV or not any(caches[0].left_pad)
-                or caches[0].batch > DECODE_MAX_BATCH):
+        if not self.blocks or not caches or type(caches[0]) is not FullKV or not any(caches[0].left_pad):
             return caches
         eligible = getattr(step, "eligible", None)  # runtime/compiled_decode.py
         if eligible is not None and eligible(inputs):

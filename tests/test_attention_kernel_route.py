@@ -133,15 +133,22 @@ def test_compiled_steps_keep_their_own_kernel_path(model_dir, kernel_on_cpu):
     assert all(type(v).__name__ == "_KernelKV" for v in views.for_decode(d, inputs))
 
 
-def test_padded_decode_views_stop_at_the_batch_limit(model_dir, kernel_on_cpu, monkeypatch):
-    from graphc.runtime import kernel_views
+def test_many_padded_rows_take_the_kernel(model_dir, kernel_on_cpu, monkeypatch):
+    """Every eager decode step over left-padded rows takes the kernel, whatever the batch size
+    (MLX's masked attention reads every row's padding)."""
+    rows, inner = [], da.ragged_attention  # the fixture's stand-in, wrapped to see each call's rows
 
-    monkeypatch.setattr(kernel_views, "DECODE_MAX_BATCH", 2)
-    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE), prefill_chunk=16)
-    mixed = random_prompts(3, eng.vocab_size, [5, 14, 9], seed=6)  # whole in one burst step: all three decode together
-    plain = SamplingParams(max_tokens=6, ignore_eos=True)
-    assert [r.token_ids for r in eng.generate(mixed, plain)] == [reference_greedy(eng.model, p, 6) for p in mixed]
-    assert kernel_on_cpu == []  # three padded rows, over the limit: MLX's attention
+    def counted(q, *args):
+        rows.append(q.shape[0])
+        return inner(q, *args)
+
+    monkeypatch.setattr(da, "ragged_attention", counted)
+    eng = Engine.load(model_dir("llama", **KERNEL_SHAPE), prefill_chunk=64, max_batch=24)
+    plain = SamplingParams(max_tokens=4, ignore_eos=True)
+    lengths = [4 + (i * 7) % 40 for i in range(20)]  # 20 rows, whole in one burst step: they decode together
+    mixed = random_prompts(20, eng.vocab_size, lengths, seed=6)
+    assert [r.token_ids for r in eng.generate(mixed, plain)] == [reference_greedy(eng.model, p, 4) for p in mixed]
+    assert set(kernel_on_cpu) == {1} and max(rows) == 20
 
 
 def test_the_decode_plan_says_when_the_kernel_runs(model_dir, kernel_on_cpu):

@@ -203,8 +203,8 @@ def choose_eager_attention(ctx: ChoiceContext) -> Choice:
         why = f"off ({w})"
     else:
         note = f"on ({n} of {len(adapter.layers)} layers, {ctx.target.note('decode_attention')})"
-        ctx.lines.append(("attention kernel", "eager verify forwards and eager decode steps over up to "
-                          "runtime/kernel_views.py DECODE_MAX_BATCH left-padded rows: attention in the ragged "
+        ctx.lines.append(("attention kernel", "eager verify forwards and eager decode steps over "
+                          "left-padded rows: attention in the ragged "
                           f"kernel, {note} (runtime/kernel_views.py)"))
         return Choice(name, "cuda decode kernel", ATTENTION,
                       f"{note}: verify forwards and left-padded decode steps, where MLX's attention has no fused "
