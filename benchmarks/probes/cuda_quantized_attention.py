@@ -12,10 +12,10 @@ against bf16 `mx.fast.scaled_dot_product_attention` on the same rows.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import mlx.core as mx
+
+from kernel_bench import timed  # benchmarks/probes/kernel_bench.py (run from this folder's path)
 
 
 def try_op(label, fn):
@@ -27,19 +27,6 @@ def try_op(label, fn):
     except Exception as e:  # the backend's "No implementation for problem shape" is a RuntimeError/ValueError
         print(f"FAIL  {label}: {str(e).splitlines()[0][:200]}", flush=True)
         return False
-
-
-def timed(fn, repeats):
-    for _ in range(3):
-        mx.eval(fn())
-    ts = []
-    for _ in range(repeats):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        mx.eval(fn())
-        mx.synchronize()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts), min(ts)
 
 
 def main() -> None:
@@ -79,10 +66,10 @@ def main() -> None:
                 w = mx.softmax(s.astype(mx.float32), axis=-1).astype(mx.bfloat16)
                 return mx.quantized_matmul(w, vw, vs, vb, transpose=False, group_size=a.group_size, bits=a.bits)
             qf = q.reshape(B, Hq, 1, D)
-            med_q, min_q = timed(quant, a.repeats)
-            med_b, min_b = timed(lambda: mx.fast.scaled_dot_product_attention(qf, k, v, scale=1.0), a.repeats)
-            print(f"decode attention, one layer: {a.bits}-bit codes {med_q:.3f} ms (min {min_q:.3f}), "
-                  f"bf16 sdpa {med_b:.3f} ms (min {min_b:.3f}), ratio {med_q / med_b:.2f}", flush=True)
+            us_q = timed(quant, a.repeats, per=1)
+            us_b = timed(lambda: mx.fast.scaled_dot_product_attention(qf, k, v, scale=1.0), a.repeats, per=1)
+            print(f"decode attention, one layer: {a.bits}-bit codes {us_q / 1e3:.3f} ms, bf16 sdpa {us_b / 1e3:.3f} ms "
+                  f"(medians), ratio {us_q / us_b:.2f}", flush=True)
 
 
 if __name__ == "__main__":
