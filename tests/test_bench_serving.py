@@ -108,3 +108,26 @@ def test_keep_servers_starts_each_server_once_over_the_repeats(model_dir, tmp_pa
     assert sorted(r["repeat"] for r in res["runs"]) == [0, 1]
     assert all(r["metrics"]["errors"] == 0 and r["metrics"]["exact_length"] == 4 for r in res["runs"])
     assert (tmp_path / "logs" / "graphc.log").read_text().count("$ ") == 1
+
+
+def test_a_broken_server_is_named_with_its_log_line(tmp_path):
+    """A run with errors looks in the server's log from where the run began: a CUDA out-of-memory
+    or a dead generation thread is printed next to the errors (with what to try), and a plain log
+    says nothing."""
+    from graphc.benchmarks.serving.run import FAILURE_HINTS
+    from graphc.benchmarks.serving.servers import SERVERS, Server
+
+    spec = next(s for s in SERVERS if s.name == "mlx_lm")
+    log = tmp_path / "mlx_lm.log"
+    log.write_text("INFO: an earlier run ran out of memory\n")  # before the run: not this run's failure
+    srv = Server(spec, str(tmp_path), 1, 4, log)
+    start = srv.log_size()
+    with open(log, "a") as f:
+        f.write('INFO: 127.0.0.1 - "POST /v1/completions HTTP/1.1" 200 OK\n')
+    assert srv.failure_since(start) is None
+    with open(log, "a") as f:
+        f.write("2026-12-05 22:44:00,350 - ERROR - mlx_lm.server generation thread died: "
+                "cudaMallocAsync(&data, size, stream) failed: out of memory\n")
+    why = srv.failure_since(start)
+    assert why is not None and "generation thread died" in why
+    assert "--prompt-concurrency" in FAILURE_HINTS["mlx_lm"]

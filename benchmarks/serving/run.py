@@ -164,7 +164,15 @@ def _started(cfg: ServingConfig, spec, startups: list, rep: int):
         startups.append({"server": spec.name, "repeat": rep, "startup_s": srv.startup_s})
         run_load(url, make_workload(cfg.model, 2, 8, 16, 4, 4, cfg.seed + 1), math.inf,
                  extra=spec.fixed_length_body(eos_token_ids(cfg.model)))
-        yield url
+        yield srv
+
+
+# What to try when a server ran out of device memory during a run.
+FAILURE_HINTS = {
+    "mlx_lm": "; mlx_lm.server prefills up to --prompt-concurrency prompts in one forward: "
+              "--mlx-args=--prompt-concurrency=8 (or a smaller --max-batch) fits more devices",
+    "graphc": "; see --kv-budget-tokens and --max-batch (docs/server.md)",
+}
 
 
 def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
@@ -200,15 +208,22 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
     else:
         blocks = [(spec, [rep]) for rep in range(cfg.repeats) for spec in (specs if rep % 2 == 0 else specs[::-1])]
     for spec, reps in blocks:
-        with _started(cfg, spec, startups, reps[0]) as url:
+        with _started(cfg, spec, startups, reps[0]) as srv:
+            url = srv.url
             for rep in reps:
                 for i, rate in enumerate(cfg.rates):
                     bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
                     before = scrape(url) if spec.name == "graphc" else None
+                    logged = srv.log_size()
                     results, dur = run_load(url, fresh[rep][i], rate, cfg.concurrency,
                                             spec.fixed_length_body(eos), cfg.seed + rep)
                     m = run_metrics(results, dur)
                     m.update(run_quantiles(before, scrape(url) if before else None))
+                    if m["errors"] and (why := srv.failure_since(logged)):
+                        m["server_failure"] = why
+                        bar.write(f"  warning: {spec.name} broke during this run ({srv.log_path}): {why[:300]}"
+                                  + (FAILURE_HINTS.get(spec.name, "") if "out of memory" in why.lower() else ""),
+                                  file=sys.stderr)
                     runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
                     bar.update(1)
                     if checkpoint:

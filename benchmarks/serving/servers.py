@@ -13,6 +13,7 @@ with SystemExit (the `with` blocks and the partial JSON still run).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,11 @@ from .http import httpx
 # mlx_lm.server has no ignore_eos: an additive logit bias this negative keeps its EOS ids from
 # ever being picked, so it too generates exactly max_tokens (one add on the logits per step).
 _EOS_BIAS = -1e4
+
+
+# Log lines that mean a server broke rather than refused one request: mlx_lm.server's generation
+# thread dies on a CUDA allocation failure and its HTTP side then fails every later request.
+_FATAL = re.compile(r"out of memory|thread died|Traceback \(most recent call last\)|Segmentation fault", re.I)
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,27 @@ class Server:
             time.sleep(0.5)
         raise RuntimeError(f"{self.spec.name} not ready after {self.ready_timeout:.0f} s; log {self.log_path}:\n"
                            f"{self._tail()}")
+
+    def log_size(self) -> int:
+        """Bytes in the server's log so far (where `failure_since` starts reading)."""
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def failure_since(self, offset: int) -> str | None:
+        """The first line of the log after `offset` that says the server broke (out of memory, a
+        dead generation thread, an exit), or None. A run's errors are the client's view; this is
+        the server's reason, for the bench to print next to them."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"{self.spec.name} exited with {self.proc.returncode}"
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        return next((line.strip() for line in text.splitlines() if _FATAL.search(line)), None)
 
     def _tail(self, n: int = 20) -> str:
         try:
