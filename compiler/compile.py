@@ -104,8 +104,13 @@ def _lossy_reference(binding: Binding, served, mtype: str, ref):
     try:
         return reference_run(served, mtype, make_caches=caches)
     except UnsupportedModel as e:
+        # MLX's CUDA quantized_matmul lacks kernels for most attention shapes (none at head dim 64):
+        # say what to do instead of leaving the user with the backend's shape message alone.
+        hint = ("; on CUDA, MLX's quantized_matmul has no kernel for this attention shape "
+                "(docs/cache-policies.md#quantized-kv): serve without --kv-bits"
+                if "No implementation for problem shape" in str(e) else "")
         raise UnsupportedModel(f"{name} (kv_bits): mlx-lm's own forward cannot run this model on its quantized "
-                               f"KV cache either, so there is nothing to check graphc against: {e}") from e
+                               f"KV cache either, so there is nothing to check graphc against: {e}{hint}") from e
 
 
 def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering: str = "auto",

@@ -230,6 +230,25 @@ def test_attention_sinks_are_refused_not_served_unquantized(model_dir):
         Engine.load(d, kv_bits=8)
 
 
+def test_a_backend_without_quantized_attention_says_what_to_do(llama, monkeypatch):
+    """Where MLX's quantized_matmul has no kernel for the attention (its CUDA backend at head dim
+    64), the load names kv_bits, keeps the backend's message and says to serve without it."""
+    from graphc.compiler import compile as compile_module
+
+    plain = compile_module.reference_run
+
+    def no_kernel(*a, **k):
+        if "make_caches" not in k:  # the bf16 reference runs as ever; the quantized one has no kernel
+            return plain(*a, **k)
+        raise UnsupportedModel("model type 'llama': mlx-lm's own forward with its own caches failed on a "
+                               "7-token prompt: RuntimeError: [quantized_matmul] No implementation for problem "
+                               "shape: 7x7x64x32, transpose: true")
+
+    monkeypatch.setattr(compile_module, "reference_run", no_kernel)
+    with pytest.raises(UnsupportedModel, match=r"kv_bits.*No implementation.*serve without --kv-bits"):
+        Engine.load(llama, kv_bits=8)
+
+
 def test_a_plugin_policy_is_not_replaced_silently(llama):
     from pathlib import Path
 
