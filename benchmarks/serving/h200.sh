@@ -3,6 +3,7 @@
 # random bf16 weights (no network there; graphc and mlx come from PYTHONPATH).
 #   OUT=/some/dir PYTHONPATH=/root/site bash benchmarks/serving/h200.sh 1b    # or 8b
 #   MAX_BATCH=32 ... 8b: mlx_lm.server runs out of GPU memory on the 8B shape at decode concurrency 64
+#   MLX_PC=N: mlx_lm.server's --prompt-concurrency (default: its own, or 8 on GPUs under 100 GB)
 # Sized to finish in ~500 s per invocation: REPEATS (default 3) on one start of each server, one
 # server after the other (--keep-servers; KEEP=0 restarts both every repeat, alternating), the mix (input 64-4096, output
 # 32-512 tokens), batch 64.
@@ -20,6 +21,13 @@ mkdir -p "$OUT"
 model=/tmp/serving-models/$shape  # not under $OUT: 2.5 / 16 GB of weights must not come back
 # config.json is written last, so its presence means a complete folder from an earlier call
 [ -f "$model/config.json" ] || { time "$PY" -m graphc.benchmarks.serving.make_shape "$shape" "$model"; }
+# mlx_lm.server prefills up to --prompt-concurrency prompts in one forward (its default: the decode
+# concurrency, here MAX_BATCH): at 64 prompts of up to 4096 tokens that ran out of memory on an
+# 80 GB H100 at the 1B shape. Under 100 GB of GPU memory it gets 8 unless MLX_PC says otherwise.
+gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 || true)
+if [ -z "${MLX_PC:-}" ] && [ -n "$gpu_mib" ] && [ "$gpu_mib" -lt 102400 ]; then MLX_PC=8; fi
+mlx_pc=${MLX_PC:+--mlx-args=--prompt-concurrency=$MLX_PC}
+[ -n "$mlx_pc" ] && echo "mlx_lm.server: --prompt-concurrency $MLX_PC (${gpu_mib:-?} MiB of GPU memory)"
 "$PY" -m graphc.cli bench --serving --model "$model" --requests "$requests" --rates "$rates" \
-  --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) ${BENCH_ARGS:-} --max-batch "${MAX_BATCH:-64}" --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
+  --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) $mlx_pc ${BENCH_ARGS:-} --max-batch "${MAX_BATCH:-64}" --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
   --json "$OUT/serving-$1.json" --plot "$OUT/serving-$1.png" --log-dir "$OUT/logs-$1" 2>&1 | tee "$OUT/serving-$1.txt"
