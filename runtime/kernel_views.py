@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from graphc.compiler.fused_block import llama_block, llama_not_own_block
+
 from .cache.full import FullKV
+from .cache.paged import PagedKV
 from .kernels import decode_attention
 
 
@@ -72,6 +75,27 @@ class _KernelKV:
         return decode_attention.ragged_attention(q, c.keys, c.values, self.start, end, scale)
 
 
+class _PagedKernelKV:
+    """One layer's PagedKV as one eager decode step sees it: the same cache, its llama blocks'
+    attention of one query per row in the ragged kernel (PagedKV.attend_new's `kernel`)."""
+
+    def __init__(self, inner: PagedKV, blocks: dict):
+        self.inner = inner
+        self._blocks = blocks
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run_layer(self, layer, h, mask):
+        # PagedKV.run_layer with this view as the cache its llama block attends through
+        if id(layer) not in self._blocks or llama_not_own_block(layer) is not None:
+            return self.inner.run_layer(layer, h, mask)
+        return llama_block(layer, None, h, self)
+
+    def attend_new(self, q, k, v, scale):
+        return self.inner.attend_new(q, k, v, scale, kernel=decode_attention.ragged_attention)
+
+
 class KernelViews:
     """`views(caches)`: the caches one eager forward runs on (kernel views, or the caches
     themselves where they cannot take them); `note`: on, or why not (the bench prints it)."""
@@ -99,6 +123,8 @@ class KernelViews:
         eagerly (a compiled step that takes the batch has its own kernel path; rows that started
         together take MLX's fused one-query kernel, no mask needed)."""
         caches = inputs.caches
+        if self.blocks and caches and all(type(c) is PagedKV for c in caches):
+            return [_PagedKernelKV(c, self.blocks) for c in caches]
         if not self.blocks or not caches or type(caches[0]) is not FullKV or not any(caches[0].left_pad):
             return caches
         eligible = getattr(step, "eligible", None)  # runtime/compiled_decode.py

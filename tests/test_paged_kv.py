@@ -172,9 +172,9 @@ def test_the_cache_alone_joins_trims_and_extracts():
     assert int((pool.refs[1:] > 0).sum()) == 0
 
 
-def test_the_plan_says_paged_rows_decode_eagerly_with_mlx_attention(mdir):
-    """Asked to compile, on a CUDA target whose attention kernel matched: the decode plan still says
-    eager and MLX's attention, and why (compiled steps and the kernel read contiguous rows)."""
+def test_the_plan_says_paged_rows_decode_eagerly_with_the_kernel_on_cuda(model_dir):
+    """Asked to compile, on a CUDA target whose attention kernel matched: the decode plan says
+    eager (compiled steps read contiguous rows) and the ragged kernel for paged decode steps."""
     import json
     from pathlib import Path
 
@@ -183,12 +183,38 @@ def test_the_plan_says_paged_rows_decode_eagerly_with_mlx_attention(mdir):
     from graphc.compiler.compile import compile_graph
     from graphc.compiler.target import Requested, Target
 
+    mdir = model_dir("llama", head_dim=32)  # the kernel takes head dims that are multiples of 32
     model, _ = mlx_lm.load(str(mdir))
     config = json.loads((Path(mdir) / "config.json").read_text())
     cuda = Target(device="cuda", kernels=(("decode_attention", None, "grouped"), ("kv_write", None, "")))
-    plan = compile_graph(GRAPH, model, config, target=cuda, requested=Requested.of({"compile": True})).plan("decode")
+    compiled = compile_graph(GRAPH, model, config, target=cuda, requested=Requested.of({"compile": True}))
+    plan = compiled.plan("decode")
     mode, att = plan.choice("compile mode"), plan.choice("attention (eager steps)")
     assert mode.choice == "eager" and "'paged' keeps its rows in pages" in mode.why
-    assert att.choice == "mlx sdpa" and "contiguous rows" in att.why
+    assert att.choice == "cuda decode kernel" and "paged rows" in att.why
+    assert "paged rows" in dict(plan.passes)["attention kernel"]
     dense = compile_graph("dense", model, config, target=cuda, requested=Requested.of({"compile": True}))
     assert dense.plan("decode").choice("compile mode").choice == "compiled"  # the same model, contiguous rows
+
+
+def test_paged_decode_steps_take_the_kernel_left_aligned(model_dir, monkeypatch):
+    """Where the plan chose the ragged kernel (here: its check passes and it runs as its reference
+    on the CPU), each length group of a paged decode step is gathered left-aligned and attended in
+    it, one query per row; greedy tokens stay mlx-lm's, prompts (several queries) keep MLX's path."""
+    from graphc.runtime.kernels import decode_attention as da
+
+    calls = []
+
+    def kernel(q, k, v, start, end, scale):
+        calls.append((q.shape[0], q.shape[2]))
+        return da.reference(q, k, v, start, end, scale)
+
+    monkeypatch.setattr(da, "check", lambda seed=0: None)
+    monkeypatch.setattr(da, "ragged_attention", kernel)
+    mdir = model_dir("llama", head_dim=32)
+    eng = Engine.load(mdir, graph=GRAPH, prefill_chunk=64, max_batch=8)
+    assert eng.runner.views.on
+    prompts = random_prompts(5, eng.vocab_size, [3, 70, 9, 40, 5], seed=2)  # two or more length groups
+    results = eng.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    assert_greedy_matches_mlx_lm(eng.model, prompts, results, 10)
+    assert calls and {L for _, L in calls} == {1} and max(b for b, _ in calls) < 5  # groups, not the batch

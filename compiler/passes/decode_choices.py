@@ -194,8 +194,6 @@ def choose_eager_attention(ctx: ChoiceContext) -> Choice:
         why = "off (decode: {attention_kernel: false})"
     elif adapter is None:
         why = "off (the generic lowering runs the model's own forward)"
-    elif (paged := _rowless(ctx)) is not None:
-        why = f"off ({paged}: the kernel reads contiguous rows)"
     elif not (n := kernel_layers(adapter, ctx.target.kernel_head_dim_multiple)):
         why = (f"off (no layer fits: {type(adapter).__name__} needs an own block for it and the kernel a head dim "
                f"that is a multiple of {ctx.target.kernel_head_dim_multiple})")
@@ -203,12 +201,17 @@ def choose_eager_attention(ctx: ChoiceContext) -> Choice:
         why = f"off ({w})"
     else:
         note = f"on ({n} of {len(adapter.layers)} layers, {ctx.target.note('decode_attention')})"
-        ctx.lines.append(("attention kernel", "eager verify forwards and eager decode steps over "
-                          "left-padded rows: attention in the ragged "
+        paged = _rowless(ctx)
+        rows = (f"decode steps over paged rows ({paged}: each group of similar length gathered "
+                "left-aligned)" if paged else
+                "eager verify forwards and eager decode steps over left-padded rows")
+        ctx.lines.append(("attention kernel", f"{rows}: attention in the ragged "
                           f"kernel, {note} (runtime/kernel_views.py)"))
-        return Choice(name, "cuda decode kernel", ATTENTION,
-                      f"{note}: verify forwards and left-padded decode steps, where MLX's attention has no fused "
-                      "kernel for L > 1 queries or an array mask; other eager steps: mlx sdpa")
+        where = ("decode steps over paged rows, where MLX's attention has no fused kernel for an array mask; "
+                 "prompt chunks and verify forwards: mlx sdpa" if paged else
+                 "verify forwards and left-padded decode steps, where MLX's attention has no fused "
+                 "kernel for L > 1 queries or an array mask; other eager steps: mlx sdpa")
+        return Choice(name, "cuda decode kernel", ATTENTION, f"{note}: {where}")
     return Choice(name, "mlx sdpa", ATTENTION, why)
 
 

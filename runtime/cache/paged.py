@@ -165,19 +165,28 @@ class PagedKV(LayerCache):
             return layer(h, mask, self)
         return llama_block(layer, None, h, self)
 
-    def attend_new(self, q, k, v, scale):
+    def attend_new(self, q, k, v, scale, kernel=None):
         """Write this step's keys / values [B, Hkv, L, D], then attend each group of rows of similar
         length over its own pages only (`length_groups`): gathering every row to the longest made
         one long row cost every short one its length (16 rows, one of 4,384 positions among
-        fifteen of 288: 16 x 4,384 columns gathered and attended where 8,700 hold tokens)."""
+        fifteen of 288: 16 x 4,384 columns gathered and attended where 8,700 hold tokens).
+
+        `kernel`: the ragged attention kernel (runtime/kernels/decode_attention.py), which a decode
+        step on CUDA passes in (runtime/kernel_views.py): for one query per row, each group is
+        gathered left-aligned and attended in the kernel, which reads each row's own columns; MLX's
+        attention with a mask over rows of different lengths takes its slow path on CUDA."""
         before = list(self.lengths)
         self._write(k, v)
         B, _, L, _ = q.shape
         groups = length_groups(self.lengths)
         outs = []
         for rows in groups:
-            keys, values, T = self._rows(rows)
             qg = q if len(groups) == 1 else q[on_device(rows)]
+            if kernel is not None and L == 1:
+                keys, values, start, T = self._rows_left(rows)
+                outs.append(kernel(qg, keys, values, start, mx.array([T], dtype=mx.int32), scale))
+                continue
+            keys, values, T = self._rows(rows)
             outs.append(mx.fast.scaled_dot_product_attention(qg, keys, values, scale=scale,
                                                              mask=self._group_mask(rows, before, L, T)))
         if len(groups) == 1:
@@ -243,6 +252,26 @@ class PagedKV(LayerCache):
             return mx.contiguous(pages.reshape(len(rows), n * P, *plane.shape[1:])[:, :T].transpose(0, 2, 1, 3))
 
         return gather(self.pool.keys), gather(self.pool.values), T
+
+    def _rows_left(self, rows: list[int]) -> tuple:
+        """Keys and values [len(rows), H, T, D] of these rows' positions aligned to the right end
+        (row r in columns T - length .. T - 1, the columns before it the zero page's first slot),
+        each row's first column (int32), and T: the ragged kernel's layout. Gathered position by
+        position on the device from the page table (a row's start is not a page boundary)."""
+        P, T = self.pool.page_tokens, max(self.lengths[r] for r in rows)
+        table = self._page_table()
+        if len(rows) != self.batch:
+            table = table[on_device(rows)]
+        start = mx.array([T - self.lengths[r] for r in rows], dtype=mx.int32)
+        pos = mx.arange(T)[None] - start[:, None]  # [rows, T]: the row's position of each column
+        seen = pos >= 0
+        pos = mx.maximum(pos, 0)
+        slots = mx.where(seen, mx.take_along_axis(table, pos // P, axis=1) * P + pos % P, 0)
+
+        def gather(plane):
+            return mx.contiguous(plane[slots].transpose(0, 2, 1, 3))  # [rows, T, H, D] -> [rows, H, T, D]
+
+        return gather(self.pool.keys), gather(self.pool.values), start, T
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
         """Before this step's write of N positions per row: None / "causal" for one row (its keys are
