@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.cache.paged import PagedKV, PagePool, length_groups
+from graphc.runtime.cache.page_pool import PagePool
+from graphc.runtime.cache.paged import PagedKV, length_groups
 from graphc.runtime.request import Status
 from helpers import assert_chained_equals_unchained, assert_greedy_matches_mlx_lm, random_prompts
 

@@ -10,9 +10,9 @@ join move page lists, never KV.
 The price is in attention: MLX's takes keys and values as `[B, H, T, D]` arrays, so every layer of
 every step gathers the rows' pages into one (as wide as the longest row, right-padded with the
 pool's zero page, masked). That array lives for the layer's attention only; what the batch keeps
-is the pages. On CUDA the eager step runs MLX's attention on the gathered rows (the ragged
-attention kernel reads contiguous rows; reading pages is not built), and compiled decode takes
-only `full` / `pool_backed` caches, so this policy is the memory-first layout, opt-in
+is the pages. On CUDA a decode step gathers each group of similar length left-aligned and attends in the ragged
+attention kernel (runtime/kernel_views.py); no kernel reads pages in place, and compiled decode
+takes only `full` / `pool_backed` caches, so this policy is the memory-first layout, opt-in
 (`graphs/dense_paged.yaml`), measured in docs/cache-policies.md.
 
 Pages are reference-counted: `extract` (a row leaving as a batch of one) shares its pages, a cache
@@ -24,7 +24,6 @@ would write pads into pages).
 
 from __future__ import annotations
 
-import threading
 import weakref
 
 import mlx.core as mx
@@ -35,86 +34,9 @@ from graphc.compiler.fused_block import llama_block, llama_not_own_block
 from .base import CachePolicy, LayerCache, PolicyParam
 from .device_ints import on_device
 from .full import causal, to_mask_rank
+from .page_pool import PagePool, release_rows
 from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
-
-GROWTH = 1.125  # the pool grows by an eighth of its pages (at least MIN_GROWTH) when they run out
-MIN_GROWTH = 64
-
-
-class PagePool:
-    """One layer's pages: `keys` [pages * page_tokens, H, D] and `values` likewise (a position's
-    slot is page * page_tokens + its offset in the page). Page 0 is never handed out: its zeros
-    are what the gather reads past a row's end. Arrays are made at the first write (which shows
-    the heads, dims and dtype) and grow by copying."""
-
-    def __init__(self, page_tokens: int):
-        self.page_tokens = page_tokens
-        self.keys = self.values = None
-        self.refs = np.zeros(1, np.int32)  # per page: how many rows hold it (page 0: never)
-        self.free: list[int] = []
-        self.grows = 0
-        # The page counts are changed on the engine's thread, and by a dropped cache's finalizer,
-        # which runs on whichever thread let the cache go (the garbage collector's, at times).
-        self._lock = threading.Lock()
-
-    @property
-    def pages(self) -> int:
-        return len(self.refs)
-
-    def alloc(self, n: int) -> list[int]:
-        with self._lock:
-            if len(self.free) < n:
-                self._grow(n - len(self.free))
-            out = [self.free.pop() for _ in range(n)]
-            self.refs[out] = 1
-            return out
-
-    def retain(self, pages) -> None:
-        with self._lock:
-            np.add.at(self.refs, np.asarray(pages, np.int64), 1)
-
-    def release(self, pages) -> None:
-        if not len(pages):
-            return
-        idx = np.asarray(pages, np.int64)
-        with self._lock:
-            np.subtract.at(self.refs, idx, 1)
-            self.free.extend(int(p) for p in np.unique(idx) if self.refs[p] == 0)
-
-    def _grow(self, at_least: int) -> None:
-        extra = max(at_least, MIN_GROWTH, int(self.pages * (GROWTH - 1)))
-        old = self.pages
-        self.refs = np.concatenate([self.refs, np.zeros(extra, np.int32)])
-        self.free.extend(range(self.pages - 1, old - 1, -1))  # lowest first out of pop()
-        if self.keys is not None:
-            pad = [(0, extra * self.page_tokens), (0, 0), (0, 0)]
-            self.keys, self.values = mx.pad(self.keys, pad), mx.pad(self.values, pad)
-        self.grows += 1
-
-    def write(self, slots: mx.array, keys: mx.array, values: mx.array) -> None:
-        """Scatter `keys` / `values` [n, H, D] into `slots` [n]."""
-        if self.keys is None:
-            n = self.pages * self.page_tokens
-            self.keys = mx.zeros((n,) + keys.shape[1:], keys.dtype)
-            self.values = mx.zeros((n,) + values.shape[1:], values.dtype)
-        self.keys[slots] = keys.astype(self.keys.dtype)
-        self.values[slots] = values.astype(self.values.dtype)
-
-    @property
-    def bytes_per_slot(self) -> int:
-        if self.keys is None:
-            return 0
-        return (self.keys.nbytes + self.values.nbytes) // self.keys.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
-
-
-def _release(pool: PagePool, rows: list) -> None:
-    pool.release([p for row in rows for p in row])
-
 
 class PagedKV(LayerCache):
     """A batch's rows of one layer: `pages[r]` the pool pages of row r, `lengths[r]` its tokens."""
@@ -130,7 +52,7 @@ class PagedKV(LayerCache):
         self._offsets = None
         # The pages go back to the pool when this cache is dropped (a request forgotten, a batch
         # reset after a fault); self.pages is only ever changed in place, so the finalizer sees it.
-        weakref.finalize(self, _release, pool, self.pages)
+        weakref.finalize(self, release_rows, pool, self.pages)
 
     # -- what the model sees -------------------------------------------------
     @property
