@@ -45,6 +45,16 @@ def test_the_measured_lanes_are_the_plans_choice(model_dir):
     assert ranked.choice("prefill lanes").choice == "1" and "distributed" in ranked.choice("prefill lanes").why
 
 
+def test_lanes_asked_where_prompts_prefill_one_at_a_time_stay_one_in_plan_and_runner(model_dir):
+    """A graph whose layers keep other state than plain rows (here a hybrid model's recurrent
+    layers) prefills prompts one at a time: asked for 2 lanes, the plan says 1 and why, and the
+    runner runs what the plan says."""
+    asked = _plan(model_dir, arch="qwen3_next", prefill_lanes=2).choice("prefill lanes")
+    assert asked.choice == "1" and "one at a time" in asked.why
+    eng = Engine.load(model_dir("qwen3_next"), prefill_lanes=2)
+    assert eng.compiled.prefill.plan.choice("prefill lanes").choice == "1" == str(eng.runner.batched.lanes)
+
+
 def test_the_probe_decides_by_the_measured_ratio():
     assert lanes_for(0.080, 0.042, cores=2).count == 2  # the reference BLAS: two streams, half the time
     threaded = lanes_for(0.004, 0.0039, cores=8)  # a threaded BLAS: the pair takes as long either way

@@ -135,11 +135,12 @@ def choose_lanes(binding, target, requested) -> Choice:
     if target.ranks > 1:  # refused even where asked: a hang, not a slowdown
         return Choice(name, "1", alternatives, f"rank of a distributed launch of {target.ranks}: every rank issues "
                       "its forwards' collectives in one order, which two lanes would interleave differently per rank")
-    if asked != "auto":
-        return Choice(name, str(asked), alternatives, f"the engine asks prefill_lanes={asked}")
     if not batch_prefill_ok(binding.policies):
+        # before what the engine asks: the runtime could not run it (runtime/batched_prefill.py `possible`)
         return Choice(name, "1", alternatives, "prompts are prefilled one at a time here (a layer keeps state other "
                       "than plain FullKV rows): no batched forwards to run side by side")
+    if asked != "auto":
+        return Choice(name, str(asked), alternatives, f"the engine asks prefill_lanes={asked}")
     if target.device != "cpu":
         why = (UNPROBED if target.device == "unprobed" else
                f"device is {target.device}: one forward's kernels take the device")

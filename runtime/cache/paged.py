@@ -106,7 +106,7 @@ class PagedKV(LayerCache):
             qg = q if len(groups) == 1 else q[on_device(rows)]
             if kernel is not None and L == 1:
                 keys, values, start, T = self._rows_left(rows)
-                outs.append(kernel(qg, keys, values, start, mx.array([T], dtype=mx.int32), scale))
+                outs.append(kernel(qg, keys, values, start, on_device([T]), scale))
                 continue
             keys, values, T = self._rows(rows)
             outs.append(mx.fast.scaled_dot_product_attention(qg, keys, values, scale=scale,
@@ -184,7 +184,8 @@ class PagedKV(LayerCache):
         table = self._page_table()
         if len(rows) != self.batch:
             table = table[on_device(rows)]
-        start = mx.array([T - self.lengths[r] for r in rows], dtype=mx.int32)
+        # by value: every layer's cache of the step has the same lengths, so its layers share one array
+        start = on_device([T - self.lengths[r] for r in rows])
         pos = mx.arange(T)[None] - start[:, None]  # [rows, T]: the row's position of each column
         seen = pos >= 0
         pos = mx.maximum(pos, 0)
