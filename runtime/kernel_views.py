@@ -105,12 +105,24 @@ class KernelViews:
         # says whether the kernel serves and why; the blocks are the layers it fits.
         choice = step.plan.choice("attention (eager steps)")
         self.note = choice.why
-        self.blocks = (decode_attention.kernel_blocks(step.binding.adapter)
-                       if choice.choice == "cuda decode kernel" else {})
+        adapter = step.binding.adapter
+        self.blocks = decode_attention.kernel_blocks(adapter) if choice.choice == "cuda decode kernel" else {}
+        self.layer_modules = [lay for lay in (adapter.layers if adapter is not None else ()) if id(lay) in self.blocks]
 
     @property
     def on(self) -> bool:
         return bool(self.blocks)
+
+    def warm(self, max_batch: int) -> int:
+        """Each kernel build a decode step of 1..max_batch rows may take, launched once (Engine.warm_up,
+        runtime/warmup.py; DecodeAttention.warm says why); how many. Heads and dtype are each layer's
+        (the dtype its output projection computes in: a quantized one's scales)."""
+        shapes = set()
+        for layer in self.layer_modules:
+            a = layer.self_attn
+            dtype = getattr(a.o_proj, "scales", a.o_proj.weight).dtype
+            shapes.add((a.n_heads, a.n_kv_heads, a.head_dim, dtype))
+        return sum(decode_attention.KERNEL.warm(hq, hkv, d, dt, max_batch) for hq, hkv, d, dt in shapes)
 
     def __call__(self, caches: list) -> list:
         if not self.blocks or not caches or not all(type(c) is FullKV and c.keys is not None for c in caches):

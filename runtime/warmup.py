@@ -12,7 +12,9 @@ defaults (so a server default of speculative decoding is warmed too). Then the s
 meets next (`serving_shapes`): four prompts admitted together (one batched prefill forward, a
 decode batch of 4), and while they decode a prompt of one step budget plus 32 tokens, which
 prefills in two chunks (a full one without the LM head, a last one at an offset) and joins the
-decoding batch (an extend of its caches, batch 5): on a GPU only, where first shapes cost
+decoding batch (an extend of its caches, batch 5); each build of graphc's decode attention kernel
+that a batch of up to max-batch rows picks (a batch past 8 and past 16 rows switches build, each
+loaded on its first launch in a process, `decode_kernel_builds`): on a GPU only, where first shapes cost
 (kernel JIT, cuDNN attention graphs per shape), and every aligned prompt-chunk attention shape up
 to 4096 tokens of context within 20 s (runtime/warmup_plans.py). On the CPU eager ops build nothing on first use:
 there it measured no faster first traffic (8 requests at 8 req/s after a fresh start, three
@@ -33,6 +35,7 @@ answer. Under a KV budget too small for 16 + 8 tokens it is shorter, so it is ne
 
 from __future__ import annotations
 
+import logging
 import random
 import tempfile
 import time
@@ -42,6 +45,8 @@ import mlx.core as mx
 from graphc.runtime.params import SamplingParams
 
 from .warmup_plans import attention_plans
+
+log = logging.getLogger("graphc.server")
 
 PROMPT_TOKENS = 16
 NEW_TOKENS = 8
@@ -90,6 +95,7 @@ def _warm_up(engine, shapes: bool | None, agent: bool | None) -> float:
     gpu = mx.default_device().type == mx.DeviceType.gpu
     if shapes or (shapes is None and gpu):
         serving_shapes(engine, rng, vocab)
+        decode_kernel_builds(engine)
         attention_plans(engine)  # on a GPU: the prompt chunks' attention shapes (warmup_plans.py)
     if engine.disk_tier is not None and (agent or (agent is None and (shapes or (shapes is None and gpu)))):
         agent_turn(engine, rng, vocab)
@@ -121,6 +127,19 @@ def serving_shapes(engine, rng: random.Random, vocab: int) -> bool:
         raise RuntimeError(f"the warm-up's serving shapes failed: {type(e).__name__}: {e} "
                            "(--no-warmup starts the server without it)") from e
     return True
+
+
+def decode_kernel_builds(engine) -> int:
+    """Where eager decode steps over left-padded rows take graphc's attention kernel: each of its
+    builds (kernel and template arguments) a batch of 1..max_batch rows picks, launched once, so no
+    client's step is the first of its build in this process (runtime/kernels/decode_attention.py
+    `DecodeAttention.warm`); how many."""
+    views = engine.runner.views
+    if views is None or not views.on:
+        return 0
+    n = views.warm(engine.scheduler.max_batch)
+    log.info("warm-up: %d decode attention kernel builds", n)
+    return n
 
 
 def agent_turn(engine, rng: random.Random, vocab: int) -> bool:

@@ -1,5 +1,7 @@
 """Dropping rows from a batch's KV: a gather by row index against a copy per run of kept rows
-(runtime/cache/full.py FullKV.filter), on one layer-set of batch KV of a serving shape.
+(runtime/cache/full.py FullKV.filter), on one layer-set of batch KV of a serving shape. "gather64"
+gathers each row as 8-byte words (the plane viewed as uint64 rows): the same bytes in a quarter of
+the gather's elements. Leaves 1, 3 and a quarter of the rows (every fourth: the most runs).
 
     python benchmarks/probes/row_filter.py --rows 64 --heads 8 --cols 4608 --dim 64 --layers 16
 """
@@ -27,10 +29,12 @@ def main() -> None:
     planes = [mx.zeros((a.rows, a.heads, a.cols, a.dim), dtype=mx.bfloat16) + i for i in range(2 * a.layers)]
     mx.eval(planes)
     gib = sum(x.nbytes for x in planes) / 2**30
-    for leave in ([a.rows // 2], [3, a.rows // 2, a.rows - 2]):
+    for leave in ([a.rows // 2], [3, a.rows // 2, a.rows - 2], list(range(1, a.rows, 4))):
         keep = [r for r in range(a.rows) if r not in leave]
         runs, idx = row_runs(keep), mx.array(keep, dtype=mx.int32)
         ways = {"gather": lambda x: x[idx],
+                "gather64": lambda x: mx.view(mx.view(x, mx.uint64).reshape(a.rows, -1)[idx], x.dtype).reshape(
+                    len(keep), *x.shape[1:]),
                 "runs": lambda x: mx.concatenate([x[s:e] for s, e in runs], axis=0)}
         for name, f in ways.items():
             ts = []

@@ -179,6 +179,35 @@ class DecodeAttention(KernelOp):
                           (B * Hkv * L * warps * 32, 1, 1), (warps * 32, 1, 1))
         return Launch(kernel, (("T", dtype), ("D", D)), (B * Hq * L * 128, 1, 1), (128, 1, 1))
 
+    # -- its builds ----------------------------------------------------------------------
+    def builds_for(self, Hq: int, Hkv: int, D: int, dtype, max_batch: int, L: int = 1,
+                   writing: bool = False) -> list[tuple[int, str]]:
+        """(batch size, kind): one batch size for each distinct kernel build (kernel and template
+        arguments) that steps of 1..max_batch rows of L queries take at these heads."""
+        seen, out = set(), []
+        for B in range(1, max_batch + 1):
+            kind = self.pick(B, Hq, Hkv, L, D, dtype.size)
+            run = self.launch(B, Hq, Hkv, L, D, dtype, kind, None, writing)
+            key = (id(run.kernel), run.template)
+            if key not in seen:
+                seen.add(key)
+                out.append((B, kind))
+        return out
+
+    def warm(self, Hq: int, Hkv: int, D: int, dtype, max_batch: int, L: int = 1) -> int:
+        """Launch each build of `builds_for` once on a few zero columns; how many. Why: MLX loads a
+        CUDA kernel's module on its first launch of each template in a process (from the PTX on
+        disk, or compiled), which otherwise lands on the first client step of that batch size:
+        a batch growing past 8 and past 16 rows (at 8 KV heads) switches kernel build."""
+        builds = self.builds_for(Hq, Hkv, D, dtype, max_batch, L)
+        for B, kind in builds:
+            C = L + 1
+            q = mx.zeros((B, Hq, L, D), dtype=dtype)
+            kv = mx.zeros((B, Hkv, C, D), dtype=dtype)
+            mx.eval(self.attend(q, kv, kv, mx.zeros((B,), dtype=mx.int32), mx.array([C], dtype=mx.int32),
+                                D ** -0.5, kind=kind))
+        return len(builds)
+
     # -- its checks ----------------------------------------------------------------------
     def grouped_note(self) -> str:
         """Which kernel serves grouped heads, or why the per-head kernel serves every shape (after
