@@ -16,6 +16,7 @@ KERNELS = {
     "decode_attention": "ragged decode-attention kernel (L causal queries per row, left-padded rows)",
     "kv_write": "the attention kernel writing the step's K/V columns in place",
     "skinny_matmul": "the 2..64-row matmul kernel",
+    "quantized_attention": "ragged attention over quantized KV codes (kv_bits on CUDA)",
     "top_ranks": "a sampled step's candidate stage (first K ranks, 1/T, noise)",
 }
 

@@ -20,7 +20,7 @@ from graphc.compiler.target import Requested, Target
 from . import compiled_decode_kv, kernels
 from .cpu_lanes import cpu_lanes
 from .config import EngineConfig
-from .kernels import decode_attention, gumbel_choose, skinny_matmul, top_ranks, verdicts
+from .kernels import decode_attention, gumbel_choose, quantized_attention, skinny_matmul, top_ranks, verdicts
 from .speculative import speculator
 
 log = logging.getLogger("graphc.load")
@@ -42,6 +42,7 @@ def probe_target() -> Target:
     facts.append(("kv_write", decode_attention.write_check() if why is None else
                    f"the attention kernel is off ({why})", ""))
     facts.append(("skinny_matmul", skinny_matmul.check(), ""))
+    facts.append(("quantized_attention", quantized_attention.check(), ""))
     tr = top_ranks.check()
     facts.append(("top_ranks", tr, top_ranks.note()))
     facts.append(("gumbel_choose", None if tr is None else tr, gumbel_choose.note() if tr is None else ""))

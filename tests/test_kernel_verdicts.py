@@ -9,12 +9,13 @@ import json
 import pytest
 
 from graphc.runtime import kernels, target
-from graphc.runtime.kernels import decode_attention, registry, skinny_matmul, top_ranks, verdicts
+from graphc.runtime.kernels import decode_attention, quantized_attention, registry, skinny_matmul, top_ranks, verdicts
 
 FOUND = {
     "decode_attention": {"check": {"0": None}, "write_check": {"0": "writing vec kernel differs"},
                          "kinds": {"grouped": [True, ""], "vec": [False, "vec kernel differs by 0.5"]}},
     "gumbel_choose": {},
+    "quantized_attention": {"check": {"0": "quantized attention differs by 0.3"}},
     "skinny_matmul": {"check": {"0": "kernel differs from MLX's matmul by 3"}},
     "top_ranks": {"check": {"0": None}, "chosen": {"variant": "sort", "select": "too many resources"}},
 }
@@ -27,13 +28,14 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setenv("GRAPHC_SELFCHECK", "cached")
     att = decode_attention.KERNEL
     saved = (dict(att._check.answers), dict(att._write_check.answers), dict(att.verdicts),
-             dict(skinny_matmul.check.answers), dict(top_ranks.check.answers), dict(top_ranks._chosen))
-    checks = (att._check, att._write_check, skinny_matmul.check, top_ranks.check)
+             dict(skinny_matmul.check.answers), dict(top_ranks.check.answers), dict(top_ranks._chosen),
+             dict(quantized_attention.KERNEL._check.answers))
+    checks = (att._check, att._write_check, skinny_matmul.check, top_ranks.check, quantized_attention.KERNEL._check)
     for c in checks:
         c.answers.clear()
     monkeypatch.setattr(target, "_checked_here", False)
     yield tmp_path
-    for c, answers in zip(checks, (saved[0], saved[1], saved[3], saved[4])):
+    for c, answers in zip(checks, (saved[0], saved[1], saved[3], saved[4], saved[6])):
         c.answers.clear()
         c.answers.update(answers)
     att.verdicts.clear()
@@ -52,7 +54,7 @@ def test_stored_verdicts_come_back_in_a_new_process(fresh):
     verdicts.store()
     assert [p.name for p in (fresh / "kernels").iterdir()] == [verdicts.record_path().name]
     for c in (decode_attention.KERNEL._check, decode_attention.KERNEL._write_check, skinny_matmul.check,
-              top_ranks.check):
+              top_ranks.check, quantized_attention.KERNEL._check):
         c.answers.clear()  # as a restarted process starts
     top_ranks._chosen.update({"variant": "select", "select": None})
     assert verdicts.restore()

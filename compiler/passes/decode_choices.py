@@ -66,9 +66,19 @@ def _untraceable_note(ctx: ChoiceContext) -> str | None:
     blocked = untraceable(ctx.binding.groups)
     if not blocked:
         paged = _rowless(ctx)  # a compiled step traces fixed-shape row buffers
-        return f"compiled steps take only plain contiguous KV rows and {paged}" if paged else None
+        if paged:
+            return f"compiled steps take only plain contiguous KV rows and {paged}"
+        if _quantized(ctx) and ctx.target.device == "cuda":  # its trace attends by mx.quantized_matmul
+            return ("compiled steps attend over quantized KV by MLX's quantized_matmul, which has no CUDA kernel "
+                    "for most attention shapes; eager steps take graphc's quantized attention kernel")
+        return None
     layers = "; ".join(f"{len(g.layers)} {g.name} layers ({', '.join(g.kinds_present)})" for g in blocked)
     return f"compiled steps take only layers on plain {', '.join(TRACEABLE_KINDS)} KV and this decoder has {layers}"
+
+
+def _quantized(ctx: ChoiceContext) -> list:
+    """The binding's `quantized` policies (runtime/cache/quantized.py: kv_bits)."""
+    return [p for p in getattr(ctx.binding, "policies", ()) if p.name == "quantized"]
 
 
 def _rowless(ctx: ChoiceContext) -> str | None:
@@ -190,6 +200,12 @@ def choose_residual(ctx: ChoiceContext) -> Choice | None:
 def choose_eager_attention(ctx: ChoiceContext) -> Choice:
     """Eager verify forwards and eager decode steps over left-padded rows (runtime/kernel_views.py)."""
     name, adapter = "attention (eager steps)", ctx.adapter
+    if _quantized(ctx) and ctx.target.device == "cuda":
+        w = ctx.target.why_not("quantized_attention")
+        ctx.lines.append(("quantized KV attention", "llama blocks: decode and verify steps in graphc's quantized "
+                          "attention kernel over the codes, prompt chunks dequantized into mlx sdpa; other layers: "
+                          "mlx-lm's quantized SDPA (runtime/cache/quantized.py)" if w is None else
+                          f"mlx-lm's quantized SDPA (graphc's kernel off: {w})"))
     if not ctx.options["attention_kernel"]:
         why = "off (decode: {attention_kernel: false})"
     elif adapter is None:

@@ -29,9 +29,13 @@ measured, not assumed (tests/test_kv_quantized.py, docs/cache-policies.md).
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import QuantizedKVCache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from graphc.compiler.fused_block import llama_block, llama_not_own_block
+
+from ..kernels import quantized_attention
 from .base import CachePolicy, PolicyParam
+from .device_ints import on_device
 from .full import FullKV
 from .prefix_state import PrefixKind, PrefixState
 from .registry import register_policy
@@ -79,6 +83,61 @@ class QuantizedKV(FullKV):
     @property
     def state(self):
         return self.keys_and_values()
+
+    # -- attention on CUDA: graphc's kernel, not mlx-lm's quantized SDPA -------------------
+    # MLX's CUDA quantized_matmul, which mlx-lm's quantized SDPA runs on, lacks kernels for most
+    # attention shapes (none at head dim 64). Where graphc's quantized attention kernel matched its
+    # reference here (runtime/kernels/quantized_attention.py), llama-family layers run as graphc's
+    # own block and attend through `attend_new` below; other layers keep mlx-lm's path.
+    def run_layer(self, layer, h, mask):
+        if not kernel_route() or llama_not_own_block(layer) is not None:
+            return layer(h, mask, self)
+        self._mask = mask  # the prompt chunks' attention (below) takes the forward's own mask
+        try:
+            return llama_block(layer, None, h, self)
+        finally:
+            self._mask = None
+
+    def attend_new(self, q, k, v, scale):
+        """Write the new keys / values as codes, then attend: up to KERNEL_QUERIES queries a row
+        (decode and verify steps) in the kernel over the codes of the whole buffer (each row from
+        its first valid column); prompt chunks over the dequantized written columns in MLX's
+        attention (one dequantize per chunk and layer, MLX's fused kernels for the many queries)."""
+        keys, values = self.update_and_fetch(k, v)
+        if q.shape[2] <= KERNEL_QUERIES:
+            planes = tuple(getattr(self, p) for p in ("keys", "k_scales", "k_biases", "values", "v_scales", "v_biases"))
+            return quantized_attention.quantized_attention(q, planes, self.left_pad_array(), on_device([self.idx]),
+                                                           scale, self.group_size, self.bits)
+        kd, vd = quantized_attention.dequantized((*keys, *values), self.group_size, self.bits)
+        return mx.fast.scaled_dot_product_attention(q, kd, vd, scale=scale, mask=getattr(self, "_mask", None))
+
+
+# A step of at most this many queries a row attends in the kernel (one query for decode, k + 1 for a
+# verify); longer prompt chunks dequantize their columns for MLX's attention.
+KERNEL_QUERIES = 16
+
+
+def kernel_route() -> bool:
+    """Whether quantized layers attend through graphc's kernel here: on CUDA, once the kernel's
+    check passed in this process (or its stored verdict says so); off CUDA the check answers
+    "not a CUDA device" and mlx-lm's quantized SDPA runs, as it always has."""
+    return quantized_attention.check() is None
+
+
+class DequantizedKVCache(KVCache):
+    """The load-time self-check's reference where the kernel route serves (`kernel_route`): mlx-lm's
+    own forward on a plain KVCache that stores each key and value as mx.quantize codes dequantized
+    again — the same codes as QuantizedKVCache's, attended in MLX's float attention instead of
+    quantized_matmul (which cannot run there): the same numbers up to summation order."""
+
+    def __init__(self, group_size: int, bits: int):
+        super().__init__()
+        self.group_size, self.q_bits = group_size, bits
+
+    def update_and_fetch(self, keys, values):
+        q = dict(group_size=self.group_size, bits=self.q_bits)
+        return super().update_and_fetch(mx.dequantize(*mx.quantize(keys, **q), **q),
+                                        mx.dequantize(*mx.quantize(values, **q), **q))
 
 
 def format_of(cache) -> tuple | None:
@@ -138,8 +197,12 @@ class QuantizedPolicy(CachePolicy):
         return self.cache_class(1)
 
     def reference_cache(self):
-        """The mlx-lm cache this policy reproduces: what the load-time self-check compares it to."""
-        return QuantizedKVCache(group_size=self.params["group_size"], bits=self.params["bits"])
+        """The mlx-lm cache this policy reproduces: what the load-time self-check compares it to
+        (where graphc's CUDA kernel attends, the same codes on a plain KVCache: DequantizedKVCache)."""
+        group, bits = self.params["group_size"], self.params["bits"]
+        if kernel_route():
+            return DequantizedKVCache(group, bits)
+        return QuantizedKVCache(group_size=group, bits=bits)
 
     # -- the prefix protocol (runtime/cache/prefix_state.py) -----------------------------
     def prefix_unsupported(self) -> str | None:

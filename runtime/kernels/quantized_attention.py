@@ -1,0 +1,153 @@
+"""Ragged attention over quantized KV (the `quantized` cache policy, `--kv-bits`): L new queries
+per row over columns [start[b], end - L + 1 + l) of a cache kept as mx.quantize codes — a CUDA
+kernel.
+
+Why: mlx-lm attends over a quantized cache with `mx.quantized_matmul` (queries against packed
+keys, then weights against packed values). MLX 0.32's CUDA backend has no quantized_matmul kernel
+at head dim 64, and at head dim 128 none for a few keys (benchmarks/probes/cuda_quantized_attention.py),
+so quantized KV could not serve on CUDA at all; where it ran, one layer's decode attention took
+1.20x bf16 (H100). This kernel reads the codes and their per-group scales and biases and
+dequantizes in registers (x = code * scale + bias), so a step reads about half the bytes of bf16 KV
+at 8 bits.
+
+Its layout is the grouped kernel's of runtime/kernels/decode_attention.py (one block per row, KV
+head and query position, serving that group's query heads; WARPS warps split the keys, KPI keys a
+warp per trip); its semantics are that kernel's: query l of a row sees the row's columns from
+start[b] through end - L + l. It is used only on CUDA (eager decode and verify steps of llama-family
+layers, runtime/kernel_views.py) and only after `check()` has compared it with `reference` (MLX's
+dequantize, then masked attention) on random inputs in this process, at both widths and every
+group size; otherwise quantized KV is refused on CUDA at load, as before.
+
+    cuda/quantized_attention/source.cu   the kernel body (closed by decode_attention's group_close.cu)
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from . import Kernel, KernelOp, answers_of, cuda_source, in_process_check, restore_answers
+from .decode_attention_shapes import reference as float_reference
+
+__all__ = ["KERNEL", "QuantizedAttention", "check", "dequantized", "quantized_attention", "reference", "takes"]
+
+WARPS = 4
+MAX_GROUP = 8  # query heads per KV head: a lane holds G x D/32 query values in registers
+GROUP_SIZES = (32, 64, 128)
+BITS = (4, 8)
+
+_SOURCE = (cuda_source("quantized_attention/source.cu")
+           .replace("@CLOSE@", cuda_source("decode_attention/group_close.cu").replace("@N@", "PER")
+                    .replace("@WRITER@", "true")))
+_INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start", "end", "scale"]
+
+# ((B, Hq, Hkv, C, D, end, L), bits, group sizes): batch, heads, capacity, head dim, columns written,
+# queries. Llama-3.2-1B and -3.1-8B heads at both widths and two group sizes each, a group of one, a
+# verify's 5 queries over 8 query heads per KV head; a capacity past the written columns throughout.
+# Each (dtype, D, G, bits, group) is a build of its own (NVRTC, once per machine and code).
+CHECK_CASES = (((3, 32, 8, 64, 64, 50, 1), BITS, (32, 64)), ((2, 32, 8, 256, 128, 200, 1), BITS, (64, 128)),
+               ((2, 4, 4, 96, 64, 95, 1), (8,), (64,)), ((2, 16, 2, 128, 128, 90, 5), BITS, (64,)))
+
+
+def takes(Hq: int, Hkv: int, D: int, group_size: int, bits: int) -> bool:
+    """Whether the kernel takes these heads and this format."""
+    return (bool(Hkv) and Hq % Hkv == 0 and 1 <= Hq // Hkv <= MAX_GROUP and D % 32 == 0 and D <= 256
+            and group_size in GROUP_SIZES and D % group_size == 0 and bits in BITS)
+
+
+def dequantized(planes: tuple, group_size: int, bits: int) -> tuple[mx.array, mx.array]:
+    """(keys, values) as floats from (k codes, k scales, k biases, v codes, v scales, v biases)."""
+    kq, ks, kb, vq, vs, vb = planes
+    return (mx.dequantize(kq, ks, kb, group_size=group_size, bits=bits),
+            mx.dequantize(vq, vs, vb, group_size=group_size, bits=bits))
+
+
+def reference(q, planes: tuple, start, end, scale, group_size: int, bits: int):
+    """The kernel's result from MLX's own ops: dequantize, then masked attention."""
+    k, v = dequantized(planes, group_size, bits)
+    return float_reference(q, k, v, start, end, scale)
+
+
+class QuantizedAttention(KernelOp):
+    """Decode attention over ragged rows of a quantized cache."""
+
+    name = "quantized_attention"
+
+    def __init__(self):
+        self.kernel = Kernel("graphc_quantized_decode_attention", _INPUTS, ["out"], _SOURCE)
+        self._check = in_process_check(lambda seed: self._compare(seed))
+
+    def applies(self, Hq: int, Hkv: int, D: int, group_size: int = 64, bits: int = 8) -> bool:
+        return takes(Hq, Hkv, D, group_size, bits)
+
+    def check(self, seed: int = 0) -> str | None:
+        """None when the kernel matches `reference` on random inputs here (both widths, every group
+        size); else why not."""
+        return self._check(seed)
+
+    def reference(self, *args, **kwargs):
+        return reference(*args, **kwargs)
+
+    def stored_verdicts(self) -> dict:
+        return {"check": answers_of(self._check)}
+
+    def restore_verdicts(self, stored: dict) -> None:
+        restore_answers(self._check, stored["check"])
+
+    def __call__(self, *args, **kwargs):
+        return self.attend(*args, **kwargs)
+
+    def attend(self, q, planes: tuple, start, end, scale, group_size: int, bits: int):
+        """q [B, Hq, L, D]; planes: (k codes, k scales, k biases, v codes, v scales, v biases) as the
+        cache keeps them ([B, Hkv, C, D * bits / 32] uint32 and [B, Hkv, C, D / group_size]);
+        start [B] int32; end [1] int32 -> [B, Hq, L, D]."""
+        B, Hq, L, D = q.shape
+        Hkv = planes[0].shape[1]
+        if not takes(Hq, Hkv, D, group_size, bits):
+            raise ValueError(f"quantized attention does not take q {q.shape} over {Hkv} KV heads at "
+                             f"group_size {group_size}, bits {bits}")
+        if planes[0].shape[-1] * 32 != D * bits or planes[1].shape[-1] * group_size != D:
+            raise ValueError(f"codes {planes[0].shape} / scales {planes[1].shape} are not {bits}-bit, group "
+                             f"{group_size} rows of head dim {D}")
+        if not isinstance(scale, mx.array):
+            scale = mx.array([scale], dtype=mx.float32)
+        kq, ks, kb, vq, vs, vb = planes
+        (out,) = self.kernel(inputs=[q, kq, ks, kb, vq, vs, vb, start, end, scale],
+                             template=[("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("WARPS", WARPS),
+                                       ("BITS", bits), ("GS", group_size)],
+                             grid=(B * Hkv * L * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
+                             output_shapes=[q.shape], output_dtypes=[q.dtype])
+        return out
+
+    def _compare(self, seed: int) -> str | None:
+        key = mx.random.key(seed)
+        for (B, Hq, Hkv, C, D, end, L), widths, groups in CHECK_CASES:
+            for bits in widths:
+                for group in groups:
+                    ks = mx.random.split(key, 4)
+                    key = ks[3]
+                    q = mx.random.normal((B, Hq, L, D), key=ks[0]).astype(mx.bfloat16)
+                    k = mx.random.normal((B, Hkv, C, D), key=ks[1]).astype(mx.bfloat16)
+                    v = mx.random.normal((B, Hkv, C, D), key=ks[2]).astype(mx.bfloat16)
+                    planes = (*mx.quantize(k, group_size=group, bits=bits), *mx.quantize(v, group_size=group, bits=bits))
+                    start = mx.array([(7 * i) % (end - L) for i in range(B)], dtype=mx.int32)
+                    ends = mx.array([end], dtype=mx.int32)
+                    want = reference(q.astype(mx.float32), tuple(p if p.dtype == mx.uint32 else p.astype(mx.float32)
+                                                                 for p in planes), start, ends, D ** -0.5, group, bits)
+                    got = self.attend(q, planes, start, ends, D ** -0.5, group, bits)
+                    err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
+                    if not err < 2e-2:
+                        return (f"quantized attention differs from dequantized masked attention by {err:.3g} at "
+                                f"B={B} Hq={Hq} Hkv={Hkv} L={L} C={C} D={D} bits={bits} group_size={group}")
+        return None
+
+
+# The runtime's instance (runtime/kernels/registry.py lists it).
+KERNEL = QuantizedAttention()
+
+
+def quantized_attention(q, planes, start, end, scale, group_size, bits):
+    return KERNEL.attend(q, planes, start, end, scale, group_size, bits)
+
+
+def check(seed: int = 0) -> str | None:
+    return KERNEL.check(seed)
