@@ -78,7 +78,7 @@ _GROUP_OPEN = _SHAPES + cuda_source("decode_attention/group_open.cu")
 
 # ... and close the same way: each warp's (max, sum, weighted values) per query head go to shared
 # memory (from the lanes where @WRITER@), and warp w combines query heads w, w + WARPS, ...
-_GROUP_CLOSE = cuda_source("decode_attention/group_close.cu")
+GROUP_CLOSE = cuda_source("decode_attention/group_close.cu")
 
 # The same attention with one block per (row, KV head, query position) serving all G query heads
 # of that KV group: each K and V column is read once per group instead of once per query head
@@ -91,7 +91,7 @@ _GROUP_CLOSE = cuda_source("decode_attention/group_close.cu")
 _GROUPED_SOURCE = cuda_source("decode_attention/grouped_source.cu")
 
 _GROUPED_SOURCE = (_GROUPED_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@KEYS@", _KEY_LOOP)
-                   .replace("@CLOSE@", _GROUP_CLOSE).replace("@N@", "PER").replace("@WRITER@", "true")
+                   .replace("@CLOSE@", GROUP_CLOSE).replace("@N@", "PER").replace("@WRITER@", "true")
                    .replace("@LANES@", "    const int off = lane * PER;  // this lane's PER dims of every key"))
 _GROUPED_SOURCE, _GROUPED_SOURCE_NEW = _variants(_GROUPED_SOURCE, "off", "ql", "true")
 
@@ -108,7 +108,7 @@ _GROUPED_SOURCE, _GROUPED_SOURCE_NEW = _variants(_GROUPED_SOURCE, "off", "ql", "
 # blocks).
 _VEC_SOURCE = cuda_source("decode_attention/vec_source.cu")
 
-_VEC_SOURCE = (_VEC_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@CLOSE@", _GROUP_CLOSE).replace("@N@", "VEC")
+_VEC_SOURCE = (_VEC_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@CLOSE@", GROUP_CLOSE).replace("@N@", "VEC")
                .replace("@WRITER@", "grp == 0").replace("@LANES@", """    const int sub = lane % LPK;  // this lane's VEC dims of a key: sub * VEC ..
     const int grp = lane / LPK;  // which of the warp's GPW keys
     const int off = sub * VEC;"""))

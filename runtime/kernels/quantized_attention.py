@@ -26,6 +26,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from . import Kernel, KernelOp, answers_of, cuda_source, in_process_check, restore_answers
+from .decode_attention_cuda import GROUP_CLOSE
 from .decode_attention_shapes import reference as float_reference
 
 __all__ = ["KERNEL", "QuantizedAttention", "check", "dequantized", "quantized_attention", "reference", "takes"]
@@ -35,9 +36,9 @@ MAX_GROUP = 8  # query heads per KV head: a lane holds G x D/32 query values in 
 GROUP_SIZES = (32, 64, 128)
 BITS = (4, 8)
 
-_SOURCE = (cuda_source("quantized_attention/source.cu")
-           .replace("@CLOSE@", cuda_source("decode_attention/group_close.cu").replace("@N@", "PER")
-                    .replace("@WRITER@", "true")))
+# Closed as the grouped kernel closes (each warp's max, sum and weighted values combined per query head).
+_SOURCE = cuda_source("quantized_attention/source.cu").replace(
+    "@CLOSE@", GROUP_CLOSE.replace("@N@", "PER").replace("@WRITER@", "true"))
 _INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start", "end", "scale"]
 
 # ((B, Hq, Hkv, C, D, end, L), bits, group sizes): batch, heads, capacity, head dim, columns written,
