@@ -88,7 +88,7 @@ GROUP_CLOSE = cuda_source("decode_attention/group_close.cu")
 # (benchmarks/probes/gqa_attention.py): 1.1-1.8x the per-head kernel at 8B batch 16-64 for
 # one query (1.2-1.35x at 272 columns), 1.4-2.4x for 9 (verify), 1.2-1.5x for 9 at batch 1. Splitting the keys over more blocks
 # (flash-decoding, a second combine launch) was slower at every shape tried, so it is not here.
-_GROUPED_SOURCE = cuda_source("decode_attention/grouped_source.cu")
+_GROUPED_SOURCE = GROUPED_TEMPLATE = cuda_source("decode_attention/grouped_source.cu")  # the quantized kernel's too
 
 _GROUPED_SOURCE = (_GROUPED_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@KEYS@", _KEY_LOOP)
                    .replace("@CLOSE@", GROUP_CLOSE).replace("@N@", "PER").replace("@WRITER@", "true")

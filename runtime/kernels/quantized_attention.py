@@ -18,7 +18,8 @@ layers, runtime/kernel_views.py) and only after `check()` has compared it with `
 dequantize, then masked attention) on random inputs in this process, at both widths and every
 group size; otherwise quantized KV is refused on CUDA at load, as before.
 
-    cuda/quantized_attention/source.cu   the kernel body (closed by decode_attention's group_close.cu)
+    cuda/quantized_attention/open.cu       pointers to a row's codes, scales and biases; the queries
+    cuda/quantized_attention/key_loop.cu   each trip's KPI keys and values dequantized into registers
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from . import Kernel, KernelOp, answers_of, cuda_source, in_process_check, restore_answers
-from .decode_attention_cuda import GROUP_CLOSE
+from .decode_attention_cuda import GROUP_CLOSE, GROUPED_TEMPLATE
 from .decode_attention_shapes import reference as float_reference
 
 __all__ = ["KERNEL", "QuantizedAttention", "check", "dequantized", "quantized_attention", "reference", "takes"]
@@ -36,9 +37,12 @@ MAX_GROUP = 8  # query heads per KV head: a lane holds G x D/32 query values in 
 GROUP_SIZES = (32, 64, 128)
 BITS = (4, 8)
 
-# Closed as the grouped kernel closes (each warp's max, sum and weighted values combined per query head).
-_SOURCE = cuda_source("quantized_attention/source.cu").replace(
-    "@CLOSE@", GROUP_CLOSE.replace("@N@", "PER").replace("@WRITER@", "true"))
+# The grouped kernel's body (scores, online softmax, weighted values) between an opening that points
+# at the codes, scales and biases and a key loop that dequantizes each key and value into registers;
+# closed as the grouped kernel closes (each warp's max, sum and weighted values combined per head).
+_SOURCE = (GROUPED_TEMPLATE.replace("@OPEN@", cuda_source("quantized_attention/open.cu"))
+           .replace("@KEYS@", cuda_source("quantized_attention/key_loop.cu")).replace("@CLOSE@", GROUP_CLOSE)
+           .replace("@N@", "PER").replace("@WRITER@", "true"))
 _INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start", "end", "scale"]
 
 # ((B, Hq, Hkv, C, D, end, L), bits, group sizes): batch, heads, capacity, head dim, columns written,
