@@ -15,7 +15,7 @@ FOUND = {
     "decode_attention": {"check": {"0": None}, "write_check": {"0": "writing vec kernel differs"},
                          "kinds": {"grouped": [True, ""], "vec": [False, "vec kernel differs by 0.5"]}},
     "gumbel_choose": {},
-    "quantized_attention": {"check": {"0": "quantized attention differs by 0.3"}},
+    "quantized_attention": {"check": {"0": None}, "vec": "quantized attention (vec) differs by 0.3"},
     "skinny_matmul": {"check": {"0": "kernel differs from MLX's matmul by 3"}},
     "top_ranks": {"check": {"0": None}, "chosen": {"variant": "sort", "select": "too many resources"}},
 }
@@ -29,7 +29,7 @@ def fresh(monkeypatch, tmp_path):
     att = decode_attention.KERNEL
     saved = (dict(att._check.answers), dict(att._write_check.answers), dict(att.verdicts),
              dict(skinny_matmul.check.answers), dict(top_ranks.check.answers), dict(top_ranks._chosen),
-             dict(quantized_attention.KERNEL._check.answers))
+             dict(quantized_attention.KERNEL._check.answers), quantized_attention.KERNEL.vec_ok)
     checks = (att._check, att._write_check, skinny_matmul.check, top_ranks.check, quantized_attention.KERNEL._check)
     for c in checks:
         c.answers.clear()
@@ -40,6 +40,7 @@ def fresh(monkeypatch, tmp_path):
         c.answers.update(answers)
     att.verdicts.clear()
     att.verdicts.update(saved[2])
+    quantized_attention.KERNEL.vec_ok = saved[7]
     top_ranks._chosen.clear()
     top_ranks._chosen.update(saved[5])
 
@@ -60,6 +61,7 @@ def test_stored_verdicts_come_back_in_a_new_process(fresh):
     assert verdicts.restore()
     assert {n: k.stored_verdicts() for n, k in registry.KERNELS.items()} == FOUND
     assert decode_attention.check() is None and "writing vec" in decode_attention.write_check()
+    assert quantized_attention.KERNEL.pick(32, 8, 64) == "grouped"  # its vec kind did not match here
     assert decode_attention.KERNEL.pick(B=2, Hq=8, Hkv=2, L=1, D=64, itemsize=2) == "grouped"  # grouped ok, vec not
     assert top_ranks.chosen() == "sort"
 

@@ -52,10 +52,11 @@ def emulated_kernel(low_nibble_first: bool = True):
 
 def test_the_layout_the_kernel_reads_passes_its_check(monkeypatch):
     att = qa.QuantizedAttention()
-    monkeypatch.setattr(att, "kernel", emulated_kernel())
-    assert att._compare(0) is None
+    att.kernels = dict.fromkeys(att.kernels, emulated_kernel())
+    assert att._compare(0) is None and att.vec_ok is None  # both kinds matched
+    assert att.pick(32, 8, 64) == "vec" and att.pick(16, 2, 128) == "grouped"  # 8 query heads a group: grouped
     misread = qa.QuantizedAttention()
-    monkeypatch.setattr(misread, "kernel", emulated_kernel(low_nibble_first=False))
+    misread.kernels = dict.fromkeys(misread.kernels, emulated_kernel(low_nibble_first=False))
     why = misread._compare(0)
     assert why is not None and "bits=4" in why
 

@@ -1,5 +1,5 @@
-"""graphc's quantized attention kernel (runtime/kernels/quantized_attention.py) run from its own
-CUDA source on the CPU (tests/cuda_emulator.py: every block as its threads, warp shuffles and
+"""graphc's quantized attention kernels (runtime/kernels/quantized_attention.py: the grouped and
+the vec kind) run from their own CUDA source on the CPU (tests/cuda_emulator.py: every block as its threads, warp shuffles and
 block barriers emulated, float instead of bf16), at every case its GPU check compares: it must
 equal MLX's dequantize + masked attention (`reference`). A misread of the code layout must fail
 the same comparison."""
@@ -17,6 +17,7 @@ PARAMS = ("const float* q, const uint32_t* k, const float* k_scales, const float
           "const float* v_scales, const float* v_biases, const int32_t* start, const int32_t* end, "
           "const float* scale, float* out, const int* q_shape, const int* k_shape")
 TEMPLATE = "typename T, int D, int G, int WARPS, int BITS, int GS"
+VEC_TEMPLATE = TEMPLATE + ", int KPL"
 
 
 def cases():
@@ -26,9 +27,15 @@ def cases():
                 yield (B, Hq, Hkv, C, D, end, L), bits, group
 
 
-def instances():
-    seen = {(c[4], c[1] // c[2], bits, group) for c, bits, group in cases()}
-    return [(f"{D}_{G}_{bits}_{gs}", f"float, {D}, {G}, {qa.WARPS}, {bits}, {gs}") for D, G, bits, gs in sorted(seen)]
+def cases_of(kind):
+    return [c for c in cases() if kind == "grouped" or qa.vec_fits(c[0][1], c[0][2], c[0][4])]
+
+
+def instances(kind):
+    seen = {(c[4], c[1] // c[2], bits, group) for c, bits, group in cases_of(kind)}
+    extra = f", {qa.KPL}" if kind == "vec" else ""
+    return [(f"{D}_{G}_{bits}_{gs}", f"float, {D}, {G}, {qa.WARPS}, {bits}, {gs}{extra}")
+            for D, G, bits, gs in sorted(seen)]
 
 
 def run(lib, case, bits, group, seed):
@@ -49,16 +56,19 @@ def run(lib, case, bits, group, seed):
 
 
 @pytest.fixture(scope="module")
-def kernel_lib(tmp_path_factory):
-    lib = build(qa._SOURCE, PARAMS, TEMPLATE, instances(), tmp_path_factory.mktemp("emu"))
-    if lib is None:
+def libs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("emu")
+    out = {"grouped": build(qa._SOURCE, PARAMS, TEMPLATE, instances("grouped"), root),
+           "vec": build(qa._VEC_SOURCE, PARAMS, VEC_TEMPLATE, instances("vec"), root)}
+    if None in out.values():
         pytest.skip("no C++ compiler to emulate the CUDA kernel with")
-    return lib
+    return out
 
 
-@pytest.mark.parametrize("case,bits,group", list(cases()), ids=lambda x: str(x))
-def test_the_kernel_equals_dequantize_then_attention(kernel_lib, case, bits, group):
-    assert run(kernel_lib, case, bits, group, seed=1) < 1e-4
+@pytest.mark.parametrize("kind,case,bits,group", [(k, *c) for k in ("grouped", "vec") for c in cases_of(k)],
+                         ids=lambda x: str(x))
+def test_each_kind_equals_dequantize_then_attention(libs, kind, case, bits, group):
+    assert run(libs[kind], case, bits, group, seed=1) < 1e-4
 
 
 def test_a_misread_layout_fails_the_comparison(tmp_path):

@@ -43,7 +43,12 @@ BITS = (4, 8)
 _SOURCE = (GROUPED_TEMPLATE.replace("@OPEN@", cuda_source("quantized_attention/open.cu"))
            .replace("@KEYS@", cuda_source("quantized_attention/key_loop.cu")).replace("@CLOSE@", GROUP_CLOSE)
            .replace("@N@", "PER").replace("@WRITER@", "true"))
+# The vec kind: each key's codes as one 8-byte (8 bits) or 4-byte (4 bits) load a lane, a few lanes a
+# key, as decode_attention's vec kernel lays bf16 keys out; its warps' lane groups merge before the close.
+_VEC_SOURCE = cuda_source("quantized_attention/vec_source.cu").replace(
+    "@CLOSE@", GROUP_CLOSE.replace("@N@", "VEC").replace("@WRITER@", "grp == 0"))
 _INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start", "end", "scale"]
+KPL = 4  # the vec kind's keys a lane per trip
 
 # ((B, Hq, Hkv, C, D, end, L), bits, group sizes): batch, heads, capacity, head dim, columns written,
 # queries. Llama-3.2-1B and -3.1-8B heads at both widths and two group sizes each, a group of one, a
@@ -57,6 +62,13 @@ def takes(Hq: int, Hkv: int, D: int, group_size: int, bits: int) -> bool:
     """Whether the kernel takes these heads and this format."""
     return (bool(Hkv) and Hq % Hkv == 0 and 1 <= Hq // Hkv <= MAX_GROUP and D % 32 == 0 and D <= 256
             and group_size in GROUP_SIZES and D % group_size == 0 and bits in BITS)
+
+
+def vec_fits(Hq: int, Hkv: int, D: int) -> bool:
+    """Whether the vec kind takes these heads: 8 codes a lane, so D / 8 lanes a key must divide a warp
+    (D = 32, 64, 128, 256), and a lane's queries and sums in registers (at most 4 query heads a group,
+    the bound decode_attention's vec kernel keeps)."""
+    return 32 % (D // 8) == 0 and Hq // Hkv <= 4
 
 
 def dequantized(planes: tuple, group_size: int, bits: int) -> tuple[mx.array, mx.array]:
@@ -78,33 +90,41 @@ class QuantizedAttention(KernelOp):
     name = "quantized_attention"
 
     def __init__(self):
-        self.kernel = Kernel("graphc_quantized_decode_attention", _INPUTS, ["out"], _SOURCE)
+        self.kernels = {"grouped": Kernel("graphc_quantized_decode_attention", _INPUTS, ["out"], _SOURCE),
+                        "vec": Kernel("graphc_quantized_vec_decode_attention", _INPUTS, ["out"], _VEC_SOURCE)}
+        self.vec_ok: str | None = "not checked"  # the vec kind's own verdict (None: it matched), set by check()
         self._check = in_process_check(lambda seed: self._compare(seed))
 
     def applies(self, Hq: int, Hkv: int, D: int, group_size: int = 64, bits: int = 8) -> bool:
         return takes(Hq, Hkv, D, group_size, bits)
 
     def check(self, seed: int = 0) -> str | None:
-        """None when the kernel matches `reference` on random inputs here (both widths, every group
-        size); else why not."""
+        """None when the grouped kind matches `reference` on random inputs here (both widths, the
+        check's group sizes); else why not. The vec kind serves where it fits once it matched too."""
         return self._check(seed)
 
     def reference(self, *args, **kwargs):
         return reference(*args, **kwargs)
 
     def stored_verdicts(self) -> dict:
-        return {"check": answers_of(self._check)}
+        return {"check": answers_of(self._check), "vec": self.vec_ok}
 
     def restore_verdicts(self, stored: dict) -> None:
         restore_answers(self._check, stored["check"])
+        self.vec_ok = stored.get("vec", "not checked")
+
+    def pick(self, Hq: int, Hkv: int, D: int) -> str:
+        """vec where it fits and matched here, else grouped. Not yet timed against each other on a GPU:
+        vec because decode_attention's grouped layout was latency-bound where its vec one was not."""
+        return "vec" if self.vec_ok is None and vec_fits(Hq, Hkv, D) else "grouped"
 
     def __call__(self, *args, **kwargs):
         return self.attend(*args, **kwargs)
 
-    def attend(self, q, planes: tuple, start, end, scale, group_size: int, bits: int):
+    def attend(self, q, planes: tuple, start, end, scale, group_size: int, bits: int, kind: str | None = None):
         """q [B, Hq, L, D]; planes: (k codes, k scales, k biases, v codes, v scales, v biases) as the
         cache keeps them ([B, Hkv, C, D * bits / 32] uint32 and [B, Hkv, C, D / group_size]);
-        start [B] int32; end [1] int32 -> [B, Hq, L, D]."""
+        start [B] int32; end [1] int32 -> [B, Hq, L, D]. `kind`: "grouped", "vec" or None (`pick`)."""
         B, Hq, L, D = q.shape
         Hkv = planes[0].shape[1]
         if not takes(Hq, Hkv, D, group_size, bits):
@@ -113,19 +133,24 @@ class QuantizedAttention(KernelOp):
         if planes[0].shape[-1] * 32 != D * bits or planes[1].shape[-1] * group_size != D:
             raise ValueError(f"codes {planes[0].shape} / scales {planes[1].shape} are not {bits}-bit, group "
                              f"{group_size} rows of head dim {D}")
+        kind = kind or self.pick(Hq, Hkv, D)
+        if kind == "vec" and not vec_fits(Hq, Hkv, D):
+            raise ValueError(f"the vec kind does not take {Hq} query heads over {Hkv} KV heads at head dim {D}")
         if not isinstance(scale, mx.array):
             scale = mx.array([scale], dtype=mx.float32)
         kq, ks, kb, vq, vs, vb = planes
-        (out,) = self.kernel(inputs=[q, kq, ks, kb, vq, vs, vb, start, end, scale],
-                             template=[("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("WARPS", WARPS),
-                                       ("BITS", bits), ("GS", group_size)],
-                             grid=(B * Hkv * L * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
-                             output_shapes=[q.shape], output_dtypes=[q.dtype])
+        template = [("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("WARPS", WARPS), ("BITS", bits), ("GS", group_size)]
+        (out,) = self.kernels[kind](inputs=[q, kq, ks, kb, vq, vs, vb, start, end, scale],
+                                    template=template + ([("KPL", KPL)] if kind == "vec" else []),
+                                    grid=(B * Hkv * L * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
+                                    output_shapes=[q.shape], output_dtypes=[q.dtype])
         return out
 
-    def _compare(self, seed: int) -> str | None:
+    def _compare_kind(self, seed: int, kind: str) -> str | None:
         key = mx.random.key(seed)
         for (B, Hq, Hkv, C, D, end, L), widths, groups in CHECK_CASES:
+            if kind == "vec" and not vec_fits(Hq, Hkv, D):
+                continue
             for bits in widths:
                 for group in groups:
                     ks = mx.random.split(key, 4)
@@ -138,12 +163,23 @@ class QuantizedAttention(KernelOp):
                     ends = mx.array([end], dtype=mx.int32)
                     want = reference(q.astype(mx.float32), tuple(p if p.dtype == mx.uint32 else p.astype(mx.float32)
                                                                  for p in planes), start, ends, D ** -0.5, group, bits)
-                    got = self.attend(q, planes, start, ends, D ** -0.5, group, bits)
+                    got = self.attend(q, planes, start, ends, D ** -0.5, group, bits, kind=kind)
                     err = mx.max(mx.abs(got.astype(mx.float32) - want)).item()
                     if not err < 2e-2:
-                        return (f"quantized attention differs from dequantized masked attention by {err:.3g} at "
-                                f"B={B} Hq={Hq} Hkv={Hkv} L={L} C={C} D={D} bits={bits} group_size={group}")
+                        return (f"quantized attention ({kind}) differs from dequantized masked attention by "
+                                f"{err:.3g} at B={B} Hq={Hq} Hkv={Hkv} L={L} C={C} D={D} bits={bits} "
+                                f"group_size={group}")
         return None
+
+    def _compare(self, seed: int) -> str | None:
+        """The grouped kind must match (else the kernel is off); the vec kind serves where it also matched."""
+        why = self._compare_kind(seed, "grouped")
+        if why is None:
+            try:
+                self.vec_ok = self._compare_kind(seed, "vec")
+            except Exception as e:  # noqa: BLE001 - a build failure leaves the grouped kind in use
+                self.vec_ok = f"vec kind failed: {type(e).__name__}: {e}"
+        return why
 
 
 # The runtime's instance (runtime/kernels/registry.py lists it).
