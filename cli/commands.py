@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx_lm
 
 from graphc.compiler.bind import bind
-from graphc.compiler.compile import compile_graph
+from graphc.compiler.compile import compile_graph, declares_quantized
 from graphc.compiler.decode_options import COMPILE_FLAG
 from graphc.compiler.errors import GraphError
 from graphc.compiler.gguf import import_gguf, resolve_model_path, summary_lines
@@ -74,7 +74,8 @@ def cmd_inspect(args) -> int:
         # The choice passes get this machine's facts (runtime/target.py), so the plan shows what an
         # engine here would run; --compile asks what Engine(compile=True) asks.
         compiled = compile_graph(graph, model, config, lowering=args.lowering, kv_bits=args.kv_bits,
-                                 kv_group_size=args.kv_group_size, target=probe_target(),
+                                 kv_group_size=args.kv_group_size,
+                                 target=probe_target(args.kv_bits is not None or declares_quantized(graph, config)),
                                  requested=Requested.of({"compile": True} if args.compile else None,
                                                         final_chunk=args.final_chunk,
                                                         pad_final_chunk=PAD_FLAG[args.pad_final_chunk]))

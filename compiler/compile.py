@@ -89,6 +89,19 @@ def with_kv_bits(spec: GraphSpec, bits: int, group_size: int | None = None) -> G
     return attrs.evolve(spec, cache=tuple(q if c.layer_type == "full_attention" else c for c in spec.cache))
 
 
+def declares_quantized(graph, config: dict) -> bool:
+    """Whether `graph` keeps KV in the `quantized` policy (None: a default graph, which never does);
+    False where it does not parse (compile_graph then says why): the engine probes the quantized
+    attention kernel only for such graphs or kv_bits (runtime/target.py)."""
+    if graph is None:
+        return False
+    try:
+        spec = load_spec(graph, config)
+    except Exception:  # noqa: BLE001 - compile_graph reports a bad graph with its file and line
+        return False
+    return any(c.policy == "quantized" for c in spec.cache)
+
+
 def _lossy_reference(binding: Binding, served, mtype: str, ref):
     """The self-check's reference for policies that round KV on purpose: mlx-lm's own forward on
     the mlx-lm cache each such policy reproduces (`reference_cache()`: QuantizedKVCache for

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import mlx_lm
 
-from graphc.compiler.compile import CompiledGraph
+from graphc.compiler.compile import CompiledGraph, declares_quantized
 from graphc.compiler.errors import UnsupportedModel
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
@@ -73,7 +73,7 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         # choice passes from the graph's `decode:` section under this config's overrides and the
         # device's facts (runtime/target.py); the runtime below only obeys the plan's choices.
         t0 = time.perf_counter()
-        target = probe_target()
+        target = probe_target(quantized=c.kv_bits is not None or declares_quantized(graph, config))
         compiled = compile_cached(graph, model, config, lowering=c.lowering, kv_bits=c.kv_bits,
                                   kv_group_size=c.kv_group_size, target=target, requested=requested_of(c),
                                   model_path=c.model_path)

@@ -27,8 +27,10 @@ log = logging.getLogger("graphc.load")
 _checked_here = False
 
 
-def probe_target() -> Target:
-    """This process's device and which kernels built and matched MLX here."""
+def probe_target(quantized: bool = False) -> Target:
+    """This process's device and which kernels built and matched MLX here; the quantized attention
+    kernel's check only where `quantized` KV is asked for (kv_bits, or a graph's `quantized` policy):
+    its builds are a few dozen NVRTC compiles that no other engine needs."""
     global _checked_here
     cuda = kernels.available()
     stored = cuda and (_checked_here or verdicts.restore())
@@ -42,7 +44,9 @@ def probe_target() -> Target:
     facts.append(("kv_write", decode_attention.write_check() if why is None else
                    f"the attention kernel is off ({why})", ""))
     facts.append(("skinny_matmul", skinny_matmul.check(), ""))
-    facts.append(("quantized_attention", quantized_attention.check(), ""))
+    if quantized:
+        qa = quantized_attention.check()
+        facts.append(("quantized_attention", qa, f"{quantized_attention.KERNEL.note()}" if qa is None else ""))
     tr = top_ranks.check()
     facts.append(("top_ranks", tr, top_ranks.note()))
     facts.append(("gumbel_choose", None if tr is None else tr, gumbel_choose.note() if tr is None else ""))

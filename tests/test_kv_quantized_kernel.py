@@ -11,6 +11,8 @@ the route in runtime/cache/quantized.py), on the CPU: the CUDA kernel cannot run
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -125,3 +127,17 @@ def test_the_dequantized_reference_is_mlx_lm_quantized_cache_to_rounding(llama):
                                                                             prompt_cache=caches)])
         assert [t for t, _ in runs[0]] == [t for t, _ in runs[1]]
         assert max(np.abs(a - b).max() for (_, a), (_, b) in zip(*runs)) < 1e-3
+
+
+def test_the_kernel_is_probed_only_where_quantized_kv_is_asked_for(llama, tmp_path):
+    from graphc.compiler.compile import declares_quantized
+    from graphc.runtime.target import probe_target
+
+    assert "quantized_attention" not in {n for n, _, _ in probe_target().kernels}
+    assert ("quantized_attention", "not a CUDA device", "") in probe_target(quantized=True).kernels
+    graph = tmp_path / "q.yaml"
+    dense = Path(qcache.__file__).parents[2] / "graphs" / "dense.yaml"  # the package's own graphs/
+    assert declares_quantized(None, {}) is False and declares_quantized(dense, {}) is False
+    graph.write_text(dense.read_text().replace("policy: pool_backed", "policy: quantized"))
+    assert "policy: quantized" in graph.read_text() and declares_quantized(graph, {}) is True
+    assert declares_quantized(tmp_path / "missing.yaml", {}) is False  # compile_graph reports it

@@ -113,6 +113,10 @@ class QuantizedAttention(KernelOp):
         restore_answers(self._check, stored["check"])
         self.vec_ok = stored.get("vec", "not checked")
 
+    def note(self) -> str:
+        """Which kinds serve (after `check()`), for the plan."""
+        return "vec where it fits, grouped elsewhere" if self.vec_ok is None else f"grouped (vec off: {self.vec_ok})"
+
     def pick(self, Hq: int, Hkv: int, D: int) -> str:
         """vec where it fits and matched here, else grouped. Not yet timed against each other on a GPU:
         vec because decode_attention's grouped layout was latency-bound where its vec one was not."""
