@@ -55,6 +55,7 @@ import mlx.core as mx
 from graphc.runtime.kernels import Kernel
 from graphc.runtime.kernels import decode_attention as da
 from graphc.runtime.kernels import gumbel_choose as gc
+from graphc.runtime.kernels import quantized_attention as qa
 from graphc.runtime.kernels import skinny_matmul as sk
 from graphc.runtime.kernels import top_ranks as tr
 
@@ -174,6 +175,24 @@ def _attention_launches():
                         da.ragged_attention(*args, kind="vec", config=cfg, new=new)
 
 
+def _quantized_attention_launches():
+    """Both kinds at every llama layout's heads (and check()'s), each width and group size they take,
+    in every activation dtype (scales and biases keep the model's dtype)."""
+    heads = {layout[:3] for layout in LLAMA_LAYOUTS.values()} | {c[0][1:3] + (c[0][4],) for c in qa.CHECK_CASES}
+    for (hq, hkv, d) in sorted(heads):
+        for dt in DTYPES:
+            for bits in qa.BITS:
+                for group in (g for g in qa.GROUP_SIZES if qa.takes(hq, hkv, d, g, bits)):
+                    q = mx.zeros((1, hq, 1, d), dt)
+                    codes = mx.zeros((1, hkv, 8, d * bits // 32), mx.uint32)
+                    scales = mx.zeros((1, hkv, 8, d // group), dt)
+                    planes = (codes, scales, scales, codes, scales, scales)
+                    args = (q, planes, mx.zeros((1,), mx.int32), mx.array([8], mx.int32), d ** -0.5, group, bits)
+                    qa.KERNEL.attend(*args, kind="grouped")
+                    if qa.vec_fits(hq, hkv, d):
+                        qa.KERNEL.attend(*args, kind="vec")
+
+
 def _skinny_launches(sweep: bool):
     """The heuristic's configuration for every llama projection at every row count, check()'s
     cases, and with `sweep` every configuration tune.py measures (what a tuned table may name)."""
@@ -242,6 +261,7 @@ def launches(full: bool = False) -> list[Launch]:
     sweeps (~400 more builds, minutes: the CLI's --full, not the test)."""
     with recording() as seen:
         _attention_launches()
+        _quantized_attention_launches()
         _skinny_launches(full)
         _top_ranks_launches(full)
         _choose_launches()
