@@ -29,6 +29,7 @@ PRELUDE = r"""
 #include <vector>
 using std::min;
 struct Dim3 { int x = 0, y = 0, z = 0; };
+struct uint4 { unsigned x, y, z, w; };
 thread_local Dim3 blockIdx, threadIdx;
 static std::barrier<>* block_bar;
 static std::barrier<>* warp_bar[32];
