@@ -89,8 +89,10 @@ def build(source: str, params: str, template: str, instances: list[tuple[str, st
         src = root / f"k{tag}.cpp"
         src.write_text(code)
         tmp = root / f"k{tag}.{id(code)}.so"
-        subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-unknown-pragmas",
-                        str(src), "-o", str(tmp)], check=True, capture_output=True, text=True)
+        done = subprocess.run([cxx, "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-unknown-pragmas",
+                               str(src), "-o", str(tmp)], capture_output=True, text=True)
+        if done.returncode:  # the kernel's source did not compile: say where
+            raise RuntimeError(f"{cxx} could not build {src}:\n{done.stderr[-4000:]}")
         tmp.replace(lib)
     return ctypes.CDLL(str(lib))
 

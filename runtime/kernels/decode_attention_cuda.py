@@ -108,7 +108,10 @@ _GROUPED_SOURCE, _GROUPED_SOURCE_NEW = _variants(_GROUPED_SOURCE, "off", "ql", "
 # blocks).
 _VEC_SOURCE = cuda_source("decode_attention/vec_source.cu")
 
-_VEC_SOURCE = (_VEC_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@CLOSE@", GROUP_CLOSE).replace("@N@", "VEC")
+# The merge of a warp's lane groups (lanes LPK apart hold the same dims), the quantized vec kind's too.
+VEC_MERGE = cuda_source("decode_attention/vec_merge.cu")
+_VEC_SOURCE = (_VEC_SOURCE.replace("@OPEN@", _GROUP_OPEN).replace("@MERGE@", VEC_MERGE)
+               .replace("@CLOSE@", GROUP_CLOSE).replace("@N@", "VEC")
                .replace("@WRITER@", "grp == 0").replace("@LANES@", """    const int sub = lane % LPK;  // this lane's VEC dims of a key: sub * VEC ..
     const int grp = lane / LPK;  // which of the warp's GPW keys
     const int off = sub * VEC;"""))

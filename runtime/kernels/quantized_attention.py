@@ -18,8 +18,10 @@ layers, runtime/kernel_views.py) and only after `check()` has compared it with `
 dequantize, then masked attention) on random inputs in this process, at both widths and every
 group size; otherwise quantized KV is refused on CUDA at load, as before.
 
-    cuda/quantized_attention/open.cu       pointers to a row's codes, scales and biases; the queries
-    cuda/quantized_attention/key_loop.cu   each trip's KPI keys and values dequantized into registers
+    cuda/quantized_attention/open.cu        both kinds' opening: the block's row, pointers, the queries
+    cuda/quantized_attention/*_lanes.cu     each kind's lane layout
+    cuda/quantized_attention/key_loop.cu    the grouped kind's trips: KPI keys and values dequantized
+    cuda/quantized_attention/vec_source.cu  the vec kind's trips, scores and softmax
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from . import Kernel, KernelOp, answers_of, cuda_source, in_process_check, restore_answers
-from .decode_attention_cuda import GROUP_CLOSE, GROUPED_TEMPLATE
+from .decode_attention_cuda import GROUP_CLOSE, GROUPED_TEMPLATE, VEC_MERGE
 from .decode_attention_shapes import reference as float_reference
 
 __all__ = ["KERNEL", "QuantizedAttention", "check", "dequantized", "quantized_attention", "reference", "takes"]
@@ -37,16 +39,29 @@ MAX_GROUP = 8  # query heads per KV head: a lane holds G x D/32 query values in 
 GROUP_SIZES = (32, 64, 128)
 BITS = (4, 8)
 
-# The grouped kernel's body (scores, online softmax, weighted values) between an opening that points
-# at the codes, scales and biases and a key loop that dequantizes each key and value into registers;
-# closed as the grouped kernel closes (each warp's max, sum and weighted values combined per head).
-_SOURCE = (GROUPED_TEMPLATE.replace("@OPEN@", cuda_source("quantized_attention/open.cu"))
+# Both kinds open the same way (open.cu: the block's row, KV head and query position; pointers at the
+# row's codes, scales and biases; the queries in registers), the lane layout in @LANES@.
+_OPEN = cuda_source("quantized_attention/open.cu")
+
+
+def _opening(lanes: str, n: str) -> str:
+    """The opening with a kind's lane layout (`lanes`: its *_lanes.cu) and dims a lane holds (`n`)."""
+    return _OPEN.replace("@LANES@", lanes).replace("@N@", n)
+
+
+# The grouped kind: the grouped kernel's body (scores, online softmax, weighted values) after a key
+# loop that dequantizes each key and value into registers; closed as the grouped kernel closes (each
+# warp's max, sum and weighted values combined per query head).
+_SOURCE = (GROUPED_TEMPLATE.replace("@OPEN@", _opening(cuda_source("quantized_attention/grouped_lanes.cu"), "PER"))
            .replace("@KEYS@", cuda_source("quantized_attention/key_loop.cu")).replace("@CLOSE@", GROUP_CLOSE)
            .replace("@N@", "PER").replace("@WRITER@", "true"))
 # The vec kind: each key's codes as one 8-byte (8 bits) or 4-byte (4 bits) load a lane, a few lanes a
-# key, as decode_attention's vec kernel lays bf16 keys out; its warps' lane groups merge before the close.
-_VEC_SOURCE = cuda_source("quantized_attention/vec_source.cu").replace(
-    "@CLOSE@", GROUP_CLOSE.replace("@N@", "VEC").replace("@WRITER@", "grp == 0"))
+# key, as decode_attention's vec kernel lays bf16 keys out; its warps' lane groups merge as that
+# kernel's do (VEC_MERGE) before the close.
+_VEC_SOURCE = (cuda_source("quantized_attention/vec_source.cu")
+               .replace("@OPEN@", _opening(cuda_source("quantized_attention/vec_lanes.cu"), "VEC"))
+               .replace("@MERGE@", VEC_MERGE).replace("@CLOSE@", GROUP_CLOSE.replace("@N@", "VEC"))
+               .replace("@WRITER@", "grp == 0"))
 _INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start", "end", "scale"]
 KPL = 4  # the vec kind's keys a lane per trip
 

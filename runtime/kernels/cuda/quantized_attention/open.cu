@@ -1,10 +1,11 @@
 
-    // One block per (row, KV head, query position) serving the G query heads of that KV group, as the
-    // grouped kernel of decode_attention; keys and values are read as BITS-bit codes (mx.quantize's
-    // layout: element j of a row in byte j * BITS / 8, the low nibble first at 4 bits) with one scale
-    // and one bias per GS elements, and dequantized in registers: x = code * scale + bias.
-    constexpr int KPI = 4;
-    constexpr int PER = D / 32;
+    // Both kinds: one block per (row, KV head, query position) serving the G query heads of that KV
+    // group, as decode_attention's grouped and vec kernels; keys and values are read as BITS-bit codes
+    // (mx.quantize's layout: element j of a row in byte j * BITS / 8, the low nibble first at 4 bits)
+    // with one scale and one bias per GS elements, and dequantized in registers: x = code * scale + bias.
+    // Each kind's lane layout (its *_lanes.cu, below) places this lane: `off` is the first of the
+    // dims of each key and query it holds, all in scale group off / GS; kc / vc point at the row's
+    // first code.
     constexpr int RB = D * BITS / 8;  // bytes of codes per key row
     constexpr int NG = D / GS;        // scales (and biases) per key row
     const int Hq = q_shape[1];
@@ -19,16 +20,15 @@
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const float sc = scale[0];
-    const int off = lane * PER;  // this lane's PER dims of every key, all in scale group off / GS
-    const size_t row0 = (size_t)(b * Hkv + kvh) * C;
+@LANES@    const size_t row0 = (size_t)(b * Hkv + kvh) * C;
     const unsigned char* kc = reinterpret_cast<const unsigned char*>(k) + row0 * RB;
     const unsigned char* vc = reinterpret_cast<const unsigned char*>(v) + row0 * RB;
     const T* ksp = k_scales + row0 * NG + off / GS;
     const T* kbp = k_biases + row0 * NG + off / GS;
     const T* vsp = v_scales + row0 * NG + off / GS;
     const T* vbp = v_biases + row0 * NG + off / GS;
-    float qv[G][PER];
-    float acc[G][PER];
+    float qv[G][@N@];
+    float acc[G][@N@];
     float m[G];
     float lsum[G];
     const float NEG_INF = __int_as_float(0xff800000);
@@ -36,7 +36,7 @@
     for (int g = 0; g < G; ++g) {
       const T* qp = q + ((size_t)(b * Hq + kvh * G + g) * Lq + ql) * D + off;
 #pragma unroll
-      for (int i = 0; i < PER; ++i) { qv[g][i] = static_cast<float>(qp[i]) * sc; acc[g][i] = 0.f; }
+      for (int i = 0; i < @N@; ++i) { qv[g][i] = static_cast<float>(qp[i]) * sc; acc[g][i] = 0.f; }
       m[g] = NEG_INF;
       lsum[g] = 0.f;
     }
