@@ -202,8 +202,8 @@ def binding_notes(binding: Binding) -> list[str]:
     lossy = [p for p in binding.policies if getattr(p, "exact", True) is False]
     if lossy:  # opt-in rounding (quantized KV): say so, the outputs are not the model's bf16 ones
         notes.append(f"not exact: {len(lossy)} of {len(binding.policies)} layers keep KV as {lossy[0].describe()}; "
-                     "outputs differ from unquantized KV (checked against mlx-lm's QuantizedKVCache; "
-                     "docs/cache-policies.md)")
+                     "outputs differ from unquantized KV (checked against mlx-lm's forward on the same codes: "
+                     f"{type(lossy[0].reference_cache()).__name__}; docs/cache-policies.md)")
     reason = prefix_unsupported_reason(binding.policies)
     if reason:
         notes.append(f"prefix reuse off: {reason}")
