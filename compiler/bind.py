@@ -59,8 +59,10 @@ def classify_model(model, config: dict) -> list[LayerInfo]:
 
 
 def bind(spec: GraphSpec, model, config: dict, layers: list[LayerInfo] | None = None,
-         model_type: str | None = None) -> Binding:
-    """Instantiate the declared policy for each layer. Raises GraphError (no policy for a kind)."""
+         model_type: str | None = None, target=None) -> Binding:
+    """Instantiate the declared policy for each layer. Raises GraphError (no policy for a kind).
+    `target` (compiler/target.py, the device's facts): handed to each policy that has `for_target`,
+    so what its caches run on this device follows the same facts the plan's choices do."""
     served = text_model(model)
     model_type = model_type or model_type_of(served, config)
     layers = layers if layers is not None else classify_model(model, config)
@@ -91,9 +93,12 @@ def bind(spec: GraphSpec, model, config: dict, layers: list[LayerInfo] | None = 
         decl = spec.policy_for(info.kind)
         cls = get_policy(decl.policy)
         try:
-            policies.append(cls(info, **decl.param_dict))
+            policy = cls(info, **decl.param_dict)
         except (ValueError, TypeError) as e:
             raise GraphError([Diagnostic(decl.loc, f"cannot bind policy '{decl.policy}' to layer {info.index}: {e}")])
+        if target is not None and hasattr(policy, "for_target"):
+            policy.for_target(target)
+        policies.append(policy)
     wrapper = model_type_of(model, config) if served is not model else None
     return Binding(spec, served, dict(config), layers, policies, model_type=model_type,
                    adapter=adapter_for(served, model_type), wrapper_type=wrapper,

@@ -161,7 +161,7 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
         # the model's generation graph, and this graph reuses what that check chose.
         return compile_sibling(compile_graph(None, model, config, lowering, target=target, requested=requested),
                                graph, model)
-    binding = bind(spec, model, config, layers, mtype)
+    binding = bind(spec, model, config, layers, mtype, target=target)
     if kv_bits is not None and not any(p.name == "quantized" for p in binding.policies):
         raise UnsupportedModel(f"kv_bits={kv_bits}: model type '{mtype}' has no full-attention layers to quantize "
                                f"(its layers: {', '.join(sorted({l.kind for l in layers}))})")
@@ -277,8 +277,9 @@ def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) ->
     b0 = compiled.binding
     spec = load_spec(graph, b0.config)
     # What the check chose, and found about batching this model.
-    binding = attrs.evolve(bind(spec, model, b0.config, b0.layers, b0.model_type), lowering=b0.lowering,
-                           check=b0.check, checks=b0.checks, batched=b0.batched, mask_rank=b0.mask_rank)
+    binding = attrs.evolve(bind(spec, model, b0.config, b0.layers, b0.model_type, target=compiled.target),
+                           lowering=b0.lowering, check=b0.check, checks=b0.checks, batched=b0.batched,
+                           mask_rank=b0.mask_rank)
     t, r = compiled.target, compiled.requested  # the plans' choice passes on the same inputs
     return CompiledGraph(spec, binding, lower(binding, "prefill", t, r), lower(binding, "decode", t, r),
                          vocab_size=compiled.vocab_size, target=t, requested=r)

@@ -95,8 +95,10 @@ def _version(dist: str) -> str:
 
 
 def verdict_key(model, model_path: str, config: dict, graph, lowering: str,
-                kv_bits: int | None = None, kv_group_size: int | None = None) -> str:
-    """The key of a verdict: sha256 over everything the self-check's outcome depends on (module doc)."""
+                kv_bits: int | None = None, kv_group_size: int | None = None, kernels: tuple = ()) -> str:
+    """The key of a verdict: sha256 over everything the self-check's outcome depends on (module doc).
+    `kernels`: the target's kernels that matched here, which a policy's caches may run on
+    (bind's `for_target`: quantized KV on CUDA attends in graphc's kernel only where it matched)."""
     params = [(k, tuple(v.shape), str(v.dtype)) for k, v in tree_flatten(model.parameters())]
     graph_text = "auto" if graph is None else resolve_graph_path(graph).read_text()
     parts = {
@@ -104,7 +106,7 @@ def verdict_key(model, model_path: str, config: dict, graph, lowering: str,
         "config": config, "params": params, "graph": graph_text, "lowering": lowering,
         "kv": [kv_bits, kv_group_size],
         "graphc": [_version("graphc"), source_digest()], "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm"),
-        "device": str(mx.default_device()),
+        "device": str(mx.default_device()), "kernels": list(kernels),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -159,8 +161,9 @@ def _rebuild(record: dict, graph, model, config: dict, kv_bits, kv_group_size, t
     check = checks[record["check"]]
     if not check.ok:
         raise ValueError("the stored verdict is not a passing check")
-    binding = attrs.evolve(bind(spec, model, config, layers, record["model_type"]), checks=checks, check=check,
-                           lowering=record["lowering"], batched=record["batched"], mask_rank=record["mask_rank"])
+    binding = attrs.evolve(bind(spec, model, config, layers, record["model_type"], target=target),
+                           checks=checks, check=check, lowering=record["lowering"], batched=record["batched"],
+                           mask_rank=record["mask_rank"])
     # The plans' choice passes run on this start's target and requested options: they are not
     # part of the verdict (they follow the check, as in compile.py's _checked).
     return CompiledGraph(spec, binding, lower(binding, "prefill", target, requested),
@@ -187,7 +190,8 @@ def compile_cached(graph, model, config: dict, lowering: str = "auto", kv_bits: 
     # weights did not come from files the key could see.
     if model_path is None or mode() == "always" or not Path(model_path).exists() or _distributed():
         return compile_graph(graph, model, config, **compile_kw)
-    key = verdict_key(model, model_path, config, graph, lowering, kv_bits, kv_group_size)
+    key = verdict_key(model, model_path, config, graph, lowering, kv_bits, kv_group_size,
+                      kernels=tuple(sorted(n for n, why, _ in target.kernels if why is None)))
     path = verdict_path(key)
     if path.is_file():
         try:

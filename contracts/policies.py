@@ -54,6 +54,8 @@ class PolicyLike(Protocol):
     `describe()`, `bytes_per_token()`, `chain_safe`, `lossy_tolerance` (the self-check's
     allowance for policies that change the numbers on purpose), and for prefix sharing the
     prefix protocol: `prefix_kind`, `prefix_unsupported()`, `prefix_tail()` (runtime/cache/base.py).
+    Optional: `for_target(target)`, called by bind() with the device's facts (compiler/target.py)
+    where a policy's caches run differently by device (`quantized`: graphc's CUDA kernel).
     """
 
     name: ClassVar[str]

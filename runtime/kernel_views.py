@@ -105,9 +105,9 @@ class KernelViews:
         # says whether the kernel serves and why; the blocks are the layers it fits.
         choice = step.plan.choice("attention (eager steps)")
         self.note = choice.why
-        adapter = step.binding.adapter
-        self.blocks = decode_attention.kernel_blocks(adapter) if choice.choice == "cuda decode kernel" else {}
-        self.layer_modules = [lay for lay in (adapter.layers if adapter is not None else ()) if id(lay) in self.blocks]
+        self.adapter = step.binding.adapter
+        self.blocks = (decode_attention.kernel_blocks(self.adapter)
+                       if choice.choice == "cuda decode kernel" else {})
 
     @property
     def on(self) -> bool:
@@ -118,7 +118,7 @@ class KernelViews:
         runtime/warmup.py; DecodeAttention.warm says why); how many. Heads and dtype are each layer's
         (the dtype its output projection computes in: a quantized one's scales)."""
         shapes = set()
-        for layer in self.layer_modules:
+        for layer in (lay for lay in self.adapter.layers if id(lay) in self.blocks):
             a = layer.self_attn
             dtype = getattr(a.o_proj, "scales", a.o_proj.weight).dtype
             shapes.add((a.n_heads, a.n_kv_heads, a.head_dim, dtype))

@@ -96,6 +96,7 @@ def llama(model_dir):
 def test_greedy_through_the_kernel_equals_mlx_lm_quantized_cache(llama, route_on_cpu, bits):
     eng = Engine.load(llama, kv_bits=bits, prefill_chunk=32)
     assert isinstance(eng.compiled.binding.policies[0].reference_cache(), qcache.DequantizedKVCache)
+    assert isinstance(eng.runner.new_caches()[0], qcache.KernelQuantizedKV)
     route_on_cpu.clear()
     prompts = [[5 + i for i in range(n)] for n in (5, 40, 17, 1, 23)]
     got = [r.token_ids for r in eng.generate(prompts, GREEDY)]
@@ -141,3 +142,28 @@ def test_the_kernel_is_probed_only_where_quantized_kv_is_asked_for(llama, tmp_pa
     graph.write_text(dense.read_text().replace("policy: pool_backed", "policy: quantized"))
     assert "policy: quantized" in graph.read_text() and declares_quantized(graph, {}) is True
     assert declares_quantized(tmp_path / "missing.yaml", {}) is False  # compile_graph reports it
+
+
+def test_the_target_decides_the_route_not_a_check_in_the_step(llama, route_on_cpu):
+    """The caches take the kernel from the target's fact (bind's for_target), as the plan does: a
+    target without the fact keeps mlx-lm's quantized SDPA even where the kernel's check would pass."""
+    from graphc.compiler.compile import compile_graph
+    from graphc.compiler.target import Target
+    from graphc.runtime.target import probe_target
+
+    eng = Engine.load(llama)
+    on = compile_graph(None, eng.model, eng.config, kv_bits=8, target=probe_target(quantized=True))
+    assert issubclass(on.binding.policies[0].cache_class, qcache.KernelQuantizedKV)
+    off = compile_graph(None, eng.model, eng.config, kv_bits=8, target=Target(device="cpu"))
+    assert off.binding.policies[0].kernel is False
+    assert not issubclass(off.binding.policies[0].cache_class, qcache.KernelQuantizedKV)
+    assert type(off.binding.policies[0].reference_cache()).__name__ == "QuantizedKVCache"
+
+
+def test_a_stored_self_check_verdict_is_keyed_by_the_kernels_that_matched(llama):
+    from graphc.compiler.selfcheck_cache import verdict_key
+
+    eng = Engine.load(llama)
+    keys = {verdict_key(eng.model, str(llama), eng.config, None, "auto", 8, None, kernels=k)
+            for k in ((), ("quantized_attention",))}
+    assert len(keys) == 2

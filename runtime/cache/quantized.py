@@ -55,11 +55,11 @@ class QuantizedKV(FullKV):
 
     @classmethod
     def with_format(cls, bits: int, group_size: int) -> type:
-        """The cache class of one format (one class per format, made once): FullKV makes new
+        """The cache class of one format (one class per format and base, made once): FullKV makes new
         instances with type(self)(...) (extract, restore), so the format travels with the class."""
         key = (cls, bits, group_size)
         if key not in _FORMATS:
-            _FORMATS[key] = type(f"QuantizedKV{bits}g{group_size}", (cls,), {"bits": bits, "group_size": group_size})
+            _FORMATS[key] = type(f"{cls.__name__}{bits}g{group_size}", (cls,), {"bits": bits, "group_size": group_size})
         return _FORMATS[key]
 
     def update_and_fetch(self, keys, values):
@@ -84,13 +84,19 @@ class QuantizedKV(FullKV):
     def state(self):
         return self.keys_and_values()
 
-    # -- attention on CUDA: graphc's kernel, not mlx-lm's quantized SDPA -------------------
-    # MLX's CUDA quantized_matmul, which mlx-lm's quantized SDPA runs on, lacks kernels for most
-    # attention shapes (none at head dim 64). Where graphc's quantized attention kernel matched its
-    # reference here (runtime/kernels/quantized_attention.py), llama-family layers run as graphc's
-    # own block and attend through `attend_new` below; other layers keep mlx-lm's path.
+
+
+class KernelQuantizedKV(QuantizedKV):
+    """QuantizedKV whose llama-family layers attend through graphc's quantized attention kernel
+    (runtime/kernels/quantized_attention.py): the policy's caches where that kernel matched its
+    reference on this device (`QuantizedPolicy.for_target`, from the target's facts the plan reads
+    too). Why: MLX's CUDA quantized_matmul, which mlx-lm's quantized SDPA runs on, lacks kernels for
+    most attention shapes (none at head dim 64). Other layers keep mlx-lm's path."""
+
+    _mask = None  # the forward's mask, while run_layer runs a llama block
+
     def run_layer(self, layer, h, mask):
-        if not kernel_route() or llama_not_own_block(layer) is not None:
+        if llama_not_own_block(layer) is not None:
             return layer(h, mask, self)
         self._mask = mask  # the prompt chunks' attention (below) takes the forward's own mask
         try:
@@ -109,7 +115,7 @@ class QuantizedKV(FullKV):
             return quantized_attention.quantized_attention(q, planes, self.left_pad_array(), on_device([self.idx]),
                                                            scale, self.group_size, self.bits)
         kd, vd = quantized_attention.dequantized((*keys, *values), self.group_size, self.bits)
-        return mx.fast.scaled_dot_product_attention(q, kd, vd, scale=scale, mask=getattr(self, "_mask", None))
+        return mx.fast.scaled_dot_product_attention(q, kd, vd, scale=scale, mask=self._mask)
 
 
 # A step of at most this many queries a row attends in the kernel (one query for decode, k + 1 for a
@@ -117,15 +123,8 @@ class QuantizedKV(FullKV):
 KERNEL_QUERIES = 16
 
 
-def kernel_route() -> bool:
-    """Whether quantized layers attend through graphc's kernel here: on CUDA, once the kernel's
-    check passed in this process (or its stored verdict says so); off CUDA the check answers
-    "not a CUDA device" and mlx-lm's quantized SDPA runs, as it always has."""
-    return quantized_attention.check() is None
-
-
 class DequantizedKVCache(KVCache):
-    """The load-time self-check's reference where the kernel route serves (`kernel_route`): mlx-lm's
+    """The load-time self-check's reference where the kernel serves (KernelQuantizedKV): mlx-lm's
     own forward on a plain KVCache that stores each key and value as mx.quantize codes dequantized
     again — the same codes as QuantizedKVCache's, attended in MLX's float attention instead of
     quantized_matmul (which cannot run there): the same numbers up to summation order."""
@@ -181,6 +180,15 @@ class QuantizedPolicy(CachePolicy):
             raise ValueError(f"cache policy 'quantized': layer {layer.index}'s head_dim {bad[0]} is not a multiple "
                              f"of group_size (kv_group_size) {group}; use {hint}")
         self.cache_class = QuantizedKV.with_format(bits, group)
+        self.kernel = False  # for_target: graphc's CUDA kernel attends (KernelQuantizedKV)
+
+    def for_target(self, target) -> None:
+        """On a device where graphc's quantized attention kernel matched its reference (the target's
+        `quantized_attention` fact: runtime/target.py probes it where quantized KV is asked for), the
+        caches attend through it; elsewhere mlx-lm's quantized SDPA runs, as it always has."""
+        self.kernel = target.why_not("quantized_attention") is None
+        base = KernelQuantizedKV if self.kernel else QuantizedKV
+        self.cache_class = base.with_format(self.params["bits"], self.params["group_size"])
 
     def bytes_per_token(self) -> int:
         h, bits, group = self.layer.kv_heads, self.params["bits"], self.params["group_size"]
@@ -200,7 +208,7 @@ class QuantizedPolicy(CachePolicy):
         """The mlx-lm cache this policy reproduces: what the load-time self-check compares it to
         (where graphc's CUDA kernel attends, the same codes on a plain KVCache: DequantizedKVCache)."""
         group, bits = self.params["group_size"], self.params["bits"]
-        if kernel_route():
+        if self.kernel:
             return DequantizedKVCache(group, bits)
         return QuantizedKVCache(group_size=group, bits=bits)
 
