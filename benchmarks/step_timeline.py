@@ -61,8 +61,8 @@ def _nbytes(c) -> int:
 
 @contextmanager
 def _watch_caches(copies: _Copies):
-    """Count the bytes FullKV's growth, extend_all (rows joining, vacant rows dropped on the way)
-    and filter (rows leaving) write."""
+    """Count the bytes FullKV's growth (vacant rows dropped in it included), extend_all (rows
+    joining, vacant rows dropped on the way) and filter (rows leaving) write."""
     cls = full_cache.FullKV
     grow, extend_all, filt = cls._grow, cls.extend_all, cls.filter
 
@@ -72,7 +72,8 @@ def _watch_caches(copies: _Copies):
 
     def _extend_all(self, others, keep=None):
         extend_all(self, others, keep)
-        copies.step["join"] += _nbytes(self)
+        # nothing joining: vacant rows dropped in a growing step's copy (runtime/batch_rows.py)
+        copies.step["join" if others else "grow"] += _nbytes(self)
 
     def _filter(self, rows):
         filt(self, rows)
@@ -247,6 +248,9 @@ def main(argv=None) -> int:
                         "each value starts with a fresh cost model")
     p.add_argument("--compile", choices=("eager", "auto", "on", "measured"), default=None,
                    help="Engine(compile=) (default: the engine's)")
+    p.add_argument("--vacant-rows", choices=("auto", "quarter", "copies"), default=None,
+                   help="decode: {vacant_rows: ...}: when the rows of ended requests are dropped "
+                        "(docs/scheduling.md \"Rows left vacant\"; default: the graph's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--json", help="write every step record and the summaries here")
@@ -265,6 +269,8 @@ def main(argv=None) -> int:
         kw["step_tokens"] = a.step_tokens
     if a.compile is not None:
         kw["compile"] = {"eager": False, "on": True}.get(a.compile, a.compile)
+    if a.vacant_rows is not None:
+        kw["decode_options"] = {"vacant_rows": a.vacant_rows}
     engine = Engine.load(a.model, **kw)
     if a.burst_tokens is not None:
         engine.scheduler.BURST_TOKENS = a.burst_tokens

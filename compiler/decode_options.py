@@ -23,6 +23,10 @@
                                # (MLX's scalar pool), so no page a later step uses migrates to the
                                # host (a faster lookup under ncu, no gain through the API, so
                                # default false; runtime/host_read.py)
+      vacant_rows: auto        # rows whose requests ended stay in the batch until a copy drops them
+                               # (runtime/batch_rows.py): quarter = also once past a quarter of the
+                               # rows, copies = only by copies the batch takes anyway (a join, a
+                               # step that widens the buffers); auto: quarter on the CPU, else copies
 
 `Engine(compile=..., skinny_gemm=..., decode_options=...)` may override any of them; the
 decode plan's passes (`graphc inspect`) show what was applied and, when it was not, why.
@@ -40,7 +44,11 @@ DECODE_OPTIONS = {
     "skinny_table": (None, "a tuned launch table (JSON) for the skinny matmul; null: the built-in heuristic"),
     "sampling_kernel": (True, "CUDA: the sampled step's candidate stage (first K ranks, 1/T, noise) as one kernel"),
     "host_read_pieces": (False, "CUDA: the host reads each decode step's tokens as 8-byte copies (MLX's scalar pool)"),
+    "vacant_rows": ("auto", "when rows whose requests ended are dropped: quarter (also past a quarter of the batch), "
+                            "copies (only by a join's or a growth's copy), auto (quarter on the CPU, else copies)"),
 }
+
+VACANT_ROWS = ("auto", "quarter", "copies")
 
 # Options that only compiled decode steps read (runtime/compiled_decode.py): unused while the
 # plan's compile mode is eager.
@@ -80,6 +88,9 @@ def problems(raw) -> list[str]:
         elif k == "skinny_table":
             if v is not None and not isinstance(v, str):
                 out.append(f"decode option 'skinny_table' must be a file path or null, got {v!r}")
+        elif k == "vacant_rows":
+            if v not in VACANT_ROWS:
+                out.append(f"decode option 'vacant_rows' must be {', '.join(VACANT_ROWS)}, got {v!r}")
         elif not isinstance(v, bool) and not (k == "compile" and v in ("auto", "measured")):
             allowed = "true, false, auto or measured" if k == "compile" else "true or false"
             out.append(f"decode option '{k}' must be {allowed}, got {v!r}")

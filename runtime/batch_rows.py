@@ -7,9 +7,13 @@ ends one row at a time; on the H200 (1B Llama shape, 64 rows) a step in which ro
 ~19 ms against an 8.7 ms decode step (docs/serving-bench.md), and those steps set the tail of the
 inter-token latency. A row whose request ended is left in place instead: it keeps decoding (its
 tokens are dropped), and a FullKV narrows it to the column it writes (`vacate`), so its attention
-reads one column and `/metrics` counts none of it as live. The rows are compacted when a join
-copies the batch anyway, and when vacant rows pass a quarter of the batch (a vacant row costs a
-row of every decode matmul).
+reads one column and `/metrics` counts none of it as live. The rows are compacted by copies the
+batch takes anyway: a join, and a decode step whose write needs wider buffers (every 256 columns,
+runtime/cache/full.py: the drop and the growth are one copy). The decode plan's `vacant rows`
+choice (compiler/passes/decode_choices.py) says whether they are also compacted once they pass a
+quarter of the batch ("quarter": on the CPU, where a vacant row costs a row of every decode
+matmul) or only by those copies ("copies": on a GPU, where the matmuls read the weights once for
+every row and a drop of its own is a step several times as long).
 
 Only rows that could not come back and need nothing from the host are left vacant: a preempted
 request is queued again (its row must go, or it would sit in the batch twice once it rejoins),
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from .request import Status
 
-# Compact once more than this share of the batch's rows is vacant.
+# Under the plan's "quarter": compact once more than this share of the batch's rows is vacant.
 MAX_VACANT_SHARE = 0.25
 
 
@@ -29,10 +33,14 @@ class BatchRows:
     """rows: the batch's requests in row order (vacant ones included); caches: one layer cache per
     layer holding those rows (None while the batch is empty); vacant: ids of the rows left vacant."""
 
-    def __init__(self):
+    def __init__(self, vacant_rows: str = "quarter"):
         self.rows: list = []
         self.caches: list | None = None
         self.vacant: set[int] = set()
+        # The decode plan's `vacant rows` choice: past this share of the batch, vacant rows are
+        # dropped by a copy of their own ("copies": never, the join and growth copies drop them;
+        # "at once": paged rows, whose leaving copies nothing).
+        self.max_vacant_share = {"quarter": MAX_VACANT_SHARE, "copies": 1.0, "at once": 0.0}[vacant_rows]
 
     def live(self) -> list:
         """The requests still decoding, in row order."""
@@ -67,13 +75,26 @@ class BatchRows:
             self.clear()
             return
         cheap = any(getattr(c, "cheap_filter", False) for c in self.caches)  # paged rows: no copy to save
-        if not vacate or cheap or len(self.vacant) > MAX_VACANT_SHARE * len(self.rows):
+        if not vacate or cheap or len(self.vacant) > self.max_vacant_share * len(self.rows):
             self._keep(live)
             return
         for c in self.caches:
             narrow = getattr(c, "vacate", None)
             if narrow is not None:
                 narrow(idx)
+
+    def grows_next(self) -> bool:
+        """Whether the next decode step widens some layer's buffers (`grows_next`: a copy of every
+        row), in which the vacant rows should go (drop_vacant)."""
+        return bool(self.caches) and any(getattr(c, "grows_next", _never)() for c in self.caches)
+
+    def drop_vacant(self) -> None:
+        """Drop the vacant rows in one copy per layer that also leaves room for the next decode
+        write (extend_all allocates for one column more), so a growing step copies the rows once."""
+        keep = self.live_indices()
+        self.rows, self.vacant = [self.rows[i] for i in keep], set()
+        for c in self.caches:
+            extend_all(c, [], keep)
 
     def live_indices(self) -> list[int]:
         return [i for i, r in enumerate(self.rows) if id(r) not in self.vacant]
@@ -83,6 +104,10 @@ class BatchRows:
         self.vacant = set()
         for c in self.caches:
             c.filter(keep)
+
+
+def _never() -> bool:
+    return False
 
 
 def may_vacate(req, speculates) -> bool:

@@ -69,7 +69,8 @@ class ModelRunner:
         self.host_read = host_read  # how the host reads a decode step's tokens
         # The decode batch: its rows (requests, some left vacant by ones that ended) and their layer
         # caches (runtime/batch_rows.py).
-        self.batch = BatchRows()
+        vacant = plan.choice("vacant rows")
+        self.batch = BatchRows(vacant.choice if vacant is not None else "quarter")
         self.pending: Launch | None = None
         # Prompts prefilled but not in the decode batch yet: (requests, their caches as rows). They
         # join at the next run_decode, after the engine's postprocess saw their first tokens (a
@@ -314,6 +315,13 @@ class ModelRunner:
 
     # -- decode -------------------------------------------------------------------
     def _launch(self) -> Launch:
+        if self.batch.vacant and self.batch.grows_next():
+            # This step's write widens the buffers (a copy of every row): the vacant rows go in
+            # that copy (runtime/batch_rows.py).
+            self._busy()
+            if self.speculator is not None:
+                self.speculator.settle(self.caches)
+            self.batch.drop_vacant()
         step = self.compiled.decode
         toks, sampling = next_input(self.sampler, self.rows, self.pending)
         inputs = StepInputs(toks, self.caches, sampling=sampling)

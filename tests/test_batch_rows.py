@@ -156,3 +156,52 @@ def test_rows_that_need_the_host_or_come_back_leave_at_once(mdir):
         eng.step()
         assert not eng.runner.batch.vacant or all(r.grammar is None for r in eng.runner.rows
                                                   if id(r) in eng.runner.batch.vacant)
+
+
+def _run_tracking(eng, calls, prompts, news):
+    reqs = [eng.request(eng.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True)))
+            for p, n in zip(prompts, news)]
+    seen = []
+    while eng.has_unfinished():
+        eng.step()
+        if eng.runner.rows:
+            seen.append((len(eng.runner.rows), len(eng.runner.batch.vacant), calls["filter"], calls["extend_keep"]))
+    assert eng.runner.rows == [] and eng.runner.caches is None
+    assert_greedy_matches_mlx_lm(eng.model, prompts, [eng.result(r) for r in reqs], news)
+    return seen
+
+
+def test_copies_keeps_vacant_rows_until_the_buffers_grow(mdir, monkeypatch):
+    """decode: {vacant_rows: copies} (a GPU's default): five of eight rows end and stay vacant, past a
+    quarter of the batch, with no copy of their own; the step whose write widens the buffers (64
+    columns: the longest prompt is 30 tokens) drops them in its copy, one extend_all per layer."""
+    eng = Engine.load(mdir, prefix_cache=False, decode_options={"vacant_rows": "copies"})
+    assert eng.runner.batch.max_vacant_share == 1.0
+    calls = _tracking(monkeypatch)
+    prompts = random_prompts(8, 1024, [9, 30, 4, 17, 12, 25, 6, 21], seed=5)
+    seen = _run_tracking(eng, calls, prompts, [3, 4, 5, 6, 7, 60, 60, 60])
+    n_layers = len(eng.runner.policies)
+    assert (8, 5, 0, 0) in seen  # five vacant of eight: no filter, no compaction
+    assert (3, 0, 0, n_layers) in seen  # the growth's copy kept the three live rows
+    assert all(f == 0 for *_, f, _ in seen)  # no row ever left by a copy of its own
+
+
+def test_a_growing_step_drops_vacant_rows_in_its_copy(mdir, monkeypatch):
+    """Under the CPU's "quarter": one vacant row of eight stays (under a quarter) until the buffers
+    grow, and goes in that copy rather than by a filter."""
+    eng = Engine.load(mdir, prefix_cache=False)
+    assert eng.compiled.plan("decode").choice("vacant rows").choice == "quarter"
+    calls = _tracking(monkeypatch)
+    prompts = random_prompts(8, 1024, [9, 30, 4, 17, 12, 25, 6, 21], seed=6)
+    seen = _run_tracking(eng, calls, prompts, [3] + [50] * 7)
+    n_layers = len(eng.runner.policies)
+    assert (8, 1, 0, 0) in seen and (7, 0, 0, n_layers) in seen
+    assert all(f == 0 for *_, f, _ in seen)
+
+
+def test_grows_next_says_when_a_write_widens_the_buffers():
+    c = _cache([0, 3], 63, cap=64)
+    assert not c.grows_next() and c.grows_next(2)
+    c.idx = 64
+    assert c.grows_next()
+    assert not FullKV(2).grows_next()  # nothing written yet: nothing to copy

@@ -17,7 +17,7 @@ from graphc.runtime.compiled_decode import CompiledDecode
 from graphc.runtime.target import probe_target
 
 ROOT = Path(__file__).resolve().parent.parent
-DECODE_CHOICES = ["compile mode", "attention (eager steps)", "sampling", "host read", "speculative arm"]
+DECODE_CHOICES = ["compile mode", "attention (eager steps)", "sampling", "host read", "vacant rows", "speculative arm"]
 COMPILED_CHOICES = ["decode layers", "attention (compiled steps)", "K/V write", "projections (compiled steps)",
                     "residual adds"]
 # Every shipped graph, on a model whose layers it serves.
@@ -89,6 +89,28 @@ def test_choices_follow_the_target_not_the_machine(model_dir):
     assert cpu.choice("attention (compiled steps)") == attrs.evolve(
         plan.choice("attention (compiled steps)"), choice="mlx sdpa", why="not a CUDA device")
     assert cpu.choice("sampling").choice == "fused mlx" and "not a CUDA device" in cpu.choice("sampling").why
+    # Vacant rows: dropped past a quarter where a row costs matmul work (the CPU), only by copies the
+    # batch takes anyway on a GPU; the paged graph's rows leave at once.
+    assert cpu.choice("vacant rows").choice == "quarter" and "device is cpu" in cpu.choice("vacant rows").why
+    assert plan.choice("vacant rows").choice == "copies" and "device is cuda" in plan.choice("vacant rows").why
+    paged = compile_graph("dense_paged", model, config, target=cuda).plan("decode")
+    assert paged.choice("vacant rows").choice == "at once" and "pages" in paged.choice("vacant rows").why
+
+
+def test_vacant_rows_is_a_decode_option(model_dir):
+    """`decode: {vacant_rows: ...}` overrides the device's default and the plan says where it came
+    from; a value it does not know is refused by the validator and by the engine's override."""
+    from graphc.compiler import decode_options
+
+    model, config = _load(model_dir, "llama", {})
+    plan = compile_graph("dense", model, config, target=Target(device="cpu"),
+                         requested=Requested.of({"vacant_rows": "copies"})).plan("decode")
+    assert plan.choice("vacant rows").choice == "copies"
+    assert plan.choice("vacant rows").why == "the engine asks vacant_rows='copies'"
+    assert decode_options.problems({"vacant_rows": "never"}) == [
+        "decode option 'vacant_rows' must be auto, quarter, copies, got 'never'"]
+    with pytest.raises(ValueError, match="vacant_rows must be"):
+        compile_graph("dense", model, config, target=Target(device="cpu"), requested=Requested.of({"vacant_rows": 1}))
 
 
 def test_the_engine_obeys_the_plan_and_shows_the_measured_arm_in_use(model_dir):
@@ -99,6 +121,7 @@ def test_the_engine_obeys_the_plan_and_shows_the_measured_arm_in_use(model_dir):
     assert eng.compiled.decode.gate.arm_names == plan.choice("compile mode").arms
     assert eng.runner.sampler.kernel == (plan.choice("sampling").choice == "fused cuda")
     assert eng.runner.host_read == plan.choice("host read").choice
+    assert eng.runner.batch.max_vacant_share == {"quarter": 0.25, "copies": 1.0}[plan.choice("vacant rows").choice]
     before = json.dumps(eng.describe())
     assert all(c.get("in_use", {}).get("latest") is None for c in eng.describe()["choices"] if c["arms"])
     eng.generate(["one two three one two three one two"], SamplingParams(max_tokens=12, ignore_eos=True))

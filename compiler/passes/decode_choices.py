@@ -21,6 +21,7 @@ from ..target import UNPROBED, Requested, Target
 COMPILE_MODES = ("eager", "compiled", "auto", "measured")
 ATTENTION = ("mlx sdpa", "cuda decode kernel")
 SAMPLING = ("grouped", "fused mlx", "fused cuda")
+VACANT = ("at once", "quarter", "copies")
 # Where `requested` leaves them None (a plan compiled without an engine): the speculator's
 # defaults (runtime/speculative/speculator.py default_pipeline / default_adaptive), which an
 # engine resolves into `requested` itself.
@@ -262,6 +263,32 @@ def choose_host_read(ctx: ChoiceContext) -> Choice:
     return Choice("host read", "tokens", alts, ctx.source("host_read_pieces"))
 
 
+def choose_vacant_rows(ctx: ChoiceContext) -> Choice:
+    """When the rows of requests that ended leave the decode batch (runtime/batch_rows.py). Every
+    drop copies each kept row's KV; a step that widens the buffers (every 256 columns) or a join
+    copies them anyway, so both modes drop vacant rows there. Between those copies a vacant row
+    costs a row of every decode matmul: real work on the CPU, where a step's matmuls are
+    compute-bound; close to nothing on a GPU at serving batch sizes, where they read the weights
+    once for all rows (an H100 timeline of the 1B shape: plain steps of 64 and of 4 rows both
+    5.1-5.2 ms, while each drop that kept 4-47 rows made a 13-37 ms step, docs/scheduling.md)."""
+    name, asked = "vacant rows", ctx.options["vacant_rows"]
+    if asked not in ("auto", "quarter", "copies"):
+        raise ValueError(f"decode option vacant_rows must be 'auto', 'quarter' or 'copies', got {asked!r}")
+    paged = _rowless(ctx)
+    if paged:
+        return Choice(name, "at once", VACANT, f"{paged}: a row that leaves gives its pages back, nothing is copied")
+    if asked != "auto":
+        return Choice(name, asked, VACANT, ctx.source("vacant_rows"))
+    if ctx.target.device not in ("cuda", "gpu"):
+        return Choice(name, "quarter", VACANT, f"vacant_rows=auto and device is {ctx.target.device}: a vacant row "
+                      "costs a row of every decode matmul, so they are dropped once past a quarter of the batch, "
+                      "and by any join or growth of the buffers (copies the batch takes anyway)")
+    return Choice(name, "copies", VACANT, f"vacant_rows=auto and device is {ctx.target.device}: decode matmuls read "
+                  "the weights once for every row, so a vacant row costs next to nothing while dropping it copies "
+                  "every kept row's KV; they are dropped only by a join or a growth of the buffers (copies the "
+                  "batch takes anyway)")
+
+
 def choose_speculative(ctx: ChoiceContext) -> Choice:
     r = ctx.requested
     name, alts = "speculative arm", ("plain", "verify", "pipelined", "measured")
@@ -290,6 +317,7 @@ DECODE_PASSES = (
     ("attention (eager steps)", choose_eager_attention),
     ("sampling", choose_sampling),
     ("host read", choose_host_read),
+    ("vacant rows", choose_vacant_rows),
     ("speculative arm", choose_speculative),
 )
 

@@ -63,6 +63,9 @@ class ListCache(LayerCache):
         for i, c in enumerate(self.caches):
             c.extend_all([o.caches[i] for o in others], keep)
 
+    def grows_next(self, n: int = 1) -> bool:
+        return any(getattr(c, "grows_next", lambda n: False)(n) for c in self.caches)
+
     def extract(self, row: int) -> "ListCache":
         return ListCache([c.extract(row) for c in self.caches])
 

@@ -101,6 +101,10 @@ class FullKV(LayerCache):
         self._offset = None
         return {name: getattr(self, name)[..., :need, :] for name in self.PLANES}
 
+    def grows_next(self, n: int = 1) -> bool:
+        """Whether writing `n` more columns copies every row into wider buffers (`_grow`)."""
+        return self.keys is not None and self.idx + n > self.keys.shape[2]
+
     def _grow(self, new: dict, need: int):
         cap = capacity_for(need)
         for name in self.PLANES:
