@@ -12,7 +12,8 @@ defaults (so a server default of speculative decoding is warmed too). Then the s
 meets next (`serving_shapes`): four prompts admitted together (one batched prefill forward, a
 decode batch of 4), and while they decode a prompt of one step budget plus 32 tokens, which
 prefills in two chunks (a full one without the LM head, a last one at an offset) and joins the
-decoding batch (an extend of its caches, batch 5); each build of graphc's decode attention kernel
+decoding batch (an extend of its caches, batch 5), with the copies that drop rows from a batch run
+once on the 4 rows' caches (`row_copies`); each build of graphc's decode attention kernel
 that a batch of up to max-batch rows picks (a batch past 8 and past 16 rows switches build, each
 loaded on its first launch in a process, `decode_kernel_builds`): on a GPU only, where first shapes cost
 (kernel JIT, cuDNN attention graphs per shape), and every aligned prompt-chunk attention shape up
@@ -44,6 +45,7 @@ import mlx.core as mx
 
 from graphc.runtime.params import SamplingParams
 
+from .cache import full
 from .warmup_plans import attention_plans
 
 log = logging.getLogger("graphc.server")
@@ -120,6 +122,7 @@ def serving_shapes(engine, rng: random.Random, vocab: int) -> bool:
             engine.add_request([rng.randrange(vocab) for _ in range(PROMPT_TOKENS)], p)
         engine.step()  # the burst: one batched prefill, first tokens
         engine.step()  # a decode step of ROWS rows
+        row_copies(engine)
         engine.add_request([rng.randrange(vocab) for _ in range(long_n)], p)
         while engine.has_unfinished():
             engine.step()
@@ -127,6 +130,16 @@ def serving_shapes(engine, rng: random.Random, vocab: int) -> bool:
         raise RuntimeError(f"the warm-up's serving shapes failed: {type(e).__name__}: {e} "
                            "(--no-warmup starts the server without it)") from e
     return True
+
+
+def row_copies(engine) -> int:
+    """On the decode batch's layer caches (the ROWS rows of serving_shapes), the copies that drop
+    rows from a batch (runtime/cache/full.py `warm_row_copies`: a run copied, scattered rows
+    gathered as 8-byte words): the first drop of scattered rows, vacant or ended, is a client's
+    step otherwise. How many planes."""
+    caches = engine.runner.caches or []
+    parts = [p for c in caches for p in (getattr(c, "caches", None) or [c])]  # a ListCache's parts
+    return sum(full.warm_row_copies(p) for p in parts)
 
 
 def decode_kernel_builds(engine) -> int:

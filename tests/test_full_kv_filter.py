@@ -56,3 +56,35 @@ def test_many_runs_take_the_gather(copy_runs):
     want = np.array(c.keys)[rows][:, :, 5:]
     c.filter(rows)
     assert np.array_equal(np.array(c.keys), want)
+
+
+@pytest.mark.parametrize("words", [True, False])
+@pytest.mark.parametrize("dtype,dim", [(mx.bfloat16, 64), (mx.float32, 4), (mx.uint32, 16), (mx.bfloat16, 1)])
+@pytest.mark.parametrize("first", [0, 7])
+def test_gather_rows_equals_the_element_gather(monkeypatch, words, dtype, dim, first):
+    """The GPU's gather of rows as 8-byte words (and the element gather it falls back to where a
+    row's last axis is no whole number of words, e.g. a bf16 scale per group) gives x[rows][..., first:, :]."""
+    monkeypatch.setattr(full_mod, "word_gather_here", lambda: words)
+    x = mx.array(np.arange(9 * 3 * 20 * dim, dtype=np.float32).reshape(9, 3, 20, dim)).astype(dtype)
+    rows = [8, 0, 3, 4, 7]
+    got = full_mod.gather_rows(x, rows, first=first)
+    want = np.array(x.astype(mx.float32))[rows][:, :, first:]
+    assert got.dtype == dtype and got.shape == want.shape
+    assert np.array_equal(np.array(got.astype(mx.float32)), want)
+
+
+def test_scattered_rows_join_through_the_word_gather(monkeypatch):
+    """extend_all keeping rows in more runs than MAX_COPY_RUNS gathers them (as words on a GPU):
+    the same batch as a filter then an extend."""
+    monkeypatch.setattr(full_mod.mx, "default_device", lambda: mx.Device(mx.gpu))
+    n = 2 * MAX_COPY_RUNS + 2
+    keep = list(range(1, n, 2))
+    pads = [(5 * i) % 17 for i in range(n)]
+    one, ref, other = _cache(pads, 90), _cache(pads, 90), _cache([3, 0], 40)
+    one.extend_all([other], keep)
+    ref.filter(keep)
+    ref.extend(_cache([3, 0], 40))
+    assert one.left_pad == ref.left_pad and one.idx == ref.idx
+    for n_ in one.PLANES:
+        a, b = np.array(getattr(one, n_)), np.array(getattr(ref, n_))
+        assert all(np.array_equal(a[r, :, p:one.idx], b[r, :, p:ref.idx]) for r, p in enumerate(one.left_pad))

@@ -48,3 +48,38 @@ def test_the_cpu_warm_up_is_the_two_requests_alone(model_dir):
     seen = _record(eng)
     eng.warm_up()
     assert max(running for *_, running in seen) <= 1
+
+
+def test_warm_up_runs_the_row_copies_on_the_batch_caches(model_dir, monkeypatch):
+    """The copies that drop rows (a run, two runs, scattered rows as words with and without dropped
+    columns) run once on every plane of the ROWS-row batch, on both gather paths, and leave the
+    batch as it was; the engine's tokens afterwards are unchanged."""
+    from graphc.runtime.cache import full
+
+    ran = []
+    plain = full.gather_rows
+
+    def gather_rows(x, rows, first=0):
+        ran.append((x.shape[0], tuple(rows), first))
+        return plain(x, rows, first)
+
+    monkeypatch.setattr(full, "word_gather_here", lambda: True)  # a GPU's path, here on the CPU
+    monkeypatch.setattr(full, "gather_rows", gather_rows)
+    eng = Engine.load(model_dir("llama"), step_tokens=STEP_TOKENS_FLOOR, prefill_lanes=1)
+    warm_up(eng, shapes=True)
+    planes = 2 * len(eng.runner.policies)  # keys and values of every layer
+    assert ran.count((ROWS, (0, 2), 0)) == planes and ran.count((ROWS, (0, 2), 1)) == planes
+    assert not eng.has_unfinished() and eng.stats["generated_tokens"] == 0
+
+
+def test_warm_row_copies_leaves_the_cache_as_it_was():
+    from graphc.runtime.cache.full import FullKV, warm_row_copies
+
+    c = FullKV(4, [0, 1, 2, 3])
+    c.keys = mx.arange(4 * 2 * 5 * 8, dtype=mx.float32).reshape(4, 2, 5, 8)
+    c.values = c.keys + 1
+    c.idx = 5
+    before = [mx.array(c.keys), mx.array(c.values)]
+    assert warm_row_copies(c) == 2
+    assert mx.array_equal(c.keys, before[0]).item() and mx.array_equal(c.values, before[1]).item()
+    assert warm_row_copies(FullKV(2, [0, 0])) == 0  # nothing written yet: nothing to copy
