@@ -17,10 +17,14 @@ from .http import httpx
 
 NAMES = ("queue", "ttft", "tpot", "latency")
 _LINE = re.compile(r'^graphc_request_(\w+?)_seconds_bucket\{.*le="([^"]+)"\} (\d+)$')
+# The server process's Python garbage collections (runtime/gc_pauses.py): full ones, and seconds
+# paused over every generation.
+_GC = re.compile(r'^graphc_gc_(collections_total|pause_seconds_total)\{generation="(\d)"\} (\S+)$')
 
 
 def parse(text: str) -> dict[str, list[int]]:
-    """name -> non-cumulative bucket counts (BUCKETS then +Inf), summed over the server's models."""
+    """name -> non-cumulative bucket counts (BUCKETS then +Inf), summed over the server's models;
+    "gc" -> [full collections, seconds paused] of the server process, where it exports them."""
     cum: dict[str, dict[str, int]] = {}
     for line in text.splitlines():
         m = _LINE.match(line)
@@ -28,6 +32,16 @@ def parse(text: str) -> dict[str, list[int]]:
             per = cum.setdefault(m.group(1), {})
             per[m.group(2)] = per.get(m.group(2), 0) + int(m.group(3))
     out = {}
+    gc_ = [0.0, 0.0]  # full collections, pause seconds (all generations)
+    for line in text.splitlines():
+        m = _GC.match(line)
+        if m:
+            if m.group(1) == "collections_total":
+                gc_[0] += float(m.group(3)) if m.group(2) == "2" else 0.0
+            else:
+                gc_[1] += float(m.group(3))
+    if any(line.startswith("graphc_gc_") for line in text.splitlines()):
+        out["gc"] = gc_
     bounds = [repr(b) for b in BUCKETS] + ["+Inf"]
     for name, per in cum.items():
         c = [per.get(b, 0) for b in bounds]
@@ -49,6 +63,9 @@ def run_quantiles(before: dict | None, after: dict | None) -> dict:
     if not before or not after:
         return {}
     out = {}
+    if "gc" in after and "gc" in before:  # what the run's share of Python's garbage collection was
+        out["engine_gc_full_collections"] = after["gc"][0] - before["gc"][0]
+        out["engine_gc_pause_s"] = after["gc"][1] - before["gc"][1]
     for name in NAMES:
         a, b = after.get(name), before.get(name, [0] * (len(BUCKETS) + 1))
         if a is None:

@@ -31,7 +31,8 @@ METRICS = (("req_per_s", "req/s", 1, ".2f"), ("output_tok_per_s", "out tok/s", 1
            ("tpot_p50", "TPOT p50 ms", 1e3, ".2f"), ("errors", "errors", 1, ".0f"))
 # graphc's own side of the same runs (its /metrics histograms, engine_side.py): the TTFT from the
 # request's arrival at the engine, and of that the queueing before its prompt's first chunk ran.
-ENGINE_METRICS = ("engine_ttft_p50", "engine_ttft_p99", "engine_queue_p50", "engine_queue_p99", "engine_tpot_p50")
+ENGINE_METRICS = ("engine_ttft_p50", "engine_ttft_p99", "engine_queue_p50", "engine_queue_p99", "engine_tpot_p50",
+                  "engine_gc_full_collections", "engine_gc_pause_s")
 
 @dataclass
 class ServingConfig:
@@ -233,7 +234,9 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
                               f"TTFT p99 {_ms(m['ttft_p99'])}"
                               + (f" (engine {_ms(m['engine_ttft_p99'])})" if m.get("engine_ttft_p99") else "")
                               + f", ITL p99 {_ms(m['itl_p99'])}, "
-                              f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
+                              + (f"Python GC paused {m['engine_gc_pause_s'] * 1e3:.0f} ms "
+                                 f"({m['engine_gc_full_collections']:.0f} full), " if "engine_gc_pause_s" in m else "")
+                              + f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
                               f"{m['retries']} resent", file=sys.stderr)
     if runs:
         for rate in cfg.rates:

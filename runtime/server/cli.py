@@ -70,6 +70,10 @@ def add_parser(subparsers) -> None:
     s.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="before reporting ready, run a greedy and a sampled request so the first client does not "
                         "pay for kernel builds and compiled traces (default: on; a distributed server skips it)")
+    s.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
+                   help="once the model is loaded and warmed up, freeze its objects out of Python's full garbage "
+                        "collections, which otherwise pause every stream for tens of ms (default: on; "
+                        "docs/server.md)")
     s.add_argument("--kv-cache-dir", help="keep prefix-cache KV blocks in this folder too: they are read back "
                                           "when memory misses and survive restarts (docs/cache-policies.md)")
     s.add_argument("--kv-cache-disk-gb", type=float,
@@ -114,7 +118,7 @@ def config_from_args(args) -> ServerConfig:
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
         max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,
         shutdown_timeout=args.shutdown_timeout, compile=COMPILE_FLAG[args.compile],
-        warmup=args.warmup, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb,
+        warmup=args.warmup, gc_freeze=args.gc_freeze, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb,
         snapshot_interval=args.snapshot_interval, kv_cache_block_tokens=args.kv_cache_block_tokens,
         kv_cache_disk_read=args.kv_cache_disk_read)
 

@@ -43,6 +43,10 @@ class ServerConfig:
     distributed: bool = False  # tensor parallel over mlx.launch's world group (docs/distributed.md)
     compile: bool | str | None = None  # Engine(compile=): True / False / "auto" / "measured"; None = the graph's
     warmup: bool = True  # a greedy and a sampled request before ready (runtime/warmup.py); single-process only
+    # After load and warm-up, freeze the process's objects out of Python's full collections
+    # (runtime/gc_pauses.py). Process-wide, so off for an app that embeds the server; `graphc
+    # serve` owns its process and turns it on (--no-gc-freeze keeps Python's default).
+    gc_freeze: bool = False
     kv_cache_dir: str | None = None  # the prefix cache's disk tier (docs/cache-policies.md#the-disk-tier)
     kv_cache_disk_gb: float | None = None  # its size cap, least recently used files first; None: no cap
     kv_cache_block_tokens: int | None = None  # tokens per disk block file; None: 256

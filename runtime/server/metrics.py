@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 
+from graphc.runtime import gc_pauses
 from graphc.runtime.async_engine import EngineSnapshot
 from graphc.runtime.latency_histograms import BUCKETS, HELP, Histogram
 from graphc.runtime.scheduler import Scheduler
@@ -160,6 +161,17 @@ class ServerMetrics:
                [({**m, "cause": c}, n) for c, n in sorted(self.rejected.items())] or [({**m, "cause": "overloaded"}, 0)])
         metric("graphc_http_requests_total", "counter", "HTTP responses by path and status.",
                [({"path": p, "status": str(c)}, n) for (p, c), n in sorted(self.http.items())])
+        gc_ = gc_pauses.install().snapshot()  # process-wide (runtime/gc_pauses.py)
+        gens = [({"generation": str(g)}, g) for g in gc_pauses.GENERATIONS]
+        metric("graphc_gc_collections_total", "counter", "Python garbage collections by generation.",
+               [(lab, gc_["collections"][g]) for lab, g in gens])
+        metric("graphc_gc_pause_seconds_total", "counter",
+               "Seconds every thread waited on Python garbage collections, by generation.",
+               [(lab, gc_["seconds"][g]) for lab, g in gens])
+        metric("graphc_gc_pause_seconds_max", "gauge", "The longest Python garbage collection, by generation.",
+               [(lab, gc_["longest"][g]) for lab, g in gens])
+        metric("graphc_gc_frozen_objects", "gauge",
+               "Objects frozen out of Python's collections after startup (--gc-freeze).", [({}, gc_["frozen"])])
         return "\n".join(lines) + "\n"
 
     @staticmethod

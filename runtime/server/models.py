@@ -33,6 +33,7 @@ from typing import Callable
 import attrs
 import mlx.core as mx
 
+from graphc.runtime import gc_pauses
 from graphc.runtime.engine import Engine
 
 from .config import ServerConfig
@@ -195,6 +196,7 @@ class ModelRegistry:
         log.info("unloading model '%s' (%s)", name, why)
         self._lru.pop(name, None)
         self.states[name].unload()
+        gc_pauses.unfreeze()  # its objects were frozen at load (--gc-freeze): collectable again
         gc.collect()  # the engine's arrays go now, before the next model's weights arrive
         mx.clear_cache()
 

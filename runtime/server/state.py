@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from graphc.runtime import gc_pauses
 from graphc.runtime.async_engine import AsyncEngine, EngineClosed, StreamGroup
 from graphc.runtime.engine import Engine
 
@@ -108,6 +109,8 @@ class ServerState:
                 self.warmup_s = engine.warm_up()
                 log.info("warm-up done in %.1f s", self.warmup_s)
             self._attach(engine)
+            if self.config.gc_freeze:  # startup's objects out of the collector's full walks (runtime/gc_pauses.py)
+                log.info("froze %d startup objects out of Python's garbage collection", gc_pauses.freeze_startup())
             log.info("%s loaded in %.1f s", self.model_name, time.perf_counter() - t0)
         except BaseException as e:  # reported through /health and 503s, not a dead server
             log.exception("loading the model failed")
