@@ -5,8 +5,9 @@ A full (generation 2) collection walks every tracked container object of the pro
 thread waits while it runs. A server's startup leaves ~10^5 of them (the model's modules, the
 tokenizer's and the web framework's modules and classes) that live until exit: with the Llama
 demo model loaded and warmed up and the server app built, one full collection over ~134,000
-objects took 73-86 ms on a shared 2-core CPU, against ~0 ms once they were frozen (`gc.freeze()`: moved to a generation the collector no longer walks). The
-collector starts a full collection by itself as long-lived objects accumulate, so those pauses
+objects took 73-86 ms on a shared 2-core CPU, against ~0 ms once they were frozen
+(`gc.freeze()`: moved to a generation the collector no longer walks). The collector starts a
+full collection by itself as long-lived objects accumulate, so those pauses
 land inside running streams' inter-token gaps. `graphc serve` therefore freezes what startup made
 once the model is loaded and warmed up (`--no-gc-freeze` keeps Python's default), after a
 collection so that no garbage is frozen with it; a model unloaded from a multi-model server is

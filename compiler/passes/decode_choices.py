@@ -14,7 +14,7 @@ import attrs
 from graphc.contracts.policies import rollback_problem
 
 from ..choice import Choice
-from ..decode_options import compile_pass
+from ..decode_options import VACANT_ROWS, compile_pass
 from ..layer_groups import TRACEABLE_KINDS, untraceable
 from ..target import UNPROBED, Requested, Target
 
@@ -272,8 +272,8 @@ def choose_vacant_rows(ctx: ChoiceContext) -> Choice:
     once for all rows (an H100 timeline of the 1B shape: plain steps of 64 and of 4 rows both
     5.1-5.2 ms, while each drop that kept 4-47 rows made a 13-37 ms step, docs/scheduling.md)."""
     name, asked = "vacant rows", ctx.options["vacant_rows"]
-    if asked not in ("auto", "quarter", "copies"):
-        raise ValueError(f"decode option vacant_rows must be 'auto', 'quarter' or 'copies', got {asked!r}")
+    if asked not in VACANT_ROWS:
+        raise ValueError(f"decode option vacant_rows must be one of {VACANT_ROWS}, got {asked!r}")
     paged = _rowless(ctx)
     if paged:
         return Choice(name, "at once", VACANT, f"{paged}: a row that leaves gives its pages back, nothing is copied")
