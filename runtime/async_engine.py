@@ -35,7 +35,7 @@ from typing import AsyncIterator, Callable
 import attrs
 import mlx.core as mx
 
-from .async_streams import BlockingStream, LoopOutbox, RequestStream, StreamEvent, StreamGroup
+from .async_streams import BlockingStream, LoopOutbox, RequestStream, StreamEvent, StreamGroup, deliver_all
 from .engine import Engine
 from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
 from .engine_snapshot import EngineSnapshot, Snapshots
@@ -330,14 +330,27 @@ class AsyncEngine:
 
     def _send(self) -> None:
         outgoing, self._outgoing = self._outgoing, []
+        by_loop: dict = {}  # an event loop's outboxes: the iteration's events in one hand-over (async_streams.py)
         for outbox, ev in outgoing:
+            if isinstance(outbox, LoopOutbox):
+                by_loop.setdefault(outbox.loop, []).append((outbox, ev))
+                continue
             try:
                 outbox.put(ev)
             except Exception:  # a consumer that went away (closed loop) must not stop the engine
-                rid = getattr(ev.out, "request_id", "?")
-                log.debug("dropping output for %s: its outbox failed", rid, exc_info=True)
-                if ev.out is not None and not ev.out.finished:
-                    self.abort(ev.out.request_id)
+                self._undeliverable(ev)
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(deliver_all, items)
+            except Exception:  # its loop closed
+                for _, ev in items:
+                    self._undeliverable(ev)
+
+    def _undeliverable(self, ev: StreamEvent) -> None:
+        rid = getattr(ev.out, "request_id", "?")
+        log.debug("dropping output for %s: its outbox failed", rid, exc_info=True)
+        if ev.out is not None and not ev.out.finished:
+            self.abort(ev.out.request_id)
 
     def _done_one(self) -> None:
         with self._lock:

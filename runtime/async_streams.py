@@ -4,7 +4,13 @@ The engine thread puts one `StreamEvent` per delta (and one for a failure) on th
 submission names: anything with a thread-safe `put(event)`. A thread without an event loop
 hands a `queue.SimpleQueue` (BlockingStream); an event loop hands a `LoopOutbox`, which moves
 the event into that loop's `asyncio.Queue` with `call_soon_threadsafe` (StreamGroup). Nothing
-of the consumer's runs on the engine thread but that `put`.
+of the consumer's runs on the engine thread but that `put`. The engine hands all of one
+iteration's events for one loop over in a single `call_soon_threadsafe` (`deliver_all`): each
+such call writes to the loop's wake-up pipe and is a handle the loop runs, so a step of 64
+streams cost the engine thread 64 of them. On this project's 2-core CPU, 64 streams, 300 steps
+2 ms apart (`python benchmarks/probes/loop_handoff.py`, 3 repeats): the engine thread's time to
+hand over a step's events 0.44-1.05 ms one call an event, 0.03-0.04 ms one call a step; the
+loop's CPU per event 11-14 us against 6.4-6.8 us.
 """
 
 from __future__ import annotations
@@ -41,7 +47,18 @@ class LoopOutbox:
     index: int = 0
 
     def put(self, event: StreamEvent) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.index, event))
+        self.loop.call_soon_threadsafe(self.deliver, event)
+
+    def deliver(self, event: StreamEvent) -> None:
+        """On `loop`'s thread: queue the event (AsyncEngine hands a step's events for one loop
+        over in one call_soon_threadsafe, `deliver_all`)."""
+        self.queue.put_nowait((self.index, event))
+
+
+def deliver_all(items: list) -> None:
+    """On an event loop's thread: each (LoopOutbox, event) of one engine iteration, in order."""
+    for outbox, event in items:
+        outbox.deliver(event)
 
 
 class StreamGroup:

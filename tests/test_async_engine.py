@@ -261,3 +261,38 @@ def test_a_bad_submission_fails_its_future_and_sends_nothing(engine):
         assert box.empty() and a.num_inflight == 0
     finally:
         a.shutdown()
+
+
+def test_a_steps_events_reach_a_loop_in_one_hand_over(aengine, prompts, reference, monkeypatch):
+    """Six streams on one event loop: each engine iteration hands its events for that loop over in
+    one call_soon_threadsafe (async_streams.deliver_all), never one per stream, and every stream
+    still gets its tokens in order."""
+    from graphc.runtime import async_engine as ae
+
+    sizes = []
+    plain = ae.deliver_all
+
+    def deliver_all(items):
+        sizes.append(len(items))
+        plain(items)
+
+    monkeypatch.setattr(ae, "deliver_all", deliver_all)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        calls = []
+        real = loop.call_soon_threadsafe
+
+        def counting(cb, *args, **kw):
+            calls.append(cb)
+            return real(cb, *args, **kw)
+
+        loop.call_soon_threadsafe = counting
+        got = await asyncio.gather(*[collect(aengine.stream(p, P)) for p in prompts])
+        return got, calls
+
+    got, calls = asyncio.run(main())
+    assert [ids for ids, _, _ in got] == reference
+    events = [cb for cb in calls if cb is deliver_all or getattr(cb, "__name__", "") in ("deliver", "put_nowait")]
+    assert events and all(cb is deliver_all for cb in events)  # no per-event hand-over
+    assert max(sizes) >= 2 and len(sizes) < sum(sizes)  # iterations carried several streams' events at once
