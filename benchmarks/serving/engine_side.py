@@ -32,16 +32,12 @@ def parse(text: str) -> dict[str, list[int]]:
             per = cum.setdefault(m.group(1), {})
             per[m.group(2)] = per.get(m.group(2), 0) + int(m.group(3))
     out = {}
-    gc_ = [0.0, 0.0]  # full collections, pause seconds (all generations)
-    for line in text.splitlines():
-        m = _GC.match(line)
-        if m:
-            if m.group(1) == "collections_total":
-                gc_[0] += float(m.group(3)) if m.group(2) == "2" else 0.0
-            else:
-                gc_[1] += float(m.group(3))
-    if any(line.startswith("graphc_gc_") for line in text.splitlines()):
-        out["gc"] = gc_
+    for m in filter(None, map(_GC.match, text.splitlines())):
+        gc_ = out.setdefault("gc", [0.0, 0.0])  # full collections, pause seconds (all generations)
+        if m.group(1) == "pause_seconds_total":
+            gc_[1] += float(m.group(3))
+        elif m.group(2) == "2":
+            gc_[0] += float(m.group(3))
     bounds = [repr(b) for b in BUCKETS] + ["+Inf"]
     for name, per in cum.items():
         c = [per.get(b, 0) for b in bounds]

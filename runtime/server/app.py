@@ -18,6 +18,7 @@ from typing import Callable
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from graphc.runtime import gc_pauses
 from graphc.runtime.engine import Engine
 
 from .chat import create_chat_completion
@@ -50,6 +51,7 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        gc_pauses.install()  # /metrics counts the process's collections from here on
         (registry or state).start()
         try:
             yield
