@@ -40,7 +40,7 @@ from .engine import Engine
 from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
 from .engine_snapshot import EngineSnapshot, Snapshots
 from .grammar import GrammarState
-from .latency_histograms import observe
+from .latency_histograms import SharedHistogram, observe, observe_all
 from .params import SamplingParams
 from .request import GenerationResult, RequestOutput
 
@@ -80,6 +80,7 @@ class Stop:
 class _Live:
     req: object  # the engine's Request (engine thread only)
     outbox: object
+    last_delta: float | None = None  # perf_counter when its last delta with tokens was routed (the itl histogram)
 
 
 _running: "weakref.WeakSet[AsyncEngine]" = weakref.WeakSet()
@@ -105,6 +106,7 @@ class AsyncEngine:
         self._closed = False
         self._finished: collections.Counter = collections.Counter()  # engine thread only
         self._latency: dict = {}  # name -> Histogram of finished requests (engine thread; values, for snapshots)
+        self._handover = SharedHistogram()  # engine -> event loop waits, observed on the loops' threads
         self._snapshots = Snapshots(tps_window_s)
         self.snapshot = EngineSnapshot(time=time.time())
         self.error: BaseException | None = None  # set when the engine thread died
@@ -308,10 +310,15 @@ class AsyncEngine:
 
     def _route(self, outs: list[RequestOutput]) -> None:
         """Each delta of the step to its request's outbox (sent after the snapshot)."""
+        now, gaps = time.perf_counter(), []
         for out in outs:
             live = self._live.get(out.request_id)
             if live is None:
                 continue  # added straight to the Engine by someone else; not ours to route
+            if out.new_token_ids:
+                if live.last_delta is not None:
+                    gaps.append(now - live.last_delta)
+                live.last_delta = now
             result = None
             if out.finished:
                 del self._live[out.request_id]
@@ -320,6 +327,7 @@ class AsyncEngine:
                 result = self.engine.result(live.req)
                 self._done_one()
             self._outgoing.append((live.outbox, StreamEvent(out, result)))
+        self._latency = observe_all(self._latency, "itl", gaps)
 
     def _finish_aborted(self, rid: str, live: _Live) -> None:
         self._live.pop(rid, None)
@@ -339,9 +347,10 @@ class AsyncEngine:
                 outbox.put(ev)
             except Exception:  # a consumer that went away (closed loop) must not stop the engine
                 self._undeliverable(ev)
+        sent_at = time.perf_counter()
         for loop, items in by_loop.items():
             try:
-                loop.call_soon_threadsafe(deliver_all, items)
+                loop.call_soon_threadsafe(deliver_all, items, sent_at, self._handover)
             except Exception:  # its loop closed
                 for _, ev in items:
                     self._undeliverable(ev)
@@ -390,4 +399,5 @@ class AsyncEngine:
                 cmd.result.set_exception(err)
 
     def _snap(self) -> None:
-        self.snapshot = self._snapshots.take(self.engine, self.snapshot, self._inflight, self._finished, self._latency)
+        latency = {**self._latency, "handover": self._handover.value} if self._handover.value.count else self._latency
+        self.snapshot = self._snapshots.take(self.engine, self.snapshot, self._inflight, self._finished, latency)

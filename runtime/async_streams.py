@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import time
 from typing import TYPE_CHECKING, Iterator
 
 import attrs
 
+from .latency_histograms import SharedHistogram
 from .request import GenerationResult, RequestOutput
 
 if TYPE_CHECKING:
@@ -55,8 +57,11 @@ class LoopOutbox:
         self.queue.put_nowait((self.index, event))
 
 
-def deliver_all(items: list) -> None:
-    """On an event loop's thread: each (LoopOutbox, event) of one engine iteration, in order."""
+def deliver_all(items: list, sent_at: float | None = None, waits: SharedHistogram | None = None) -> None:
+    """On an event loop's thread: each (LoopOutbox, event) of one engine iteration, in order.
+    `waits` observes how long the hand-over waited for the loop since `sent_at` (perf_counter)."""
+    if waits is not None and sent_at is not None:
+        waits.observe(time.perf_counter() - sent_at)
     for outbox, event in items:
         outbox.deliver(event)
 

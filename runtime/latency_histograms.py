@@ -10,6 +10,14 @@ request (engine clock, `Request` fields):
     tpot    (finish - first token) / (output tokens - 1): its decode time per token
     latency arrival -> finish
 
+Two more observe every token gap and every hand-over rather than finished requests, so that a
+client's inter-token latency can be split into the engine's part and the door's:
+
+    itl      the gap between two consecutive deltas of one stream, on the engine thread as each
+             step's outputs are routed (a stream's token cadence before anything of the door)
+    handover the engine thread's hand-over of an iteration's events -> the event loop running it
+             (AsyncEngine._send -> async_streams.deliver_all: a busy loop or the GIL shows here)
+
 Buckets are seconds, dense enough (about 1.3x apart up to 10 s) that a p99 read back from two
 scrapes lands within a bucket's width of the true one; the names follow Prometheus' and vLLM's
 (`*_seconds` with `_bucket{le=...}`, `_sum`, `_count`).
@@ -18,11 +26,12 @@ scrapes lands within a bucket's width of the true one; the names follow Promethe
 from __future__ import annotations
 
 import bisect
+import threading
 
 import attrs
 
 BUCKETS: tuple[float, ...] = (
-    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.13, 0.17, 0.22,
+    0.00025, 0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.13, 0.17, 0.22,
     0.3, 0.4, 0.5, 0.65, 0.8, 1.0, 1.3, 1.7, 2.2, 3.0, 4.0, 5.0, 6.5, 8.0, 10.0, 13.0, 17.0, 22.0, 30.0,
     45.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -32,6 +41,8 @@ HELP = {
     "ttft": "Seconds from a request's arrival at the engine to its first output token (queue plus prefill).",
     "tpot": "Seconds per output token after the first, per finished request with at least two.",
     "latency": "Seconds from a request's arrival at the engine to its finish.",
+    "itl": "Seconds between two consecutive deltas of one stream as the engine hands them out (every gap).",
+    "handover": "Seconds from the engine thread's hand-over of a step's stream events to the event loop running them.",
 }
 
 
@@ -76,6 +87,31 @@ def observe(hists: dict[str, Histogram], req) -> dict[str, Histogram]:
     return new
 
 
+def observe_all(hists: dict[str, Histogram], name: str, xs: list[float]) -> dict[str, Histogram]:
+    """The histograms with every x of `xs` added to `name` (a new dict; unchanged when xs is empty)."""
+    if not xs:
+        return hists
+    counts, total = list(hists.get(name, Histogram()).counts), hists.get(name, Histogram()).total
+    for x in xs:
+        x = max(0.0, x)
+        counts[bisect.bisect_left(BUCKETS, x)] += 1
+        total += x
+    return {**hists, name: Histogram(tuple(counts), total)}
+
+
+class SharedHistogram:
+    """One histogram observed from other threads (event loops): a lock around the update, a
+    value to read (`Histogram` is immutable, so a reader needs no lock)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.value = Histogram()
+
+    def observe(self, x: float) -> None:
+        with self._lock:
+            self.value = self.value.observe(max(0.0, x))
+
+
 def quantile(counts: list[int], q: float) -> float | None:
     """The q-quantile (0..1) of a histogram's non-cumulative bucket counts, interpolated linearly
     inside its bucket (as Prometheus' histogram_quantile does); None when empty. A quantile that
@@ -95,4 +131,4 @@ def quantile(counts: list[int], q: float) -> float | None:
     return BUCKETS[-1]
 
 
-__all__ = ["BUCKETS", "HELP", "Histogram", "observations", "observe", "quantile"]
+__all__ = ["BUCKETS", "HELP", "Histogram", "SharedHistogram", "observations", "observe", "observe_all", "quantile"]

@@ -272,9 +272,9 @@ def test_a_steps_events_reach_a_loop_in_one_hand_over(aengine, prompts, referenc
     sizes = []
     plain = ae.deliver_all
 
-    def deliver_all(items):
+    def deliver_all(items, *timing):
         sizes.append(len(items))
-        plain(items)
+        plain(items, *timing)
 
     monkeypatch.setattr(ae, "deliver_all", deliver_all)
 
@@ -296,3 +296,28 @@ def test_a_steps_events_reach_a_loop_in_one_hand_over(aengine, prompts, referenc
     events = [cb for cb in calls if cb is deliver_all or getattr(cb, "__name__", "") in ("deliver", "put_nowait")]
     assert events and all(cb is deliver_all for cb in events)  # no per-event hand-over
     assert max(sizes) >= 2 and len(sizes) < sum(sizes)  # iterations carried several streams' events at once
+
+
+def test_token_gaps_and_hand_over_waits_are_histograms(aengine, prompts, reference):
+    """The snapshot's itl histogram holds one observation per gap between a stream's deltas that
+    carry tokens, and handover one per hand-over to the loop; a later stream adds to them."""
+
+    async def deltas(stream):
+        n = 0
+        async for out in stream:
+            n += bool(out.new_token_ids)
+        return n
+
+    async def main():
+        return await asyncio.gather(*[deltas(aengine.stream(p, P)) for p in prompts])
+
+    counts = asyncio.run(main())
+    lat = aengine.snapshot.latency
+    assert lat["itl"].count == sum(n - 1 for n in counts) and lat["itl"].count >= len(prompts)
+    assert lat["itl"].total > 0
+    more = asyncio.run(main())
+    after = aengine.snapshot.latency
+    assert after["itl"].count == lat["itl"].count + sum(n - 1 for n in more)
+    # a snapshot is taken before its iteration's hand-over: by now the first run's are all in it,
+    # at least one per step of its longest stream
+    assert after["handover"].count >= max(counts)

@@ -15,7 +15,7 @@ from graphc.runtime.latency_histograms import BUCKETS, quantile
 
 from .http import httpx
 
-NAMES = ("queue", "ttft", "tpot", "latency")
+NAMES = ("queue", "ttft", "tpot", "latency", "itl", "handover")
 _LINE = re.compile(r'^graphc_request_(\w+?)_seconds_bucket\{.*le="([^"]+)"\} (\d+)$')
 # The server process's Python garbage collections (runtime/gc_pauses.py): full ones, and seconds
 # paused over every generation.

@@ -30,8 +30,11 @@ METRICS = (("req_per_s", "req/s", 1, ".2f"), ("output_tok_per_s", "out tok/s", 1
            ("itl_p50", "ITL p50 ms", 1e3, ".2f"), ("itl_p99", "ITL p99 ms", 1e3, ".2f"),
            ("tpot_p50", "TPOT p50 ms", 1e3, ".2f"), ("errors", "errors", 1, ".0f"))
 # graphc's own side of the same runs (its /metrics histograms, engine_side.py): the TTFT from the
-# request's arrival at the engine, and of that the queueing before its prompt's first chunk ran.
+# request's arrival at the engine, and of that the queueing before its prompt's first chunk ran;
+# the gaps between a stream's tokens as the engine hands them out (its ITL before the door), and how
+# long those hand-overs waited for the server's event loop.
 ENGINE_METRICS = ("engine_ttft_p50", "engine_ttft_p99", "engine_queue_p50", "engine_queue_p99", "engine_tpot_p50",
+                  "engine_itl_p50", "engine_itl_p99", "engine_handover_p50", "engine_handover_p99",
                   "engine_gc_full_collections", "engine_gc_pause_s")
 
 @dataclass
@@ -142,9 +145,13 @@ def rate_table(rate_key: str, per: dict, servers) -> str:
     g = per.get("graphc", {})
     if g.get("engine_ttft_p99"):  # the engine's share of graphc's TTFT, under the TTFT columns
         rows.append(["graphc engine", "", "", _cell(g["engine_ttft_p50"], 1e3, ".1f"),
-                     _cell(g["engine_ttft_p99"], 1e3, ".1f"), "", "", _cell(g.get("engine_tpot_p50"), 1e3, ".2f"), ""])
+                     _cell(g["engine_ttft_p99"], 1e3, ".1f"), _cell(g.get("engine_itl_p50"), 1e3, ".2f"),
+                     _cell(g.get("engine_itl_p99"), 1e3, ".2f"), _cell(g.get("engine_tpot_p50"), 1e3, ".2f"), ""])
         rows.append(["  of it queued", "", "", _cell(g.get("engine_queue_p50"), 1e3, ".1f"),
                      _cell(g.get("engine_queue_p99"), 1e3, ".1f"), "", "", "", ""])
+        if g.get("engine_handover_p99"):  # the engine thread -> event loop wait, under the ITL columns
+            rows.append(["  loop hand-over", "", "", "", "", _cell(g.get("engine_handover_p50"), 1e3, ".2f"),
+                         _cell(g.get("engine_handover_p99"), 1e3, ".2f"), "", ""])
     if "graphc_over_mlx_lm" in per:
         r = per["graphc_over_mlx_lm"]
         rows.append(["graphc/mlx_lm", "", _cell(r["output_tok_per_s"], 1, ".2f"), "", _cell(r["ttft_p99"], 1, ".2f"),
@@ -233,7 +240,9 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
                               f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
                               f"TTFT p99 {_ms(m['ttft_p99'])}"
                               + (f" (engine {_ms(m['engine_ttft_p99'])})" if m.get("engine_ttft_p99") else "")
-                              + f", ITL p99 {_ms(m['itl_p99'])}, "
+                              + f", ITL p99 {_ms(m['itl_p99'])}"
+                              + (f" (engine {_ms(m['engine_itl_p99'])}, loop hand-over "
+                                 f"{_ms(m['engine_handover_p99'])})" if m.get("engine_itl_p99") else "") + ", "
                               + (f"Python GC paused {m['engine_gc_pause_s'] * 1e3:.0f} ms "
                                  f"({m['engine_gc_full_collections']:.0f} full), " if "engine_gc_pause_s" in m else "")
                               + f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
