@@ -248,7 +248,7 @@ def main(argv=None) -> int:
                         "each value starts with a fresh cost model")
     p.add_argument("--compile", choices=("eager", "auto", "on", "measured"), default=None,
                    help="Engine(compile=) (default: the engine's)")
-    p.add_argument("--vacant-rows", choices=("auto", "quarter", "copies"), default=None,
+    p.add_argument("--vacant-rows", choices=("auto", "quarter", "copies", "reuse"), default=None,
                    help="decode: {vacant_rows: ...}: when the rows of ended requests are dropped "
                         "(docs/scheduling.md \"Rows left vacant\"; default: the graph's)")
     p.add_argument("--seed", type=int, default=0)

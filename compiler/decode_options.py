@@ -45,10 +45,11 @@ DECODE_OPTIONS = {
     "sampling_kernel": (True, "CUDA: the sampled step's candidate stage (first K ranks, 1/T, noise) as one kernel"),
     "host_read_pieces": (False, "CUDA: the host reads each decode step's tokens as 8-byte copies (MLX's scalar pool)"),
     "vacant_rows": ("auto", "when rows whose requests ended are dropped: quarter (also past a quarter of the batch), "
-                            "copies (only by a join's or a growth's copy), auto (quarter on the CPU, else copies)"),
+                            "copies (only by a join's or a growth's copy), reuse (as copies, and joins write their "
+                            "rows into vacant ones in place), auto (quarter on the CPU, else reuse)"),
 }
 
-VACANT_ROWS = ("auto", "quarter", "copies")
+VACANT_ROWS = ("auto", "quarter", "copies", "reuse")
 
 # Options that only compiled decode steps read (runtime/compiled_decode.py): unused while the
 # plan's compile mode is eager.

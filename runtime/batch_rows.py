@@ -13,7 +13,13 @@ runtime/cache/full.py: the drop and the growth are one copy). The decode plan's 
 choice (compiler/passes/decode_choices.py) says whether they are also compacted once they pass a
 quarter of the batch ("quarter": on the CPU, where a vacant row costs a row of every decode
 matmul) or only by those copies ("copies": on a GPU, where the matmuls read the weights once for
-every row and a drop of its own is a step several times as long).
+every row and a drop of its own is a step several times as long). Under "reuse" (the GPU's
+auto) a join also writes its rows into vacant rows in place, copying only the joining rows'
+own positions (FullKV.fill_rows): under arrivals over time every join was a copy of the whole
+batch, and those steps set the inter-token latency's tail at the server door. A join falls back
+to the copy where there are fewer vacant rows than joining ones or a joining row is longer than
+the batch's columns; a growth copy keeps a quarter of the live rows' count vacant for the joins
+to come (`spare_rows`).
 
 Only rows that could not come back and need nothing from the host are left vacant: a preempted
 request is queued again (its row must go, or it would sit in the batch twice once it rejoins),
@@ -40,7 +46,8 @@ class BatchRows:
         # The decode plan's `vacant rows` choice: past this share of the batch, vacant rows are
         # dropped by a copy of their own ("copies": never, the join and growth copies drop them;
         # "at once": paged rows, whose leaving copies nothing).
-        self.max_vacant_share = {"quarter": MAX_VACANT_SHARE, "copies": 1.0, "at once": 0.0}[vacant_rows]
+        self.max_vacant_share = {"quarter": MAX_VACANT_SHARE, "copies": 1.0, "reuse": 1.0, "at once": 0.0}[vacant_rows]
+        self.reuse = vacant_rows == "reuse"  # joins fill vacant rows in place (fill_rows)
 
     def live(self) -> list:
         """The requests still decoding, in row order."""
@@ -53,6 +60,8 @@ class BatchRows:
         """Append `reqs`; `parts` are their layer caches, one list per prefilled group. Vacant rows go
         in the same copy of the batch (filtered out before the extend)."""
         keep = None
+        if self.reuse and self._fill(reqs, parts):
+            return
         if self.caches is None or not self.rows:
             self.rows, self.vacant = [], set()
             self.caches, parts = parts[0], parts[1:]
@@ -63,6 +72,21 @@ class BatchRows:
             for i, mine in enumerate(self.caches):
                 extend_all(mine, [p[i] for p in parts], keep)
         self.rows.extend(reqs)
+
+    def _fill(self, reqs: list, parts: list[list]) -> bool:
+        """Write the joining rows into vacant rows in place (lowest first); False where they do
+        not all fit (then the join copies the batch, dropping the vacant rows)."""
+        if not self.caches or not self.rows or len(reqs) > len(self.vacant):
+            return False
+        if not all(hasattr(c, "fill_rows") and c.can_fill([p[i] for p in parts]) for i, c in enumerate(self.caches)):
+            return False
+        slots = [i for i, r in enumerate(self.rows) if id(r) in self.vacant][:len(reqs)]
+        for i, c in enumerate(self.caches):
+            c.fill_rows(slots, [p[i] for p in parts])
+        for i, req in zip(slots, reqs):
+            self.vacant.discard(id(self.rows[i]))
+            self.rows[i] = req
+        return True
 
     def leave(self, idx: list[int], vacate: bool) -> None:
         """The rows at `idx` (requests that ended or were preempted) leave the batch: left vacant
@@ -88,11 +112,21 @@ class BatchRows:
         row), in which the vacant rows should go (drop_vacant)."""
         return bool(self.caches) and any(getattr(c, "grows_next", _never)() for c in self.caches)
 
+    def spare_rows(self) -> int:
+        """Vacant rows a growth copy keeps for joins to fill: none but under "reuse", there a
+        quarter of the live rows (at least one)."""
+        return -(-len(self.live_indices()) // 4) if self.reuse else 0
+
     def drop_vacant(self) -> None:
-        """Drop the vacant rows in one copy per layer that also leaves room for the next decode
-        write (extend_all allocates for one column more), so a growing step copies the rows once."""
-        keep = self.live_indices()
-        self.rows, self.vacant = [self.rows[i] for i in keep], set()
+        """Drop the vacant rows (but `spare_rows` of them) in one copy per layer that also leaves
+        room for the next decode write (extend_all allocates for one column more), so a growing
+        step copies the rows once."""
+        spare = self.spare_rows()
+        if spare >= len(self.vacant):
+            return  # nothing to drop: the step's write grows the buffers as it would anyway
+        kept_vacant = set([id(r) for r in self.rows if id(r) in self.vacant][:spare])
+        keep = [i for i, r in enumerate(self.rows) if id(r) not in self.vacant or id(r) in kept_vacant]
+        self.rows, self.vacant = [self.rows[i] for i in keep], kept_vacant
         for c in self.caches:
             extend_all(c, [], keep)
 

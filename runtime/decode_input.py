@@ -35,7 +35,21 @@ def next_input(sampler: SamplerCache, rows: list, pending: Launch | None) -> tup
     pos = {id(r): i for i, r in enumerate(pending.rows)}
     from_pending = [pos[id(r)] for r in rows if id(r) in pos]
     joined = [r for r in rows if id(r) not in pos]
-    # The runner appends joining rows and its leave() keeps order, so pending rows come first.
+    # Built as the pending rows (in their order) then the joined ones, then put in row order:
+    # a join appends its rows, or writes them into rows left vacant (runtime/batch_rows.py).
+    toks, state = _kept_then_joined(sampler, st, rows, pending, pos, from_pending, joined)
+    inflight, fresh = iter(range(len(from_pending))), iter(range(len(from_pending), len(rows)))
+    order = [next(inflight) if id(r) in pos else next(fresh) for r in rows]
+    if order == list(range(len(rows))):
+        return toks, state
+    perm = mx.array(order, dtype=mx.int32)
+    if state is not None:
+        state = SamplingState(state.st, state.positions[perm], _take(state.n_generated, perm), _take(state.counts, perm))
+    return toks[perm], state
+
+
+def _kept_then_joined(sampler, st, rows, pending, pos, from_pending, joined):
+    """next_input's tokens and state with the rows from `pending` first, then `joined`."""
     same = from_pending == list(range(len(pending.rows)))
     idx = None if same else mx.array(from_pending, dtype=mx.int32)
     toks = pending.tokens if same else pending.tokens[idx]

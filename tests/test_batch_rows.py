@@ -49,6 +49,23 @@ def test_extend_all_equals_a_filter_then_pairwise_extends(keep):
     assert one.batch == len(kept) + 6 and one.idx == 130  # the longest part sets the write column
 
 
+def test_fill_rows_writes_joining_rows_into_vacant_ones_in_place():
+    """Rows 1 and 3 of a batch take the two rows of a prefilled group and a single prompt,
+    right-aligned at the batch's write column; every other row, the buffers' shape and the write
+    column stay; a row longer than the batch's columns does not fit."""
+    c = _cache([3, 0, 10, 5], 50, cap=64)
+    before = _rows(c)
+    parts = [_cache([4, 0], 30, 32, seed=1), _cache([0], 50, 64, seed=2)]
+    assert c.can_fill(parts) and not c.can_fill([_cache([0], 51, 64, seed=3)])
+    expect = [_rows(parts[0])[0], _rows(parts[1])[0]]
+    c.fill_rows([1, 3], parts[:1])
+    c.fill_rows([2], parts[1:])
+    assert c.keys.shape == (4, 2, 64, 4) and c.idx == 50 and c.left_pad == [3, 24, 0, 20]
+    got = _rows(c)
+    assert np.array_equal(got[0], before[0]) and np.array_equal(got[2], expect[1])
+    assert np.array_equal(got[1], expect[0]) and np.array_equal(got[3], _rows(parts[0])[1])
+
+
 def test_vacate_narrows_a_row_to_its_next_column():
     c = _cache([3, 0, 10], 50)
     c.vacate([1])
@@ -205,3 +222,56 @@ def test_grows_next_says_when_a_write_widens_the_buffers():
     c.idx = 64
     assert c.grows_next()
     assert not FullKV(2).grows_next()  # nothing written yet: nothing to copy
+
+
+def _staggered(eng, prompts, news, params, arrive_after):
+    """Requests added while the batch decodes: the i-th once arrive_after[i] steps have run."""
+    reqs, step = [None] * len(prompts), 0
+    while step == 0 or eng.has_unfinished() or any(r is None for r in reqs):
+        for i, at in enumerate(arrive_after):
+            if reqs[i] is None and step >= at:
+                reqs[i] = eng.request(eng.add_request(prompts[i], params(news[i])))
+        eng.step()
+        step += 1
+    return reqs
+
+
+def test_reuse_writes_joining_rows_into_vacant_ones(mdir, monkeypatch):
+    """decode: {vacant_rows: reuse} (a GPU's default): requests that arrive after others ended take
+    their rows in place (fill_rows, no copy of the batch), with their first tokens and the
+    chained decode in row order, and every request's greedy tokens stay mlx-lm's."""
+    eng = Engine.load(mdir, prefix_cache=False, decode_options={"vacant_rows": "reuse"})
+    calls = _tracking(monkeypatch)
+    fills = {"n": 0}
+    fill = FullKV.fill_rows
+
+    def fill_rows(self, slots, others):
+        fills["n"] += 1
+        return fill(self, slots, others)
+
+    monkeypatch.setattr(FullKV, "fill_rows", fill_rows)
+    prompts = random_prompts(7, 1024, [9, 30, 4, 17, 12, 25, 6], seed=7)
+    news = [3, 40, 4, 40, 12, 20, 9]
+    reqs = _staggered(eng, prompts, news, lambda n: SamplingParams(max_tokens=n, ignore_eos=True),
+                      [0, 0, 0, 0, 8, 9, 14])
+    assert fills["n"] >= len(eng.runner.policies)  # at least one join wrote into vacant rows
+    assert calls["filter"] == 0
+    assert_greedy_matches_mlx_lm(eng.model, prompts, [eng.result(r) for r in reqs], news)
+
+
+@pytest.mark.parametrize("extra", [{}, {"repetition_penalty": 1.3}])
+def test_reuse_keeps_each_rows_sampling_state(mdir, extra):
+    """Seeded sampling (and penalties, whose counts ride with the rows) gives each request the
+    same tokens whether joins refill vacant rows in place or copy the batch."""
+    prompts = random_prompts(6, 1024, [9, 30, 4, 17, 12, 25], seed=8)
+    news = [3, 30, 4, 30, 12, 14]
+
+    def params(n):
+        return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.9, top_k=20, seed=11, **extra)
+
+    out = {}
+    for mode in ("copies", "reuse"):
+        eng = Engine.load(mdir, prefix_cache=False, decode_options={"vacant_rows": mode})
+        reqs = _staggered(eng, prompts, news, params, [0, 0, 0, 0, 7, 8])
+        out[mode] = [eng.result(r).token_ids for r in reqs]
+    assert out["reuse"] == out["copies"]

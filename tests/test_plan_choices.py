@@ -89,10 +89,11 @@ def test_choices_follow_the_target_not_the_machine(model_dir):
     assert cpu.choice("attention (compiled steps)") == attrs.evolve(
         plan.choice("attention (compiled steps)"), choice="mlx sdpa", why="not a CUDA device")
     assert cpu.choice("sampling").choice == "fused mlx" and "not a CUDA device" in cpu.choice("sampling").why
-    # Vacant rows: dropped past a quarter where a row costs matmul work (the CPU), only by copies the
-    # batch takes anyway on a GPU; the paged graph's rows leave at once.
+    # Vacant rows: dropped past a quarter where a row costs matmul work (the CPU); on a GPU refilled
+    # by joins in place and otherwise dropped only by copies the batch takes anyway; the paged
+    # graph's rows leave at once.
     assert cpu.choice("vacant rows").choice == "quarter" and "device is cpu" in cpu.choice("vacant rows").why
-    assert plan.choice("vacant rows").choice == "copies" and "device is cuda" in plan.choice("vacant rows").why
+    assert plan.choice("vacant rows").choice == "reuse" and "device is cuda" in plan.choice("vacant rows").why
     paged = compile_graph("dense_paged", model, config, target=cuda).plan("decode")
     assert paged.choice("vacant rows").choice == "at once" and "pages" in paged.choice("vacant rows").why
 
@@ -108,7 +109,7 @@ def test_vacant_rows_is_a_decode_option(model_dir):
     assert plan.choice("vacant rows").choice == "copies"
     assert plan.choice("vacant rows").why == "the engine asks vacant_rows='copies'"
     assert decode_options.problems({"vacant_rows": "never"}) == [
-        "decode option 'vacant_rows' must be auto, quarter, copies, got 'never'"]
+        "decode option 'vacant_rows' must be auto, quarter, copies, reuse, got 'never'"]
     with pytest.raises(ValueError, match="vacant_rows must be"):
         compile_graph("dense", model, config, target=Target(device="cpu"), requested=Requested.of({"vacant_rows": 1}))
 
@@ -121,7 +122,8 @@ def test_the_engine_obeys_the_plan_and_shows_the_measured_arm_in_use(model_dir):
     assert eng.compiled.decode.gate.arm_names == plan.choice("compile mode").arms
     assert eng.runner.sampler.kernel == (plan.choice("sampling").choice == "fused cuda")
     assert eng.runner.host_read == plan.choice("host read").choice
-    assert eng.runner.batch.max_vacant_share == {"quarter": 0.25, "copies": 1.0}[plan.choice("vacant rows").choice]
+    assert eng.runner.batch.max_vacant_share == {"quarter": 0.25, "copies": 1.0, "reuse": 1.0}[
+        plan.choice("vacant rows").choice]
     before = json.dumps(eng.describe())
     assert all(c.get("in_use", {}).get("latest") is None for c in eng.describe()["choices"] if c["arms"])
     eng.generate(["one two three one two three one two"], SamplingParams(max_tokens=12, ignore_eos=True))

@@ -21,7 +21,7 @@ from ..target import UNPROBED, Requested, Target
 COMPILE_MODES = ("eager", "compiled", "auto", "measured")
 ATTENTION = ("mlx sdpa", "cuda decode kernel")
 SAMPLING = ("grouped", "fused mlx", "fused cuda")
-VACANT = ("at once", "quarter", "copies")
+VACANT = ("at once", "quarter", "copies", "reuse")
 # Where `requested` leaves them None (a plan compiled without an engine): the speculator's
 # defaults (runtime/speculative/speculator.py default_pipeline / default_adaptive), which an
 # engine resolves into `requested` itself.
@@ -270,7 +270,10 @@ def choose_vacant_rows(ctx: ChoiceContext) -> Choice:
     costs a row of every decode matmul: real work on the CPU, where a step's matmuls are
     compute-bound; close to nothing on a GPU at serving batch sizes, where they read the weights
     once for all rows (an H100 timeline of the 1B shape: plain steps of 64 and of 4 rows both
-    5.1-5.2 ms, while each drop that kept 4-47 rows made a 13-37 ms step, docs/scheduling.md)."""
+    5.1-5.2 ms, while each drop that kept 4-47 rows made a 13-37 ms step, docs/scheduling.md).
+    "reuse" also spares the joins' copies: under arrivals over time each join copied the whole
+    batch's KV (a 40-row batch: ~4.7 GB, 80-140 ms steps on an H100), and writing a joining row
+    into a vacant one copies its own positions only."""
     name, asked = "vacant rows", ctx.options["vacant_rows"]
     if asked not in VACANT_ROWS:
         raise ValueError(f"decode option vacant_rows must be one of {VACANT_ROWS}, got {asked!r}")
@@ -283,10 +286,10 @@ def choose_vacant_rows(ctx: ChoiceContext) -> Choice:
         return Choice(name, "quarter", VACANT, f"vacant_rows=auto and device is {ctx.target.device}: a vacant row "
                       "costs a row of every decode matmul, so they are dropped once past a quarter of the batch, "
                       "and by any join or growth of the buffers (copies the batch takes anyway)")
-    return Choice(name, "copies", VACANT, f"vacant_rows=auto and device is {ctx.target.device}: decode matmuls read "
+    return Choice(name, "reuse", VACANT, f"vacant_rows=auto and device is {ctx.target.device}: decode matmuls read "
                   "the weights once for every row, so a vacant row costs next to nothing while dropping it copies "
-                  "every kept row's KV; they are dropped only by a join or a growth of the buffers (copies the "
-                  "batch takes anyway)")
+                  "every kept row's KV; joining rows are written into vacant ones in place, and the rest are "
+                  "dropped only by a join that does not fit or a growth of the buffers (copies the batch takes anyway)")
 
 
 def choose_speculative(ctx: ChoiceContext) -> Choice:

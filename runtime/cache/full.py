@@ -260,6 +260,27 @@ class FullKV(LayerCache):
             setattr(self, name, mx.contiguous(out[name]))
         self.left_pad, self.idx, self._offset = out_pads, idx, None
 
+    def can_fill(self, others: list) -> bool:
+        """Whether `fill_rows` can write every row of `others` into rows of this batch in place:
+        each ends at this batch's write column, so it must hold at most `idx` positions."""
+        return self.keys is not None and all(
+            type(o) is type(self) and o.keys is not None and o.idx - min(o.left_pad) <= self.idx for o in others)
+
+    def fill_rows(self, slots: list[int], others: list) -> None:
+        """Write the rows of `others`, in order, into rows `slots` of this batch (rows left vacant,
+        runtime/batch_rows.py), right-aligned at the write column: a copy of the joining rows'
+        own positions only, where `extend_all` copies every row of the batch into new buffers.
+        What an old row left to the left of the new one's padding is never read (every reader
+        starts at left_pad)."""
+        pads, at = list(self.left_pad), iter(slots)
+        for o in others:
+            for j, p in enumerate(o.left_pad):
+                r, n = next(at), o.idx - p
+                for name in self.PLANES:
+                    getattr(self, name)[r:r + 1, :, self.idx - n:self.idx] = getattr(o, name)[j:j + 1, :, p:o.idx]
+                pads[r] = self.idx - n
+        self.left_pad, self._offset = pads, None
+
     def vacate(self, rows: list[int]) -> None:
         """Rows whose requests ended but that stay in the batch (runtime/batch_rows.py): each attends
         to the column it writes next only, and holds no live token (kv_usage)."""
