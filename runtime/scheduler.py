@@ -211,9 +211,13 @@ class Scheduler:
                 break
         if bursting:
             self._burst_left -= step_budget  # a whole step of the burst, even one that stopped short above
-            admitted = sum(1 for r, n in chunks if r.prefilled + n == len(r.context_ids))
-            # The burst is in when nothing more could be admitted this step or none is left.
-            if not chunks or len(self.waiting) == admitted:
+            # The burst is in when a step finds nothing more to admit (or its tokens are spent):
+            # not when a step took every prompt waiting, since requests sent together reach the
+            # engine over a while (a server tokenizes and hands them over one by one) and those
+            # that come during a burst step belong to the burst. Ending it at the first step that
+            # emptied the queue left the rest to the decode steps' prompt budget, one step budget
+            # a step (docs/scheduling.md). The step that finds nothing decodes.
+            if not chunks:
                 self._burst_left = 0
         self._last = [now, sum(n for _, n in chunks), False]
         return Schedule(chunks, decode=self._burst_left <= 0, groups=self.group_prefill(chunks), cached_tokens=cached)

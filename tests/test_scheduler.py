@@ -224,6 +224,45 @@ def test_a_burst_is_one_step_and_never_overruns():
     assert nxt.decode and [(r, n) for r, n in nxt.prefill] == [(reqs[2], 60)]
 
 
+def _burst_steps(s, arrivals: dict | None = None) -> list:
+    """Schedule steps until one decodes (running each step's chunks); arrivals: step index ->
+    requests added after that step (they reach the engine while it runs)."""
+    steps = []
+    while True:
+        sched = s.schedule()
+        steps.append(sched)
+        assert sum(n for _, n in sched.prefill) <= 8192
+        for r, n in sched.prefill:
+            s.advance(r, r.prefilled + n)
+            if r.prefilled == len(r.context_ids):
+                s.started(r)
+        if sched.decode:
+            return steps
+        for r in (arrivals or {}).get(len(steps) - 1, []):
+            s.add(r)
+
+
+def test_requests_that_arrive_during_a_burst_join_it():
+    """Requests sent together reach the engine over a while: those that arrive while a burst step
+    runs are admitted by the burst's next step, before anything decodes, even when the step
+    before took every prompt that was waiting; the burst ends at a step with nothing to admit."""
+    from graphc.runtime.request import Request
+    from graphc.runtime.scheduler import Scheduler
+
+    s = Scheduler(max_batch=64, prefill_chunk=2048, step_tokens=1024, batch_prefill=True, burst=(65536, 8192))
+    first = [Request([i + 1] * n, SamplingParams()) for i, n in enumerate([300, 700])]
+    later = [Request([i + 9] * n, SamplingParams()) for i, n in enumerate([900, 120, 1800])]
+    for r in first:
+        s.add(r)
+    steps = _burst_steps(s, {0: later[:2], 1: later[2:]})
+    assert [st.decode for st in steps] == [False, False, False, True]
+    assert [sorted(len(r.context_ids) for r, _ in st.prefill) for st in steps] == [[300, 700], [120, 900], [1800], []]
+    assert len(s.running) == 5 and not s.waiting
+    cpu = Scheduler(max_batch=64, prefill_chunk=2048, step_tokens=1024, batch_prefill=True)
+    cpu.add(Request([1] * 300, SamplingParams()))
+    assert cpu.schedule().decode  # the CPU's burst is one step of 2,048 tokens: it decodes at once
+
+
 def test_a_device_burst_admits_every_prompt_that_fits_before_decoding():
     """With a device's larger burst (runtime/scheduler.py BURST_SIZES: CUDA's), prompts that reach an
     idle engine are all admitted before anything decodes, BURST_STEP_TOKENS a step: a long prompt's
@@ -240,19 +279,10 @@ def test_a_device_burst_admits_every_prompt_that_fits_before_decoding():
     reqs = [Request([i + 1] * n, SamplingParams()) for i, n in enumerate(lengths)]
     for r in reqs:
         s.add(r)
-    steps = []
-    while s.waiting:
-        sched = s.schedule()
-        steps.append(sched)
-        assert sum(n for _, n in sched.prefill) <= 8192
-        for r, n in sched.prefill:
-            s.advance(r, r.prefilled + n)
-            if r.prefilled == len(r.context_ids):
-                s.started(r)
-        if sched.decode:
-            break
+    steps = _burst_steps(s)
     assert not s.waiting and len(s.running) == len(reqs)  # every prompt in before the first decode
     assert [st.decode for st in steps] == [False] * (len(steps) - 1) + [True]
+    assert not steps[-1].prefill  # the burst ends at the step that finds nothing more to admit
     first = steps[0]
     # the 5,000-token prompt's first 2,048 tokens did not end the step: the prompts behind it came in too
     assert first.prefill[0] == (reqs[0], 2048) and len(first.prefill) > 2

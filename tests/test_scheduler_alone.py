@@ -38,7 +38,12 @@ def test_alone_starts_from_no_burst_and_the_burst_in_progress_goes_on():
     probed, reqs = scheduler()
     with probed.alone(reqs[4:]):
         inside = probed.schedule()
-        assert [r for r, _ in inside.prefill] == reqs[4:] and inside.decode  # its own burst, all in
+        assert [r for r, _ in inside.prefill] == reqs[4:]  # its own burst, all in
+        for r, n in inside.prefill:
+            probed.advance(r, r.prefilled + n)
+            probed.started(r)
+        nothing = probed.schedule()  # the burst ends at a step that finds nothing more, which decodes
+        assert not nothing.prefill and nothing.decode
         probed.finish(reqs[4], "stop")  # the probed request ends (or is preempted back) in the block
     plain, plain_reqs = scheduler()
     plain.finish(plain_reqs[4], "stop")
