@@ -18,7 +18,7 @@ client's inter-token latency can be split into the engine's part and the door's:
     handover the engine thread's hand-over of an iteration's events -> the event loop running it
              (AsyncEngine._send -> async_streams.deliver_all: a busy loop or the GIL shows here)
 
-Buckets are seconds, dense enough (about 1.3x apart up to 10 s) that a p99 read back from two
+Buckets are seconds from 0.25 ms, dense enough (about 1.3x apart from 1 ms up to 10 s) that a p99 read back from two
 scrapes lands within a bucket's width of the true one; the names follow Prometheus' and vLLM's
 (`*_seconds` with `_bucket{le=...}`, `_sum`, `_count`).
 """
