@@ -14,9 +14,9 @@ in, the command queue (`Submit` a request, `Abort`, `Call`, `Stop`: plain values
 `asyncio.Queue`). When the engine has nothing to do the thread blocks on the command
 queue: no busy spin.
 
-Thread-safe (call from anywhere): `submit`, `abort`, `call`, `shutdown`, `add_request`,
-`stream`, `generate`, `add_group`, `iter_blocking`, `generate_blocking`, the
-`num_inflight`/`snapshot` reads. See docs/embedding.md.
+Thread-safe (call from anywhere): `submit`, `abort`, `call`, `shutdown`, `add_request`, `stream`,
+`generate`, `add_group`, `iter_blocking`, `generate_blocking`, the `num_inflight`/`snapshot` reads.
+See docs/embedding.md.
 """
 
 from __future__ import annotations
@@ -270,8 +270,7 @@ class AsyncEngine:
                     except Exception as e:  # one bad step must not kill the server
                         log.exception("engine step failed; failing its live requests")
                         self._fail_all(e)
-                # Snapshot before sending: a client that saw its request finish then sees
-                # it gone from /metrics too.
+                # Snapshot before sending: a client that saw its request finish sees it gone from /metrics.
                 self._snap()
                 self._send()
         except BaseException as e:  # pragma: no cover - a bug in this loop itself
@@ -315,9 +314,8 @@ class AsyncEngine:
             live = self._live.get(out.request_id)
             if live is None:
                 continue  # added straight to the Engine by someone else; not ours to route
-            if out.new_token_ids:
-                if live.last_delta is not None:
-                    gaps.append(now - live.last_delta)
+            if out.new_token_ids:  # the itl histogram: each gap between a stream's deltas
+                gaps += [] if live.last_delta is None else [now - live.last_delta]
                 live.last_delta = now
             result = None
             if out.finished:
@@ -347,10 +345,9 @@ class AsyncEngine:
                 outbox.put(ev)
             except Exception:  # a consumer that went away (closed loop) must not stop the engine
                 self._undeliverable(ev)
-        sent_at = time.perf_counter()
         for loop, items in by_loop.items():
             try:
-                loop.call_soon_threadsafe(deliver_all, items, sent_at, self._handover)
+                loop.call_soon_threadsafe(deliver_all, items, time.perf_counter(), self._handover)
             except Exception:  # its loop closed
                 for _, ev in items:
                     self._undeliverable(ev)

@@ -44,7 +44,8 @@ def next_input(sampler: SamplerCache, rows: list, pending: Launch | None) -> tup
         return toks, state
     perm = mx.array(order, dtype=mx.int32)
     if state is not None:
-        state = SamplingState(state.st, state.positions[perm], _take(state.n_generated, perm), _take(state.counts, perm))
+        state = SamplingState(state.st, state.positions[perm], _take(state.n_generated, perm),
+                              _take(state.counts, perm))
     return toks[perm], state
 
 

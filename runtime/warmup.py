@@ -45,7 +45,7 @@ import mlx.core as mx
 
 from graphc.runtime.params import SamplingParams
 
-from .cache import full
+from .cache.row_copies import warm_row_copies
 from .warmup_plans import attention_plans
 
 log = logging.getLogger("graphc.server")
@@ -134,12 +134,12 @@ def serving_shapes(engine, rng: random.Random, vocab: int) -> bool:
 
 def row_copies(engine) -> int:
     """On the decode batch's layer caches (the ROWS rows of serving_shapes), the copies that drop
-    rows from a batch (runtime/cache/full.py `warm_row_copies`: a run copied, scattered rows
+    rows from a batch (runtime/cache/row_copies.py `warm_row_copies`: a run copied, scattered rows
     gathered as 8-byte words): the first drop of scattered rows, vacant or ended, is a client's
     step otherwise. How many planes."""
     caches = engine.runner.caches or []
     parts = [p for c in caches for p in (getattr(c, "caches", None) or [c])]  # a ListCache's parts
-    return sum(full.warm_row_copies(p) for p in parts)
+    return sum(warm_row_copies(p) for p in parts)
 
 
 def decode_kernel_builds(engine) -> int:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from graphc.runtime.cache import full as full_mod
+from graphc.runtime.cache import row_copies
 from graphc.runtime.cache.full import MAX_COPY_RUNS, FullKV, row_runs
 
 
@@ -64,10 +65,10 @@ def test_many_runs_take_the_gather(copy_runs):
 def test_gather_rows_equals_the_element_gather(monkeypatch, words, dtype, dim, first):
     """The GPU's gather of rows as 8-byte words (and the element gather it falls back to where a
     row's last axis is no whole number of words, e.g. a bf16 scale per group) gives x[rows][..., first:, :]."""
-    monkeypatch.setattr(full_mod, "word_gather_here", lambda: words)
+    monkeypatch.setattr(row_copies, "word_gather_here", lambda: words)
     x = mx.array(np.arange(9 * 3 * 20 * dim, dtype=np.float32).reshape(9, 3, 20, dim)).astype(dtype)
     rows = [8, 0, 3, 4, 7]
-    got = full_mod.gather_rows(x, rows, first=first)
+    got = row_copies.gather_rows(x, rows, first=first)
     want = np.array(x.astype(mx.float32))[rows][:, :, first:]
     assert got.dtype == dtype and got.shape == want.shape
     assert np.array_equal(np.array(got.astype(mx.float32)), want)

@@ -54,17 +54,17 @@ def test_warm_up_runs_the_row_copies_on_the_batch_caches(model_dir, monkeypatch)
     """The copies that drop rows (a run, two runs, scattered rows as words with and without dropped
     columns) run once on every plane of the ROWS-row batch, on both gather paths, and leave the
     batch as it was; the engine's tokens afterwards are unchanged."""
-    from graphc.runtime.cache import full
+    from graphc.runtime.cache import row_copies
 
     ran = []
-    plain = full.gather_rows
+    plain = row_copies.gather_rows
 
     def gather_rows(x, rows, first=0):
         ran.append((x.shape[0], tuple(rows), first))
         return plain(x, rows, first)
 
-    monkeypatch.setattr(full, "word_gather_here", lambda: True)  # a GPU's path, here on the CPU
-    monkeypatch.setattr(full, "gather_rows", gather_rows)
+    monkeypatch.setattr(row_copies, "word_gather_here", lambda: True)  # a GPU's path, here on the CPU
+    monkeypatch.setattr(row_copies, "gather_rows", gather_rows)  # warm_row_copies looks it up there
     eng = Engine.load(model_dir("llama"), step_tokens=STEP_TOKENS_FLOOR, prefill_lanes=1)
     warm_up(eng, shapes=True)
     planes = 2 * len(eng.runner.policies)  # keys and values of every layer
@@ -73,7 +73,8 @@ def test_warm_up_runs_the_row_copies_on_the_batch_caches(model_dir, monkeypatch)
 
 
 def test_warm_row_copies_leaves_the_cache_as_it_was():
-    from graphc.runtime.cache.full import FullKV, warm_row_copies
+    from graphc.runtime.cache.full import FullKV
+    from graphc.runtime.cache.row_copies import warm_row_copies
 
     c = FullKV(4, [0, 1, 2, 3])
     c.keys = mx.arange(4 * 2 * 5 * 8, dtype=mx.float32).reshape(4, 2, 5, 8)
