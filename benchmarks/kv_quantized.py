@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import mlx.core as mx
@@ -166,12 +167,19 @@ def _arrays(c):
 
 def _engine_decode_s(eng, prompts, n: int) -> tuple[float, dict]:
     """Seconds per decode step of the Engine once every row decodes (prefill not timed), and the
-    KV bytes per token of the decode batch's caches (read from their arrays mid-run)."""
+    KV bytes per token of the decode batch's caches (read from their arrays mid-run).
 
+    Every prompt is admitted before any row decodes (a burst as long as all of them: with the
+    device's burst the rows past it were prefilled between decode steps, the first rows could
+    finish before the last joined, and this loop waited for a full batch forever)."""
+    sched = eng.scheduler
+    sched.BURST_TOKENS = max(sched.BURST_TOKENS, sum(len(p) for p in prompts))
     for p in prompts:
         eng.add_request(p, SamplingParams(max_tokens=n + 2, ignore_eos=True))
-    while eng.scheduler.waiting or len(eng.runner.rows) < len(prompts):
+    while eng.has_unfinished() and (sched.waiting or len(eng.runner.rows) < len(prompts)):
         eng.step()
+    if len(eng.runner.rows) < len(prompts):
+        raise RuntimeError(f"only {len(eng.runner.rows)} of {len(prompts)} rows decoded together")
     eng.step()
     kv = kv_bytes_per_token(eng.runner.caches or [])
     t0, steps = time.perf_counter(), 0
@@ -192,6 +200,10 @@ def _mlx_lm_decode_s(model, prompts, n: int, caches_fn) -> float:
         tok = mx.argmax(model(tok[:, None], cache=caches)[:, -1], axis=-1)
         mx.eval(tok)
     return (time.perf_counter() - t0) / n
+
+
+def _progress(line: str) -> None:
+    print(f"kv_quantized: {line}", file=sys.stderr, flush=True)
 
 
 def _spread(r: list) -> dict:
@@ -218,10 +230,12 @@ def speed(model, tokenizer, config: dict, batch: int, prompt_len: int, n: int, r
     kv = {}
     for name, eng in engines.items():  # warm: first calls trace, compile kernels, grow buffers
         _, kv[name] = _engine_decode_s(eng, prompts, 2)
+        _progress(f"warmed {name}")
     times = {k: [] for k in engines} | {f"mlx_lm_{k}": [] for k in mlx_arms}
-    for _ in range(repeats):
+    for rep in range(repeats):
         for name, eng in engines.items():
             times[name].append(_engine_decode_s(eng, prompts, n)[0])
+            _progress(f"repeat {rep + 1}/{repeats} {name}: {times[name][-1] * 1e3:.2f} ms a step")
         for name, fn in mlx_arms.items():
             times[f"mlx_lm_{name}"].append(_mlx_lm_decode_s(model, prompts, n, fn))
     out = {"batch": batch, "prompt_len": prompt_len, "new_tokens": n, "repeats": repeats, "group_size": group_size,

@@ -166,6 +166,19 @@ def test_decode_speed_bench_runs_every_arm(llama, capsys):
     assert set(out["ratios"]) >= {"compiled_8bit_over_bf16", "eager_4bit_over_bf16", "compiled_over_eager_8"}
 
 
+def test_decode_speed_bench_admits_prompts_longer_than_a_burst(llama, capsys):
+    """More prompt tokens than the device's burst (the CPU's 2,048 here: 3 x 1,024): every row is
+    admitted before any decodes, where the loop used to wait forever for a full batch once the
+    first rows had finished; each arm reports its steps on stderr."""
+    assert kv_quantized.main(["--decode-speed", "--model", str(llama), "--batch", "3", "--prompt-len", "1024",
+                              "--new-tokens", "2", "--repeats", "1", "--no-mlx-lm", "--bits", "8",
+                              "--compile", "off"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)["decode_speed"]
+    assert sorted(out["step_ms"]) == ["eager_8", "eager_bf16"]
+    assert "repeat 1/1 eager_8" in captured.err
+
+
 @pytest.mark.parametrize("arch, options", [("llama", {"fuse_projections": False}), ("qwen3", None)])
 def test_model_own_attention_takes_the_quantized_sdpa_in_the_trace(model_dir, arch, options):
     """Without a fused block the layer is the model's own module: mlx-lm's attention sees the
