@@ -55,8 +55,11 @@ def _per_token_bytes(caches) -> float:
 
 def graphc_mix(model, tokenizer, config, prompts, new_tokens: int, graph=None, steps: int = 8) -> dict:
     eng = C.make_engine(model, tokenizer, config, graph=graph, max_batch=len(prompts), prefix_cache=False)
+    # every prompt admitted before any row decodes (a burst as long as all of them), or the first
+    # rows could finish before the last joined and the loop below would wait for a full batch forever
+    eng.scheduler.BURST_TOKENS = max(eng.scheduler.BURST_TOKENS, sum(len(p) for p in prompts))
     ids = [eng.add_request(p, C.graphc_params(new_tokens)) for p in prompts]
-    while eng.scheduler.waiting or len(eng.runner.rows) < len(prompts):
+    while eng.has_unfinished() and (eng.scheduler.waiting or len(eng.runner.rows) < len(prompts)):
         eng.step()
     eng.step()
     caches = eng.runner.caches
