@@ -35,12 +35,12 @@ from typing import AsyncIterator, Callable
 import attrs
 import mlx.core as mx
 
-from .async_streams import BlockingStream, LoopOutbox, RequestStream, StreamEvent, StreamGroup, deliver_all
+from .async_streams import BlockingStream, LoopOutbox, RequestStream, StreamEvent, StreamGroup, hand_over
 from .engine import Engine
 from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
 from .engine_snapshot import EngineSnapshot, Snapshots
 from .grammar import GrammarState
-from .latency_histograms import SharedHistogram, observe, observe_all
+from .latency_histograms import SharedHistogram, observe, observe_all, step_kind
 from .params import SamplingParams
 from .request import GenerationResult, RequestOutput
 
@@ -266,7 +266,7 @@ class AsyncEngine:
                     self._handle(cmd)
                 if eng.has_unfinished():
                     try:
-                        self._route(eng.step())
+                        self._route(self._timed_step())
                     except Exception as e:  # one bad step must not kill the server
                         log.exception("engine step failed; failing its live requests")
                         self._fail_all(e)
@@ -281,6 +281,15 @@ class AsyncEngine:
             self._fail_all(e)
             self._drain_closed(e)
             self._send()
+
+    def _timed_step(self) -> list[RequestOutput]:
+        """engine.step(), its wall time observed by what it did (latency_histograms.step_kind)."""
+        eng = self.engine
+        prompt, rows, t0 = eng.stats.get("computed_prompt_tokens", 0), len(eng.scheduler.running), time.perf_counter()
+        outs = eng.step()
+        kind = step_kind(eng.stats.get("computed_prompt_tokens", 0) - prompt, rows)
+        self._latency = observe_all(self._latency, kind, [time.perf_counter() - t0])
+        return outs
 
     def _handle(self, cmd) -> None:
         if isinstance(cmd, Submit):
@@ -336,21 +345,7 @@ class AsyncEngine:
 
     def _send(self) -> None:
         outgoing, self._outgoing = self._outgoing, []
-        by_loop: dict = {}  # an event loop's outboxes: the iteration's events in one hand-over (async_streams.py)
-        for outbox, ev in outgoing:
-            if isinstance(outbox, LoopOutbox):
-                by_loop.setdefault(outbox.loop, []).append((outbox, ev))
-                continue
-            try:
-                outbox.put(ev)
-            except Exception:  # a consumer that went away (closed loop) must not stop the engine
-                self._undeliverable(ev)
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(deliver_all, items, time.perf_counter(), self._handover)
-            except Exception:  # its loop closed
-                for _, ev in items:
-                    self._undeliverable(ev)
+        hand_over(outgoing, self._handover, self._undeliverable)  # one hand-over per event loop
 
     def _undeliverable(self, ev: StreamEvent) -> None:
         rid = getattr(ev.out, "request_id", "?")

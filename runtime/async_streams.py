@@ -66,6 +66,28 @@ def deliver_all(items: list, sent_at: float | None = None, waits: SharedHistogra
         outbox.deliver(event)
 
 
+def hand_over(outgoing: list, waits: SharedHistogram | None, undeliverable) -> None:
+    """Each (outbox, event) of one engine iteration to its outbox, in order: an event loop's
+    LoopOutboxes in one call_soon_threadsafe (`deliver_all`, timed into `waits`), any other
+    outbox by its `put`. A consumer that went away (a closed loop, a failing put) gets
+    `undeliverable(event)`: it must not stop the engine."""
+    by_loop: dict = {}
+    for outbox, ev in outgoing:
+        if isinstance(outbox, LoopOutbox):
+            by_loop.setdefault(outbox.loop, []).append((outbox, ev))
+            continue
+        try:
+            outbox.put(ev)
+        except Exception:
+            undeliverable(ev)
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(deliver_all, items, time.perf_counter(), waits)
+        except Exception:  # its loop closed
+            for _, ev in items:
+                undeliverable(ev)
+
+
 class StreamGroup:
     """Deltas of several requests on one asyncio queue: `async for index, out in group`.
 

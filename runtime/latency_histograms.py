@@ -18,6 +18,9 @@ client's inter-token latency can be split into the engine's part and the door's:
     handover the engine thread's hand-over of an iteration's events -> the event loop running it
              (AsyncEngine._send -> async_streams.deliver_all: a busy loop or the GIL shows here)
 
+and every engine step's wall time by what it did (`step_kind`, STEP_KINDS): whether the door's
+gaps come from slower steps or from more steps with prompt work in them.
+
 Buckets are seconds from 0.25 ms, dense enough (about 1.3x apart from 1 ms up to 10 s) that a p99 read back from two
 scrapes lands within a bucket's width of the true one; the names follow Prometheus' and vLLM's
 (`*_seconds` with `_bucket{le=...}`, `_sum`, `_count`).
@@ -88,6 +91,19 @@ def observe(hists: dict[str, Histogram], req) -> dict[str, Histogram]:
     return new
 
 
+# Engine steps by what they did: prompt work while rows decode ("mixed"), decode only, prompt only.
+STEP_KINDS = {"step_decode": "decode", "step_mixed": "mixed", "step_prefill": "prefill"}
+STEP_HELP = ("Seconds per engine step, by kind: decode (no prompt work), mixed (prompt work while rows decode), "
+             "prefill (prompt work, no row decoding).")
+
+
+def step_kind(prompt_tokens: int, decoding_rows: int) -> str:
+    """The step histogram a step that ran `prompt_tokens` with `decoding_rows` running goes to."""
+    if not prompt_tokens:
+        return "step_decode"
+    return "step_mixed" if decoding_rows else "step_prefill"
+
+
 def observe_all(hists: dict[str, Histogram], name: str, xs: list[float]) -> dict[str, Histogram]:
     """The histograms with every x of `xs` added to `name` (a new dict; unchanged when xs is empty)."""
     if not xs:
@@ -132,4 +148,5 @@ def quantile(counts: list[int], q: float) -> float | None:
     return BUCKETS[-1]
 
 
-__all__ = ["BUCKETS", "HELP", "Histogram", "SharedHistogram", "observations", "observe", "observe_all", "quantile"]
+__all__ = ["BUCKETS", "HELP", "STEP_HELP", "STEP_KINDS", "Histogram", "SharedHistogram", "observations", "observe",
+           "observe_all", "quantile", "step_kind"]

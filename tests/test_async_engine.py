@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from graphc.runtime.latency_histograms import Histogram
 from graphc.runtime import AsyncEngine, Engine, SamplingParams
 from graphc.runtime.async_engine import EngineClosed
 from helpers import random_prompts
@@ -267,7 +268,7 @@ def test_a_steps_events_reach_a_loop_in_one_hand_over(aengine, prompts, referenc
     """Six streams on one event loop: each engine iteration hands its events for that loop over in
     one call_soon_threadsafe (async_streams.deliver_all), never one per stream, and every stream
     still gets its tokens in order."""
-    from graphc.runtime import async_engine as ae
+    from graphc.runtime import async_streams as ae  # hand_over looks deliver_all up there
 
     sizes = []
     plain = ae.deliver_all
@@ -321,3 +322,21 @@ def test_token_gaps_and_hand_over_waits_are_histograms(aengine, prompts, referen
     # a snapshot is taken before its iteration's hand-over: by now the first run's are all in it,
     # at least one per step of its longest stream
     assert after["handover"].count >= max(counts)
+
+
+def test_steps_are_timed_by_what_they_did(aengine, prompts):
+    """Every engine step's wall time lands in one of the step histograms: the steps that ran the
+    prompts (alone: prefill; with rows decoding: mixed) and the decode-only ones."""
+    from graphc.runtime.latency_histograms import step_kind
+
+    assert [step_kind(0, 3), step_kind(12, 3), step_kind(12, 0)] == ["step_decode", "step_mixed", "step_prefill"]
+
+    async def main():
+        await asyncio.gather(*[collect(aengine.stream(p, P)) for p in prompts])
+        return aengine.snapshot
+
+    lat = asyncio.run(main()).latency
+    kinds = {k: lat.get(k, Histogram()).count for k in ("step_decode", "step_mixed", "step_prefill")}
+    assert kinds["step_prefill"] + kinds["step_mixed"] >= 1  # the prompts ran in some step
+    assert sum(kinds.values()) >= P.max_tokens - 1  # a step for every token after each stream's first
+    assert kinds["step_decode"] >= P.max_tokens // 2 and lat["step_decode"].total > 0

@@ -1,7 +1,8 @@
 """The engine's own side of a run's latencies, from two scrapes of graphc's /metrics.
 
 `graphc serve` exports per-request histograms on the engine's clock (runtime/latency_histograms.py:
-queue, ttft, tpot, latency from the request's arrival at the engine). The counts one run added are
+queue, ttft, tpot, latency from the request's arrival at the engine; itl, every gap between a
+stream's deltas; handover, the engine-to-event-loop wait) and its steps' wall times by kind. The counts one run added are
 the difference of a scrape after it and one before; their quantiles, next to the client's, say
 how much of a TTFT is the engine's (queueing plus prefill) and how much the door's (HTTP,
 tokenizing, thread hand-offs, the stream back). mlx_lm.server exports nothing like it.
@@ -16,7 +17,9 @@ from graphc.runtime.latency_histograms import BUCKETS, quantile
 from .http import httpx
 
 NAMES = ("queue", "ttft", "tpot", "latency", "itl", "handover")
+STEPS = ("step_decode", "step_mixed", "step_prefill")  # graphc_step_seconds{kind=...}
 _LINE = re.compile(r'^graphc_request_(\w+?)_seconds_bucket\{.*le="([^"]+)"\} (\d+)$')
+_STEP = re.compile(r'^graphc_step_seconds_bucket\{.*kind="(\w+)".*le="([^"]+)"\} (\d+)$')
 # The server process's Python garbage collections (runtime/gc_pauses.py): full ones, and seconds
 # paused over every generation.
 _GC = re.compile(r'^graphc_gc_(collections_total|pause_seconds_total)\{generation="(\d)"\} (\S+)$')
@@ -28,8 +31,11 @@ def parse(text: str) -> dict[str, list[int]]:
     cum: dict[str, dict[str, int]] = {}
     for line in text.splitlines():
         m = _LINE.match(line)
-        if m and m.group(1) in NAMES:
-            per = cum.setdefault(m.group(1), {})
+        name = m.group(1) if m and m.group(1) in NAMES else None
+        if m is None and (m := _STEP.match(line)):
+            name = f"step_{m.group(1)}"
+        if name is not None:
+            per = cum.setdefault(name, {})
             per[m.group(2)] = per.get(m.group(2), 0) + int(m.group(3))
     out = {}
     for m in filter(None, map(_GC.match, text.splitlines())):
@@ -62,13 +68,15 @@ def run_quantiles(before: dict | None, after: dict | None) -> dict:
     if "gc" in after and "gc" in before:  # what the run's share of Python's garbage collection was
         out["engine_gc_full_collections"] = after["gc"][0] - before["gc"][0]
         out["engine_gc_pause_s"] = after["gc"][1] - before["gc"][1]
-    for name in NAMES:
+    for name in NAMES + STEPS:
         a, b = after.get(name), before.get(name, [0] * (len(BUCKETS) + 1))
         if a is None:
             continue
         delta = [x - y for x, y in zip(a, b)]
         out[f"engine_{name}_p50"] = quantile(delta, 0.50)
         out[f"engine_{name}_p99"] = quantile(delta, 0.99)
+        if name in STEPS:  # how many: more steps with prompt work is itself an answer
+            out[f"engine_{name}_count"] = sum(delta)
     return out
 
 

@@ -35,6 +35,7 @@ METRICS = (("req_per_s", "req/s", 1, ".2f"), ("output_tok_per_s", "out tok/s", 1
 # long those hand-overs waited for the server's event loop.
 ENGINE_METRICS = ("engine_ttft_p50", "engine_ttft_p99", "engine_queue_p50", "engine_queue_p99", "engine_tpot_p50",
                   "engine_itl_p50", "engine_itl_p99", "engine_handover_p50", "engine_handover_p99",
+                  *(f"engine_step_{k}_{q}" for k in ("decode", "mixed", "prefill") for q in ("p50", "p99", "count")),
                   "engine_gc_full_collections", "engine_gc_pause_s")
 
 @dataclass
@@ -149,6 +150,11 @@ def rate_table(rate_key: str, per: dict, servers) -> str:
                      _cell(g.get("engine_itl_p99"), 1e3, ".2f"), _cell(g.get("engine_tpot_p50"), 1e3, ".2f"), ""])
         rows.append(["  of it queued", "", "", _cell(g.get("engine_queue_p50"), 1e3, ".1f"),
                      _cell(g.get("engine_queue_p99"), 1e3, ".1f"), "", "", "", ""])
+        for kind in ("decode", "mixed"):  # the engine's steps by kind, their times under the ITL columns
+            if g.get(f"engine_step_{kind}_p99"):
+                rows.append([f"  {kind} steps", _cell(g.get(f"engine_step_{kind}_count"), 1, ".0f"), "", "", "",
+                             _cell(g.get(f"engine_step_{kind}_p50"), 1e3, ".2f"),
+                             _cell(g.get(f"engine_step_{kind}_p99"), 1e3, ".2f"), "", ""])
         if g.get("engine_handover_p99"):  # the engine thread -> event loop wait, under the ITL columns
             rows.append(["  loop hand-over", "", "", "", "", _cell(g.get("engine_handover_p50"), 1e3, ".2f"),
                          _cell(g.get("engine_handover_p99"), 1e3, ".2f"), "", ""])
@@ -243,6 +249,9 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
                               + f", ITL p99 {_ms(m['itl_p99'])}"
                               + (f" (engine {_ms(m['engine_itl_p99'])}, loop hand-over "
                                  f"{_ms(m['engine_handover_p99'])})" if m.get("engine_itl_p99") else "") + ", "
+                              + "".join(f"{k} steps {m[f'engine_step_{k}_count']:.0f} p50/p99 "
+                                        f"{_ms(m[f'engine_step_{k}_p50'])}/{_ms(m[f'engine_step_{k}_p99'])}, "
+                                        for k in ("decode", "mixed") if m.get(f"engine_step_{k}_count"))
                               + (f"Python GC paused {m['engine_gc_pause_s'] * 1e3:.0f} ms "
                                  f"({m['engine_gc_full_collections']:.0f} full), " if "engine_gc_pause_s" in m else "")
                               + f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "

@@ -11,7 +11,7 @@ import collections
 
 from graphc.runtime import gc_pauses
 from graphc.runtime.async_engine import EngineSnapshot
-from graphc.runtime.latency_histograms import BUCKETS, HELP, Histogram
+from graphc.runtime.latency_histograms import BUCKETS, HELP, STEP_HELP, STEP_KINDS, Histogram
 from graphc.runtime.scheduler import Scheduler
 
 
@@ -157,6 +157,8 @@ class ServerMetrics:
                [(m, st.get("step_faults", 0))])
         for name, help_ in HELP.items():  # engine-side latencies of finished requests (latency_histograms.py)
             self._histogram(lines, f"graphc_request_{name}_seconds", help_, s.latency.get(name, Histogram()), m)
+        self._histogram(lines, "graphc_step_seconds", STEP_HELP,
+                        *[(s.latency.get(k, Histogram()), {**m, "kind": kind}) for k, kind in STEP_KINDS.items()])
         metric("graphc_requests_rejected_total", "counter", "Requests refused before they ran, by cause.",
                [({**m, "cause": c}, n) for c, n in sorted(self.rejected.items())] or [({**m, "cause": "overloaded"}, 0)])
         metric("graphc_http_requests_total", "counter", "HTTP responses by path and status.",
@@ -175,17 +177,21 @@ class ServerMetrics:
         return "\n".join(lines) + "\n"
 
     @staticmethod
-    def _histogram(lines: list, name: str, help_: str, h: Histogram, labels: dict) -> None:
+    def _histogram(lines: list, name: str, help_: str, *series) -> None:
+        """One histogram family: `series` is (Histogram, labels) pairs, or one Histogram, labels."""
+        if series and isinstance(series[0], Histogram):
+            series = [series]
         lines.append(f"# HELP {name} {help_}")
         lines.append(f"# TYPE {name} histogram")
-        lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
-        cum = 0
-        for bound, c in zip((*BUCKETS, float("inf")), h.counts):
-            cum += c
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            lines.append(f'{name}_bucket{{{lab},le="{le}"}} {cum}')
-        lines.append(f"{name}_sum{{{lab}}} {_num(float(h.total))}")
-        lines.append(f"{name}_count{{{lab}}} {cum}")
+        for h, labels in series:
+            lab = ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items())
+            cum = 0
+            for bound, c in zip((*BUCKETS, float("inf")), h.counts):
+                cum += c
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                lines.append(f'{name}_bucket{{{lab},le="{le}"}} {cum}')
+            lines.append(f"{name}_sum{{{lab}}} {_num(float(h.total))}")
+            lines.append(f"{name}_count{{{lab}}} {cum}")
 
 
 def _num(v) -> str:
