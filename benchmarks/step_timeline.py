@@ -64,7 +64,7 @@ def _watch_caches(copies: _Copies):
     """Count the bytes FullKV's growth (vacant rows dropped in it included), extend_all (rows
     joining, vacant rows dropped on the way) and filter (rows leaving) write."""
     cls = full_cache.FullKV
-    grow, extend_all, filt = cls._grow, cls.extend_all, cls.filter
+    grow, extend_all, filt, fill = cls._grow, cls.extend_all, cls.filter, cls.fill_rows
 
     def _grow(self, new, need):
         grow(self, new, need)
@@ -79,11 +79,16 @@ def _watch_caches(copies: _Copies):
         filt(self, rows)
         copies.step["leave"] += _nbytes(self)
 
-    cls._grow, cls.extend_all, cls.filter = _grow, _extend_all, _filter
+    def _fill_rows(self, slots, others):
+        fill(self, slots, others)  # joining rows written into vacant ones: their own bytes only
+        copies.step["join"] += sum(_nbytes(o) * sum(o.idx - p for p in o.left_pad) // (o.batch * o.capacity)
+                                   for o in others)
+
+    cls._grow, cls.extend_all, cls.filter, cls.fill_rows = _grow, _extend_all, _filter, _fill_rows
     try:
         yield
     finally:
-        cls._grow, cls.extend_all, cls.filter = grow, extend_all, filt
+        cls._grow, cls.extend_all, cls.filter, cls.fill_rows = grow, extend_all, filt, fill
 
 
 def run_timeline(engine, mix, *, log=None) -> dict:

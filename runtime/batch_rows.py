@@ -115,15 +115,17 @@ class BatchRows:
     def spare_rows(self) -> int:
         """Vacant rows a growth copy keeps for joins to fill: none but under "reuse", there a
         quarter of the live rows (at least one)."""
-        return -(-len(self.live_indices()) // 4) if self.reuse else 0
+        return -(-(len(self.rows) - len(self.vacant)) // 4) if self.reuse else 0
+
+    def drops_at_growth(self) -> bool:
+        """Whether a growing step's copy would drop vacant rows (more are vacant than it keeps)."""
+        return len(self.vacant) > self.spare_rows()
 
     def drop_vacant(self) -> None:
         """Drop the vacant rows (but `spare_rows` of them) in one copy per layer that also leaves
         room for the next decode write (extend_all allocates for one column more), so a growing
         step copies the rows once."""
         spare = self.spare_rows()
-        if spare >= len(self.vacant):
-            return  # nothing to drop: the step's write grows the buffers as it would anyway
         kept_vacant = set([id(r) for r in self.rows if id(r) in self.vacant][:spare])
         keep = [i for i, r in enumerate(self.rows) if id(r) not in self.vacant or id(r) in kept_vacant]
         self.rows, self.vacant = [self.rows[i] for i in keep], kept_vacant

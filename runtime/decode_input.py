@@ -38,6 +38,8 @@ def next_input(sampler: SamplerCache, rows: list, pending: Launch | None) -> tup
     # Built as the pending rows (in their order) then the joined ones, then put in row order:
     # a join appends its rows, or writes them into rows left vacant (runtime/batch_rows.py).
     toks, state = _kept_then_joined(sampler, st, rows, pending, pos, from_pending, joined)
+    if not joined:  # rows that stayed keep their order: nothing to put back
+        return toks, state
     inflight, fresh = iter(range(len(from_pending))), iter(range(len(from_pending), len(rows)))
     order = [next(inflight) if id(r) in pos else next(fresh) for r in rows]
     if order == list(range(len(rows))):

@@ -315,7 +315,7 @@ class ModelRunner:
 
     # -- decode -------------------------------------------------------------------
     def _launch(self) -> Launch:
-        if self.batch.vacant and self.batch.grows_next():
+        if self.batch.drops_at_growth() and self.batch.grows_next():
             # This step's write widens the buffers (a copy of every row): the vacant rows go in
             # that copy (runtime/batch_rows.py).
             self._busy()
