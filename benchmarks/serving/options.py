@@ -32,3 +32,6 @@ def add_arguments(p) -> None:
     g.add_argument("--graphc-args", default="", help="extra `graphc serve` flags, e.g. '--compile auto'")
     g.add_argument("--mlx-args", default="", help="extra mlx_lm.server flags")
     g.add_argument("--log-dir", default="serving-logs", help="server logs go here")
+    g.add_argument("--trace-steps", action="store_true",
+                   help="record every graphc engine step into LOG_DIR/graphc-steps-R.jsonl "
+                        "(benchmarks/serving/traced_serve.py; read with its --summarize)")

@@ -58,6 +58,7 @@ class ServingConfig:
     log_dir: str = "serving-logs"
     progress: bool = True
     keep_servers: bool = False
+    trace_steps: bool = False  # graphc under benchmarks/serving/traced_serve.py, its steps in log_dir
 
 
 def parse_rates(s: str) -> tuple:
@@ -173,7 +174,8 @@ def _started(cfg: ServingConfig, spec, startups: list, rep: int):
     requests pay lazy loads and kernel builds, which belong to startup, not to the first rate."""
     port = cfg.port + (spec.name != "graphc") if cfg.port else free_port()
     extra = cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args
-    srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra)
+    trace = Path(cfg.log_dir) / f"{spec.name}-steps-{rep}.jsonl" if cfg.trace_steps and spec.name == "graphc" else None
+    srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra, trace=trace)
     with srv as url:
         startups.append({"server": spec.name, "repeat": rep, "startup_s": srv.startup_s})
         run_load(url, make_workload(cfg.model, 2, 8, 16, 4, 4, cfg.seed + 1), math.inf,
@@ -285,7 +287,7 @@ def cmd_serving(args) -> int:
                         seed=args.seed, port=args.port, servers=tuple(args.servers.split(",")),
                         graphc_args=args.graphc_args.split(), mlx_args=args.mlx_args.split(),
                         log_dir=args.log_dir, progress=args.progress,
-                        keep_servers=args.keep_servers)
+                        keep_servers=args.keep_servers, trace_steps=args.trace_steps)
     bad = [s for s in cfg.servers if s not in ("graphc", "mlx_lm")]
     if bad or cfg.requests < 1 or cfg.repeats < 1:
         raise SystemExit(f"graphc bench --serving: --servers takes graphc,mlx_lm (got {args.servers!r}); "

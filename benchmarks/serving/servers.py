@@ -39,9 +39,10 @@ _FATAL = re.compile(r"out of memory|thread died|Traceback \(most recent call las
 class ServerSpec:
     name: str
 
-    def argv(self, model: str, port: int, batch: int, extra: list[str]) -> list[str]:
-        if self.name == "graphc":
-            return [sys.executable, "-m", "graphc.cli", "serve", "--model", model, "--port", str(port),
+    def argv(self, model: str, port: int, batch: int, extra: list[str], traced: bool = False) -> list[str]:
+        if self.name == "graphc":  # traced: every engine step recorded (benchmarks/serving/traced_serve.py)
+            serve = ["graphc.benchmarks.serving.traced_serve"] if traced else ["graphc.cli", "serve"]
+            return [sys.executable, "-m", *serve, "--model", model, "--port", str(port),
                     "--max-batch", str(batch), *extra]
         # Batching on, its concurrency set to graphc's max batch (mlx_lm/server.py's own flag names).
         return [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port),
@@ -88,9 +89,10 @@ class Server:
     """`with Server(spec, model, port, batch, log_path) as url:` a ready server at `url`."""
 
     def __init__(self, spec: ServerSpec, model: str, port: int, batch: int, log_path: Path,
-                 extra: list[str] | None = None, ready_timeout: float = 900.0):
+                 extra: list[str] | None = None, ready_timeout: float = 900.0, trace: Path | None = None):
         self.spec, self.port, self.log_path, self.ready_timeout = spec, port, Path(log_path), ready_timeout
-        self.argv = spec.argv(model, port, batch, extra or [])
+        self.argv = spec.argv(model, port, batch, extra or [], traced=trace is not None)
+        self.env = {**os.environ, "GRAPHC_STEP_TRACE": str(trace)} if trace is not None else None
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
@@ -102,7 +104,8 @@ class Server:
         log.flush()
         t0 = time.perf_counter()
         _stop_servers_on_signal()
-        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=self.env)
         _LIVE.add(self)
         log.close()  # the child holds its own copy
         try:

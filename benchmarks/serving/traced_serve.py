@@ -1,0 +1,176 @@
+"""`graphc serve` with every engine step recorded: the door's stalls, step by step.
+
+The serving bench reads the door from outside (client timings, /metrics histograms); this runs
+the same server with step_timeline's probes installed from the outside (class wrappers on the
+scheduler, the engine and FullKV for the process's life; the runtime has no probe code), so a
+stream's long gap at the door can be read as the steps it spanned: their wall time, prompt
+work, forwards' shapes, KV copies and the engine thread's time between steps.
+
+    GRAPHC_STEP_TRACE=steps.jsonl python -m graphc.benchmarks.serving.traced_serve --model DIR ...
+    python -m graphc.benchmarks.serving.traced_serve --summarize steps.jsonl [--top 8]
+
+`graphc bench --serving --trace-steps` runs graphc this way and writes the trace beside the
+server's log. Each line is one record: {"add": id, "t"} when a request reaches the engine, or a
+step: {"t", "ms", "idle_ms" (engine thread between the last step's end and this one's start),
+"prefill", "budget", "decode", "rows", "waiting", "groups": [[rows, tokens, offset], ..],
+"chunked": [ids given prompt work], "copies_mib", "capacity", "tokens": [ids that got a token]}. `--summarize` splits the trace
+into runs at idle gaps (no request in the engine for a second or more) and prints for each
+step_timeline's summary: ITL p99, the worst gaps and the steps they spanned, the worst TTFTs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+RUN_GAP_S = 1.0  # an engine idle this long between two requests' lives separates two runs
+
+
+class StepTrace:
+    """Writes one JSON line per engine step and per request added (thread-safe, line-buffered)."""
+
+    def __init__(self, path: str):
+        self.f = open(path, "a", buffering=1)
+        self.lock = threading.Lock()
+        self.t0 = time.perf_counter()
+        self.ids: dict[str, int] = {}  # request id -> a short int in the trace
+        self.last_end: float | None = None
+        self.cur: dict = {}
+
+    def short(self, rid: str) -> int:
+        return self.ids.setdefault(rid, len(self.ids))
+
+    def write(self, rec: dict) -> None:
+        with self.lock:
+            self.f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+
+
+def install(path: str) -> StepTrace:
+    """Wrap Engine.add_request / Engine.step and Scheduler.schedule / step_budget for every engine
+    in this process; FullKV's copies are counted as step_timeline counts them."""
+    from graphc.benchmarks.step_timeline import _Copies, _watch_caches
+    from graphc.runtime.engine import Engine
+    from graphc.runtime.scheduler import Scheduler
+
+    trace, copies = StepTrace(path), _Copies()
+    add, step, schedule, budget = Engine.add_request, Engine.step, Scheduler.schedule, Scheduler.step_budget
+
+    def add_request(self, *a, **kw):
+        rid = add(self, *a, **kw)
+        trace.write({"add": trace.short(rid), "t": round(time.perf_counter() - trace.t0, 4),
+                     "prompt": len(self.request(rid).prompt_ids)})
+        return rid
+
+    def step_budget(self):
+        trace.cur["budget"] = budget(self)
+        return trace.cur["budget"]
+
+    def sched(self):
+        s = schedule(self)
+        trace.cur.update(prefill=sum(n for _, n in s.prefill), decode=s.decode, waiting=len(self.waiting),
+                         groups=[[len(g), max(n for _, n in g), min(r.prefilled for r, _ in g)] for g in s.groups],
+                         chunked=[trace.short(r.id) for r, _ in s.prefill])
+        return s
+
+    def traced_step(self):
+        copies.step = {"grow": 0, "join": 0, "leave": 0}
+        trace.cur = {}
+        rows = len(self.runner.rows)
+        ts = time.perf_counter()
+        outs = step(self)
+        te = time.perf_counter()
+        cur = trace.cur
+        trace.write({"t": round(ts - trace.t0, 4), "ms": round((te - ts) * 1e3, 2),
+                     "idle_ms": round((ts - trace.last_end) * 1e3, 2) if trace.last_end is not None else None,
+                     "prefill": cur.get("prefill", 0), "budget": cur.get("budget"), "decode": cur.get("decode", True),
+                     "rows": rows, "waiting": cur.get("waiting", 0), "groups": cur.get("groups", []),
+                     "copies_mib": {k: round(v / 2**20, 2) for k, v in copies.step.items()},
+                     "capacity": self.runner.caches[0].capacity if self.runner.caches else 0,
+                     "chunked": cur.get("chunked", []),
+                     "tokens": [trace.short(o.request_id) for o in outs if o.new_token_ids]})
+        trace.last_end = te if self.has_unfinished() else None
+        return outs
+
+    Engine.add_request, Engine.step = add_request, traced_step
+    Scheduler.schedule, Scheduler.step_budget = sched, step_budget
+    _watch_caches(copies).__enter__()  # for the process's life: the server runs until it is stopped
+    return trace
+
+
+def runs(lines: list[dict]) -> list[dict]:
+    """The trace as step_timeline results (run_timeline's shape), one per run: split where no
+    record came for RUN_GAP_S (steps run back to back while any request is live, so such a gap
+    is an idle engine)."""
+    out, cur, last = [], None, None
+    for rec in lines:
+        t = rec["t"]
+        if cur is None or t - last >= RUN_GAP_S:
+            cur = {"steps": [], "times": {}, "arrival": {}, "first_chunk": {}, "chunk_steps": {}, "prompt_len": {},
+                   "t0": t}
+            out.append(cur)
+        if "add" in rec:
+            r = rec["add"]
+            cur["arrival"][r], cur["times"][r], cur["prompt_len"][r] = t - cur["t0"], [], rec["prompt"]
+            last = t
+            continue
+        step = {**rec, "t": round(t - cur["t0"], 4), "i": len(cur["steps"]), "first_tokens": 0}
+        end = step["t"] + rec["ms"] / 1e3
+        for r in rec.get("chunked", []):
+            cur["first_chunk"].setdefault(r, step["t"])
+            cur["chunk_steps"][r] = cur["chunk_steps"].get(r, 0) + 1
+        for r in rec["tokens"]:
+            if r in cur["times"]:
+                step["first_tokens"] += not cur["times"][r]
+                cur["times"][r].append(end)
+        cur["steps"].append(step)
+        last = t + rec["ms"] / 1e3
+    return out
+
+
+def summarize_file(path: str, top: int = 8) -> list[dict]:
+    from graphc.benchmarks.step_timeline import summarize
+
+    with open(path) as f:
+        lines = [json.loads(x) for x in f if x.strip()]
+    results = []
+    for res in runs(lines):
+        if not res["steps"]:
+            continue
+        s = summarize(res, top=top)
+        steps = res["steps"]
+        idle = sorted(x["idle_ms"] for x in steps if x.get("idle_ms") is not None)
+        s["requests"] = len(res["arrival"])
+        s["engine_idle_between_steps_ms_p99"] = idle[min(len(idle) - 1, int(0.99 * len(idle)))] if idle else None
+        s["slowest_steps"] = [{k: x[k] for k in ("i", "t", "ms", "idle_ms", "prefill", "decode", "rows", "groups",
+                                                 "copies_mib", "capacity")}
+                              for x in sorted(steps, key=lambda x: -x["ms"])[:top]]
+        results.append(s)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--summarize":
+        p = argparse.ArgumentParser(prog="python -m graphc.benchmarks.serving.traced_serve --summarize")
+        p.add_argument("path")
+        p.add_argument("--top", type=int, default=8)
+        a = p.parse_args(argv[1:])
+        for i, s in enumerate(summarize_file(a.path, a.top)):
+            print(json.dumps({"run": i, **s}))
+        return 0
+    path = os.environ.get("GRAPHC_STEP_TRACE")
+    if not path:
+        print("set GRAPHC_STEP_TRACE=FILE (where the step records go), or pass --summarize FILE", file=sys.stderr)
+        return 2
+    install(path)
+    from graphc.cli.main import main as graphc_main
+
+    return graphc_main(["serve", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
