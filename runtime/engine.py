@@ -132,7 +132,7 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
                                    kv_budget=c.kv_budget_tokens, step_tokens=c.step_tokens,
                                    step_tokens_floor=step_tokens_floor(target.device), burst=burst_sizes(target.device),
                                    batch_prefill=batch_prefill and self.runner.can_batch_prefill,
-                                   lanes=self.runner.batched.lanes)
+                                   lanes=self.runner.batched.lanes, hit_align=self.runner.final_chunk.align)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard()  # who takes part in each step; a failing one ends only the request(s) responsible
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)

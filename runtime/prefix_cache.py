@@ -90,11 +90,16 @@ class PrefixCache(WindowBookkeeping):
     def admitted(self, req) -> bool:
         return req.id in self.holds
 
-    def admit(self, req, min_hit: int = 1) -> int:
+    def admit(self, req, min_hit: int = 1, align: int = 0) -> int:
         """Match the longest usable cached prefix of `req`'s prompt and lock it. Returns the prompt
         tokens the hit restores (the scheduler records them in req.prefilled / cached_tokens).
         A hit shorter than `min_hit` tokens is declined (0: the prompt is computed whole; the
-        scheduler asks for that when the request can join a batched prefill instead)."""
+        scheduler asks for that when the request can join a batched prefill instead).
+        `align` > 1 cuts a hit down to a multiple of it where every layer keeps plain tokens (a
+        window's or a snapshot's hit must end where it ends): the rest of the prompt then starts
+        on an aligned offset, so its chunks' attention shapes are the ones warmed (a GPU builds a
+        plan per new shape, ~40-100 ms; text prompts share a first token or two, and hits of 1-4
+        tokens gave every such request shapes of its own: docs/scheduling.md)."""
         if req.id in self.holds:
             raise ValueError(f"request '{req.id}' was admitted already; release it before admitting it again")
         hold = self.holds[req.id] = Hold()
@@ -106,6 +111,10 @@ class PrefixCache(WindowBookkeeping):
         from_disk = self.disk.promote(tokens) if self.disk is not None else 0
         path, m0 = self.tree.match(tokens)
         m = self._usable(path, min(m0, len(tokens) - 1))
+        if align > 1 and not self.needs_boundaries:
+            if 0 < m < align:
+                self.counters["declined_hits"] += 1
+            m -= m % align
         if m <= 0:
             return 0
         if m < min_hit:

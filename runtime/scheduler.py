@@ -83,7 +83,7 @@ class Scheduler:
     def __init__(self, *, max_batch: int = 64, prefill_chunk: int = 512, prefix=None,
                  kv_budget: int | None = None, batch_prefill: bool = False, step_tokens: int | str | None = None,
                  step_tokens_floor: int = STEP_TOKENS_FLOOR, burst: tuple[int, int] | None = None,
-                 lanes: int = 1):
+                 lanes: int = 1, hit_align: int = 0):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if step_tokens is not None and step_tokens != "auto" and (
@@ -116,6 +116,9 @@ class Scheduler:
         # Batched prefill forwards the runner runs at once (the prefill plan's lanes): whole prompts
         # are split into at least this many groups where there are as many.
         self.lanes = lanes
+        # Prefix hits are cut to a multiple of this (0: as matched) where the runner pads prompts'
+        # last chunks to it, so a restored prompt's chunks keep aligned shapes (PrefixCache.admit).
+        self.hit_align = hit_align
         self._burst_left = 0  # prompt tokens the current burst may still admit before decoding
         if burst is not None:  # the device's burst sizes (burst_sizes()); the class's otherwise
             self.BURST_TOKENS, self.BURST_STEP_TOKENS = burst
@@ -180,7 +183,7 @@ class Scheduler:
             if self.prefix is not None and req.status is Status.WAITING and not self.prefix.admitted(req):
                 if self.prefix.should_wait(req, [r for r, _ in chunks]):
                     break
-                req.prefilled = req.cached_tokens = self.prefix.admit(req, self._min_hit(req, chunks))
+                req.prefilled = req.cached_tokens = self.prefix.admit(req, self._min_hit(req, chunks), self.hit_align)
                 cached += req.cached_tokens
             if req.prefilled == req.cached_tokens and not self.fits(req, chunks):
                 break  # no room for its KV yet: it waits (and nothing overtakes it)

@@ -152,15 +152,36 @@ def _conversation(eng) -> tuple:
 
 def test_prefix_cache_hits_store_and_restore_real_tokens_only(model_dir, final_chunk):
     """Later prompts hit what the earlier (padded) prefills stored, the next turn hits the first
-    conversation's prompt and output; hits and the tree's size equal the unpadded engine's (a pad
-    column stored as a prompt position would change the later answers or the tree)."""
+    conversation's prompt and output; the tree's size equals the unpadded engine's (a pad column
+    stored as a prompt position would change the later answers or the tree), and each hit is the
+    unpadded engine's cut down to a multiple of the alignment (the rest of the prompt then starts
+    on an aligned offset: its chunks keep warmed shapes)."""
     d = model_dir("llama")
     padded = Engine.load(d, prefill_chunk=128, pad_final_chunk=True, max_total_tokens=8192, final_chunk=final_chunk)
+    assert padded.scheduler.hit_align == ALIGN
     hits, tree = _conversation(padded)
-    assert hits[0] == 0 and all(h >= 190 for h in hits[1:]), hits
+    assert hits[0] == 0 and all(h >= ALIGN and h % ALIGN == 0 for h in hits[1:]), hits
     assert padded.runner.padded_tokens > 0
-    assert (hits, tree) == _conversation(Engine.load(d, prefill_chunk=128, pad_final_chunk=False,
-                                                     max_total_tokens=8192))
+    plain = Engine.load(d, prefill_chunk=128, pad_final_chunk=False, max_total_tokens=8192)
+    assert plain.scheduler.hit_align == 0
+    plain_hits, plain_tree = _conversation(plain)
+    assert all(h >= 190 for h in plain_hits[1:]) and any(h % ALIGN for h in plain_hits), plain_hits
+    assert (hits, tree) == ([h - h % ALIGN for h in plain_hits], plain_tree)
+
+
+def test_hits_shorter_than_the_alignment_are_declined(model_dir, final_chunk):
+    """A prompt sharing only its first few tokens with a cached one (text prompts often share a
+    first word) is computed whole when padding is on: a hit of 1-4 tokens started every such
+    prompt's chunks at an offset no warm-up had built. Answers stay mlx-lm's."""
+    d = model_dir("llama")
+    eng = Engine.load(d, pad_final_chunk=True, final_chunk=final_chunk, max_total_tokens=8192)
+    first, second = random_prompts(2, eng.vocab_size, [150, 90], seed=21)
+    second = first[:3] + second
+    for p in (first, second):
+        [r] = eng.generate([p], PARAMS)
+        assert r.token_ids == reference_greedy(eng.model, p, 12)
+    assert r.cached_tokens == 0 and eng.prefix.counters["declined_hits"] == 1
+    eng.prefix.check()
 
 
 def test_prompt_logprobs_chunks_are_not_padded(model_dir):
@@ -221,6 +242,7 @@ def test_sliding_and_hybrid_models_keep_the_unpadded_chunk(model_dir, arch, size
                       final_chunk=final_chunk)
     pad = eng.compiled.prefill.plan.choice("final chunk padding")
     assert pad.choice == "off" and says in pad.why and eng.runner.final_chunk.align == 0
+    assert eng.scheduler.hit_align == 0  # hits end where their window or snapshot does
     prompts = random_prompts(4, eng.vocab_size, [5, 40, 1, 150], seed=2)
     assert_greedy_matches_mlx_lm(eng.model, prompts, eng.generate(prompts, PARAMS), 12)
     assert eng.runner.padded_tokens == 0

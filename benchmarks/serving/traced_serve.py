@@ -7,7 +7,7 @@ stream's long gap at the door can be read as the steps it spanned: their wall ti
 work, forwards' shapes, KV copies and the engine thread's time between steps.
 
     GRAPHC_STEP_TRACE=steps.jsonl python -m graphc.benchmarks.serving.traced_serve --model DIR ...
-    python -m graphc.benchmarks.serving.traced_serve --summarize steps.jsonl [--top 8]
+    python -m graphc.benchmarks.serving.traced_serve --summarize steps.jsonl [--top 8] [--requests 64 --skip 2]
 
 `graphc bench --serving --trace-steps` runs graphc this way and writes the trace beside the
 server's log. Each line is one record: {"add": id, "t"} when a request reaches the engine, or a
@@ -16,11 +16,13 @@ step: {"t", "ms", "idle_ms" (engine thread between the last step's end and this 
 "chunked": [ids given prompt work], "copies_mib", "capacity", "tokens": [ids that got a token]}. `--summarize` splits the trace
 into runs at idle gaps (no request in the engine for a second or more) and prints for each
 step_timeline's summary: ITL p99, the worst gaps and the steps they spanned, the worst TTFTs.
+GRAPHC_SWITCH_INTERVAL=S sets the server's GIL switch interval (sys.setswitchinterval).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import sys
@@ -101,21 +103,27 @@ def install(path: str) -> StepTrace:
     return trace
 
 
-def runs(lines: list[dict]) -> list[dict]:
-    """The trace as step_timeline results (run_timeline's shape), one per run: split where no
-    record came for RUN_GAP_S (steps run back to back while any request is live, so such a gap
-    is an idle engine)."""
-    out, cur, last = [], None, None
+def runs(lines: list[dict], requests: int | None = None, skip: int = 0) -> list[dict]:
+    """The trace as step_timeline results (run_timeline's shape), one per run. With `requests`:
+    the first `skip` requests are one run (a bench's warm-up), then every `requests` requests
+    start the next (a run's steps are those before the next run's first request reaches the
+    engine: the bench waits for a run to finish). Without: split where no record came for
+    RUN_GAP_S (steps run back to back while any request is live, so that is an idle engine)."""
+    out, cur, last, added = [], None, None, 0
     for rec in lines:
         t = rec["t"]
-        if cur is None or t - last >= RUN_GAP_S:
+        if requests is not None:
+            new = "add" in rec and (added == 0 or added == skip or (added > skip and (added - skip) % requests == 0))
+        else:
+            new = cur is None or t - last >= RUN_GAP_S
+        if new or cur is None:
             cur = {"steps": [], "times": {}, "arrival": {}, "first_chunk": {}, "chunk_steps": {}, "prompt_len": {},
                    "t0": t}
             out.append(cur)
         if "add" in rec:
             r = rec["add"]
             cur["arrival"][r], cur["times"][r], cur["prompt_len"][r] = t - cur["t0"], [], rec["prompt"]
-            last = t
+            last, added = t, added + 1
             continue
         step = {**rec, "t": round(t - cur["t0"], 4), "i": len(cur["steps"]), "first_tokens": 0}
         end = step["t"] + rec["ms"] / 1e3
@@ -131,13 +139,13 @@ def runs(lines: list[dict]) -> list[dict]:
     return out
 
 
-def summarize_file(path: str, top: int = 8) -> list[dict]:
+def summarize_file(path: str, top: int = 8, requests: int | None = None, skip: int = 0) -> list[dict]:
     from graphc.benchmarks.step_timeline import summarize
 
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         lines = [json.loads(x) for x in f if x.strip()]
     results = []
-    for res in runs(lines):
+    for res in runs(lines, requests, skip):
         if not res["steps"]:
             continue
         s = summarize(res, top=top)
@@ -158,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         p = argparse.ArgumentParser(prog="python -m graphc.benchmarks.serving.traced_serve --summarize")
         p.add_argument("path")
         p.add_argument("--top", type=int, default=8)
+        p.add_argument("--requests", type=int, default=None,
+                       help="requests per run (a serving bench's --requests): split runs by request count")
+        p.add_argument("--skip", type=int, default=0, help="requests before the first run (the bench's warm-up: 2)")
         a = p.parse_args(argv[1:])
-        for i, s in enumerate(summarize_file(a.path, a.top)):
+        for i, s in enumerate(summarize_file(a.path, a.top, a.requests, a.skip)):
             print(json.dumps({"run": i, **s}))
         return 0
     path = os.environ.get("GRAPHC_STEP_TRACE")
@@ -167,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         print("set GRAPHC_STEP_TRACE=FILE (where the step records go), or pass --summarize FILE", file=sys.stderr)
         return 2
     install(path)
+    interval = os.environ.get("GRAPHC_SWITCH_INTERVAL")  # seconds: the GIL's switch interval, to test its share
+    if interval:
+        sys.setswitchinterval(float(interval))
     from graphc.cli.main import main as graphc_main
 
     return graphc_main(["serve", *argv])
