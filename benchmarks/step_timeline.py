@@ -48,7 +48,7 @@ def make_mix(n: int, vocab: int, inputs: tuple[int, int], outputs: tuple[int, in
     return out
 
 
-class _Copies:
+class Copies:
     """Bytes the batch caches copied during the current step, by cause."""
 
     def __init__(self):
@@ -60,7 +60,7 @@ def _nbytes(c) -> int:
 
 
 @contextmanager
-def _watch_caches(copies: _Copies):
+def watch_caches(copies: Copies):
     """Count the bytes FullKV's growth (vacant rows dropped in it included), extend_all (rows
     joining, vacant rows dropped on the way) and filter (rows leaving) write."""
     cls = full_cache.FullKV
@@ -94,7 +94,7 @@ def _watch_caches(copies: _Copies):
 def run_timeline(engine, mix, *, log=None) -> dict:
     """Run `mix` (make_mix) through `engine`; the per-step records and per-request token times."""
     sched, runner = engine.scheduler, engine.runner
-    copies = _Copies()
+    copies = Copies()
     steps: list[dict] = []
     cur: dict = {}
     plain_schedule, plain_budget = sched.schedule, sched.step_budget
@@ -121,7 +121,7 @@ def run_timeline(engine, mix, *, log=None) -> dict:
     t0 = time.perf_counter()
     times: dict[str, list[float]] = {}
     arrival: dict[str, float] = {}
-    with _watch_caches(copies):
+    with watch_caches(copies):
         while pending or engine.has_unfinished():
             now = time.perf_counter() - t0
             while pending and pending[0][0] <= now:

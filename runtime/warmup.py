@@ -46,7 +46,7 @@ import mlx.core as mx
 from graphc.runtime.params import SamplingParams
 
 from .cache.row_copies import warm_row_copies
-from .warmup_plans import attention_plans
+from .warmup_plans import attention_plans, batched_plans
 
 log = logging.getLogger("graphc.server")
 
@@ -99,6 +99,7 @@ def _warm_up(engine, shapes: bool | None, agent: bool | None) -> float:
         serving_shapes(engine, rng, vocab)
         decode_kernel_builds(engine)
         attention_plans(engine)  # on a GPU: the prompt chunks' attention shapes (warmup_plans.py)
+        batched_plans(engine)  # and the batched prefills' (several whole prompts in one forward)
     if engine.disk_tier is not None and (agent or (agent is None and (shapes or (shapes is None and gpu)))):
         agent_turn(engine, rng, vocab)
     for k in engine.stats:  # taken back out: /metrics counts client traffic only

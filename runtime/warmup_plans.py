@@ -13,6 +13,10 @@ tokens over a cache already holding o zero positions, for q = 128, 256, .. up to
 step may spend while rows decode (that one first, at every offset) and o = 0, 128, ..,
 WARM_CONTEXT - q, within WARM_SECONDS.
 
+Batched prefills (several whole prompts in one left-padded forward) have shapes of their own,
+(rows, aligned width) with an array mask: `batched_plans` builds those within BATCHED_SECONDS,
+the ones a step's budget holds while rows decode first.
+
 Only where every layer keeps plain FullKV rows (the shapes of sliding windows and recurrent
 state differ); nothing here touches the prefix cache, the scheduler or the engine's counters:
 the chunks run on throwaway caches through the compiled prefill step, as the runner runs them.
@@ -34,6 +38,10 @@ log = logging.getLogger("graphc.server")
 
 WARM_CONTEXT = 4096  # key lengths warmed: beyond it shapes are built as clients meet them
 WARM_SECONDS = 20.0  # at most this long; the shapes left are built as clients meet them
+BATCHED_SECONDS = 10.0  # the batched prefills' shapes (batched_plans), after those
+# A batched group's padded width times its rows may pass the step's budget: the budget counts
+# real tokens, and a group pads up to a third of its work (runtime/prefill_groups.py).
+BATCHED_SLACK = 1.5
 
 
 def chunk_shapes(budget: int, prefill_chunk: int, context: int, align: int = Scheduler.CHUNK_ALIGN) -> list:
@@ -77,4 +85,52 @@ def attention_plans(engine, *, context: int = WARM_CONTEXT, seconds: float = WAR
         done += 1
     log.info("warm-up: %d of %d prompt-chunk attention shapes (up to %d tokens of context) in %.1f s",
              done, len(shapes), context, time.perf_counter() - t0)
+    return done, len(shapes)
+
+
+def batched_shapes(budget: int, burst_step: int, prefill_chunk: int, max_batch: int,
+                   align: int = Scheduler.CHUNK_ALIGN) -> list:
+    """(rows, width) pairs to warm for batched prefills of whole prompts (every row left-padded
+    to an aligned width, so the query and key lengths are both `width`), those that fit a step's
+    budget while rows decode first (they stall running streams), then those of a burst's steps."""
+    def pairs(tokens: int) -> list:
+        top = int(tokens * BATCHED_SLACK)
+        return [(b, w) for w in range(align, prefill_chunk + 1, align) for b in range(2, max_batch + 1)
+                if b * w <= top]
+
+    first = pairs(budget)
+    seen = set(first)
+    return first + [x for x in pairs(max(budget, burst_step)) if x not in seen]
+
+
+def batched_plans(engine, *, seconds: float = BATCHED_SECONDS, force: bool = False) -> tuple[int, int]:
+    """Run one batched prefill forward of each shape of `batched_shapes` on throwaway caches, as
+    runtime/batched_prefill.py builds them (left padding, so the mask is an array as there, and
+    the final chunk whole or split as the plan says); (shapes run, shapes listed). On a GPU (or
+    with `force`), where prompts are batched at all; stops after `seconds`. The first batched
+    prefills at the door were 54-204 ms steps against ~20 ms for a one-prompt chunk
+    (docs/scheduling.md): the chunk warm-up above builds one-row shapes only."""
+    if not force and mx.default_device().type != mx.DeviceType.gpu:
+        return 0, 0
+    runner, sched = engine.runner, engine.scheduler
+    if not sched.batch_prefill:
+        return 0, 0
+    budget = sched.step_tokens if isinstance(sched.step_tokens, int) else sched.step_tokens_floor
+    shapes = batched_shapes(budget, sched.BURST_STEP_TOKENS, sched.prefill_chunk, sched.max_batch)
+    step, policies = runner.batched.step, runner.batched.policies
+    whole = runner.final_chunk.whole or not runner.final_chunk.align
+    t0, done = time.perf_counter(), 0
+    for b, w in shapes:
+        if done and time.perf_counter() - t0 > seconds:
+            break
+        pads = [1] + [0] * (b - 1)  # one row shorter: left padding, as nearly every real group has
+        caches = [type(p.new_cache())(b, pads) for p in policies]
+        tokens = mx.zeros((b, w), dtype=mx.int32)
+        if not whole:  # split: the aligned part, then the last column alone (runtime/batched_prefill.py)
+            step.forward(StepInputs(tokens[:, :-1], caches, final=False))
+            tokens = tokens[:, -1:]
+        ctx = step.forward(StepInputs(tokens, caches, final=False))
+        mx.eval(step.fill_targets(ctx))
+        done += 1
+    log.info("warm-up: %d of %d batched-prefill shapes in %.1f s", done, len(shapes), time.perf_counter() - t0)
     return done, len(shapes)

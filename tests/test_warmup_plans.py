@@ -3,9 +3,11 @@ running them leaves the engine as it was (no prefix entries, no counters, same g
 
 from __future__ import annotations
 
+import pytest
+
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.scheduler import Scheduler
-from graphc.runtime.warmup_plans import attention_plans, chunk_shapes
+from graphc.runtime.warmup_plans import attention_plans, batched_plans, batched_shapes, chunk_shapes
 from helpers import random_prompts
 
 
@@ -44,3 +46,36 @@ def test_the_time_limit_stops_it(model_dir):
     eng = Engine.load(model_dir("llama"))
     done, listed = attention_plans(eng, context=512, seconds=0.0, force=True)
     assert done == 1 < listed  # the first shape runs, then the clock says stop
+
+
+def test_batched_shapes_fit_the_budget_first_then_the_burst():
+    shapes = batched_shapes(budget=1024, burst_step=8192, prefill_chunk=2048, max_batch=64)
+    a = Scheduler.CHUNK_ALIGN
+    assert len(shapes) == len(set(shapes))
+    assert all(2 <= b <= 64 and w % a == 0 and w <= 2048 and b * w <= 1.5 * 8192 for b, w in shapes)
+    first = [x for x in shapes if x[0] * x[1] <= 1.5 * 1024]
+    assert shapes[:len(first)] == first and (2, 768) in first and (12, 128) in first
+    assert (64, 128) in shapes and (6, 2048) in shapes and (7, 2048) not in shapes
+    assert batched_shapes(1024, 8192, 2048, max_batch=1) == []  # one row a batch: nothing to batch
+
+
+@pytest.mark.parametrize("kw", [{}, {"pad_final_chunk": True, "final_chunk": "split"},
+                                {"pad_final_chunk": True, "final_chunk": "whole"}])
+def test_batched_shapes_run_on_throwaway_caches(model_dir, kw):
+    eng = Engine.load(model_dir("llama"), max_batch=4, prefill_chunk=256, **kw)
+    assert batched_plans(eng) == (0, 0)  # the CPU: nothing to build
+    prompts = random_prompts(3, int(eng.vocab_size), [200, 90, 33], seed=6)
+    p = SamplingParams(max_tokens=6, temperature=0.0)
+    ref = [o.token_ids for o in Engine.load(model_dir("llama"), max_batch=4, prefill_chunk=256, **kw).generate(prompts, p)]
+    stats, cache = dict(eng.stats), eng.cache_stats()
+    s = eng.scheduler
+    listed = batched_shapes(s.step_tokens_floor, s.BURST_STEP_TOKENS, 256, 4)
+    assert batched_plans(eng, force=True) == (len(listed), len(listed)) and listed
+    assert batched_plans(eng, force=True, seconds=0.0) == (1, len(listed))  # the clock stops it after one
+    assert eng.stats == stats and not eng.has_unfinished() and eng.cache_stats() == cache
+    assert [o.token_ids for o in eng.generate(prompts, p)] == ref
+
+
+def test_no_batched_shapes_where_prompts_are_not_batched(model_dir):
+    eng = Engine.load(model_dir("llama"), batch_prefill=False)
+    assert batched_plans(eng, force=True) == (0, 0)

@@ -41,8 +41,9 @@ class ServerSpec:
 
     def argv(self, model: str, port: int, batch: int, extra: list[str], traced: bool = False) -> list[str]:
         if self.name == "graphc":  # traced: every engine step recorded (benchmarks/serving/traced_serve.py)
-            serve = ["graphc.benchmarks.serving.traced_serve"] if traced else ["graphc.cli", "serve"]
-            return [sys.executable, "-m", *serve, "--model", model, "--port", str(port),
+            serve = ([sys.executable, "-m", "graphc.benchmarks.serving.traced_serve"] if traced
+                     else [sys.executable, "-m", "graphc.cli", "serve"])
+            return [*serve, "--model", model, "--port", str(port),
                     "--max-batch", str(batch), *extra]
         # Batching on, its concurrency set to graphc's max batch (mlx_lm/server.py's own flag names).
         return [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", str(port),
@@ -91,7 +92,8 @@ class Server:
     def __init__(self, spec: ServerSpec, model: str, port: int, batch: int, log_path: Path,
                  extra: list[str] | None = None, ready_timeout: float = 900.0, trace: Path | None = None):
         self.spec, self.port, self.log_path, self.ready_timeout = spec, port, Path(log_path), ready_timeout
-        self.argv = spec.argv(model, port, batch, extra or [], traced=trace is not None)
+        traced = {"traced": True} if trace is not None else {}  # (a spec without tracing takes no such argument)
+        self.argv = spec.argv(model, port, batch, extra or [], **traced)
         self.env = {**os.environ, "GRAPHC_STEP_TRACE": str(trace)} if trace is not None else None
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None

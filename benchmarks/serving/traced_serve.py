@@ -7,13 +7,13 @@ stream's long gap at the door can be read as the steps it spanned: their wall ti
 work, forwards' shapes, KV copies and the engine thread's time between steps.
 
     GRAPHC_STEP_TRACE=steps.jsonl python -m graphc.benchmarks.serving.traced_serve --model DIR ...
-    python -m graphc.benchmarks.serving.traced_serve --summarize steps.jsonl [--top 8] [--requests 64 --skip 2]
+    python -m graphc.benchmarks.serving.traced_serve --summarize steps.jsonl [--top 8] [--requests 64 [--skip K]]
 
 `graphc bench --serving --trace-steps` runs graphc this way and writes the trace beside the
 server's log. Each line is one record: {"add": id, "t"} when a request reaches the engine, or a
 step: {"t", "ms", "idle_ms" (engine thread between the last step's end and this one's start),
 "prefill", "budget", "decode", "rows", "waiting", "groups": [[rows, tokens, offset], ..],
-"chunked": [ids given prompt work], "copies_mib", "capacity", "tokens": [ids that got a token]}. `--summarize` splits the trace
+"chunked": [ids given prompt work], "phases_ms": {runner phase: host ms}, "copies_mib", "capacity", "tokens": [an id per token it got]}. `--summarize` splits the trace
 into runs at idle gaps (no request in the engine for a second or more) and prints for each
 step_timeline's summary: ITL p99, the worst gaps and the steps they spanned, the worst TTFTs.
 GRAPHC_SWITCH_INTERVAL=S sets the server's GIL switch interval (sys.setswitchinterval).
@@ -29,7 +29,16 @@ import sys
 import threading
 import time
 
-RUN_GAP_S = 1.0  # an engine idle this long between two requests' lives separates two runs
+from graphc.benchmarks.step_timeline import Copies, watch_caches, summarize
+from graphc.runtime.engine import Engine
+from graphc.runtime.runner import ModelRunner
+from graphc.runtime.scheduler import Scheduler
+from graphc.runtime.server.cli import add_parser  # `graphc serve`'s parser (benchmarks do not import the CLI)
+
+RUN_GAP_S = 1.0
+# The runner's parts of a step, each timed on the host (inclusive: `leave` runs inside the
+# others' callers too; on a GPU a phase's time is where the host waited, not where the device worked).
+PHASES = ("run_prefill", "_join_rows", "decode", "leave")  # an engine idle this long between two requests' lives separates two runs
 
 
 class StepTrace:
@@ -51,15 +60,23 @@ class StepTrace:
             self.f.write(json.dumps(rec, separators=(",", ":")) + "\n")
 
 
-def install(path: str) -> StepTrace:
+def install(path: str):
     """Wrap Engine.add_request / Engine.step and Scheduler.schedule / step_budget for every engine
-    in this process; FullKV's copies are counted as step_timeline counts them."""
-    from graphc.benchmarks.step_timeline import _Copies, _watch_caches
-    from graphc.runtime.engine import Engine
-    from graphc.runtime.scheduler import Scheduler
-
-    trace, copies = StepTrace(path), _Copies()
+    in this process; FullKV's copies are counted as step_timeline counts them. Returns (the
+    trace, a function that takes the wrappers off again)."""
+    trace, copies = StepTrace(path), Copies()
     add, step, schedule, budget = Engine.add_request, Engine.step, Scheduler.schedule, Scheduler.step_budget
+    phased = [(ModelRunner, name, getattr(ModelRunner, name)) for name in PHASES]
+
+    def timed(name, fn):
+        def wrapper(self, *a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(self, *a, **kw)
+            finally:
+                ph = trace.cur.setdefault("phases", {})
+                ph[name] = round(ph.get(name, 0.0) + (time.perf_counter() - t) * 1e3, 2)
+        return wrapper
 
     def add_request(self, *a, **kw):
         rid = add(self, *a, **kw)
@@ -92,24 +109,38 @@ def install(path: str) -> StepTrace:
                      "rows": rows, "waiting": cur.get("waiting", 0), "groups": cur.get("groups", []),
                      "copies_mib": {k: round(v / 2**20, 2) for k, v in copies.step.items()},
                      "capacity": self.runner.caches[0].capacity if self.runner.caches else 0,
-                     "chunked": cur.get("chunked", []),
-                     "tokens": [trace.short(o.request_id) for o in outs if o.new_token_ids]})
+                     "chunked": cur.get("chunked", []), "phases_ms": cur.get("phases", {}),
+                     "tokens": [trace.short(o.request_id) for o in outs for _ in o.new_token_ids]})
         trace.last_end = te if self.has_unfinished() else None
         return outs
 
     Engine.add_request, Engine.step = add_request, traced_step
     Scheduler.schedule, Scheduler.step_budget = sched, step_budget
-    _watch_caches(copies).__enter__()  # for the process's life: the server runs until it is stopped
-    return trace
+    for cls, name, fn in phased:
+        setattr(cls, name, timed(name, fn))
+    watching = watch_caches(copies)
+    watching.__enter__()  # until uninstall(): a server keeps it for its life
+
+    def uninstall():
+        Engine.add_request, Engine.step = add, step
+        Scheduler.schedule, Scheduler.step_budget = schedule, budget
+        for cls, name, fn in phased:
+            setattr(cls, name, fn)
+        watching.__exit__(None, None, None)
+        trace.f.close()
+
+    return trace, uninstall
 
 
-def runs(lines: list[dict], requests: int | None = None, skip: int = 0) -> list[dict]:
+def runs(lines: list[dict], requests: int | None = None, skip: int | None = None) -> list[dict]:
     """The trace as step_timeline results (run_timeline's shape), one per run. With `requests`:
-    the first `skip` requests are one run (a bench's warm-up), then every `requests` requests
-    start the next (a run's steps are those before the next run's first request reaches the
+    the first `skip` requests are one run (the server's and the bench's warm-up; None: the
+    requests past a whole number of runs, fewer than `requests`), then every `requests` start the next (a run's steps are those before the next run's first request reaches the
     engine: the bench waits for a run to finish). Without: split where no record came for
     RUN_GAP_S (steps run back to back while any request is live, so that is an idle engine)."""
     out, cur, last, added = [], None, None, 0
+    if requests is not None and skip is None:
+        skip = sum("add" in rec for rec in lines) % requests
     for rec in lines:
         t = rec["t"]
         if requests is not None:
@@ -139,9 +170,7 @@ def runs(lines: list[dict], requests: int | None = None, skip: int = 0) -> list[
     return out
 
 
-def summarize_file(path: str, top: int = 8, requests: int | None = None, skip: int = 0) -> list[dict]:
-    from graphc.benchmarks.step_timeline import summarize
-
+def summarize_file(path: str, top: int = 8, requests: int | None = None, skip: int | None = None) -> list[dict]:
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         lines = [json.loads(x) for x in f if x.strip()]
     results = []
@@ -153,8 +182,8 @@ def summarize_file(path: str, top: int = 8, requests: int | None = None, skip: i
         idle = sorted(x["idle_ms"] for x in steps if x.get("idle_ms") is not None)
         s["requests"] = len(res["arrival"])
         s["engine_idle_between_steps_ms_p99"] = idle[min(len(idle) - 1, int(0.99 * len(idle)))] if idle else None
-        s["slowest_steps"] = [{k: x[k] for k in ("i", "t", "ms", "idle_ms", "prefill", "decode", "rows", "groups",
-                                                 "copies_mib", "capacity")}
+        s["slowest_steps"] = [{k: x.get(k) for k in ("i", "t", "ms", "idle_ms", "prefill", "decode", "rows", "groups",
+                                                     "phases_ms", "copies_mib", "capacity")}
                               for x in sorted(steps, key=lambda x: -x["ms"])[:top]]
         results.append(s)
     return results
@@ -168,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--top", type=int, default=8)
         p.add_argument("--requests", type=int, default=None,
                        help="requests per run (a serving bench's --requests): split runs by request count")
-        p.add_argument("--skip", type=int, default=0, help="requests before the first run (the bench's warm-up: 2)")
+        p.add_argument("--skip", type=int, default=None,
+                       help="requests before the first run (default: what is left over past whole runs)")
         a = p.parse_args(argv[1:])
         for i, s in enumerate(summarize_file(a.path, a.top, a.requests, a.skip)):
             print(json.dumps({"run": i, **s}))
@@ -181,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     interval = os.environ.get("GRAPHC_SWITCH_INTERVAL")  # seconds: the GIL's switch interval, to test its share
     if interval:
         sys.setswitchinterval(float(interval))
-    from graphc.cli.main import main as graphc_main
-
-    return graphc_main(["serve", *argv])
+    parser = argparse.ArgumentParser(prog="python -m graphc.benchmarks.serving.traced_serve")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serve", *argv])
+    return args.func(args)
 
 
 if __name__ == "__main__":
