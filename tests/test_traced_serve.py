@@ -40,6 +40,10 @@ def test_a_traced_engine_summarizes_to_what_it_generated(model_dir, tmp_path):
     [summary] = traced_serve.summarize_file(str(path), top=3)
     assert summary["requests"] == 6 and summary["steps"] == len(steps)
     assert summary["itl_ms_p99"] is not None and len(summary["slowest_steps"]) == 3
+    classes = summary["step_classes"]
+    assert sum(c["n"] for c in classes.values()) == len(steps) and "decode" in classes
+    assert any(name.endswith("+join") for name in classes)  # prompts ended while rows decoded
+    assert all(c["ms_p50"] <= c["ms_p90"] <= c["ms_max"] for c in classes.values())
 
 
 def test_runs_split_by_request_count_or_idle_gap():

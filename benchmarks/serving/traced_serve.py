@@ -15,7 +15,9 @@ step: {"t", "ms", "idle_ms" (engine thread between the last step's end and this 
 "prefill", "budget", "decode", "rows", "waiting", "groups": [[rows, tokens, offset], ..],
 "chunked": [ids given prompt work], "phases_ms": {runner phase: host ms}, "copies_mib", "capacity", "tokens": [an id per token it got]}. `--summarize` splits the trace
 into runs at idle gaps (no request in the engine for a second or more) and prints for each
-step_timeline's summary: ITL p99, the worst gaps and the steps they spanned, the worst TTFTs.
+step_timeline's summary: ITL p99, the worst gaps and the steps they spanned, the worst TTFTs,
+and the steps by what they did (`step_classes`: decode, mixed, +join, +batched) with their
+wall-time spread and the runner phases' median host time.
 GRAPHC_SWITCH_INTERVAL=S sets the server's GIL switch interval (sys.setswitchinterval).
 """
 
@@ -170,6 +172,34 @@ def runs(lines: list[dict], requests: int | None = None, skip: int | None = None
     return out
 
 
+def step_class(step: dict) -> str:
+    """What a step did, for step_classes: decode only; prompt work while rows decode ("mixed"),
+    with a row joining the batch ("+join") or a batched prefill of several prompts ("+batched");
+    prompt work with no row decoding ("prefill")."""
+    if not step["prefill"]:
+        return "decode"
+    kind = "mixed" if step["rows"] else "prefill"
+    if any(g[0] > 1 for g in step.get("groups", [])):
+        kind += "+batched"
+    if "_join_rows" in step.get("phases_ms", {}):
+        kind += "+join"
+    return kind
+
+
+def step_classes(steps: list[dict]) -> dict:
+    """Per step_class: count, wall ms p50 / p90 / max, and each runner phase's median host ms."""
+    by: dict[str, list] = {}
+    for x in steps:
+        by.setdefault(step_class(x), []).append(x)
+    out = {}
+    for name, xs in sorted(by.items()):
+        ms = sorted(x["ms"] for x in xs)
+        out[name] = {"n": len(xs), "ms_p50": ms[len(ms) // 2], "ms_p90": ms[int(0.9 * len(ms))], "ms_max": ms[-1],
+                     "phases_ms_p50": {p: sorted(x.get("phases_ms", {}).get(p, 0.0) for x in xs)[len(xs) // 2]
+                                       for p in PHASES}}
+    return out
+
+
 def summarize_file(path: str, top: int = 8, requests: int | None = None, skip: int | None = None) -> list[dict]:
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         lines = [json.loads(x) for x in f if x.strip()]
@@ -182,6 +212,7 @@ def summarize_file(path: str, top: int = 8, requests: int | None = None, skip: i
         idle = sorted(x["idle_ms"] for x in steps if x.get("idle_ms") is not None)
         s["requests"] = len(res["arrival"])
         s["engine_idle_between_steps_ms_p99"] = idle[min(len(idle) - 1, int(0.99 * len(idle)))] if idle else None
+        s["step_classes"] = step_classes(steps)
         s["slowest_steps"] = [{k: x.get(k) for k in ("i", "t", "ms", "idle_ms", "prefill", "decode", "rows", "groups",
                                                      "phases_ms", "copies_mib", "capacity")}
                               for x in sorted(steps, key=lambda x: -x["ms"])[:top]]
