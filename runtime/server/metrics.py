@@ -75,8 +75,8 @@ class ServerMetrics:
             metric("graphc_prefix_cache_hits_total", "counter", "Prefix lookups that matched something.",
                    [(m, c.get("hits", 0))])
             metric("graphc_prefix_cache_declined_hits_total", "counter",
-                   f"Hits shorter than {Scheduler.SHORT_HIT} tokens declined so that a burst's prompt joins a "
-                   "batched prefill.",
+                   f"Hits declined: shorter than {Scheduler.SHORT_HIT} tokens so that a burst's prompt joins a "
+                   f"batched prefill, or (GPU) than the {Scheduler.CHUNK_ALIGN}-token chunk alignment.",
                    [(m, c.get("declined_hits", 0))])
             metric("graphc_prefix_cache_evicted_tokens_total", "counter", "Tokens evicted from the tree (LRU).",
                    [(m, c.get("evicted_tokens", 0))])
