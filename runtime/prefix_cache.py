@@ -143,10 +143,12 @@ class PrefixCache(WindowBookkeeping):
             self.counters["disk_hit_tokens"] += min(from_disk, m)
         return m
 
-    def should_wait(self, req, ahead: list) -> bool:
+    def should_wait(self, req, ahead: list, align: int = 0) -> bool:
         """Whether `req` should wait a step: requests scheduled ahead of it share at least
         MIN_GAIN more prompt tokens with it than the cache can give now, and will have
-        stored them by the next step (in-batch prefix sharing, for bursts of one system prompt)."""
+        stored them by the next step (in-batch prefix sharing, for bursts of one system prompt).
+        With `align` (admit's) both are counted as the hits admit would cut them to: a shared
+        prefix shorter than the alignment gains nothing by waiting."""
         if not ahead or req.id in self.holds or getattr(req.params, "prompt_logprobs", None) is not None:
             return False
         tokens = np.asarray(req.context_ids, dtype=np.int32)
@@ -155,7 +157,10 @@ class PrefixCache(WindowBookkeeping):
         if shared < self.MIN_GAIN:
             return False
         path, m0 = self.tree.match(tokens)
-        return shared - self._usable(path, min(m0, len(tokens) - 1)) >= self.MIN_GAIN
+        have = self._usable(path, min(m0, len(tokens) - 1))
+        if align > 1 and not self.needs_boundaries:
+            shared, have = shared - shared % align, have - have % align
+        return shared - have >= self.MIN_GAIN
 
     def _usable(self, path: list[Node], limit: int) -> int:
         """The longest m <= limit a hit can resume at (see the module docstring)."""

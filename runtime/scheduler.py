@@ -181,7 +181,7 @@ class Scheduler:
             if budget <= 0 or slots <= 0:
                 break
             if self.prefix is not None and req.status is Status.WAITING and not self.prefix.admitted(req):
-                if self.prefix.should_wait(req, [r for r, _ in chunks]):
+                if self.prefix.should_wait(req, [r for r, _ in chunks], self.hit_align):
                     break
                 req.prefilled = req.cached_tokens = self.prefix.admit(req, self._min_hit(req, chunks), self.hit_align)
                 cached += req.cached_tokens

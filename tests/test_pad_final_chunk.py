@@ -169,6 +169,26 @@ def test_prefix_cache_hits_store_and_restore_real_tokens_only(model_dir, final_c
     assert (hits, tree) == ([h - h % ALIGN for h in plain_hits], plain_tree)
 
 
+@pytest.mark.parametrize("shared, hits", [(300, [0, 256, 256]), (100, [0, 0, 0])])
+def test_a_burst_waits_for_a_shared_prefix_only_when_an_aligned_hit_gains(model_dir, shared, hits):
+    """Prompts sent together that share a prefix: the later ones wait a step for the first to
+    store it only when the hit admit would give them (cut to the alignment) is worth it; a
+    shared prefix under the alignment would make them wait for nothing."""
+    eng = Engine.load(model_dir("llama"), pad_final_chunk=True, max_total_tokens=8192, prefill_chunk=2048)
+    head = random_prompts(1, eng.vocab_size, [shared], seed=30)[0]
+    prompts = [head + t for t in random_prompts(3, eng.vocab_size, [40, 7, 90], seed=31)]
+    reqs = [eng.request(eng.add_request(p, PARAMS)) for p in prompts]
+    eng.step()
+    waited = [r.prefilled == 0 for r in reqs]
+    assert waited == [False] + [any(hits)] * 2  # the first computes; the rest wait only for a gain
+    while eng.has_unfinished():
+        eng.step()
+    results = [eng.result(r) for r in reqs]
+    assert [r.cached_tokens for r in results] == hits
+    for p, r in zip(prompts, results):
+        assert r.token_ids == reference_greedy(eng.model, p, 12)
+
+
 def test_hits_shorter_than_the_alignment_are_declined(model_dir, final_chunk):
     """A prompt sharing only its first few tokens with a cached one (text prompts often share a
     first word) is computed whole when padding is on: a hit of 1-4 tokens started every such
