@@ -158,12 +158,12 @@ def test_prefix_cache_hits_store_and_restore_real_tokens_only(model_dir, final_c
     on an aligned offset: its chunks keep warmed shapes)."""
     d = model_dir("llama")
     padded = Engine.load(d, prefill_chunk=128, pad_final_chunk=True, max_total_tokens=8192, final_chunk=final_chunk)
-    assert padded.scheduler.hit_align == ALIGN
+    assert padded.scheduler.hit_align == ALIGN == padded.describe()["scheduling"]["prefix_hit_align"]
     hits, tree = _conversation(padded)
     assert hits[0] == 0 and all(h >= ALIGN and h % ALIGN == 0 for h in hits[1:]), hits
     assert padded.runner.padded_tokens > 0
     plain = Engine.load(d, prefill_chunk=128, pad_final_chunk=False, max_total_tokens=8192)
-    assert plain.scheduler.hit_align == 0
+    assert plain.scheduler.hit_align == 0 == plain.describe()["scheduling"]["prefix_hit_align"]
     plain_hits, plain_tree = _conversation(plain)
     assert all(h >= 190 for h in plain_hits[1:]) and any(h % ALIGN for h in plain_hits), plain_hits
     assert (hits, tree) == ([h - h % ALIGN for h in plain_hits], plain_tree)
