@@ -13,9 +13,9 @@ work, forwards' shapes, KV copies and the engine thread's time between steps.
 server's log. Each line is one record: {"add": id, "t"} when a request reaches the engine, or a
 step: {"t", "ms", "idle_ms" (engine thread between the last step's end and this one's start),
 "prefill", "budget", "decode", "rows", "waiting", "groups": [[rows, tokens, offset], ..],
-"chunked": [ids given prompt work], "phases_ms": {runner phase: host ms}, "copies_mib", "capacity", "tokens": [an id per token it got]}. `--summarize` splits the trace
-into runs at idle gaps (no request in the engine for a second or more) and prints for each
-step_timeline's summary: ITL p99, the worst gaps and the steps they spanned, the worst TTFTs,
+"chunked": [ids given prompt work], "phases_ms": {runner phase: host ms}, "copies_mib",
+"capacity", "tokens": [an id per token it got]}. `--summarize` splits the trace into runs (by
+request count with --requests, else at idle gaps) and prints for each step_timeline's summary: ITL p99, the worst gaps and the steps they spanned, the worst TTFTs,
 and the steps by what they did (`step_classes`: decode, mixed, +join, +batched) with their
 wall-time spread and the runner phases' median host time.
 GRAPHC_SWITCH_INTERVAL=S sets the server's GIL switch interval (sys.setswitchinterval).
@@ -37,10 +37,10 @@ from graphc.runtime.runner import ModelRunner
 from graphc.runtime.scheduler import Scheduler
 from graphc.runtime.server.cli import add_parser  # `graphc serve`'s parser (benchmarks do not import the CLI)
 
-RUN_GAP_S = 1.0
+RUN_GAP_S = 1.0  # no record for this long: an idle engine, which separates two runs
 # The runner's parts of a step, each timed on the host (inclusive: `leave` runs inside the
 # others' callers too; on a GPU a phase's time is where the host waited, not where the device worked).
-PHASES = ("run_prefill", "_join_rows", "decode", "leave")  # an engine idle this long between two requests' lives separates two runs
+PHASES = ("run_prefill", "_join_rows", "decode", "leave")
 
 
 class StepTrace:
@@ -137,9 +137,10 @@ def install(path: str):
 def runs(lines: list[dict], requests: int | None = None, skip: int | None = None) -> list[dict]:
     """The trace as step_timeline results (run_timeline's shape), one per run. With `requests`:
     the first `skip` requests are one run (the server's and the bench's warm-up; None: the
-    requests past a whole number of runs, fewer than `requests`), then every `requests` start the next (a run's steps are those before the next run's first request reaches the
-    engine: the bench waits for a run to finish). Without: split where no record came for
-    RUN_GAP_S (steps run back to back while any request is live, so that is an idle engine)."""
+    requests past a whole number of runs, fewer than `requests`), then every `requests` start
+    the next (a run's steps are those before the next run's first request reaches the engine:
+    the bench waits for a run to finish). Without: split where no record came for RUN_GAP_S
+    (steps run back to back while any request is live, so that is an idle engine)."""
     out, cur, last, added = [], None, None, 0
     if requests is not None and skip is None:
         skip = sum("add" in rec for rec in lines) % requests
