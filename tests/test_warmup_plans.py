@@ -66,7 +66,8 @@ def test_batched_shapes_run_on_throwaway_caches(model_dir, kw):
     assert batched_plans(eng) == (0, 0)  # the CPU: nothing to build
     prompts = random_prompts(3, int(eng.vocab_size), [200, 90, 33], seed=6)
     p = SamplingParams(max_tokens=6, temperature=0.0)
-    ref = [o.token_ids for o in Engine.load(model_dir("llama"), max_batch=4, prefill_chunk=256, **kw).generate(prompts, p)]
+    fresh = Engine.load(model_dir("llama"), max_batch=4, prefill_chunk=256, **kw)
+    ref = [o.token_ids for o in fresh.generate(prompts, p)]
     stats, cache = dict(eng.stats), eng.cache_stats()
     s = eng.scheduler
     listed = batched_shapes(s.step_tokens_floor, s.BURST_STEP_TOKENS, 256, 4)
