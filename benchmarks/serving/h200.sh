@@ -4,6 +4,7 @@
 #   OUT=/some/dir PYTHONPATH=/root/site bash benchmarks/serving/h200.sh 1b    # or 8b
 #   MAX_BATCH=32 ... 8b: mlx_lm.server runs out of GPU memory on the 8B shape at decode concurrency 64
 #   MLX_PC=N: mlx_lm.server's --prompt-concurrency (default: its own, or 8 on GPUs under 100 GB)
+#   BENCH_ARGS="--servers graphc --trace-steps": graphc's steps traced, summarized per run beside its log
 # Sized to finish in ~500 s per invocation: REPEATS (default 3) on one start of each server, one
 # server after the other (--keep-servers; KEEP=0 restarts both every repeat, alternating), the mix (input 64-4096, output
 # 32-512 tokens), batch 64.
@@ -31,3 +32,10 @@ mlx_pc=${MLX_PC:+--mlx-args=--prompt-concurrency=$MLX_PC}
 "$PY" -m graphc.cli bench --serving --model "$model" --requests "$requests" --rates "$rates" \
   --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) $mlx_pc ${BENCH_ARGS:-} --max-batch "${MAX_BATCH:-64}" --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
   --json "$OUT/serving-$1.json" --plot "$OUT/serving-$1.png" --log-dir "$OUT/logs-$1" 2>&1 | tee "$OUT/serving-$1.txt"
+# With --trace-steps in BENCH_ARGS: each server start's step trace read per run (traced_serve.py
+# --summarize, a JSON line a run: ITL p99, the slowest steps, step_classes), then gzipped.
+for trace in "$OUT/logs-$1"/graphc-steps-*.jsonl; do
+  [ -f "$trace" ] || continue
+  "$PY" -m graphc.benchmarks.serving.traced_serve --summarize "$trace" --requests "$requests" > "$trace.summary.json"
+  gzip -f "$trace"
+done
