@@ -107,8 +107,8 @@ def batched_plans(engine, *, seconds: float = BATCHED_SECONDS, force: bool = Fal
     """Run one batched prefill forward of each shape of `batched_shapes` on throwaway caches, as
     runtime/batched_prefill.py builds them (left padding, so the mask is an array as there, and
     the final chunk whole or split as the plan says); (shapes run, shapes listed). On a GPU (or
-    with `force`), where prompts are batched at all; stops after `seconds`. The first batched
-    prefills at the door were 54-204 ms steps against ~20 ms for a one-prompt chunk
+    with `force`), where prompts are batched at all; stops after `seconds`. Batched prefills at
+    the door were steps of 53-167 ms (a run's median) against ~20 ms for a one-prompt chunk
     (docs/scheduling.md): the chunk warm-up above builds one-row shapes only."""
     if not force and mx.default_device().type != mx.DeviceType.gpu:
         return 0, 0
