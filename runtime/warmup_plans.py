@@ -125,7 +125,8 @@ def batched_plans(engine, *, seconds: float = BATCHED_SECONDS, force: bool = Fal
             break
         pads = [1] + [0] * (b - 1)  # one row shorter: left padding, as nearly every real group has
         caches = [type(p.new_cache())(b, pads) for p in policies]
-        tokens = mx.zeros((b, w), dtype=mx.int32)
+        # split pads the columns before the last to the alignment: a group is w + 1 wide there
+        tokens = mx.zeros((b, w if whole else w + 1), dtype=mx.int32)
         if not whole:  # split: the aligned part, then the last column alone (runtime/batched_prefill.py)
             step.forward(StepInputs(tokens[:, :-1], caches, final=False))
             tokens = tokens[:, -1:]

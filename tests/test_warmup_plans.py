@@ -80,3 +80,28 @@ def test_batched_shapes_run_on_throwaway_caches(model_dir, kw):
 def test_no_batched_shapes_where_prompts_are_not_batched(model_dir):
     eng = Engine.load(model_dir("llama"), batch_prefill=False)
     assert batched_plans(eng, force=True) == (0, 0)
+
+
+@pytest.mark.parametrize("final_chunk", ["whole", "split"])
+def test_the_warmed_batched_shapes_are_those_a_batched_prefill_runs(model_dir, final_chunk):
+    """A real batched prefill of two prompts (padded as on a GPU) runs forwards of some (rows,
+    width); the warm-up must have run those same widths (split: an aligned forward, then one column)."""
+    eng = Engine.load(model_dir("llama"), max_batch=4, prefill_chunk=256, pad_final_chunk=True,
+                      final_chunk=final_chunk, prefill_lanes=1)
+    step, seen = eng.runner.batched.step, []
+    plain = step.forward
+
+    def record(inputs):
+        seen.append(tuple(inputs.tokens.shape))
+        return plain(inputs)
+
+    step.forward = record
+    try:
+        eng.generate(random_prompts(2, int(eng.vocab_size), [90, 33], seed=8), SamplingParams(max_tokens=2))
+        real = [x for x in seen if x[0] == 2]
+        seen.clear()
+        batched_plans(eng, force=True)
+    finally:
+        step.forward = plain
+    assert real == ([(2, 128)] if final_chunk == "whole" else [(2, 128), (2, 1)])
+    assert set(real) <= set(seen)
