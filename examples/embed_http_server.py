@@ -94,6 +94,8 @@ def main() -> None:
     args = ap.parse_args()
 
     aengine = AsyncEngine(Engine.load(args.model))
+    # before traffic, on the engine thread (MLX's CUDA backend keeps attention plans per thread)
+    print(f"warmed up in {aengine.warm_up():.1f} s")
     server = make_server(aengine, args.host, args.port)
     print(f"serving on http://{args.host}:{server.server_address[1]} (POST /generate, POST /stream, GET /health)")
     try:

@@ -1,5 +1,7 @@
 """graphc runtime: the engine, cache policies, scheduler, sampling and server."""
 
+import graphc.contracts  # noqa: F401  first: it sets what MLX reads when mlx.core is imported
+
 from .mlx_env import apply_defaults
 
 apply_defaults()  # before any MLX GPU op reads them (runtime/mlx_env.py says why)

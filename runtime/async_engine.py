@@ -14,7 +14,7 @@ in, the command queue (`Submit` a request, `Abort`, `Call`, `Stop`: plain values
 `asyncio.Queue`). When the engine has nothing to do the thread blocks on the command
 queue: no busy spin.
 
-Thread-safe (call from anywhere): `submit`, `abort`, `call`, `shutdown`, `add_request`, `stream`,
+Thread-safe (call from anywhere): `submit`, `abort`, `call`, `warm_up`, `shutdown`, `add_request`, `stream`,
 `generate`, `add_group`, `iter_blocking`, `generate_blocking`, the `num_inflight`/`snapshot` reads.
 See docs/embedding.md.
 """
@@ -154,6 +154,15 @@ class AsyncEngine:
         self._cmds.put(Call(fn, fut))
         return fut
 
+    def warm_up(self, shapes: bool | None = None, agent: bool | None = None) -> float:
+        """`Engine.warm_up()` on the engine thread, before traffic; blocks, returns its seconds.
+
+        Why on this thread: MLX's CUDA backend keeps its command encoders, cuBLAS and cuDNN
+        handles and its cuDNN attention plans per thread, so a warm-up run on another thread
+        builds plans the engine thread never sees, and the first requests build them again, one
+        ~40 ms plan per new shape inside every running stream's step (docs/scheduling.md)."""
+        return self.call(lambda engine: engine.warm_up(shapes, agent)).result()
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Abort every live request (their streams end with 'abort'), stop the thread, join it."""
         with self._lock:
@@ -250,6 +259,10 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         eng = self.engine
+        warmed = eng.warmed_on_thread
+        if warmed is not None and warmed != threading.get_ident() and mx.default_device().type == mx.DeviceType.gpu:
+            log.warning("the engine was warmed up on another thread: MLX's CUDA backend keeps attention plans "
+                        "per thread, so the first requests build them again; call AsyncEngine.warm_up() instead")
         try:
             while True:
                 # Block only when idle; between steps just drain what arrived.

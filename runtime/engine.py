@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -135,6 +136,7 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
                                    lanes=self.runner.batched.lanes, hit_align=self.runner.final_chunk.align)
         self._batch_prefill = batch_prefill
         self.faults = StepGuard()  # who takes part in each step; a failing one ends only the request(s) responsible
+        self.warmed_on_thread: int | None = None  # warm_up()'s thread: MLX's CUDA plans are per thread
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
 
     @property
@@ -380,8 +382,12 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         does not pay for kernel builds and the compiled step's trace; `stats` is left as it
         was before. `shapes`: also the serving shapes, `agent`: with a disk tier, a turn read
         back from disk (None: on a GPU only); a disk tier's folder is left as it was. Seconds
-        taken. `graphc serve` calls it before it reports ready (runtime/warmup.py)."""
-        return warm_up(self, shapes, agent)
+        taken. Run it on the thread that will step the engine: MLX's CUDA backend keeps its
+        attention plans per thread (`AsyncEngine.warm_up()` runs it on the engine thread, as
+        `graphc serve` does before it reports ready; runtime/warmup.py)."""
+        took = warm_up(self, shapes, agent)
+        self.warmed_on_thread = threading.get_ident()
+        return took
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  progress: bool = False) -> list[GenerationResult]:

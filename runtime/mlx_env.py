@@ -1,19 +1,16 @@
 """Defaults for MLX's own environment variables that serving needs, set before MLX reads them.
 
-MLX's CUDA backend keeps the cuDNN attention plans it builds in an LRU keyed by the exact query,
-key, value (and mask) shapes and strides, 256 plans by default (`MLX_CUDA_SDPA_CACHE_SIZE`). A
-serving engine meets many more: every prompt's last chunk has its own length, and the KV buffer's
-capacity (part of the strides) grows while rows decode. A plan costs tens of milliseconds to
-build, inside the step of every running stream, so an evicted plan is paid again and again.
+The CUDA attention plan cache's size must be set before `mlx.core` is imported, so it lives in
+graphc.contracts (contracts/mlx_env.py says why); `apply_defaults` sets it again for an
+environment passed in, with the CPU's own default below.
 
 On the CPU, prefill lanes (runtime/batched_prefill.py) evaluate two forwards on two streams in one
 `mx.eval`. MLX orders an evaluation's arrays breadth first, at most `MLX_BFS_MAX_WIDTH` (20) of
 them side by side; two prefill forwards are wider than that, so the tape took one lane's arrays
 nearly all before the other's and the lanes ran one after the other (small-32k shape, 2 x 3
 prompts of 384 tokens: 3.7 s against 4.3 s one by one). At 64 they ran together (2.3 s).
-
-MLX reads each variable once, when first used, so this runs when graphc.runtime is imported; a
-value the user set is kept.
+MLX reads that one when it first evaluates, so setting it when graphc.runtime is imported is in
+time; a value the user set is kept.
 """
 
 from __future__ import annotations
@@ -22,7 +19,8 @@ import os
 
 import mlx.core as mx
 
-DEFAULTS = {"MLX_CUDA_SDPA_CACHE_SIZE": "2048"}
+from graphc.contracts.mlx_env import DEFAULTS
+
 CPU_DEFAULTS = {"MLX_BFS_MAX_WIDTH": "64"}
 
 

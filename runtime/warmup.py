@@ -28,6 +28,10 @@ tier, then grown by a turn and read back from disk, the path of a client's first
 restart. The client's folder is left as it was: a chain's tail file is replaced by the next
 sequence that ends on it, so a warm-up prompt written there would push out a short conversation's.
 
+It must run on the thread that will step the engine: MLX's CUDA backend keeps its cuDNN
+attention plans, handles and command encoders per thread (`AsyncEngine.warm_up()` runs it on the
+engine thread; `graphc serve` does that before it reports ready).
+
 The warm-up's tokens are taken back out of the engine's counters (and the prefix cache's), and its
 forwards do not feed the prefill-rate estimate (runtime/prefill_rate.py), so `/metrics` counts only
 what clients asked for. Its prompt is a fixed draw of token ids from the whole vocabulary: a

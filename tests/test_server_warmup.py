@@ -1,6 +1,8 @@
 """`graphc serve --warmup` (on by default): a greedy and a sampled request run before the server
 reports ready, and /metrics counts only client traffic afterwards (runtime/warmup.py)."""
 
+import threading
+
 import httpx
 import pytest
 
@@ -18,13 +20,15 @@ def completion(**kw):
     return {"model": MODEL, "prompt": "Hello", "max_tokens": 2, **kw}
 
 
-def _spied_loader(path, calls: list, fail: bool = False):
+def _spied_loader(path, calls: list, fail: bool = False, threads: list | None = None):
     def loader():
         eng = Engine.load(path)
         real = eng.generate
 
         def generate(prompts, params=None, **kw):
             calls.append((len(prompts), params))
+            if threads is not None:
+                threads.append(threading.current_thread())
             if fail:
                 raise ValueError("no kernel for this")
             return real(prompts, params, **kw)
@@ -52,6 +56,41 @@ def test_warmup_runs_greedy_and_sampled_before_ready_and_leaves_the_counters_at_
         assert srv.metric("graphc_generation_tokens_total", model=MODEL) == 3
 
 
+def test_the_warmup_runs_on_the_engine_thread_that_then_serves(model_dir):
+    """MLX's CUDA backend keeps cuDNN attention plans, handles and encoders per thread: a warm-up on
+    the loader thread built plans the engine thread never used (the door's first run paid them)."""
+    threads = []
+    with live_server(loader=_spied_loader(model_dir("llama"), [], threads=threads)) as srv:
+        assert wait_until(lambda: httpx.get(srv.url + "/health").status_code == 200, timeout=60)
+        engine_thread = srv.state.aengine._thread
+        assert threads and all(t is engine_thread for t in threads)
+        assert srv.state.engine.warmed_on_thread == engine_thread.ident
+        served = []
+        srv.state.aengine.call(lambda e: served.append(threading.current_thread())).result()
+        assert served == [engine_thread]
+
+
+def test_async_engine_warm_up_runs_on_its_thread_and_warns_for_another(model_dir, caplog, monkeypatch):
+    from graphc.runtime import AsyncEngine
+    from graphc.runtime import async_engine
+
+    eng = Engine.load(model_dir("llama"))
+    a = AsyncEngine(eng)
+    try:
+        assert a.warm_up(shapes=False) > 0
+        assert eng.warmed_on_thread == a._thread.ident
+    finally:
+        a.shutdown()
+    # warmed here, stepped there: on a GPU the engine thread says so once
+    eng.warm_up(shapes=False)
+    monkeypatch.setattr(async_engine.mx, "default_device", lambda: async_engine.mx.Device(async_engine.mx.gpu))
+    with caplog.at_level("WARNING", logger="graphc.async_engine"):
+        b = AsyncEngine(eng)
+        b.call(lambda e: None).result()
+        b.shutdown()
+    assert "warmed up on another thread" in caplog.text
+
+
 def test_no_warmup_serves_without_it(model_dir):
     calls = []
     with live_server(loader=_spied_loader(model_dir("llama"), calls), warmup=False) as srv:
@@ -69,6 +108,7 @@ def test_a_failing_warmup_is_a_load_error_that_says_so(model_dir):
         assert err["code"] == "model_load_failed"
         assert "warm-up request" in err["message"] and "no kernel for this" in err["message"]
         assert "--no-warmup" in err["message"]
+        assert not srv.state.aengine.alive  # the engine thread that ran the failed warm-up is stopped
 
 
 def test_warmup_flag():

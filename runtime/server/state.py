@@ -104,17 +104,21 @@ class ServerState:
                 engine = self._loader()
             else:
                 engine = load_engine(self.config)
+            self._attach(engine, ready=not self.config.warmup)
             if self.config.warmup:  # the first client request no longer pays for kernel builds and traces
                 log.info("warming up (a greedy and a sampled request; --no-warmup skips it)")
-                self.warmup_s = engine.warm_up()
+                # on the engine thread, which keeps what MLX's CUDA backend builds per thread
+                self.warmup_s = self.aengine.warm_up()
                 log.info("warm-up done in %.1f s", self.warmup_s)
-            self._attach(engine)
+                self._ready()
             if self.config.gc_freeze:  # startup's objects out of the collector's full walks (runtime/gc_pauses.py)
                 log.info("froze %d startup objects out of Python's garbage collection", gc_pauses.freeze_startup())
             log.info("%s loaded in %.1f s", self.model_name, time.perf_counter() - t0)
         except BaseException as e:  # reported through /health and 503s, not a dead server
             log.exception("loading the model failed")
             self.load_error = f"{type(e).__name__}: {e}"
+            if self.aengine is not None and not self.ready:  # the warm-up failed on its engine thread
+                self.aengine.shutdown()
         finally:
             self.loading = False
 
@@ -125,7 +129,9 @@ class ServerState:
         prefix = self.engine.prefix if self.engine is not None else None
         return prefix is not None and prefix.needs_boundaries
 
-    def _attach(self, engine: Engine) -> None:
+    def _attach(self, engine: Engine, ready: bool = True) -> None:
+        """Take `engine` and start its AsyncEngine; requests are served once `_ready()` ran (now,
+        unless `ready` is False: the loader warms it up on its engine thread first)."""
         c = self.config
         self.engine = engine
         self.tokenizer = copy.deepcopy(engine.tokenizer)
@@ -146,6 +152,10 @@ class ServerState:
             self.max_model_len = min(self.max_model_len, budget - 1)
         self.max_prompt_chars = self.max_prompt_tokens * max_chars_per_token(self.tokenizer)
         self.aengine = AsyncEngine(engine)
+        if ready:
+            self._ready()
+
+    def _ready(self) -> None:
         self.ready = True
         log.info("serving %s (context %d tokens)", self.model_name, self.max_model_len)
 
