@@ -38,16 +38,18 @@ def probe_target(quantized: bool = False) -> Target:
         log.info("checking the CUDA kernels against MLX (first start on this device and code: a few minutes "
                  "on an H200; the verdicts are stored, so a restart skips this)")
         t0 = time.perf_counter()
+    # each check's time in the log while they run for real: minutes of NVRTC builds, not silence
+    timed = _timed if cuda and not stored else (lambda name, fn: fn())
     facts = []
-    why = decode_attention.check()
+    why = timed("decode attention", decode_attention.check)
     facts.append(("decode_attention", why, decode_attention.grouped_note() if why is None else ""))
-    facts.append(("kv_write", decode_attention.write_check() if why is None else
+    facts.append(("kv_write", timed("KV write", decode_attention.write_check) if why is None else
                    f"the attention kernel is off ({why})", ""))
-    facts.append(("skinny_matmul", skinny_matmul.check(), ""))
+    facts.append(("skinny_matmul", timed("skinny matmul", skinny_matmul.check), ""))
     if quantized:
-        qa = quantized_attention.check()
+        qa = timed("quantized attention", quantized_attention.check)
         facts.append(("quantized_attention", qa, f"{quantized_attention.KERNEL.note()}" if qa is None else ""))
-    tr = top_ranks.check()
+    tr = timed("top ranks", top_ranks.check)
     facts.append(("top_ranks", tr, top_ranks.note()))
     facts.append(("gumbel_choose", None if tr is None else tr, gumbel_choose.note() if tr is None else ""))
     if cuda and not stored:
@@ -60,6 +62,15 @@ def probe_target(quantized: bool = False) -> Target:
     return Target(device=device, kernels=tuple(facts), cuda_memory=bool(mx.cuda.is_available()),
                   cuda_adds=compiled_decode_kv.on_cuda(), cpu_lanes=(lanes.count, lanes.why) if lanes else (1, ""),
                   ranks=ranks)
+
+
+def _timed(name: str, check):
+    """Run one kernel check, logging what it answered and how long it took."""
+    t0 = time.perf_counter()
+    why = check()
+    log.info("  %s kernel: %s (%.1f s)", name, "matches MLX" if why is None else f"off: {why}",
+             time.perf_counter() - t0)
+    return why
 
 
 def requested_of(c: EngineConfig) -> Requested:

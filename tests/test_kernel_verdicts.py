@@ -88,6 +88,25 @@ def test_a_restart_with_a_record_runs_no_check(fresh, monkeypatch):
     assert facts["top_ranks"][0] is None and "bitonic sort" in facts["top_ranks"][1]
 
 
+def test_a_first_check_logs_each_kernel_as_it_goes(fresh, monkeypatch, caplog):
+    """Without a record the checks build and compare for minutes on a fresh GPU: one log line a kernel,
+    with its answer and time, so a starting server shows progress instead of silence."""
+    monkeypatch.setattr(kernels, "available", lambda: True)
+    monkeypatch.setattr(verdicts, "store", lambda: None)
+    monkeypatch.setattr(decode_attention, "check", lambda: None)
+    monkeypatch.setattr(decode_attention, "write_check", lambda: "writing vec kernel differs")
+    monkeypatch.setattr(decode_attention, "grouped_note", lambda: "grouped")
+    monkeypatch.setattr(skinny_matmul, "check", lambda: None)
+    monkeypatch.setattr(top_ranks, "check", lambda: None)
+    with caplog.at_level("INFO", logger="graphc.load"):
+        target.probe_target()
+    lines = [r.getMessage() for r in caplog.records if "kernel:" in r.getMessage()]
+    assert [ln.split(" kernel:")[0].strip() for ln in lines] == ["decode attention", "KV write", "skinny matmul",
+                                                                  "top ranks"]
+    assert "matches MLX" in lines[0] and "off: writing vec kernel differs" in lines[1] and lines[0].endswith(" s)")
+    assert "CUDA kernel checks done" in caplog.text
+
+
 @pytest.mark.parametrize("damage", ["not json", json.dumps({"schema": 999, "kernels": {}}),
                                     json.dumps({"schema": verdicts.SCHEMA, "kernels": {"decode_attention": {}}})])
 def test_a_damaged_or_foreign_record_is_ignored_with_a_warning(fresh, damage, caplog):
