@@ -265,8 +265,9 @@ class AsyncEngine:
                         "per thread, so the first requests build them again; call AsyncEngine.warm_up() instead")
         try:
             while True:
-                # Block only when idle; between steps just drain what arrived.
-                block = not eng.has_unfinished()
+                # Block only when idle; between steps just drain what arrived. Idle with warm-up
+                # shapes left (Engine.warm_idle): build one, then look at the queue again.
+                block = not eng.has_unfinished() and not eng.idle_warm
                 while True:
                     try:
                         cmd = self._cmds.get(block=block)
@@ -283,6 +284,9 @@ class AsyncEngine:
                     except Exception as e:  # one bad step must not kill the server
                         log.exception("engine step failed; failing its live requests")
                         self._fail_all(e)
+                elif eng.idle_warm:
+                    eng.warm_idle()
+                    continue  # nothing changed for clients: no snapshot to take
                 # Snapshot before sending: a client that saw its request finish sees it gone from /metrics.
                 self._snap()
                 self._send()

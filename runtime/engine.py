@@ -11,6 +11,7 @@ runs it on its own thread (see docs/embedding.md).
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -137,6 +138,9 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         self._batch_prefill = batch_prefill
         self.faults = StepGuard()  # who takes part in each step; a failing one ends only the request(s) responsible
         self.warmed_on_thread: int | None = None  # warm_up()'s thread: MLX's CUDA plans are per thread
+        # shapes the warm-up's time caps left (runtime/warmup_plans.py), built by warm_idle()
+        self.idle_warm: collections.deque = collections.deque()
+        self._idle_warmed = [0, 0.0]  # shapes warm_idle() built, and their seconds
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
 
     @property
@@ -388,6 +392,30 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         took = warm_up(self, shapes, agent)
         self.warmed_on_thread = threading.get_ident()
         return took
+
+    def warm_idle(self, seconds: float = 0.0) -> int:
+        """Build warm-up shapes left over by `warm_up()`'s time caps while no request is in the
+        engine: at least one if any is left, then more until `seconds` have passed; how many.
+        Call it from the thread that steps the engine, when it has nothing else to do
+        (`AsyncEngine` does, between commands while idle)."""
+        if not self.idle_warm or self.has_unfinished():
+            return 0
+        t0, done = time.perf_counter(), 0
+        while self.idle_warm and (not done or time.perf_counter() - t0 < seconds):
+            run = self.idle_warm.popleft()
+            try:
+                run()
+            except Exception as e:  # a warm-up shape is an optimization: never a reason to stop serving
+                logging.getLogger("graphc.server").warning("idle warm-up stopped: %s: %s", type(e).__name__, e)
+                self.idle_warm.clear()
+                return done
+            done += 1
+        self._idle_warmed[0] += done
+        self._idle_warmed[1] += time.perf_counter() - t0
+        if not self.idle_warm:
+            logging.getLogger("graphc.server").info("warm-up: %d more shapes built while idle in %.1f s",
+                                                    *self._idle_warmed)
+        return done
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  progress: bool = False) -> list[GenerationResult]:

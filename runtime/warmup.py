@@ -99,6 +99,7 @@ def _warm_up(engine, shapes: bool | None, agent: bool | None) -> float:
             raise RuntimeError(f"the warm-up request ({sampling}) failed: {type(e).__name__}: {e} "
                                "(--no-warmup starts the server without it)") from e
     gpu = mx.default_device().type == mx.DeviceType.gpu
+    engine.idle_warm.clear()  # listed again below
     if shapes or (shapes is None and gpu):
         serving_shapes(engine, rng, vocab)
         decode_kernel_builds(engine)

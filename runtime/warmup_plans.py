@@ -17,6 +17,11 @@ Batched prefills (several whole prompts in one left-padded forward) have shapes 
 (rows, aligned width) with an array mask: `batched_plans` builds those within BATCHED_SECONDS,
 the ones a step's budget holds while rows decode first.
 
+What the time caps leave is not dropped: each shape left over goes on the engine's idle queue
+(`Engine.warm_idle`), which the engine thread runs one shape at a time while no request is in
+the engine (runtime/async_engine.py), so a server that idles after it starts builds the rest
+before clients meet them, and a request that arrives meanwhile waits for one shape at most.
+
 Only where every layer keeps plain FullKV rows (the shapes of sliding windows and recurrent
 state differ); nothing here touches the prefix cache, the scheduler or the engine's counters:
 the chunks run on throwaway caches through the compiled prefill step, as the runner runs them.
@@ -24,6 +29,7 @@ the chunks run on throwaway caches through the compiled prefill step, as the run
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -57,7 +63,7 @@ def chunk_shapes(budget: int, prefill_chunk: int, context: int, align: int = Sch
 def attention_plans(engine, *, context: int = WARM_CONTEXT, seconds: float = WARM_SECONDS,
                     force: bool = False) -> tuple[int, int]:
     """Run one prompt chunk of each shape of `chunk_shapes` on throwaway caches (on a GPU, or with
-    `force`); (shapes run, shapes listed). Stops after `seconds`."""
+    `force`); (shapes run, shapes listed). Stops after `seconds`; the rest go on `engine.idle_warm`."""
     if not force and mx.default_device().type != mx.DeviceType.gpu:
         return 0, 0
     runner, sched = engine.runner, engine.scheduler
@@ -68,24 +74,41 @@ def attention_plans(engine, *, context: int = WARM_CONTEXT, seconds: float = WAR
     context = min(context, limit)
     budget = sched.step_tokens if isinstance(sched.step_tokens, int) else sched.step_tokens_floor
     shapes = chunk_shapes(budget, sched.prefill_chunk, context)
-    step, t0, done = engine.compiled.prefill, time.perf_counter(), 0
-    ref = None  # per layer (heads, head dim, dtype) of each plane, from the first chunk's caches
-    for q, o in shapes:
-        if done and time.perf_counter() - t0 > seconds:
-            break
-        if ref is None or o == 0:
+    step = engine.compiled.prefill
+    ref = []  # per layer (heads, head dim, dtype) of each plane, from the first chunk's caches
+
+    def run(q: int, o: int) -> None:
+        if not ref or o == 0:
             caches = runner.new_caches()
         else:
             caches = [FullKV.restored(tuple(mx.zeros((h, o, d), dtype=t) for h, d, t in planes)) for planes in ref]
         tokens = mx.zeros((1, q), dtype=mx.int32)
         ctx = step.forward(StepInputs(tokens, caches, final=False))
         mx.eval(step.fill_targets(ctx))
-        if ref is None:
-            ref = [[(x.shape[1], x.shape[3], x.dtype) for x in (c.keys, c.values)] for c in caches]
-        done += 1
-    log.info("warm-up: %d of %d prompt-chunk attention shapes (up to %d tokens of context) in %.1f s",
-             done, len(shapes), context, time.perf_counter() - t0)
+        if not ref:
+            ref.extend([[(x.shape[1], x.shape[3], x.dtype) for x in (c.keys, c.values)] for c in caches])
+
+    done, took = _run_capped(engine, run, shapes, seconds)
+    log.info("warm-up: %d of %d prompt-chunk attention shapes (up to %d tokens of context) in %.1f s%s",
+             done, len(shapes), context, took, _left_note(len(shapes) - done))
     return done, len(shapes)
+
+
+def _run_capped(engine, run, shapes: list, seconds: float) -> tuple[int, float]:
+    """run(*shape) for each shape until `seconds` have passed (at least one); the rest go on the
+    engine's idle queue. (shapes run now, seconds taken)."""
+    t0, done = time.perf_counter(), 0
+    for shape in shapes:
+        if done and time.perf_counter() - t0 > seconds:
+            break
+        run(*shape)
+        done += 1
+    engine.idle_warm.extend(functools.partial(run, *shape) for shape in shapes[done:])
+    return done, time.perf_counter() - t0
+
+
+def _left_note(left: int) -> str:
+    return f"; {left} more while the server is idle" if left else ""
 
 
 def batched_shapes(budget: int, burst_step: int, prefill_chunk: int, max_batch: int,
@@ -119,10 +142,8 @@ def batched_plans(engine, *, seconds: float = BATCHED_SECONDS, force: bool = Fal
     shapes = batched_shapes(budget, sched.BURST_STEP_TOKENS, sched.prefill_chunk, sched.max_batch)
     step, policies = runner.batched.step, runner.batched.policies
     whole = runner.final_chunk.whole or not runner.final_chunk.align
-    t0, done = time.perf_counter(), 0
-    for b, w in shapes:
-        if done and time.perf_counter() - t0 > seconds:
-            break
+
+    def run(b: int, w: int) -> None:
         pads = [1] + [0] * (b - 1)  # one row shorter: left padding, as nearly every real group has
         caches = [type(p.new_cache())(b, pads) for p in policies]
         # split pads the columns before the last to the alignment: a group is w + 1 wide there
@@ -132,6 +153,8 @@ def batched_plans(engine, *, seconds: float = BATCHED_SECONDS, force: bool = Fal
             tokens = tokens[:, -1:]
         ctx = step.forward(StepInputs(tokens, caches, final=False))
         mx.eval(step.fill_targets(ctx))
-        done += 1
-    log.info("warm-up: %d of %d batched-prefill shapes in %.1f s", done, len(shapes), time.perf_counter() - t0)
+
+    done, took = _run_capped(engine, run, shapes, seconds)
+    log.info("warm-up: %d of %d batched-prefill shapes in %.1f s%s", done, len(shapes), took,
+             _left_note(len(shapes) - done))
     return done, len(shapes)

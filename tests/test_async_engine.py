@@ -161,6 +161,32 @@ def test_idle_thread_sleeps(aengine):
     assert time.process_time() - cpu0 < 0.1
 
 
+def test_idle_warm_up_runs_on_the_engine_thread_between_commands_then_sleeps(engine, prompts, reference):
+    """Warm-up shapes left by the time caps (Engine.idle_warm) run one at a time while no request is
+    in the engine, on the engine thread; a request that arrives meanwhile is served with its answer
+    unchanged; with the queue empty the thread blocks again."""
+    ran, gate = [], threading.Event()
+
+    def shape():
+        ran.append(threading.current_thread())
+        gate.wait(0.05)
+
+    engine.idle_warm.extend([shape] * 40)
+    a = AsyncEngine(engine)
+    try:
+        assert [a.generate_blocking(p, P).token_ids for p in prompts[:2]] == reference[:2]
+        deadline = time.monotonic() + 30
+        while engine.idle_warm and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not engine.idle_warm and len(ran) == 40 and set(ran) == {a._thread}
+        cpu0 = time.process_time()
+        time.sleep(0.3)
+        assert time.process_time() - cpu0 < 0.1  # idle again: blocked on its queue
+    finally:
+        a.shutdown()
+        engine.idle_warm.clear()
+
+
 def test_shutdown_ends_streams_with_abort(engine):
     a = AsyncEngine(engine)
 

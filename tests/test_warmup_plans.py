@@ -42,10 +42,37 @@ def test_running_the_shapes_changes_nothing(model_dir):
     assert [o.token_ids for o in eng.generate(prompts, p)] == ref
 
 
-def test_the_time_limit_stops_it(model_dir):
+def test_the_time_limit_stops_it_and_the_rest_is_built_when_idle(model_dir):
     eng = Engine.load(model_dir("llama"))
+    prompts = random_prompts(2, int(eng.vocab_size), [200, 90], seed=6)
+    p = SamplingParams(max_tokens=6, temperature=0.0)
+    ref = [o.token_ids for o in Engine.load(model_dir("llama")).generate(prompts, p)]
     done, listed = attention_plans(eng, context=512, seconds=0.0, force=True)
     assert done == 1 < listed  # the first shape runs, then the clock says stop
+    assert len(eng.idle_warm) == listed - 1  # the rest wait for idle time
+    stats = dict(eng.stats)
+    rid = eng.add_request(prompts[0], p)
+    assert eng.warm_idle(seconds=60) == 0  # never while a request is in the engine
+    while eng.has_unfinished():
+        eng.step()
+    eng.stats.clear()
+    eng.stats.update(stats)
+    assert eng.request(rid) is None or eng.request(rid).finished
+    assert eng.warm_idle() == 1  # at least one, then the clock
+    assert eng.warm_idle(seconds=60) == listed - 2 and not eng.idle_warm
+    assert eng.stats == stats and [o.token_ids for o in eng.generate(prompts, p)] == ref
+
+
+def test_a_failing_idle_shape_stops_the_idle_warm_up_not_the_engine(model_dir, caplog):
+    eng = Engine.load(model_dir("llama"))
+    ran = []
+
+    def boom():
+        raise RuntimeError("no plan")
+    eng.idle_warm.extend([lambda: ran.append(1), boom, lambda: ran.append(2)])
+    with caplog.at_level("WARNING", logger="graphc.server"):
+        assert eng.warm_idle(seconds=60) == 1
+    assert ran == [1] and not eng.idle_warm and "idle warm-up stopped" in caplog.text
 
 
 def test_batched_shapes_fit_the_budget_first_then_the_burst():
