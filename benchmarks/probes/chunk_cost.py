@@ -32,13 +32,20 @@ def _timed(obj, name, log):
     setattr(obj, name, wrapper)
 
 
-def run(engine, rows: int, prompt: int, longs: int, seed: int) -> dict:
+def decoding_rows(engine, rows: int, seed: int):
+    """`rows` requests of 64 random tokens that decode until aborted, stepped into the decode batch;
+    (a function making n random prompt ids, their request ids)."""
     rng = random.Random(seed)
     vocab = int(engine.config["vocab_size"])
     ids = lambda n: [rng.randrange(3, vocab) for _ in range(n)]
     bg = [engine.add_request(ids(64), SamplingParams(max_tokens=100000, ignore_eos=True)) for _ in range(rows)]
     while len(engine.runner.rows) < rows:
         engine.step()
+    return ids, bg
+
+
+def run(engine, rows: int, prompt: int, longs: int, seed: int) -> dict:
+    ids, bg = decoding_rows(engine, rows, seed)
     for _ in range(5):
         engine.step()
     log: list = []

@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import random
 import time
 
 import mlx.core as mx
 import mlx.nn as nn
+from chunk_cost import decoding_rows  # benchmarks/probes/chunk_cost.py (run from this folder's path)
 
 from graphc.runtime import SamplingParams
 from graphc.runtime.cache import full as full_cache
@@ -92,12 +92,7 @@ class OpClock:
 
 
 def traffic(engine, clock, rows, prompts, rounds, seed):
-    rng = random.Random(seed)
-    vocab = int(engine.config["vocab_size"])
-    ids = lambda n: [rng.randrange(3, vocab) for _ in range(n)]
-    bg = [engine.add_request(ids(64), SamplingParams(max_tokens=100000, ignore_eos=True)) for _ in range(rows)]
-    while len(engine.runner.rows) < rows:
-        engine.step()
+    ids, bg = decoding_rows(engine, rows, seed)
     steps = []
     for r in range(rounds):
         clock.phase = f"round{r}"
