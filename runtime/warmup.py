@@ -13,7 +13,8 @@ meets next (`serving_shapes`): four prompts admitted together (one batched prefi
 decode batch of 4), and while they decode a prompt of one step budget plus 32 tokens, which
 prefills in two chunks (a full one without the LM head, a last one at an offset) and joins the
 decoding batch (an extend of its caches, batch 5), with the copies that drop rows from a batch run
-once on the 4 rows' caches (`row_copies`); each build of graphc's decode attention kernel
+once on the 4 rows' caches (`row_copies`); rows that end early left vacant, a prompt written into
+one in place, and a decode step whose growth copy drops them (`vacant_row_paths`); each build of graphc's decode attention kernel
 that a batch of up to max-batch rows picks (a batch past 8 and past 16 rows switches build, each
 loaded on its first launch in a process, `decode_kernel_builds`): on a GPU only, where first shapes cost
 (kernel JIT, cuDNN attention graphs per shape), and every aligned prompt-chunk attention shape up
@@ -49,6 +50,7 @@ import mlx.core as mx
 
 from graphc.runtime.params import SamplingParams
 
+from .cache.full import MIN_CAPACITY
 from .cache.row_copies import warm_row_copies
 from .warmup_plans import attention_plans, batched_plans
 
@@ -102,6 +104,7 @@ def _warm_up(engine, shapes: bool | None, agent: bool | None) -> float:
     engine.idle_warm.clear()  # listed again below
     if shapes or (shapes is None and gpu):
         serving_shapes(engine, rng, vocab)
+        vacant_row_paths(engine, rng, vocab)
         decode_kernel_builds(engine)
         attention_plans(engine)  # on a GPU: the prompt chunks' attention shapes (warmup_plans.py)
         batched_plans(engine)  # and the batched prefills' (several whole prompts in one forward)
@@ -134,6 +137,35 @@ def serving_shapes(engine, rng: random.Random, vocab: int) -> bool:
             engine.step()
     except Exception as e:  # as for the two requests above: say so at load
         raise RuntimeError(f"the warm-up's serving shapes failed: {type(e).__name__}: {e} "
+                           "(--no-warmup starts the server without it)") from e
+    return True
+
+
+def vacant_row_paths(engine, rng: random.Random, vocab: int) -> bool:
+    """The batch-row paths a server meets in its first minutes and serving_shapes does not: rows
+    whose requests end early stay vacant, a prompt that arrives then is written into one of them in
+    place (FullKV.fill_rows), and the decode step that crosses the batch's first capacity boundary
+    grows the buffers in the copy that drops the vacant rows past the spare ones
+    (runtime/batch_rows.py). ROWS short prompts, two of them ending after two tokens, a fifth
+    joining then, the rest decoding past MIN_CAPACITY columns. False where the engine's max batch
+    or KV budget cannot hold it."""
+    sched = engine.scheduler
+    long_tokens = MIN_CAPACITY + NEW_TOKENS  # past the first capacity boundary of a short row
+    need = ROWS * (PROMPT_TOKENS + sched.HEADROOM + long_tokens)
+    if sched.max_batch < ROWS or (sched.kv_budget is not None and need > sched.kv_budget):
+        return False
+    short = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    long = SamplingParams(max_tokens=long_tokens, temperature=0.0, ignore_eos=True)
+    prompt = lambda: [rng.randrange(vocab) for _ in range(PROMPT_TOKENS)]
+    try:
+        ends = [engine.add_request(prompt(), p) for p in (short, short, long, long)]
+        while any(engine.request(i) is not None for i in ends[:2]):  # (None once finished)
+            engine.step()
+        engine.add_request(prompt(), short)  # joins into a vacant row, then leaves it vacant again
+        while engine.has_unfinished():
+            engine.step()
+    except Exception as e:  # as for the requests above: say so at load
+        raise RuntimeError(f"the warm-up's vacant-row paths failed: {type(e).__name__}: {e} "
                            "(--no-warmup starts the server without it)") from e
     return True
 

@@ -84,3 +84,25 @@ def test_warm_row_copies_leaves_the_cache_as_it_was():
     assert warm_row_copies(c) == 2
     assert mx.array_equal(c.keys, before[0]).item() and mx.array_equal(c.values, before[1]).item()
     assert warm_row_copies(FullKV(2, [0, 0])) == 0  # nothing written yet: nothing to copy
+
+
+def test_warm_up_writes_a_prompt_into_a_vacant_row_and_grows_past_the_vacant_ones(model_dir, monkeypatch):
+    """vacant_row_paths: two rows end early and stay vacant (the GPU's "reuse"), a prompt that joins
+    then is written into one in place (FullKV.fill_rows), and the step crossing the first capacity
+    boundary drops the vacant rows past the spare one in its growth copy; nothing is left behind."""
+    from graphc.runtime.batch_rows import BatchRows
+    from graphc.runtime.cache.full import FullKV
+
+    seen = []
+    fill, drop = FullKV.fill_rows, BatchRows.drop_vacant
+    monkeypatch.setattr(FullKV, "fill_rows", lambda c, slots, others: (seen.append(("fill", tuple(slots))),
+                                                                       fill(c, slots, others))[1])
+    monkeypatch.setattr(BatchRows, "drop_vacant", lambda b: (seen.append(("drop", len(b.vacant))), drop(b))[1])
+    eng = Engine.load(model_dir("llama"), step_tokens=STEP_TOKENS_FLOOR, prefill_lanes=1,
+                      decode_options={"vacant_rows": "reuse"})
+    stats = dict(eng.stats)
+    warm_up(eng, shapes=True)
+    fills = {s for k, s in seen if k == "fill"}
+    assert fills == {(0,)}  # into the lowest vacant row, for every layer
+    assert ("drop", 2) in seen  # two vacant, one kept spare for the joins to come
+    assert not eng.has_unfinished() and eng.stats == stats
