@@ -46,7 +46,8 @@ importlib.import_module(sys.argv[1])
 print(seen[0] if seen else "mlx.core not imported")
 """
     env = {k: v for k, v in os.environ.items() if k != "MLX_CUDA_SDPA_CACHE_SIZE"}
-    for entry in ("graphc.cli.main", "graphc.runtime", "graphc.compiler.compile", "graphc.contracts.step"):
+    for entry in ("graphc.cli.main", "graphc.runtime", "graphc.compiler.compile", "graphc.contracts.step",
+                  "graphc.benchmarks.step_timeline"):
         out = subprocess.run([sys.executable, "-c", probe, entry], env=env, capture_output=True, text=True,
                              check=True).stdout.strip()
         assert out == "2048", (entry, out)

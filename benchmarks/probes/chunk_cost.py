@@ -9,6 +9,8 @@ prompts arrive.
 
 from __future__ import annotations
 
+import graphc.contracts  # noqa: F401  before mlx.core: MLX sizes its attention plan cache then
+
 import argparse
 import json
 import random

@@ -14,6 +14,8 @@ Usage: MLX_PTX_CACHE_DIR=$(mktemp -d) benchmarks/probes/cold_start.py SHAPE B WH
             to the first calls at batch B) or mlx-lm (batch_generate, the same)
 """
 
+import graphc.contracts  # noqa: F401  before mlx.core: MLX sizes its attention plan cache then
+
 import json
 import random
 import sys

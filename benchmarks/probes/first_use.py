@@ -14,6 +14,8 @@ slow one says whether the warm-up ran that key. Timing every op alone changes ho
 
 from __future__ import annotations
 
+import graphc.contracts  # noqa: F401  before mlx.core: MLX sizes its attention plan cache then
+
 import argparse
 import collections
 import json

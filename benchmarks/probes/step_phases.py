@@ -10,6 +10,8 @@ last chunk costs beyond its forward. Wrappers are set on the objects from outsid
 
 from __future__ import annotations
 
+import graphc.contracts  # noqa: F401  before mlx.core: MLX sizes its attention plan cache then
+
 import argparse
 import json
 import math
