@@ -5,9 +5,9 @@ exact query, key, value (and mask) shapes and strides, 256 plans by default
 (`MLX_CUDA_SDPA_CACHE_SIZE`). A serving engine meets many more: every aligned prompt-chunk shape
 up to 4,096 tokens of context is 392 of them, the batched prefills' shapes more, and the KV
 buffer's capacity (part of the strides) grows while rows decode. A plan costs ~40 ms to build,
-inside the step of every running stream, so an evicted plan is paid again and again (the server's
-warm-up builds ~350 shapes: with 256 slots the first ones built, the most frequent, were gone
-before traffic came; benchmarks/probes/first_use.py).
+inside the step of every running stream, so an evicted plan is paid again and again (a GPU
+warm-up builds 300-500 of them: in a process whose cache held 256, the first ones built, the most
+frequent, were gone before traffic came; benchmarks/probes/first_use.py).
 
 MLX sizes the importing thread's LRU when `mlx.core` is imported (a later change of the variable
 reaches only threads that start using MLX afterwards), so graphc.contracts sets it first thing:

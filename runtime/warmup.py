@@ -13,9 +13,9 @@ meets next (`serving_shapes`): four prompts admitted together (one batched prefi
 decode batch of 4), and while they decode a prompt of one step budget plus 32 tokens, which
 prefills in two chunks (a full one without the LM head, a last one at an offset) and joins the
 decoding batch (an extend of its caches, batch 5), with the copies that drop rows from a batch run
-once on the 4 rows' caches (`row_copies`); rows that end early left vacant, a prompt written into
-one in place, and a decode step whose growth copy drops them (`vacant_row_paths`); each build of graphc's decode attention kernel
-that a batch of up to max-batch rows picks (a batch past 8 and past 16 rows switches build, each
+once on the 4 rows' caches (`row_copies`); rows that end early left vacant, a prompt written
+into one in place, and a decode step whose growth copy drops them (`vacant_row_paths`); each
+build of graphc's decode attention kernel that a batch of up to max-batch rows picks (a batch past 8 and past 16 rows switches build, each
 loaded on its first launch in a process, `decode_kernel_builds`): on a GPU only, where first shapes cost
 (kernel JIT, cuDNN attention graphs per shape), and every aligned prompt-chunk attention shape up
 to 4096 tokens of context within 20 s (runtime/warmup_plans.py). On the CPU eager ops build nothing on first use:
