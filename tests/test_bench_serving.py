@@ -99,12 +99,13 @@ def test_keep_servers_starts_each_server_once_over_the_repeats(model_dir, tmp_pa
     m = model_dir("llama")
     out = tmp_path / "serving.json"
     rc = main(["bench", "--serving", "--model", str(m), "--requests", "4", "--rates", "inf",
-               "--serving-repeats", "2", "--keep-servers", "--servers", "graphc", "--max-batch", "4",
+               "--serving-repeats", "2", "--keep-servers", "--settle", "0.2", "--servers", "graphc", "--max-batch", "4",
                "--min-input", "16", "--max-input", "32", "--min-output", "4", "--max-output", "8",
                "--json", str(out), "--log-dir", str(tmp_path / "logs"), "--no-progress"])
     assert rc == 0
     res = json.loads(out.read_text())
     assert [s["server"] for s in res["startup"]] == ["graphc"]
+    assert res["config"]["settle"] == 0.2  # it idled that long after ready, once (one start)
     assert sorted(r["repeat"] for r in res["runs"]) == [0, 1]
     assert all(r["metrics"]["errors"] == 0 and r["metrics"]["exact_length"] == 4 for r in res["runs"])
     assert (tmp_path / "logs" / "graphc.log").read_text().count("$ ") == 1

@@ -32,6 +32,9 @@ def add_arguments(p) -> None:
     g.add_argument("--graphc-args", default="", help="extra `graphc serve` flags, e.g. '--compile auto'")
     g.add_argument("--mlx-args", default="", help="extra mlx_lm.server flags")
     g.add_argument("--log-dir", default="serving-logs", help="server logs go here")
+    g.add_argument("--settle", type=float, default=0.0,
+                   help="seconds each started server idles after it reports ready, before its warm-up requests "
+                        "(a graphc server builds the warm-up shapes its time caps left while idle)")
     g.add_argument("--trace-steps", action="store_true",
                    help="record every graphc engine step into LOG_DIR/graphc-steps-R.jsonl "
                         "(benchmarks/serving/traced_serve.py; read with its --summarize)")

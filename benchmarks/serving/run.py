@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ class ServingConfig:
     progress: bool = True
     keep_servers: bool = False
     trace_steps: bool = False  # graphc under benchmarks/serving/traced_serve.py, its steps in log_dir
+    settle: float = 0.0  # seconds a started server idles before its first requests
 
 
 def parse_rates(s: str) -> tuple:
@@ -178,6 +180,7 @@ def _started(cfg: ServingConfig, spec, startups: list, rep: int):
     srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra, trace=trace)
     with srv as url:
         startups.append({"server": spec.name, "repeat": rep, "startup_s": srv.startup_s})
+        time.sleep(cfg.settle)  # a server that idles after ready, as deployed ones do before their clients
         run_load(url, make_workload(cfg.model, 2, 8, 16, 4, 4, cfg.seed + 1), math.inf,
                  extra=spec.fixed_length_body(eos_token_ids(cfg.model)))
         yield srv
@@ -287,11 +290,11 @@ def cmd_serving(args) -> int:
                         seed=args.seed, port=args.port, servers=tuple(args.servers.split(",")),
                         graphc_args=args.graphc_args.split(), mlx_args=args.mlx_args.split(),
                         log_dir=args.log_dir, progress=args.progress,
-                        keep_servers=args.keep_servers, trace_steps=args.trace_steps)
+                        keep_servers=args.keep_servers, trace_steps=args.trace_steps, settle=args.settle)
     bad = [s for s in cfg.servers if s not in ("graphc", "mlx_lm")]
-    if bad or cfg.requests < 1 or cfg.repeats < 1:
+    if bad or cfg.requests < 1 or cfg.repeats < 1 or cfg.settle < 0:
         raise SystemExit(f"graphc bench --serving: --servers takes graphc,mlx_lm (got {args.servers!r}); "
-                         "--requests and --serving-repeats must be >= 1")
+                         "--requests and --serving-repeats must be >= 1, --settle >= 0")
     note = apply_defaults(cfg, args.rates)
     if note:
         print(note, file=sys.stderr)
