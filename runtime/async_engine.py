@@ -35,6 +35,7 @@ from typing import AsyncIterator, Callable
 import attrs
 import mlx.core as mx
 
+from .async_commands import Abort, Call, Stop, Submit, _Live
 from .async_streams import BlockingStream, LoopOutbox, RequestStream, StreamEvent, StreamGroup, hand_over
 from .engine import Engine
 from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
@@ -48,39 +49,6 @@ __all__ = ["AsyncEngine", "BlockingStream", "EngineClosed", "EngineSnapshot", "L
            "StreamEvent", "StreamGroup"]
 
 log = logging.getLogger("graphc.async_engine")
-
-
-# -- the commands: plain values on the command queue ------------------------------------------
-@attrs.frozen
-class Submit:
-    prompt: object  # str or token ids
-    params: SamplingParams | None
-    request_id: str | None
-    outbox: object  # where this request's StreamEvents go: anything with a thread-safe put(event)
-    accepted: concurrent.futures.Future  # -> (request_id, prompt_ids), or the engine's ValueError
-
-
-@attrs.frozen
-class Abort:
-    request_id: str
-
-
-@attrs.frozen
-class Call:
-    fn: Callable[[Engine], object]
-    result: concurrent.futures.Future
-
-
-@attrs.frozen
-class Stop:
-    pass
-
-
-@attrs.define
-class _Live:
-    req: object  # the engine's Request (engine thread only)
-    outbox: object
-    last_delta: float | None = None  # perf_counter when its last delta with tokens was routed (the itl histogram)
 
 
 _running: "weakref.WeakSet[AsyncEngine]" = weakref.WeakSet()

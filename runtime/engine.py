@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import random
-import threading
 import time
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from .engine_faults import FaultRecovery
 from .engine_oneshot import OneShotGraphs
 from .engine_speculator import speculator_for
 from .engine_views import EngineViews
+from .engine_warmup import EngineWarmUp
 from .fault import StepGuard
 from .grammar import GrammarError, GrammarState
 from .kernel_views import KernelViews
@@ -51,12 +51,11 @@ from .runner import ModelRunner
 from .scheduler import Scheduler, burst_sizes, step_tokens_floor
 from .target import probe_target, requested_of
 from .text import TextState, token_bytes_table
-from .warmup import warm_up
 
 log = logging.getLogger("graphc.load")
 
 
-class Engine(OneShotGraphs, EngineViews, FaultRecovery):
+class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
     def __init__(self, model, tokenizer, config: dict, graph=None, *, engine_config: EngineConfig | None = None,
                  **options):
         """`options` are EngineConfig's fields as keywords (runtime/config.py), applied over
@@ -380,42 +379,6 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery):
         """Async iterator of one request's deltas (RequestOutput), stepping this engine on the
         caller's event loop; leaving early aborts it. Servers use AsyncEngine (own thread)."""
         return stream_in_loop(self, prompt, params, request_id)
-
-    def warm_up(self, shapes: bool | None = None, agent: bool | None = None) -> float:
-        """Run a short greedy and a short sampled request (batch 1) so that a first real request
-        does not pay for kernel builds and the compiled step's trace; `stats` is left as it
-        was before. `shapes`: also the serving shapes, `agent`: with a disk tier, a turn read
-        back from disk (None: on a GPU only); a disk tier's folder is left as it was. Seconds
-        taken. Run it on the thread that will step the engine: MLX's CUDA backend keeps its
-        attention plans per thread (`AsyncEngine.warm_up()` runs it on the engine thread, as
-        `graphc serve` does before it reports ready; runtime/warmup.py)."""
-        took = warm_up(self, shapes, agent)
-        self.warmed_on_thread = threading.get_ident()
-        return took
-
-    def warm_idle(self, seconds: float = 0.0) -> int:
-        """Build warm-up shapes left over by `warm_up()`'s time caps while no request is in the
-        engine: at least one if any is left, then more until `seconds` have passed; how many.
-        Call it from the thread that steps the engine, when it has nothing else to do
-        (`AsyncEngine` does, between commands while idle)."""
-        if not self.idle_warm or self.has_unfinished():
-            return 0
-        t0, done = time.perf_counter(), 0
-        while self.idle_warm and (not done or time.perf_counter() - t0 < seconds):
-            run = self.idle_warm.popleft()
-            try:
-                run()
-            except Exception as e:  # a warm-up shape is an optimization: never a reason to stop serving
-                logging.getLogger("graphc.server").warning("idle warm-up stopped: %s: %s", type(e).__name__, e)
-                self.idle_warm.clear()
-                return done
-            done += 1
-        self._idle_warmed[0] += done
-        self._idle_warmed[1] += time.perf_counter() - t0
-        if not self.idle_warm:
-            logging.getLogger("graphc.server").info("warm-up: %d more shapes built while idle in %.1f s",
-                                                    *self._idle_warmed)
-        return done
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  progress: bool = False) -> list[GenerationResult]:
