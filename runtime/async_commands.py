@@ -38,7 +38,7 @@ class Stop:
 
 
 @attrs.define
-class _Live:
+class LiveRequest:
     req: object  # the engine's Request (engine thread only)
     outbox: object
     last_delta: float | None = None  # perf_counter when its last delta with tokens was routed (the itl histogram)

@@ -35,7 +35,7 @@ from typing import AsyncIterator, Callable
 import attrs
 import mlx.core as mx
 
-from .async_commands import Abort, Call, Stop, Submit, _Live
+from .async_commands import Abort, Call, LiveRequest, Stop, Submit
 from .async_streams import BlockingStream, LoopOutbox, RequestStream, StreamEvent, StreamGroup, hand_over
 from .engine import Engine
 from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
@@ -67,7 +67,7 @@ class AsyncEngine:
     def __init__(self, engine: Engine, *, name: str = "graphc-engine", tps_window_s: float = 10.0):
         self.engine = engine
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
-        self._live: dict[str, _Live] = {}  # engine thread only
+        self._live: dict[str, LiveRequest] = {}  # engine thread only
         self._outgoing: list = []  # (outbox, event) of this iteration, sent after the snapshot (engine thread only)
         self._lock = threading.Lock()
         self._inflight = 0
@@ -288,7 +288,7 @@ class AsyncEngine:
                 cmd.accepted.set_exception(e)
                 return
             req = self.engine.request(rid)
-            self._live[rid] = _Live(req, cmd.outbox)
+            self._live[rid] = LiveRequest(req, cmd.outbox)
             cmd.accepted.set_result((rid, list(req.prompt_ids)))
         elif isinstance(cmd, Abort):
             live = self._live.get(cmd.request_id)
@@ -321,7 +321,7 @@ class AsyncEngine:
             self._outgoing.append((live.outbox, StreamEvent(out, result)))
         self._latency = observe_all(self._latency, "itl", gaps)
 
-    def _finish_aborted(self, rid: str, live: _Live) -> None:
+    def _finish_aborted(self, rid: str, live: LiveRequest) -> None:
         self._live.pop(rid, None)
         self._done_one()
         self._finished["abort"] += 1
