@@ -62,10 +62,13 @@ ROWS = 4  # serving_shapes: the decode batch a chunked prompt joins
 
 
 def warm_up(engine, shapes: bool | None = None, agent: bool | None = None) -> float:
-    """Run the two warm-up requests on `engine` (not while its engine thread runs: the caller
-    owns the Engine, as before `AsyncEngine` starts), then the serving shapes (`shapes`; None:
-    on a GPU only) and, with a disk tier, a conversation turn read back from disk (`agent`;
-    None: as `shapes`); seconds taken."""
+    """Run the two warm-up requests on `engine`, then the serving shapes (`shapes`; None: on a GPU
+    only) and, with a disk tier, a conversation turn read back from disk (`agent`; None: as
+    `shapes`); seconds taken. On the thread that steps the engine, before traffic: with requests
+    in the engine it refuses (its steps would run theirs, and their tokens would go nowhere)."""
+    if engine.has_unfinished():
+        raise RuntimeError(f"warm_up() runs before traffic: {len(engine.scheduler.by_id)} request(s) are in the "
+                           "engine (warm up first, or wait until they finish)")
     tier, prefix = engine.disk_tier, engine.prefix
     counted = dict(prefix.counters) if prefix is not None else None
     # Its forwards are each the first of their shape (kernel builds): no measure of the prefill rate.

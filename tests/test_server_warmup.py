@@ -136,3 +136,16 @@ def test_warm_up_fits_a_small_kv_budget(model_dir, budget):
     eng = Engine.load(model_dir("llama"), kv_budget_tokens=budget)
     assert eng.warm_up() > 0  # not refused: a shorter prompt within the budget
     assert eng.generate(["Hi"], None)[0].token_ids
+
+
+def test_warm_up_refuses_while_requests_are_in_the_engine(model_dir):
+    """Its steps would run the clients' requests too, and their tokens would go nowhere."""
+    from graphc.runtime import SamplingParams
+
+    eng = Engine.load(model_dir("llama"))
+    rid = eng.add_request([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(RuntimeError, match="before traffic: 1 request"):
+        eng.warm_up()
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.request(rid) is None and eng.warm_up() > 0
