@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+
+import pytest
 
 from graphc.benchmarks.serving.client import arrival_times
 from graphc.benchmarks.serving.workload import make_workload
@@ -132,3 +135,19 @@ def test_a_broken_server_is_named_with_its_log_line(tmp_path):
     why = srv.failure_since(start)
     assert why is not None and "generation thread died" in why
     assert "--prompt-concurrency" in FAILURE_HINTS["mlx_lm"]
+
+
+def test_mlx_env_reaches_mlx_lm_server_only_and_bad_pairs_are_named(tmp_path):
+    """--mlx-env KEY=VALUE: the variable is in mlx_lm.server's environment (and its log's command
+    line), not graphc's; a pair without '=' is refused with the flag named."""
+
+    from graphc.benchmarks.serving.run import _env_pairs
+    from graphc.benchmarks.serving.servers import SERVERS, Server
+
+    assert _env_pairs(["MLX_USE_CUDA_GRAPHS=0", "A=b=c"]) == {"MLX_USE_CUDA_GRAPHS": "0", "A": "b=c"}
+    with pytest.raises(SystemExit, match="--mlx-env takes KEY=VALUE"):
+        _env_pairs(["MLX_USE_CUDA_GRAPHS"])
+    spec = {s.name: s for s in SERVERS}
+    mlx = Server(spec["mlx_lm"], str(tmp_path), 1, 4, tmp_path / "m.log", env={"MLX_USE_CUDA_GRAPHS": "0"})
+    assert mlx.env["MLX_USE_CUDA_GRAPHS"] == "0" and mlx.env["PATH"] == os.environ["PATH"]
+    assert Server(spec["graphc"], str(tmp_path), 2, 4, tmp_path / "g.log").env is None  # graphc: inherited

@@ -4,6 +4,8 @@
 #   OUT=/some/dir PYTHONPATH=/root/site bash benchmarks/serving/h200.sh 1b    # or 8b
 #   MAX_BATCH=32 ... 8b: mlx_lm.server runs out of GPU memory on the 8B shape at decode concurrency 64
 #   MLX_PC=N: mlx_lm.server's --prompt-concurrency (default: its own, or 8 on GPUs under 100 GB)
+#   BENCH_ARGS="--mlx-env MLX_USE_CUDA_GRAPHS=0": mlx_lm.server without MLX's CUDA graphs (its process
+#     died of `cudaGraphInstantiate ... out of memory` on 80 GB H100s at every prompt concurrency tried)
 #   BENCH_ARGS="--servers graphc --trace-steps": graphc's steps traced, summarized per run beside its log
 # Sized to finish in ~500 s per invocation: REPEATS (default 3) on one start of each server, one
 # server after the other (--keep-servers; KEEP=0 restarts both every repeat, alternating), the mix (input 64-4096, output

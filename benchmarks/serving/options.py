@@ -31,6 +31,8 @@ def add_arguments(p) -> None:
     g.add_argument("--servers", default="graphc,mlx_lm", help="which servers to measure")
     g.add_argument("--graphc-args", default="", help="extra `graphc serve` flags, e.g. '--compile auto'")
     g.add_argument("--mlx-args", default="", help="extra mlx_lm.server flags")
+    g.add_argument("--mlx-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for mlx_lm.server only, e.g. MLX_USE_CUDA_GRAPHS=0 (again for more)")
     g.add_argument("--log-dir", default="serving-logs", help="server logs go here")
     g.add_argument("--settle", type=float, default=0.0,
                    help="seconds each started server idles after it reports ready, before its warm-up requests "

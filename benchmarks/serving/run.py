@@ -61,6 +61,7 @@ class ServingConfig:
     keep_servers: bool = False
     trace_steps: bool = False  # graphc under benchmarks/serving/traced_serve.py, its steps in log_dir
     settle: float = 0.0  # seconds a started server idles before its first requests
+    mlx_env: dict = field(default_factory=dict)  # environment for mlx_lm.server only
 
 
 def parse_rates(s: str) -> tuple:
@@ -177,7 +178,8 @@ def _started(cfg: ServingConfig, spec, startups: list, rep: int):
     port = cfg.port + (spec.name != "graphc") if cfg.port else free_port()
     extra = cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args
     trace = Path(cfg.log_dir) / f"{spec.name}-steps-{rep}.jsonl" if cfg.trace_steps and spec.name == "graphc" else None
-    srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra, trace=trace)
+    srv = Server(spec, cfg.model, port, cfg.max_batch, Path(cfg.log_dir) / f"{spec.name}.log", extra, trace=trace,
+                 env=cfg.mlx_env if spec.name == "mlx_lm" else None)
     with srv as url:
         startups.append({"server": spec.name, "repeat": rep, "startup_s": srv.startup_s})
         time.sleep(cfg.settle)  # a server that idles after ready, as deployed ones do before their clients
@@ -189,7 +191,8 @@ def _started(cfg: ServingConfig, spec, startups: list, rep: int):
 # What to try when a server ran out of device memory during a run.
 FAILURE_HINTS = {
     "mlx_lm": "; mlx_lm.server prefills up to --prompt-concurrency prompts in one forward: "
-              "--mlx-args=--prompt-concurrency=8 (or a smaller --max-batch) fits more devices",
+              "--mlx-args=--prompt-concurrency=8 (or a smaller --max-batch) fits more devices; a "
+              "`cudaGraphInstantiate` out of memory is MLX's CUDA graphs: --mlx-env MLX_USE_CUDA_GRAPHS=0",
     "graphc": "; see --kv-budget-tokens and --max-batch (docs/server.md)",
 }
 
@@ -277,6 +280,13 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f} ms"
 
 
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    bad = [x for x in items if "=" not in x or not x.split("=", 1)[0]]
+    if bad:
+        raise SystemExit(f"graphc bench --serving: --mlx-env takes KEY=VALUE, got {bad[0]!r}")
+    return dict(x.split("=", 1) for x in items)
+
+
 def cmd_serving(args) -> int:
     require("--serving")
     if not args.model or not (Path(args.model) / "config.json").exists():
@@ -290,7 +300,8 @@ def cmd_serving(args) -> int:
                         seed=args.seed, port=args.port, servers=tuple(args.servers.split(",")),
                         graphc_args=args.graphc_args.split(), mlx_args=args.mlx_args.split(),
                         log_dir=args.log_dir, progress=args.progress,
-                        keep_servers=args.keep_servers, trace_steps=args.trace_steps, settle=args.settle)
+                        keep_servers=args.keep_servers, trace_steps=args.trace_steps, settle=args.settle,
+                        mlx_env=_env_pairs(args.mlx_env))
     bad = [s for s in cfg.servers if s not in ("graphc", "mlx_lm")]
     if bad or cfg.requests < 1 or cfg.repeats < 1 or cfg.settle < 0:
         raise SystemExit(f"graphc bench --serving: --servers takes graphc,mlx_lm (got {args.servers!r}); "

@@ -90,11 +90,13 @@ class Server:
     """`with Server(spec, model, port, batch, log_path) as url:` a ready server at `url`."""
 
     def __init__(self, spec: ServerSpec, model: str, port: int, batch: int, log_path: Path,
-                 extra: list[str] | None = None, ready_timeout: float = 900.0, trace: Path | None = None):
+                 extra: list[str] | None = None, ready_timeout: float = 900.0, trace: Path | None = None,
+                 env: dict[str, str] | None = None):
         self.spec, self.port, self.log_path, self.ready_timeout = spec, port, Path(log_path), ready_timeout
         traced = {"traced": True} if trace is not None else {}  # (a spec without tracing takes no such argument)
         self.argv = spec.argv(model, port, batch, extra or [], **traced)
-        self.env = {**os.environ, "GRAPHC_STEP_TRACE": str(trace)} if trace is not None else None
+        extra_env = {**(env or {}), **({"GRAPHC_STEP_TRACE": str(trace)} if trace is not None else {})}
+        self.env = {**os.environ, **extra_env} if extra_env else None
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
@@ -102,7 +104,8 @@ class Server:
     def __enter__(self) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        log.write(("\n$ " + " ".join(self.argv) + "\n").encode())
+        shown = " ".join(f"{k}={v}" for k, v in (self.env or {}).items() if os.environ.get(k) != v)
+        log.write(("\n$ " + (shown + " " if shown else "") + " ".join(self.argv) + "\n").encode())
         log.flush()
         t0 = time.perf_counter()
         _stop_servers_on_signal()
