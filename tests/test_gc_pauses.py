@@ -39,7 +39,8 @@ def test_collections_are_counted_and_timed_by_generation():
 
 def test_freeze_takes_startup_objects_out_of_full_collections(unfrozen):
     n = gc_pauses.freeze_startup()
-    assert n == gc.get_freeze_count() > 1000
+    # Frozen objects can only go (another thread of this test process may free one), never come.
+    assert n > 1000 and n - 100 < gc.get_freeze_count() <= n
     gc_pauses.unfreeze()
     assert gc.get_freeze_count() == 0
 
