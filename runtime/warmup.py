@@ -149,8 +149,9 @@ def vacant_row_paths(engine, rng: random.Random, vocab: int) -> bool:
     whose requests end early stay vacant, a prompt that arrives then is written into one of them in
     place (FullKV.fill_rows), and the decode step that crosses the batch's first capacity boundary
     grows the buffers in the copy that drops the vacant rows past the spare ones
-    (runtime/batch_rows.py). ROWS short prompts, two of them ending after two tokens, a fifth
-    joining then, the rest decoding past MIN_CAPACITY columns. False where the engine's max batch
+    (runtime/batch_rows.py). Why: the first prompt written into a vacant row cost a client step
+    seconds on a fresh GPU (docs/scheduling.md). ROWS short prompts, two of them ending after two
+    tokens, a fifth joining then, the rest decoding past MIN_CAPACITY columns. False where the engine's max batch
     or KV budget cannot hold it."""
     sched = engine.scheduler
     long_tokens = MIN_CAPACITY + NEW_TOKENS  # past the first capacity boundary of a short row
