@@ -51,13 +51,12 @@ def test_the_time_limit_stops_it_and_the_rest_is_built_when_idle(model_dir):
     assert done == 1 < listed  # the first shape runs, then the clock says stop
     assert len(eng.idle_warm) == listed - 1  # the rest wait for idle time
     stats = dict(eng.stats)
-    rid = eng.add_request(prompts[0], p)
+    eng.add_request(prompts[0], p)
     assert eng.warm_idle(seconds=60) == 0  # never while a request is in the engine
     while eng.has_unfinished():
         eng.step()
     eng.stats.clear()
     eng.stats.update(stats)
-    assert eng.request(rid) is None or eng.request(rid).finished
     assert eng.warm_idle() == 1  # at least one, then the clock
     assert eng.warm_idle(seconds=60) == listed - 2 and not eng.idle_warm
     assert eng.stats == stats and [o.token_ids for o in eng.generate(prompts, p)] == ref
