@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8080)
     args = ap.parse_args()
 
-    aengine = AsyncEngine(Engine.load(args.model))
+    aengine = AsyncEngine.load(lambda: Engine.load(args.model))  # loaded on the engine thread
     # before traffic, on the engine thread (MLX's CUDA backend keeps attention plans per thread)
     print(f"warmed up in {aengine.warm_up():.1f} s")
     server = make_server(aengine, args.host, args.port)

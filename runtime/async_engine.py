@@ -1,7 +1,7 @@
 """AsyncEngine: one Engine driven by its own background thread, fed from any thread or event loop.
 
     from graphc.runtime import AsyncEngine, Engine, SamplingParams
-    aengine = AsyncEngine(Engine.load(model_dir))
+    aengine = AsyncEngine.load(lambda: Engine.load(model_dir))  # built on its own thread
     async for out in aengine.stream("Once upon a time", SamplingParams(max_tokens=32)):
         print(out.new_text, end="")
     aengine.shutdown()
@@ -14,6 +14,10 @@ in, the command queue (`Submit` a request, `Abort`, `Call`, `Stop`: plain values
 `asyncio.Queue`). When the engine has nothing to do the thread blocks on the command
 queue: no busy spin.
 
+`AsyncEngine(engine)` takes an engine built elsewhere (its lazy arrays are evaluated first, on
+the calling thread); `AsyncEngine.load(build)` builds it on the engine thread, which keeps everything
+MLX holds per thread together (what `graphc serve` does).
+
 Thread-safe (call from anywhere): `submit`, `abort`, `call`, `warm_up`, `shutdown`, `add_request`, `stream`,
 `generate`, `add_group`, `iter_blocking`, `generate_blocking`, the `num_inflight`/`snapshot` reads.
 See docs/embedding.md.
@@ -21,7 +25,6 @@ See docs/embedding.md.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import collections
 import concurrent.futures
@@ -30,20 +33,20 @@ import queue
 import threading
 import time
 import weakref
-from typing import AsyncIterator, Callable
+from typing import Callable
 
-import attrs
 import mlx.core as mx
 
+from .async_client import ClientAPI
 from .async_commands import Abort, Call, LiveRequest, Stop, Submit
-from .async_streams import BlockingStream, LoopOutbox, RequestStream, StreamEvent, StreamGroup, hand_over
+from .async_streams import BlockingStream, LoopOutbox, RequestStream, StreamEvent, StreamGroup, hand_over  # noqa: F401 (re-exported)
 from .engine import Engine
 from .engine_closed import EngineClosed  # re-exported: the server and tests catch it here
 from .engine_snapshot import EngineSnapshot, Snapshots
-from .grammar import GrammarState
 from .latency_histograms import SharedHistogram, observe, observe_all, step_kind
 from .params import SamplingParams
-from .request import GenerationResult, RequestOutput
+from .request import RequestOutput
+from .thread_handoff import settle
 
 __all__ = ["AsyncEngine", "BlockingStream", "EngineClosed", "EngineSnapshot", "LoopOutbox", "RequestStream",
            "StreamEvent", "StreamGroup"]
@@ -61,10 +64,15 @@ def _shutdown_all() -> None:
         a.shutdown(timeout=5)
 
 
-class AsyncEngine:
+class AsyncEngine(ClientAPI):
     """Runs `engine` on a daemon thread named `name`. Construct, use, then `shutdown()`."""
 
-    def __init__(self, engine: Engine, *, name: str = "graphc-engine", tps_window_s: float = 10.0):
+    def __init__(self, engine: Engine, *, name: str = "graphc-engine", tps_window_s: float = 10.0,
+                 _build: Callable[[], Engine] | None = None):
+        if _build is None:
+            # Built on this thread, stepped on the engine thread: MLX evaluates a lazy array only on
+            # the thread whose stream made it, so anything the load left lazy is evaluated here.
+            settle(engine)
         self.engine = engine
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, LiveRequest] = {}  # engine thread only
@@ -78,9 +86,26 @@ class AsyncEngine:
         self._snapshots = Snapshots(tps_window_s)
         self.snapshot = EngineSnapshot(time=time.time())
         self.error: BaseException | None = None  # set when the engine thread died
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._built: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(_build,), name=name, daemon=True)
         self._thread.start()
         _running.add(self)
+
+    @classmethod
+    def load(cls, build: Callable[[], Engine], *, name: str = "graphc-engine",
+             tps_window_s: float = 10.0) -> "AsyncEngine":
+        """An AsyncEngine whose engine `build()` makes on the engine thread itself, e.g.
+        `AsyncEngine.load(lambda: Engine.load(model_dir))`; blocks until it is built and raises
+        what `build` raised. Loading, compiling, the self-check, the warm-up and every step then run
+        on one thread, which keeps what MLX holds per thread: its streams (an array left lazy by
+        a load on another thread can only be evaluated there) and, on CUDA, its cuDNN plans."""
+        self = cls(None, name=name, tps_window_s=tps_window_s, _build=build)
+        try:
+            self._built.result()
+        except BaseException:
+            self._thread.join()
+            raise
+        return self
 
     # -- thread-safe primitives -------------------------------------------------------
     @property
@@ -143,80 +168,19 @@ class AsyncEngine:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    # -- asyncio API ---------------------------------------------------------------------
-    async def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                          request_id: str | None = None) -> RequestStream:
-        """Submit and return a stream of deltas (an async iterator) once the engine accepted it."""
-        group = await self.add_group([(prompt, params, request_id)])
-        return RequestStream(group)
-
-    async def add_group(self, items: list[tuple]) -> StreamGroup:
-        """Submit several (prompt, params, request_id) at once; their deltas arrive on one
-        stream tagged with each item's index (for OpenAI `n` and prompt lists). If any item
-        is rejected, the others are aborted and the error is raised."""
-        loop = asyncio.get_running_loop()
-        # Compile grammars here, in a worker thread: a large JSON schema can take a while, and
-        # compiled on the engine thread it would stall every stream's decoding meanwhile.
-        items = [(p, await self._precompiled(loop, sp), rid) for p, sp, rid in items]
-        group = StreamGroup(self, loop, len(items))
-        futs = []
-        try:
-            for i, (prompt, params, rid) in enumerate(items):
-                futs.append(self.submit(prompt, params, group.outbox(i), rid))
-            accepted = [await asyncio.wrap_future(f) for f in futs]
-        except BaseException:
-            for f in futs:  # abort what started; the rest never did
-                self._abort_when_accepted(f)
-            raise
-        group.accepted(accepted)
-        return group
-
-    async def _precompiled(self, loop, params):
-        if params is None or params.grammar is None or isinstance(params.grammar, GrammarState):
-            return params
-        state = await loop.run_in_executor(None, self.engine.grammar_compiler.compile, params.grammar)
-        return attrs.evolve(params, grammar=state)  # one matcher per request (it is stateful)
-
-    def _abort_when_accepted(self, fut: concurrent.futures.Future) -> None:
-        def done(f):
-            if not f.cancelled() and f.exception() is None:
-                self.abort(f.result()[0])
-
-        fut.add_done_callback(done)
-
-    async def stream(self, prompt: str | list[int], params: SamplingParams | None = None,
-                     request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Deltas of one request. Leaving the loop early (break, cancel, exception) aborts it."""
-        s = await self.add_request(prompt, params, request_id)
-        async with s:
-            async for out in s:
-                yield out
-
-    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
-                       request_id: str | None = None) -> GenerationResult:
-        """Run one request to completion; cancelling the awaiting task aborts it."""
-        s = await self.add_request(prompt, params, request_id)
-        async with s:
-            async for _ in s:
-                pass
-        return s.result
-
-    # -- blocking API for threads that have no event loop (e.g. http.server handlers) ------
-    def iter_blocking(self, prompt: str | list[int], params: SamplingParams | None = None,
-                      request_id: str | None = None, timeout: float | None = None) -> BlockingStream:
-        """A plain iterator of deltas for the calling thread; closing it early aborts the request."""
-        return BlockingStream(self, prompt, params, request_id, timeout)
-
-    def generate_blocking(self, prompt: str | list[int], params: SamplingParams | None = None,
-                          timeout: float | None = None) -> GenerationResult:
-        with self.iter_blocking(prompt, params, timeout=timeout) as it:
-            for _ in it:
-                pass
-        return it.result
-
     # -- the engine thread -----------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], Engine] | None) -> None:
         try:
+            if build is not None:
+                try:
+                    self.engine = build()
+                except BaseException as e:
+                    with self._lock:
+                        self._closed = True
+                    _running.discard(self)
+                    self._built.set_exception(e)
+                    return
+            self._built.set_result(self.engine)
             self._loop()
         finally:
             # MLX keeps per-thread streams; a thread that used MLX must destroy them before it ends,

@@ -10,6 +10,8 @@ only when the batch's rows do, so each value is made once here and every layer s
 
 from __future__ import annotations
 
+import threading
+
 import mlx.core as mx
 
 
@@ -34,15 +36,18 @@ _MADE: dict[tuple, mx.array] = {}
 def offsets(arr: mx.array, base: int, sign: int) -> mx.array:
     """``base + sign * arr``: a step's per-row offsets from a per-row device array. Every layer's
     cache asks for the same one in a step (they share ``arr``), so it is built once and the
-    layers get that lazy array, not one op each."""
-    global _last
+    layers get that lazy array, not one op each.
+
+    Remembered per thread: the lazy sum belongs to the stream of the thread that built it, and
+    MLX evaluates it only there ("There is no Stream(gpu, N) in current thread"), while ``arr``
+    (from `on_device`) is shared by every engine of the process."""
     key = (id(arr), base, sign)
-    last = _last  # one read: an engine on another thread may replace it meanwhile
+    last = getattr(_last, "entry", None)
     if last is not None and last[0] == key:
         return last[2]
     out = base + arr if sign > 0 else base - arr
-    _last = (key, arr, out)  # arr held: its id is not reused while it is part of the key
+    _last.entry = (key, arr, out)  # arr held: its id is not reused while it is part of the key
     return out
 
 
-_last: tuple | None = None
+_last = threading.local()

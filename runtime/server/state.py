@@ -98,13 +98,14 @@ class ServerState:
         threading.Thread(target=self._load, name="graphc-loader", daemon=True).start()
 
     def _load(self) -> None:
-        t0 = time.perf_counter()
+        t0, aengine = time.perf_counter(), None
         try:
-            if self._loader is not None:
-                engine = self._loader()
-            else:
-                engine = load_engine(self.config)
-            self._attach(engine, ready=not self.config.warmup)
+            # Built on its engine thread, where it will be stepped (AsyncEngine.load): MLX's streams
+            # and CUDA plans are per thread, and a load on this thread could leave arrays only
+            # this thread can evaluate.
+            build = self._loader if self._loader is not None else (lambda: load_engine(self.config))
+            aengine = AsyncEngine.load(build)
+            self._attach(aengine.engine, ready=not self.config.warmup, aengine=aengine)
             if self.config.warmup:  # the first client request no longer pays for kernel builds and traces
                 log.info("warming up (a greedy and a sampled request; --no-warmup skips it)")
                 # on the engine thread, which keeps what MLX's CUDA backend builds per thread
@@ -117,8 +118,9 @@ class ServerState:
         except BaseException as e:  # reported through /health and 503s, not a dead server
             log.exception("loading the model failed")
             self.load_error = f"{type(e).__name__}: {e}"
-            if self.aengine is not None and not self.ready:  # the warm-up failed on its engine thread
-                self.aengine.shutdown()
+            started = self.aengine or aengine
+            if started is not None and not self.ready:  # the warm-up (or the attach) failed after the build
+                started.shutdown()
         finally:
             self.loading = False
 
@@ -129,9 +131,9 @@ class ServerState:
         prefix = self.engine.prefix if self.engine is not None else None
         return prefix is not None and prefix.needs_boundaries
 
-    def _attach(self, engine: Engine, ready: bool = True) -> None:
-        """Take `engine` and start its AsyncEngine; requests are served once `_ready()` ran (now,
-        unless `ready` is False: the loader warms it up on its engine thread first)."""
+    def _attach(self, engine: Engine, ready: bool = True, aengine: AsyncEngine | None = None) -> None:
+        """Take `engine` and its AsyncEngine (started here unless given); requests are served once
+        `_ready()` ran (now, unless `ready` is False: the loader warms it up on its engine thread first)."""
         c = self.config
         self.engine = engine
         self.tokenizer = copy.deepcopy(engine.tokenizer)
@@ -151,7 +153,7 @@ class ServerState:
             # prompt + max_tokens beyond it is refused up front rather than cut short.
             self.max_model_len = min(self.max_model_len, budget - 1)
         self.max_prompt_chars = self.max_prompt_tokens * max_chars_per_token(self.tokenizer)
-        self.aengine = AsyncEngine(engine)
+        self.aengine = aengine if aengine is not None else AsyncEngine(engine)
         if ready:
             self._ready()
 
