@@ -67,6 +67,9 @@ def _shutdown_all() -> None:
 class AsyncEngine(ClientAPI):
     """Runs `engine` on a daemon thread named `name`. Construct, use, then `shutdown()`."""
 
+    # Idle this long before building the warm-up shapes the time caps left (Engine.idle_warm).
+    IDLE_WARM_AFTER_S = 0.5
+
     def __init__(self, engine: Engine, *, name: str = "graphc-engine", tps_window_s: float = 10.0,
                  _build: Callable[[], Engine] | None = None):
         if _build is None:
@@ -87,6 +90,7 @@ class AsyncEngine(ClientAPI):
         self.snapshot = EngineSnapshot(time=time.time())
         self.error: BaseException | None = None  # set when the engine thread died
         self._built: concurrent.futures.Future = concurrent.futures.Future()
+        self._busy_at = time.perf_counter()  # the last step or command (engine thread only)
         self._thread = threading.Thread(target=self._run, args=(_build,), name=name, daemon=True)
         self._thread.start()
         _running.add(self)
@@ -198,25 +202,29 @@ class AsyncEngine(ClientAPI):
         try:
             while True:
                 # Block only when idle; between steps just drain what arrived. Idle with warm-up
-                # shapes left (Engine.warm_idle): build one, then look at the queue again.
-                block = not eng.has_unfinished() and not eng.idle_warm
+                # shapes left (Engine.warm_idle): wait out the quiet period, then build one and
+                # look at the queue again.
+                block = not eng.has_unfinished()
+                wait = self._quiet_left() if block and eng.idle_warm else None
                 while True:
                     try:
-                        cmd = self._cmds.get(block=block)
+                        cmd = self._cmds.get(block=block and wait != 0, timeout=wait or None)
                     except queue.Empty:
                         break
-                    block = False
+                    block, wait = False, None
+                    self._busy_at = time.perf_counter()
                     if isinstance(cmd, Stop):
                         self._stop_all()
                         return
                     self._handle(cmd)
                 if eng.has_unfinished():
+                    self._busy_at = time.perf_counter()
                     try:
                         self._route(self._timed_step())
                     except Exception as e:  # one bad step must not kill the server
                         log.exception("engine step failed; failing its live requests")
                         self._fail_all(e)
-                elif eng.idle_warm:
+                elif eng.idle_warm and not self._quiet_left():
                     eng.warm_idle()
                     continue  # nothing changed for clients: no snapshot to take
                 # Snapshot before sending: a client that saw its request finish sees it gone from /metrics.
@@ -230,6 +238,12 @@ class AsyncEngine(ClientAPI):
             self._fail_all(e)
             self._drain_closed(e)
             self._send()
+
+    def _quiet_left(self) -> float:
+        """Seconds until the engine has been idle for IDLE_WARM_AFTER_S (0 once it has): a client
+        that sends its next request as soon as an answer ends (an agent's loop, a chat's follow-up)
+        finds the engine free, not inside a warm-up shape it cannot interrupt."""
+        return max(0.0, self._busy_at + self.IDLE_WARM_AFTER_S - time.perf_counter())
 
     def _timed_step(self) -> list[RequestOutput]:
         """engine.step(), its wall time observed by what it did (latency_histograms.step_kind)."""

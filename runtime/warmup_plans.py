@@ -20,7 +20,9 @@ the ones a step's budget holds while rows decode first.
 What the time caps leave is not dropped: each shape left over goes on the engine's idle queue
 (`Engine.warm_idle`), which the engine thread runs one shape at a time while no request is in
 the engine (runtime/async_engine.py), so a server that idles after it starts builds the rest
-before clients meet them, and a request that arrives meanwhile waits for one shape at most.
+before clients meet them. It starts only after the engine has been idle for
+AsyncEngine.IDLE_WARM_AFTER_S (0.5 s), so a client that sends its next request as soon as an answer
+ends finds the engine free; a request that arrives during a shape waits for that one shape at most.
 
 Only where every layer keeps plain FullKV rows (the shapes of sliding windows and recurrent
 state differ); nothing here touches the prefix cache, the scheduler or the engine's counters:

@@ -187,6 +187,29 @@ def test_idle_warm_up_runs_on_the_engine_thread_between_commands_then_sleeps(eng
         engine.idle_warm.clear()
 
 
+def test_idle_warm_up_waits_for_a_quiet_engine(engine, prompts, reference, monkeypatch):
+    """A client that sends its next request as soon as the last one ended (an agent's loop) must
+    not find the engine inside a warm-up shape: shapes wait until the engine has been idle for
+    AsyncEngine.IDLE_WARM_AFTER_S."""
+    ran = []
+    monkeypatch.setattr(AsyncEngine, "IDLE_WARM_AFTER_S", 60.0)
+    engine.idle_warm.extend([lambda: ran.append(1)] * 5)
+    a = AsyncEngine(engine)
+    try:
+        assert [a.generate_blocking(p, P).token_ids for p in prompts[:3]] == reference[:3]
+        a.call(lambda e: None).result()
+        assert ran == [] and len(engine.idle_warm) == 5  # never quiet for 60 s: nothing built
+        monkeypatch.setattr(AsyncEngine, "IDLE_WARM_AFTER_S", 0.0)
+        a.call(lambda e: None).result()  # wakes the thread, which finds the engine quiet now
+        deadline = time.monotonic() + 30
+        while engine.idle_warm and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(ran) == 5 and not engine.idle_warm
+    finally:
+        a.shutdown()
+        engine.idle_warm.clear()
+
+
 def test_shutdown_ends_streams_with_abort(engine):
     a = AsyncEngine(engine)
 
