@@ -27,6 +27,7 @@ def main(argv=None) -> None:
     ap.add_argument("--restarts", type=int, default=5)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--turns", type=int, default=16)
+    ap.add_argument("--log-dir", help="keep the servers' logs here (default: a temporary folder, removed)")
     ap.add_argument("serve_args", nargs="*", help="more `graphc serve` flags (after --)")
     args = ap.parse_args(argv)
     spec, body = SERVERS[0], {"ignore_eos": True}
@@ -34,7 +35,7 @@ def main(argv=None) -> None:
     b, _ = conversation(args.model, args.context, args.turns, 1)
     warm = [Request("warm up the kernels", 4, 0)]
     with tempfile.TemporaryDirectory(prefix="graphc-restart-") as root:
-        logs, fill = Path(root) / "logs", Path(root) / "fill"
+        logs, fill = Path(args.log_dir or Path(root) / "logs"), Path(root) / "fill"
         with Server(spec, args.model, free_port(), 1, logs / "fill.log",
                     ["--kv-cache-dir", str(fill), *args.serve_args]) as url:
             replay(url, a[:-1], 1, body)
