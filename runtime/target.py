@@ -16,6 +16,7 @@ import time
 import mlx.core as mx
 
 from graphc.compiler.target import Requested, Target
+from graphc.contracts import cpu_blas
 
 from . import compiled_decode_kv, kernels
 from .cpu_lanes import cpu_lanes
@@ -25,6 +26,7 @@ from .speculative import speculator
 
 log = logging.getLogger("graphc.load")
 _checked_here = False
+_blas_told = False
 
 
 def probe_target(quantized: bool = False) -> Target:
@@ -57,6 +59,10 @@ def probe_target(quantized: bool = False) -> Target:
         _checked_here = True  # the checks answer from memory in this process from now on
         log.info("CUDA kernel checks done in %.1f s", time.perf_counter() - t0)
     device = "cuda" if cuda else ("gpu" if mx.default_device().type == mx.gpu else "cpu")
+    global _blas_told
+    if device == "cpu" and not _blas_told:  # float32 matmuls: ~20x apart (contracts/cpu_blas.py)
+        log.info("CPU BLAS: %s", cpu_blas.NOTE)
+        _blas_told = True
     ranks = mx.distributed.init().size() if mx.distributed.is_available() else 1
     lanes = cpu_lanes() if device == "cpu" and ranks == 1 else None  # (measured only where it can serve)
     return Target(device=device, kernels=tuple(facts), cuda_memory=bool(mx.cuda.is_available()),

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import os
 
-import pytest
+# The suites compare graphc with mlx-lm, batched with unbatched and compiled with eager bit for bit,
+# which needs a BLAS whose answer for a row does not depend on the matrix's other rows. The mlx-cpu
+# wheel's reference BLAS is such a one; OpenBLAS picks its kernels by shape (two of these tests
+# differed in the 7th digit with it), like cuBLAS on a GPU. So the tests keep the wheel's BLAS
+# (before graphc is imported: contracts/cpu_blas.py), inherited by the servers they start;
+# tests/test_cpu_blas.py runs the default, OpenBLAS, in subprocesses.
+os.environ.setdefault("GRAPHC_BLAS", "mlx")
 
-from graphc.compiler.modelgen import make_model
+import pytest  # noqa: E402
+
+from graphc.compiler.modelgen import make_model  # noqa: E402
 
 # Every engine the tests build runs the load-time self-check, never a stored verdict
 # (compiler/selfcheck_cache.py): tests swap fast paths and policies in-process under the same

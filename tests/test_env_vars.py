@@ -22,6 +22,9 @@ ALLOWED = {
     "GRAPHC_CACHE": "compiler/cache_dir.py: the old name of GRAPHC_CACHE_DIR, read with a FutureWarning",
     "GRAPHC_SELFCHECK": "compiler/selfcheck_cache.py: `always` runs the load-time self-check at every start "
                         "instead of reusing a stored verdict (what is computed is the same either way)",
+    "GRAPHC_BLAS": "contracts/cpu_blas.py: which library the CPU's float32 matmuls call (`mlx`: the wheel's "
+                   "reference BLAS; the same products up to rounding); chosen before mlx.core is imported, so "
+                   "it cannot be an Engine option",
     # where the CUDA toolchain of the offline kernel build is found (tests and a bench script only)
     "GRAPHC_NVRTC": "benchmarks/kernel_builds.py: where libnvrtc.so is",
     "GRAPHC_CUDA_INCLUDE": "benchmarks/kernel_builds.py: where cuda_bf16.h is",
