@@ -70,8 +70,9 @@ class AsyncEngine(ClientAPI):
     # Idle this long before building the warm-up shapes the time caps left (Engine.idle_warm).
     IDLE_WARM_AFTER_S = 0.5
 
-    def __init__(self, engine: Engine, *, name: str = "graphc-engine", tps_window_s: float = 10.0,
+    def __init__(self, engine: Engine | None, *, name: str = "graphc-engine", tps_window_s: float = 10.0,
                  _build: Callable[[], Engine] | None = None):
+        """`engine`: one built on this thread (None only with `_build`, which `load` passes)."""
         if _build is None:
             # Built on this thread, stepped on the engine thread: MLX evaluates a lazy array only on
             # the thread whose stream made it, so anything the load left lazy is evaluated here.
@@ -92,8 +93,8 @@ class AsyncEngine(ClientAPI):
         self._built: concurrent.futures.Future = concurrent.futures.Future()
         self._busy_at = time.perf_counter()  # the last step or command (engine thread only)
         self._thread = threading.Thread(target=self._run, args=(_build,), name=name, daemon=True)
+        _running.add(self)  # before the thread starts: a failed build takes it out again
         self._thread.start()
-        _running.add(self)
 
     @classmethod
     def load(cls, build: Callable[[], Engine], *, name: str = "graphc-engine",

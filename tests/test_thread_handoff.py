@@ -46,7 +46,8 @@ def _on_thread(fn):
 
 
 def test_a_lazy_array_of_another_thread_cannot_be_evaluated():
-    """The rule the rest of this file works around (if MLX drops it, these tests still pass)."""
+    """The MLX rule the rest of this file works around: if MLX drops it, this test fails, and
+    runtime/thread_handoff.py may go."""
     lazy = _on_thread(lambda: mx.ones((2,)) + 1)
     with pytest.raises(RuntimeError, match="in current thread"):
         mx.eval(lazy)
