@@ -1,0 +1,100 @@
+"""What a prefix hit costs beyond its new tokens: the agent replay's turns through `Engine.step()`
+(token ids, no HTTP, no tokenizer), cold against warm, and a warm pass repeated on a second
+conversation of the same lengths (what the first pass paid once, e.g. attention plans for new
+shapes, the second does not), then once more with every runner / prefix-cache phase in a
+synchronized timer (benchmarks/probes/step_phases.py's wrappers), phase totals per turn.
+
+    python benchmarks/probes/warm_hit.py --model /tmp/serving-models/llama-3.1-8b --context 32768 --turns 32
+"""
+
+from __future__ import annotations
+
+import graphc.contracts  # noqa: F401  before mlx.core: MLX sizes its attention plan cache then
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_phases import instrument  # noqa: E402  (a sibling probe: its synchronized phase wrappers)
+
+from graphc.runtime import Engine, SamplingParams  # noqa: E402
+
+
+def ttft(engine, ids) -> float:
+    """Seconds from add_request to the request's first token (one greedy token)."""
+    mx.synchronize()
+    t0 = time.perf_counter()
+    rid = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.request_id == rid and o.new_token_ids:
+                mx.synchronize()
+                t = time.perf_counter() - t0
+                while engine.has_unfinished():
+                    engine.step()
+                return t
+    return time.perf_counter() - t0
+
+
+def lengths(context: int, turns: int) -> list[int]:
+    return [max(16, context * (k + 1) // turns) for k in range(turns)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="benchmarks/probes/warm_hit.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--context", type=int, default=32768)
+    p.add_argument("--turns", type=int, default=32)
+    p.add_argument("--warm-passes", type=int, default=2, help="warm replays, each on a conversation of its own")
+    p.add_argument("--no-probe", action="store_true", help="skip the synchronized (probed) warm pass")
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+    engine = Engine.load(a.model)
+    if not a.no_warmup:
+        engine.warm_up()
+    vocab = int(engine.config["vocab_size"])
+    rng = random.Random(0)
+    ls = lengths(a.context, a.turns)
+
+    def text(n):
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    out = {"args": vars(a), "lengths": ls, "passes": {}}
+    cold = [ttft(engine, text(n)) for n in ls]
+    out["passes"]["cold"] = cold
+    print("cold  :", " ".join(f"{t * 1e3:.0f}" for t in cold), flush=True)
+    for w in range(a.warm_passes):
+        conv = text(a.context)
+        ts = [ttft(engine, conv[:n]) for n in ls]
+        out["passes"][f"warm{w + 1}"] = ts
+        print(f"warm{w + 1} :", " ".join(f"{t * 1e3:.0f}" for t in ts),
+              f"  last/cold {ts[-1] / cold[-1]:.3f}", flush=True)
+    if not a.no_probe:
+        ph = instrument(engine)
+        conv = text(a.context)
+        per_turn = []
+        for n in ls:
+            ph.calls.clear()
+            t = ttft(engine, conv[:n])
+            per_turn.append({"n": n, "ttft_ms": round(t * 1e3, 1), "phases": ph.summary()})
+        out["probed"] = per_turn
+        for k in (1, 2, len(ls) // 2, len(ls) - 1):
+            if k < len(per_turn):
+                pt = per_turn[k]
+                print(f"probed turn {k + 1} ({pt['n']} tokens): {pt['ttft_ms']} ms")
+                for lab, v in sorted(pt["phases"].items(), key=lambda kv: -kv[1]["own_ms_total"]):
+                    print(f"   {lab:34s} n={v['n']:3d} own {v['own_ms_total']:8.1f} ms  max {v['own_ms_max']:8.1f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
