@@ -37,11 +37,13 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=512, help="prompt tokens of each decoding row")
     p.add_argument("--lengths", default="128,256,512,1024,2048")
     p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--no-warmup", action="store_true", help="skip warm_up(): every shape is run once before timing anyway")
     p.add_argument("--json")
     a = p.parse_args(argv)
     ns = [int(x) for x in a.lengths.split(",")]
     engine = Engine.load(a.model, max_batch=a.rows + 1, step_tokens=max(ns), prefill_chunk=max(ns))
-    engine.warm_up()
+    if not a.no_warmup:
+        engine.warm_up()
     vocab = int(engine.config["vocab_size"])
     rng = random.Random(0)
 
