@@ -5,6 +5,11 @@ shapes, the second does not), then once more with every runner / prefix-cache ph
 synchronized timer (benchmarks/probes/step_phases.py's wrappers), phase totals per turn.
 
     python benchmarks/probes/warm_hit.py --model /tmp/serving-models/llama-3.1-8b --context 32768 --turns 32
+
+`--text`: the turns are the agent replay's own texts (benchmarks/agent_replay.py `conversation`,
+seeds 0, 1, 2.. for the cold texts and each warm pass) encoded as `graphc serve` encodes a
+completion prompt, so their lengths are the bench's (a few tokens off a multiple of the turn
+size), not exact multiples.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_phases import instrument  # noqa: E402  (a sibling probe: its synchronized phase wrappers)
 
+from graphc.benchmarks.agent_replay import conversation  # noqa: E402
 from graphc.runtime import Engine, SamplingParams  # noqa: E402
 
 
@@ -54,6 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--warm-passes", type=int, default=2, help="warm replays, each on a conversation of its own")
     p.add_argument("--no-probe", action="store_true", help="skip the synchronized (probed) warm pass")
     p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--text", action="store_true", help="the agent replay's texts, tokenized (see above)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     engine = Engine.load(a.model)
@@ -66,24 +73,40 @@ def main(argv=None) -> int:
     def text(n):
         return [rng.randrange(3, vocab) for _ in range(n)]
 
+    seeds = iter(range(1000))
+
+    def turns():
+        """One conversation's prompts, turn by turn, each a prefix of the next."""
+        if not a.text:
+            conv = text(a.context)
+            return [conv[:n] for n in ls]
+        replay, _ = conversation(a.model, a.context, a.turns, next(seeds))
+        return [list(engine.tokenizer.encode(r.prompt)) for r in replay]
+
+    def cold_turns():
+        if not a.text:
+            return [text(n) for n in ls]
+        _, cold = conversation(a.model, a.context, a.turns, next(seeds))
+        return [list(engine.tokenizer.encode(r.prompt)) for r in cold]
+
     out = {"args": vars(a), "lengths": ls, "passes": {}}
-    cold = [ttft(engine, text(n)) for n in ls]
+    cold = [ttft(engine, ids) for ids in cold_turns()]
     out["passes"]["cold"] = cold
     print("cold  :", " ".join(f"{t * 1e3:.0f}" for t in cold), flush=True)
     for w in range(a.warm_passes):
-        conv = text(a.context)
-        ts = [ttft(engine, conv[:n]) for n in ls]
+        prompts = turns()
+        out.setdefault("warm_lengths", []).append([len(x) for x in prompts])
+        ts = [ttft(engine, x) for x in prompts]
         out["passes"][f"warm{w + 1}"] = ts
         print(f"warm{w + 1} :", " ".join(f"{t * 1e3:.0f}" for t in ts),
               f"  last/cold {ts[-1] / cold[-1]:.3f}", flush=True)
     if not a.no_probe:
         ph = instrument(engine)
-        conv = text(a.context)
         per_turn = []
-        for n in ls:
+        for x in turns():
             ph.calls.clear()
-            t = ttft(engine, conv[:n])
-            per_turn.append({"n": n, "ttft_ms": round(t * 1e3, 1), "phases": ph.summary()})
+            t = ttft(engine, x)
+            per_turn.append({"n": len(x), "ttft_ms": round(t * 1e3, 1), "phases": ph.summary()})
         out["probed"] = per_turn
         for k in (1, 2, len(ls) // 2, len(ls) - 1):
             if k < len(per_turn):
