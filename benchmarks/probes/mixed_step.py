@@ -16,6 +16,7 @@ import graphc.contracts  # noqa: F401  before mlx.core: MLX sizes its attention 
 
 import argparse
 import json
+import logging
 import random
 import statistics
 import time
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-warmup", action="store_true", help="skip warm_up(): every shape is run once before timing anyway")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # the load's progress
     ns = [int(x) for x in a.lengths.split(",")]
     engine = Engine.load(a.model, max_batch=a.rows + 1, step_tokens=max(ns), prefill_chunk=max(ns))
     if not a.no_warmup:

@@ -18,6 +18,7 @@ import graphc.contracts  # noqa: F401  before mlx.core: MLX sizes its attention 
 
 import argparse
 import json
+import logging
 import random
 import sys
 import time
@@ -63,6 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--text", action="store_true", help="the agent replay's texts, tokenized (see above)")
     p.add_argument("--json")
     a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # the load's progress
     engine = Engine.load(a.model)
     if not a.no_warmup:
         engine.warm_up()
