@@ -33,15 +33,21 @@ from graphc.benchmarks.agent_replay import conversation  # noqa: E402
 from graphc.runtime import Engine, SamplingParams  # noqa: E402
 
 
+PENDING: list[float] = []  # per turn: ms of device work the turn before left queued (e.g. pool writes)
+
+
 def ttft(engine, ids) -> float:
-    """Seconds from add_request to the request's first token (one greedy token)."""
+    """Seconds from add_request to the request's first token (one greedy token). What the turn
+    before left queued is waited for first, and its time kept in PENDING: at the door the next
+    request's forward would wait for it."""
+    t = time.perf_counter()
     mx.synchronize()
     t0 = time.perf_counter()
+    PENDING.append((t0 - t) * 1e3)
     rid = engine.add_request(ids, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     while engine.has_unfinished():
         for o in engine.step():
-            if o.request_id == rid and o.new_token_ids:
-                mx.synchronize()
+            if o.request_id == rid and o.new_token_ids:  # a host value: its forward has run
                 t = time.perf_counter() - t0
                 while engine.has_unfinished():
                     engine.step()
@@ -95,6 +101,10 @@ def main(argv=None) -> int:
     cold = [ttft(engine, ids) for ids in cold_turns()]
     out["passes"]["cold"] = cold
     print("cold  :", " ".join(f"{t * 1e3:.0f}" for t in cold), flush=True)
+    PENDING.clear()
+    ttft(engine, text(16))  # what the cold pass's last turn left queued
+    out["pending_after_cold_ms"] = round(PENDING[-1], 1)
+    print(f"queued by the cold pass's last turn, waited for before the next: {PENDING[-1]:.1f} ms", flush=True)
     for w in range(a.warm_passes):
         prompts = turns()
         out.setdefault("warm_lengths", []).append([len(x) for x in prompts])
