@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.request import Status
 
 
 def timed_step(engine) -> tuple[float, list]:
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
 
     for _ in range(a.rows):
         engine.add_request(ids(a.context), SamplingParams(max_tokens=100_000, ignore_eos=True))
-    while engine.scheduler.waiting or any(r.status.name != "RUNNING" for r in engine.scheduler.running):
+    while engine.scheduler.waiting or any(r.status is not Status.RUNNING for r in engine.scheduler.running):
         engine.step()
     for _ in range(20):  # settle into plain decode
         engine.step()

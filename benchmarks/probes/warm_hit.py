@@ -1,5 +1,5 @@
 """What a prefix hit costs beyond its new tokens: the agent replay's turns through `Engine.step()`
-(token ids, no HTTP, no tokenizer), cold against warm, and a warm pass repeated on a second
+(no HTTP: random token ids, or with `--text` the replay's texts tokenized), cold against warm, and a warm pass repeated on a second
 conversation of the same lengths (what the first pass paid once, e.g. attention plans for new
 shapes, the second does not), then once more with every runner / prefix-cache phase in a
 synchronized timer (benchmarks/probes/step_phases.py's wrappers), phase totals per turn.
