@@ -11,7 +11,12 @@ prefill took 0.52 s instead of 2.88 s; docs/performance.md.
 
 One thread a call (`OPENBLAS_NUM_THREADS=1` unless set): graphc's CPU prefill lanes already run
 two forwards side by side (runtime/cpu_lanes.py), and OpenBLAS's own threads on top of them
-oversubscribed the cores (that bench: 1.05x BatchGenerator with them, 1.54x without).
+oversubscribed the cores (that bench: 1.05x BatchGenerator with them, 1.54x without). The variable
+stays set, so numpy, when it loads after graphc, runs its own OpenBLAS on one thread too. That is
+deliberate: with the system library on one thread by its own `openblas_set_num_threads(1)` and the
+variable left unset, numpy's OpenBLAS had 2 threads here and the same bench gave 1.01-1.05x; with
+numpy's also set to one thread, 1.52-1.60x (why numpy's threads cost this much is not profiled).
+A process that wants numpy's threads sets OPENBLAS_NUM_THREADS itself, and graphc keeps that value.
 
 `GRAPHC_BLAS=mlx` keeps the wheel's BLAS; `GRAPHC_BLAS=/path/libX.so` loads that library
 instead. Quantized and float16/bfloat16 matmuls are MLX's own CPU kernels and do not change;
