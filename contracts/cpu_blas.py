@@ -9,14 +9,21 @@ RTLD_GLOBAL comes first in that lookup, so graphc.contracts loads the system's O
 shape (float32, 8 prompts of 384 tokens, `python -m graphc.benchmarks.cpu_prefill`) a cold
 prefill took 0.52 s instead of 2.88 s; docs/performance.md.
 
-One thread a call (`OPENBLAS_NUM_THREADS=1` unless set): graphc's CPU prefill lanes already run
-two forwards side by side (runtime/cpu_lanes.py), and OpenBLAS's own threads on top of them
-oversubscribed the cores (that bench: 1.05x BatchGenerator with them, 1.54x without). The variable
-stays set, so numpy, when it loads after graphc, runs its own OpenBLAS on one thread too. That is
-deliberate: with the system library on one thread by its own `openblas_set_num_threads(1)` and the
-variable left unset, numpy's OpenBLAS had 2 threads here and the same bench gave 1.01-1.05x; with
-numpy's also set to one thread, 1.52-1.60x (why numpy's threads cost this much is not profiled).
-A process that wants numpy's threads sets OPENBLAS_NUM_THREADS itself, and graphc keeps that value.
+One thread a call: graphc's CPU prefill lanes already run two forwards side by side
+(runtime/cpu_lanes.py), and OpenBLAS's own threads on top of them oversubscribed the cores (that
+bench: 1.05x BatchGenerator with them, 1.54x without). OpenBLAS sizes its thread pool from
+`OPENBLAS_NUM_THREADS` once, when the library loads, so graphc sets the variable to 1 for that
+load and then removes it again: the rest of the process, numpy's own OpenBLAS
+(libscipy_openblas64_, loaded later) and child processes included, sees the environment the user
+gave it. A value the user set is used for the load and kept.
+
+Whether numpy's threads cost the prefill was measured twice. One run each suggested they did
+(1.01-1.05x against 1.52-1.60x); alternated runs on a later day (`python -m
+graphc.benchmarks.cpu_prefill --model small-32k --dtype float32 --n 8 --len 384 --pairs 2`; numpy
+loaded after graphc with two threads against one) did not: medians 1.15-1.57x against 1.04-1.72x
+over eight runs each, 1.03-1.52x against 1.04-1.56x over five more
+(benchmarks/results/cpu-prefill-numpy-threads.txt; this shared machine swings that much in both
+arms). numpy runs no matmul on the prefill path, so graphc leaves numpy's threads alone.
 
 `GRAPHC_BLAS=mlx` keeps the wheel's BLAS; `GRAPHC_BLAS=/path/libX.so` loads that library
 instead. Quantized and float16/bfloat16 matmuls are MLX's own CPU kernels and do not change;
@@ -66,11 +73,15 @@ def preload(environ=os.environ) -> str:
     if lib is None:
         NOTE = why
         return NOTE
+    user_set = "OPENBLAS_NUM_THREADS" in environ
     threads = environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
-        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)  # OpenBLAS reads the variable here, once
     except OSError as e:
         NOTE = f"{why} {lib} could not be loaded ({e}): the mlx wheel's own BLAS"
         return NOTE
+    finally:
+        if not user_set:  # numpy's OpenBLAS and child processes get the user's environment
+            environ.pop("OPENBLAS_NUM_THREADS", None)
     NOTE = f"{why} ({lib}, {threads} thread(s) a call)"
     return NOTE

@@ -28,11 +28,16 @@ def test_choose_obeys_graphc_blas_and_leaves_other_systems_alone():
 
 
 PROBE = """
-import os, sys
+import ctypes, os, sys
 import graphc.runtime
+import numpy
 from graphc.contracts import cpu_blas
-maps = open("/proc/self/maps").read()
-print("openblas" if "libopenblas" in maps else "wheel", os.environ.get("OPENBLAS_NUM_THREADS"), cpu_blas.NOTE, sep="|")
+maps = open("/proc/self/maps").read().split()
+system = [p for p in maps if "libopenblas" in p and "scipy_openblas" not in p]
+ours = ctypes.CDLL(system[0]).openblas_get_num_threads() if system else None
+theirs = [p for p in maps if "scipy_openblas" in p]  # numpy's own OpenBLAS, where its wheel has one
+numpys = ctypes.CDLL(theirs[0]).scipy_openblas_get_num_threads64_() if theirs else None
+print("openblas" if system else "wheel", os.environ.get("OPENBLAS_NUM_THREADS"), cpu_blas.NOTE, ours, numpys, sep="|")
 """
 
 
@@ -49,16 +54,22 @@ needs_openblas = pytest.mark.skipif(
 
 @needs_openblas
 def test_importing_graphc_loads_openblas_one_thread_a_call():
-    loaded, threads, note = _probe({})
-    assert loaded == "openblas" and threads == "1" and note.startswith("OpenBLAS")
-    assert _probe({"OPENBLAS_NUM_THREADS": "2"})[1] == "2"  # a user's value is kept
+    loaded, env, note, ours, numpys = _probe({})
+    assert loaded == "openblas" and note.startswith("OpenBLAS") and ours == "1"
+    # The variable was set for the library's load only: the process, numpy's own OpenBLAS and
+    # child processes keep the user's environment (numpy's pool sized by the machine, not by graphc).
+    assert env == "None"
+    if numpys != "None" and (os.cpu_count() or 1) > 1:
+        assert int(numpys) > 1
+    loaded, env, _, ours, numpys = _probe({"OPENBLAS_NUM_THREADS": "2"})  # a user's value is used and kept
+    assert env == "2" and ours == "2" and numpys in ("2", "None")
 
 
 @needs_openblas
 def test_graphc_blas_mlx_and_an_earlier_mlx_import_keep_the_wheels_blas():
-    loaded, _, note = _probe({"GRAPHC_BLAS": "mlx"})
+    loaded, _, note, *_ = _probe({"GRAPHC_BLAS": "mlx"})
     assert loaded == "wheel" and "GRAPHC_BLAS=mlx" in note
-    loaded, _, note = _probe({}, first="import mlx.core\n")
+    loaded, _, note, *_ = _probe({}, first="import mlx.core\n")
     assert loaded == "wheel" and "imported before graphc" in note
 
 
