@@ -27,6 +27,9 @@
                                # (runtime/batch_rows.py): quarter = also once past a quarter of the
                                # rows, copies = only by copies the batch takes anyway (a join, a
                                # step that widens the buffers); auto: quarter on the CPU, else copies
+      mixed_step: false        # a step's prompt chunk (one request's) runs in the decode step's
+                               # forward: norms, projections and MLP once for both, attention per
+                               # part (compiler/mixed_forward.py; default false, docs/scheduling.md)
 
 `Engine(compile=..., skinny_gemm=..., decode_options=...)` may override any of them; the
 decode plan's passes (`graphc inspect`) show what was applied and, when it was not, why.
@@ -47,6 +50,8 @@ DECODE_OPTIONS = {
     "vacant_rows": ("auto", "when rows whose requests ended are dropped: quarter (also past a quarter of the batch), "
                             "copies (only by a join's or a growth's copy), reuse (as copies, and joins write their "
                             "rows into vacant ones in place), auto (quarter on the CPU, else reuse)"),
+    "mixed_step": (False, "a prompt chunk rides the decode step's forward (one pass for both; llama blocks, "
+                          "plain FullKV; compiler/mixed_forward.py)"),
 }
 
 VACANT_ROWS = ("auto", "quarter", "copies", "reuse")

@@ -80,6 +80,33 @@ class LoweredStep:
         self._run(ctx, ("forward", "final") if inputs.final else ("forward",))
         return ctx
 
+    def from_hidden(self, inputs: StepInputs, hidden: mx.array) -> StepContext:
+        """`forward` for a decoder stack run elsewhere (a mixed step, compiler/mixed_forward.py):
+        `hidden` stands for the attention node's output, and the ops after it in the forward and
+        final phases (the logits) run on it as this plan declares them."""
+        ctx = StepContext(self.binding, inputs, plan=self.plan)
+        for name in self.binding.spec.inputs:
+            ctx.values[name] = inputs.tokens
+        ctx.values[self.hidden_node] = hidden
+        phases = ("forward", "final") if inputs.final else ("forward",)
+        after = False
+        for node, op, ins, phase in self._nodes:
+            if node.id == self.hidden_node:
+                after = True
+            elif after and phase in phases:
+                ctx.values[node.id] = op.lower(ctx, node, *[ctx.values[i] for i in ins])
+        return ctx
+
+    def mixable(self) -> bool:
+        """Whether this plan's forward is exactly embed -> attention (the decoder stack), so a
+        mixed step's stack can stand in for it (`from_hidden`)."""
+        before = []
+        for node, _, _, phase in self._nodes:
+            if node.id == self.hidden_node:
+                return [n.op for n in before] == ["embed"]
+            before.append(node)
+        return False
+
     def head(self, ctx: StepContext, extra_edits: mx.array | None = None) -> StepOutputs:
         """The `head` ops (edits, selection, logprobs) on top of `forward`'s values.
 

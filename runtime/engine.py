@@ -266,12 +266,15 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
         touched = self._postprocess_prefill(sched, self.runner.run_prefill(sched.groups))
         batch = self.scheduler.schedule_decode(sched.decode)
         touched += self._postprocess_decode(batch, self.runner.run_decode(batch))
+        # Prompt chunks that rode the decode launch (runtime/mixed_step.py), read after its tokens.
+        touched += self._postprocess_prefill(None, self.runner.take_late())
         return [self._delta(r) for r in dict.fromkeys(touched)]
 
     # -- postprocess: the only writer of output_ids, logprobs, error, first_token_time -------------
     def _postprocess_prefill(self, sched, ran: list) -> list[Request]:
         """Record the prefill's progress with the scheduler and each finished prompt's first token."""
-        self.stats["cached_tokens"] += sched.cached_tokens
+        if sched is not None:
+            self.stats["cached_tokens"] += sched.cached_tokens
         touched, ended = [], []
         try:
             for done in ran:

@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from graphc.compiler.compile import CompiledGraph
 from graphc.compiler.lower import StepInputs
-from graphc.compiler.ops import HOST_EDITS, PromptTargets
+from graphc.compiler.ops import HOST_EDITS
 
 from . import chunk_pad, kv_usage
 from . import host_read as host_reads
@@ -25,6 +25,8 @@ from .batch_rows import BatchRows, may_vacate
 from .batch_sampling import SamplerCache
 from .batched_prefill import BatchedPrefill
 from .decode_input import Launch, next_input
+from .mixed_step import MixedSteps
+from .prompt_chunk import ChunkPrep, PromptChunks
 from .prefill_rate import attention_pairs
 from .request import Request, Status
 from .scheduler import Scheduler
@@ -86,15 +88,22 @@ class ModelRunner:
         # How a prompt's last chunk runs (whole or split) and whether it is padded to a multiple of
         # the chunk alignment: the prefill plan's choices, obeyed (runtime/chunk_pad.py).
         self.final_chunk = chunk_pad.FinalChunk.of(compiled.prefill.plan, Scheduler.CHUNK_ALIGN)
-        self._padded_tokens = 0  # pad positions of prefill_chunk (padded_tokens adds the batched ones)
         # Whole prompts in left-padded forwards, several at once in the prefill plan's lanes
         # (runtime/batched_prefill.py).
         lanes = int(compiled.prefill.plan.choice("prefill lanes").choice)
         self.batched = BatchedPrefill(compiled.prefill, self.sampler, self.final_chunk, prefix_io, self.policies,
                                       self._edits, lanes)
+        # One request's chunk as a forward of its own (runtime/prompt_chunk.py).
+        self.chunks = PromptChunks(compiled.prefill, self.sampler, self.final_chunk, prefix_io, self.new_caches,
+                                   self._edits)
         # The engine's PrefillRate (runtime/prefill_rate.py), or None: every prefill forward below
         # ends in an mx.eval, so its wall time is what computing those prompt tokens costs here.
         self.prefill_rate = prefill_rate
+        # Mixed steps (runtime/mixed_step.py), or None: a step's prompt chunk rides its decode launch
+        # where the decode plan chose it; what such a chunk did is reported after the decode
+        # (`take_late`), once its first token is read.
+        self.mixed = MixedSteps.of(compiled, self.sampler, self.final_chunk, prefix_io)
+        self.late: list[PrefillDone] = []
 
     # -- one step's work, as the scheduler decided it (runtime/scheduler.py) ----------------------
     def run_prefill(self, groups: list) -> list[PrefillDone]:
@@ -121,14 +130,26 @@ class ModelRunner:
                     self.joining.append(([r for r, _ in g], caches))
                 continue
             [(req, n)] = group
-            end = min(len(req.context_ids), req.prefilled + n)
-            tok = self.prefill_chunk(req, n)
-            self.timed(end - req.prefilled, t0, attention_pairs(end - req.prefilled, req.prefilled))
-            out.append(PrefillDone(req, n, end, tok, req.pending_logprobs if tok is not None else None))
-            if tok is not None:
-                self.joining.append(([req], req.caches))
-                req.caches = None
+            prep = self.prepare_chunk(req, n)
+            if self.mixed is not None and self.mixed.takes(prep, self.rows, self.caches):
+                self.mixed.waiting = prep  # it rides this step's decode launch (run_decode)
+                continue
+            tok = self.run_chunk(prep)
+            self.timed(prep.end - req.prefilled, t0, attention_pairs(prep.end - req.prefilled, req.prefilled))
+            out.append(self._chunk_done(prep, tok, req.pending_logprobs if tok is not None else None))
         return out
+
+    def _chunk_done(self, prep: ChunkPrep, tok: int | None, logprobs) -> PrefillDone:
+        req = prep.req
+        if tok is not None:
+            self.joining.append(([req], req.caches))
+            req.caches = None
+        return PrefillDone(req, prep.n, prep.end, tok, logprobs)
+
+    def take_late(self) -> list[PrefillDone]:
+        """Prompt chunks that rode this step's decode launch (runtime/mixed_step.py), done."""
+        late, self.late = self.late, []
+        return late
 
     def timed(self, tokens: int, t0: float, pairs: float) -> None:
         if self.prefill_rate is not None:
@@ -143,6 +164,9 @@ class ModelRunner:
         # copy of the running rows' KV and of each new row, not one per group). A step that does
         # not decode (a burst still admitting) keeps them waiting: the burst's rows join once, at
         # its last step, instead of the batch being copied at every step of it.
+        if self.mixed is not None and self.mixed.waiting is not None and \
+                any(r is self.mixed.waiting.req for r in batch.preempt):
+            self.mixed.waiting = None  # the scheduler takes its request out: the chunk never runs
         live = [[i for i, r in enumerate(reqs) if r.status is Status.RUNNING]  # not ended, not preempted
                 for reqs, _ in self.joining]
         if batch.decode or not any(live):
@@ -159,7 +183,14 @@ class ModelRunner:
             self.joining = []
         if batch.preempt:
             self.leave(batch.preempt)
-        return self.decode() if batch.decode else []
+        out = self.decode() if batch.decode else []
+        if self.mixed is not None and self.mixed.waiting is not None:
+            # No plain decode launch took the step's prompt chunk (a burst still admitting, a
+            # speculative verify step): it runs as its own forward now.
+            prep, self.mixed.waiting = self.mixed.waiting, None
+            tok = self.run_chunk(prep)
+            self.late.append(self._chunk_done(prep, tok, prep.req.pending_logprobs if tok is not None else None))
+        return out
 
     @property
     def rows(self) -> list[Request]:
@@ -174,7 +205,9 @@ class ModelRunner:
         """Drop the whole decode batch, the chain and the prompts waiting to join, without storing
         anything (fault recovery: none of it can be trusted)."""
         self.batch.clear()
-        self.pending, self.joining = None, []
+        self.pending, self.joining, self.late = None, [], []
+        if self.mixed is not None:
+            self.mixed.drop()
         if self.speculator is not None:
             self.speculator.drop()
 
@@ -190,73 +223,16 @@ class ModelRunner:
         return [p.new_cache() for p in self.policies]
 
     def prefill_chunk(self, req: Request, max_tokens: int) -> int | None:
-        """Run up to `max_tokens` more prompt tokens of `req` (a batch of one).
+        """Run up to `max_tokens` more prompt tokens of `req` (a batch of one); its first generated
+        token once the whole prompt is in the cache (runtime/prompt_chunk.py)."""
+        return self.run_chunk(self.prepare_chunk(req, max_tokens))
 
-        Returns the first generated token once the whole prompt is in the cache.
-        Non-final chunks skip the head (the plan's `final chunk` steps).
-        """
-        if req.caches is None:
-            req.caches = self.new_caches()
-            if self.prefix_io is not None:
-                self.prefix_io.restore(req)  # the cached prefix the scheduler admitted
-        start = req.prefilled
-        ctx_ids = req.context_ids
-        end = min(len(ctx_ids), start + max_tokens)
-        final = end == len(ctx_ids)
-        if self.prefix_io is not None:  # pieces ending at prefix boundaries, state captured there
-            start = self.prefix_io.prefill_pieces(req, start, end)
-        tokens = mx.array(ctx_ids[start:end], dtype=mx.int32)[None]
-        step = self.compiled.prefill
-        targets = None
-        if req.params.prompt_logprobs is not None and not req.n_resumed:
-            # The graph's prompt_logprobs node scores each position against the next prompt token
-            # (the chunk's last position against the next chunk's first).
-            targets = PromptTargets(req.prompt_ids[start + 1:end + 1], req.params.prompt_logprobs)
-        pad = self.final_chunk.pad(end - start) if final and targets is None else 0
-        self._padded_tokens += pad
-        if pad and self.final_chunk.whole:
-            # One forward: the real tokens, then pads they never see (causal), sampled at the last
-            # real one; the pad columns trimmed off the cache (its next write lands on the first).
-            padded = mx.array(ctx_ids[start:end] + [chunk_pad.PAD_TOKEN] * pad, dtype=mx.int32)[None]
-            ctx = step.forward(StepInputs(padded, req.caches, final=True, sample_at=end - start - 1))
-            chunk_pad.trim(req.caches, pad)
-        else:
-            if pad:
-                # The chunk but its last token, padded after the real ones to an aligned length
-                # (cache writes only), the pad columns trimmed; the last token then runs alone.
-                head = mx.array(ctx_ids[start:end - 1] + [chunk_pad.PAD_TOKEN] * pad, dtype=mx.int32)[None]
-                step.forward(StepInputs(head, req.caches, final=False))
-                chunk_pad.trim(req.caches, pad)
-                tokens = tokens[:, -1:]
-            ctx = step.forward(StepInputs(tokens, req.caches, final=final, prompt_targets=targets,
-                                          all_positions=targets is not None))
-        if self.prefix_io is not None:
-            self.prefix_io.after_chunk(req, end)
-        if targets is not None:
-            self._collect_prompt_logprobs(req, ctx, step, start, targets)
-        if not final:
-            mx.eval(step.fill_targets(ctx))
-            return None
-        st = self.sampler.tensors([req])
-        if st is not None:
-            ctx.inputs.sampling = self.sampler.host_state(st, [req])
-        out = step.head(ctx, self._edits([req], ctx, step))
-        mx.eval(out.next_tokens)
-        if out.logprobs is not None:
-            req.pending_logprobs = out.logprobs.to_lists(st)[0]
-        if self.prefix_io is not None:
-            self.prefix_io.store_prompt(req)  # the prompt's new KV into the pool, its end locked
-        return int(out.next_tokens.item())
+    def prepare_chunk(self, req: Request, max_tokens: int) -> ChunkPrep:
+        return self.chunks.prepare(req, max_tokens)
 
-    def _collect_prompt_logprobs(self, req: Request, ctx, step, start: int, targets: PromptTargets) -> None:
-        """Collect the graph's prompt_logprobs output for this chunk into the request."""
-        if req.prompt_logprobs is None:
-            req.prompt_logprobs = [None] * (start + 1)  # the first token has no logprob
-        if not targets.ids:
-            return
-        out = ctx.values[step.outputs["prompt_logprobs"]]
-        mx.eval(*out.arrays())
-        req.prompt_logprobs.extend(out.to_lists(targets.ids))
+    def run_chunk(self, prep: ChunkPrep) -> int | None:
+        """A prepared chunk as a forward of its own (tests count these)."""
+        return self.chunks.run(prep)
 
     def _edits(self, rows, ctx, step):
         """Host edit rows for `rows`, filled while the device runs the forward already queued."""
@@ -291,7 +267,7 @@ class ModelRunner:
     @property
     def padded_tokens(self) -> int:
         """Pad positions computed (for stats and tests)."""
-        return self._padded_tokens + self.batched.padded_tokens
+        return self.chunks.padded + self.batched.padded_tokens
 
     def leave(self, reqs: list[Request]) -> None:
         """Drop finished, aborted or preempted requests: their working KV (mid-prefill), and their
@@ -327,12 +303,19 @@ class ModelRunner:
         inputs = StepInputs(toks, self.caches, sampling=sampling)
         if self.views is not None:  # left-padded rows on an eager step: attention in the kernel
             inputs.caches = self.views.for_decode(step, inputs)
-        ctx = step.forward(inputs)
+        rides = self.mixed is not None and self.mixed.waiting is not None
+        if rides:  # this step's prompt chunk in the same forward (runtime/mixed_step.py)
+            self._busy()
+            self.chunks.padded += self.mixed.waiting.pad
+            ctx = self.mixed.forward(step, inputs)
+        else:
+            ctx = step.forward(inputs)
         out = step.head(ctx, self._edits(self.rows, ctx, step))
         nxt = sampling.advanced(out.next_tokens) if sampling is not None else None
         host = host_reads.for_host(out.next_tokens, self.host_read)
         launch = Launch(list(self.rows), out.next_tokens, out.logprobs, sampling, nxt, host)
-        mx.async_eval(launch.tokens, *host, *([out.logprobs.chosen] if out.logprobs is not None else []))
+        mx.async_eval(launch.tokens, *host, *([out.logprobs.chosen] if out.logprobs is not None else []),
+                      *(self.mixed.targets() if rides else []))
         self.steps += 1
         return launch
 
@@ -385,6 +368,9 @@ class ModelRunner:
         self.pending = cur
         self.pending = self._launch() if chain else None
         toks = host_reads.read(cur.host)
+        if self.mixed is not None and self.mixed.riding is not None:  # after the decode chain is queued
+            prep, tok, lp = self.mixed.read()
+            self.late.append(self._chunk_done(prep, tok, lp))
         lps = cur.logprobs.to_lists(cur.sampling.st) if cur.logprobs is not None else [None] * len(toks)
         live = {id(r) for r in self.batch.live()}
         return [(r, t, lp) for r, t, lp in zip(cur.rows, toks, lps) if id(r) in live], False

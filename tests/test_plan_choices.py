@@ -17,7 +17,7 @@ from graphc.runtime.compiled_decode import CompiledDecode
 from graphc.runtime.target import probe_target
 
 ROOT = Path(__file__).resolve().parent.parent
-DECODE_CHOICES = ["compile mode", "attention (eager steps)", "sampling", "host read", "vacant rows", "speculative arm"]
+DECODE_CHOICES = ["compile mode", "attention (eager steps)", "sampling", "host read", "vacant rows", "mixed step", "speculative arm"]
 COMPILED_CHOICES = ["decode layers", "attention (compiled steps)", "K/V write", "projections (compiled steps)",
                     "residual adds"]
 # Every shipped graph, on a model whose layers it serves.

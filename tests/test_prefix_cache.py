@@ -317,9 +317,9 @@ def test_a_burst_sharing_a_short_header_stays_batched(dense_dir, header, decline
     head = random_prompts(1, 1024, [header], seed=11)[0]
     eng.generate([head + [5, 6, 7]], GREEDY)  # stores the header
     forwards = {"batched": 0, "alone": 0}
-    pb, pc = eng.runner.prefill_batches, eng.runner.prefill_chunk
+    pb, pc = eng.runner.prefill_batches, eng.runner.run_chunk
     eng.runner.prefill_batches = lambda gs: (forwards.__setitem__("batched", forwards["batched"] + len(gs)), pb(gs))[1]
-    eng.runner.prefill_chunk = lambda req, n: (forwards.__setitem__("alone", forwards["alone"] + 1), pc(req, n))[1]
+    eng.runner.run_chunk = lambda prep: (forwards.__setitem__("alone", forwards["alone"] + 1), pc(prep))[1]
     prompts = [head + t for t in random_prompts(6, 1024, [9, 17, 5, 30, 12, 21], seed=12)]
     res = eng.generate(prompts, GREEDY)
     for p, r in zip(prompts, res):

@@ -2,7 +2,7 @@
 goal (a step with prompt work <= 1.5x the decode step; docs/serving-bench.md, "Why ITL p99 stays
 above 1.5x the decode step")? Measured before the runtime is changed for it.
 
-A llama-shape model folder, mlx-lm's own modules and KVCache, eager, no graphc runtime. `--rows`
+A llama-shape model folder, mlx-lm's own modules and KVCache, eager, no graphc engine. `--rows`
 rows decode at `--context` tokens each; the steps chain as graphc's do (step N+1 is queued on
 step N's lazy tokens, then step N's tokens are read). Per step, timed over `--steps` steps,
 alternating the arms in `--rounds` rounds (each arm warmed up first):
@@ -12,9 +12,10 @@ alternating the arms in `--rounds` rounds (each arm warmed up first):
   forward with its first token read on the host before the next decode step is queued;
 - `separate-queued`: the same two forwards, the prompt's first token left lazy (no host read in
   between, so the chain keeps its overlap);
-- `fused`: one forward per step: the rows' tokens and the prompt chunk's tokens side by side as
-  one [1, rows + n] sequence through the norms, projections and MLP (one matmul each), split only
-  for RoPE, the K/V writes and attention (each part with its own cache), chained;
+- `fused`: one forward per step, graphc's mixed stack (compiler/mixed_forward.py, what
+  `--mixed-step on` runs): the rows' tokens and the prompt chunk's side by side as one
+  [1, rows + n] sequence through the norms, projections and MLP (one matmul each), split only for
+  RoPE, the K/V writes and attention (each part with its own cache), chained;
 - `fused-sync`: the fused forward with a host read after each step (no chain).
 
 Every prompt chunk is `--prompt` tokens over `--prompt-context` cached tokens (a prompt's later
@@ -33,12 +34,14 @@ import json
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.models import llama
-from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
+
+from graphc.compiler.mixed_forward import mixed_hidden
 
 ARMS = ("decode", "separate", "separate-queued", "fused", "fused-sync")
 
@@ -67,46 +70,23 @@ def head(model, h):
 
 
 def plain_forward(model, tokens, caches):
-    """mlx-lm's own forward (its norm and head included), the last position's logits."""
+    """mlx-lm's own forward (its norm and head included), the last position's logits; a chunk of
+    several tokens split as graphc's final chunk is (all but the last fill the caches, then the
+    last alone), so no position but the last runs the head or the last layer's MLP."""
+    if tokens.shape[1] > 1:
+        model.model(tokens[:, :-1], cache=caches)  # its output is never read: only the K/V writes run
+        tokens = tokens[:, -1:]
     return model(tokens, cache=caches)[:, -1, :]
 
 
-def mixed_layer(layer, x, rows: int, cd, cp, mask_p):
-    """One llama block over [1, rows + n, hidden]: the first `rows` positions are one decode
-    token per row (cache `cd`, [rows, ...]), the rest one prompt's chunk (cache `cp`)."""
-    a = layer.self_attn
-    n = x.shape[1] - rows
-    xn = layer.input_layernorm(x)
-    q, k, v = a.q_proj(xn), a.k_proj(xn), a.v_proj(xn)
-
-    def split(t, heads):
-        d = t[0, :rows].reshape(rows, 1, heads, -1).transpose(0, 2, 1, 3)
-        p = t[:, rows:].reshape(1, n, heads, -1).transpose(0, 2, 1, 3)
-        return d, p
-
-    (qd, qp), (kd, kp), (vd, vp) = split(q, a.n_heads), split(k, a.n_kv_heads), split(v, a.n_kv_heads)
-    qd, kd = a.rope(qd, offset=cd.offset), a.rope(kd, offset=cd.offset)
-    qp, kp = a.rope(qp, offset=cp.offset), a.rope(kp, offset=cp.offset)
-    kd, vd = cd.update_and_fetch(kd, vd)
-    kp, vp = cp.update_and_fetch(kp, vp)
-    od = scaled_dot_product_attention(qd, kd, vd, cache=cd, scale=a.scale, mask=None)
-    op = scaled_dot_product_attention(qp, kp, vp, cache=cp, scale=a.scale, mask=mask_p)
-    o = mx.concatenate([od.transpose(0, 2, 1, 3).reshape(1, rows, -1),
-                        op.transpose(0, 2, 1, 3).reshape(1, n, -1)], axis=1)
-    h = x + a.o_proj(o)
-    return h + layer.mlp(layer.post_attention_layernorm(h))
-
-
 def fused_forward(model, row_tokens, prompt_tokens, cd: list, cp: list):
-    """Rows' next-token logits [rows, V] and the prompt's last-position logits [1, V], one forward."""
-    rows = row_tokens.shape[0]
-    x = model.model.embed_tokens(mx.concatenate([row_tokens.reshape(1, rows), prompt_tokens], axis=1))
-    mask_p = "causal" if prompt_tokens.shape[1] > 1 else None
-    for layer, d, p in zip(model.model.layers, cd, cp):
-        x = mixed_layer(layer, x, rows, d, p, mask_p)
-    last = mx.concatenate([x[:, :rows], x[:, -1:]], axis=1).reshape(rows + 1, 1, -1)  # rows, prompt's last
-    logits = head(model, last)
-    return logits[:rows], logits[rows:]
+    """graphc's mixed stack (compiler/mixed_forward.py) on mlx-lm's caches: the rows' logits
+    [rows, V] and the prompt's last-position logits [1, V], one forward."""
+    binding = SimpleNamespace(adapter=SimpleNamespace(embed=model.model.embed_tokens, layers=model.model.layers))
+    n = prompt_tokens.shape[1]
+    h_rows, h_prompt = mixed_hidden(binding, row_tokens, cd, prompt_tokens, cp, n - 1)
+    logits = head(model, mx.concatenate([h_rows, h_prompt]))
+    return logits[:-1], logits[-1:]
 
 
 def check(model, rows: int, context: int, prompt: int, prompt_context: int, vocab: int) -> dict:

@@ -8,6 +8,7 @@ wall time is the gap every running stream sees between two tokens. Printed per n
 carried the prompt (p50, max) against the plain decode step's p50, and their ratio.
 
     python benchmarks/probes/mixed_step.py --model /tmp/serving-models/llama-3.2-1b --rows 64
+    python benchmarks/probes/mixed_step.py --model /tmp/serving-models/llama-3.2-1b --rows 64 --mixed-step
 """
 
 from __future__ import annotations
@@ -40,11 +41,15 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default="128,256,512,1024,2048")
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--no-warmup", action="store_true", help="skip warm_up(): every shape is run once before timing anyway")
+    p.add_argument("--mixed-step", action="store_true",
+                   help="decode: {mixed_step: true}: the prompt rides the decode step's forward (runtime/mixed_step.py)")
     p.add_argument("--json")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # the load's progress
     ns = [int(x) for x in a.lengths.split(",")]
-    engine = Engine.load(a.model, max_batch=a.rows + 1, step_tokens=max(ns), prefill_chunk=max(ns))
+    engine = Engine.load(a.model, max_batch=a.rows + 1, step_tokens=max(ns), prefill_chunk=max(ns),
+                         decode_options={"mixed_step": True} if a.mixed_step else None)
+    print(f"mixed step: {engine.runner.compiled.decode.plan.choice('mixed step').choice}", flush=True)
     if not a.no_warmup:
         engine.warm_up()
     vocab = int(engine.config["vocab_size"])

@@ -78,8 +78,8 @@ def instrument(engine) -> Phases:
         return [v for v in ctx.values.values() if isinstance(v, mx.array)] + cache_arrays(ctx.inputs.caches)
 
     ph.wrap(s, "schedule", "scheduler.schedule")
-    ph.wrap(r, "prefill_chunk", "runner.prefill_chunk",
-            classify=lambda req, n: " (final)" if req.prefilled + n >= len(req.context_ids) else " (mid)")
+    ph.wrap(r, "run_chunk", "runner.prefill_chunk",  # a prepared chunk's own forward (the label predates the split)
+            classify=lambda prep: " (final)" if prep.final else " (mid)")
     ph.wrap(r, "prefill_batches", "runner.prefill_batch")
     ph.wrap(r, "_join_rows", "runner.join_rows", evaluate=batch_arrays)
     ph.wrap(r, "leave", "runner.leave", evaluate=batch_arrays)

@@ -16,12 +16,14 @@ from graphc.contracts.policies import rollback_problem
 from ..choice import Choice
 from ..decode_options import VACANT_ROWS, compile_pass
 from ..layer_groups import TRACEABLE_KINDS, untraceable
+from ..mixed_forward import why_not_mixable
 from ..target import UNPROBED, Requested, Target
 
 COMPILE_MODES = ("eager", "compiled", "auto", "measured")
 ATTENTION = ("mlx sdpa", "cuda decode kernel")
 SAMPLING = ("grouped", "fused mlx", "fused cuda")
 VACANT = ("at once", "quarter", "copies", "reuse")
+MIXED = ("separate", "fused")
 # Where `requested` leaves them None (a plan compiled without an engine): the speculator's
 # defaults (runtime/speculative/speculator.py default_pipeline / default_adaptive), which an
 # engine resolves into `requested` itself.
@@ -292,6 +294,23 @@ def choose_vacant_rows(ctx: ChoiceContext) -> Choice:
                   "dropped only by a join that does not fit or a growth of the buffers (copies the batch takes anyway)")
 
 
+def choose_mixed_step(ctx: ChoiceContext) -> Choice:
+    """Whether a step's prompt chunk runs in the decode step's forward (compiler/mixed_forward.py)
+    or as a forward of its own. Off by default: it is exact, and on a GPU it saves a whole layer
+    loop of launches and the host read a separate prompt forward ends in, but it has not yet been
+    measured faster at the door (docs/scheduling.md#mixed-steps)."""
+    name = "mixed step"
+    if not ctx.options["mixed_step"]:
+        return Choice(name, "separate", MIXED, ctx.source("mixed_step") + ": a prompt chunk runs as a forward of its "
+                      "own, before the decode step")
+    why = why_not_mixable(ctx.binding) or _rowless(ctx)
+    if why:
+        return Choice(name, "separate", MIXED, f"{ctx.source('mixed_step')}, but {why}")
+    return Choice(name, "fused", MIXED, f"{ctx.source('mixed_step')}: one request's prompt chunk a step rides the "
+                  "decode forward (norms, projections and MLP once over rows + chunk, attention per part); its "
+                  "first token is read after the step's decode tokens")
+
+
 def choose_speculative(ctx: ChoiceContext) -> Choice:
     r = ctx.requested
     name, alts = "speculative arm", ("plain", "verify", "pipelined", "measured")
@@ -321,6 +340,7 @@ DECODE_PASSES = (
     ("sampling", choose_sampling),
     ("host read", choose_host_read),
     ("vacant rows", choose_vacant_rows),
+    ("mixed step", choose_mixed_step),
     ("speculative arm", choose_speculative),
 )
 

@@ -53,6 +53,10 @@ def add_parser(subparsers) -> None:
                                          "speculative decoding")
     s.add_argument("--num-draft-tokens", type=int, help="draft tokens verified per step with --speculative (default on a GPU: 16 for prompt lookup, 8 for a draft model; 4 on the CPU)")
     s.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
+    s.add_argument("--mixed-step", choices=["graph", "on", "off"], default="graph",
+                   help="a prompt chunk rides the decode step's forward: one pass for the running rows and the "
+                        "chunk (llama blocks; exact; off by default until measured faster on a GPU; "
+                        "docs/scheduling.md#mixed-steps); default: what the graph's `decode:` section says")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's max_position_embeddings)")
     s.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default: context - 1)")
     s.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
@@ -118,6 +122,7 @@ def config_from_args(args) -> ServerConfig:
         max_body_bytes=args.max_body_bytes, max_n=args.max_n, max_prompts=args.max_prompts,
         max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,
         shutdown_timeout=args.shutdown_timeout, compile=COMPILE_FLAG[args.compile],
+        mixed_step={"on": True, "off": False}.get(args.mixed_step),
         warmup=args.warmup, gc_freeze=args.gc_freeze, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb,
         snapshot_interval=args.snapshot_interval, kv_cache_block_tokens=args.kv_cache_block_tokens,
         kv_cache_disk_read=args.kv_cache_disk_read)

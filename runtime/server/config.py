@@ -42,6 +42,7 @@ class ServerConfig:
     draft_model: str | None = None  # a small model of the same tokenizer drafting for method "draft_model"
     distributed: bool = False  # tensor parallel over mlx.launch's world group (docs/distributed.md)
     compile: bool | str | None = None  # Engine(compile=): True / False / "auto" / "measured"; None = the graph's
+    mixed_step: bool | None = None  # decode: {mixed_step:}: a prompt chunk rides the decode forward; None = the graph's
     warmup: bool = True  # a greedy and a sampled request before ready (runtime/warmup.py); single-process only
     # After load and warm-up, freeze the process's objects out of Python's full collections
     # (runtime/gc_pauses.py). Process-wide, so off for an app that embeds the server; `graphc

@@ -31,6 +31,8 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
     extra = {"kv_budget_tokens": c.kv_budget_tokens} if c.kv_budget_tokens is not None else {}
     if c.compile is not None:
         extra["compile"] = c.compile
+    if c.mixed_step is not None:  # runtime/mixed_step.py
+        extra["decode_options"] = {"mixed_step": c.mixed_step}
     if c.kv_bits is not None:  # opt-in quantized KV (runtime/cache/quantized.py)
         extra.update(kv_bits=c.kv_bits, kv_group_size=c.kv_group_size)
     if c.kv_cache_dir is not None:
