@@ -48,7 +48,9 @@ class EngineViews:
                 "scheduling": {"max_batch": s.max_batch, "prefill_chunk": s.prefill_chunk, "step_tokens": s.step_tokens,
                                "step_tokens_floor": s.step_tokens_floor, "burst_tokens": s.BURST_TOKENS,
                                "burst_step_tokens": s.BURST_STEP_TOKENS, "prefill_lanes": s.lanes,
-                               "prefix_hit_align": s.hit_align},
+                               "prefix_hit_align": s.hit_align,
+                               # prompt chunks that rode a decode launch so far (runtime/mixed_step.py); None: off
+                               "mixed_steps": self.runner.mixed.steps if self.runner.mixed is not None else None},
                 # the prefix cache's disk tier: its folder, block size, read policy and the two rates it weighs
                 "disk_tier": self.disk_tier.describe() if self.disk_tier is not None else None}
 

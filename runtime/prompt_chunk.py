@@ -1,10 +1,11 @@
-"""One request's prompt chunk as a forward of its own: prepared (its caches, an admitted prefix
-restored, the pieces that end at prefix boundaries run), then run through the prefill plan.
+"""One request's prompt chunk as a forward of its own: prepared (the pieces that end at prefix
+boundaries run, what is left measured out), then run through the prefill plan.
 
 The runner (runtime/runner.py) prepares every single-request chunk here; a prepared chunk either
 runs here or rides the step's decode launch (runtime/mixed_step.py), which reads the same
 ChunkPrep. Non-final chunks skip the head (the plan's `final chunk` steps); a final chunk may be
-padded to the chunk alignment (runtime/chunk_pad.py).
+padded to the chunk alignment (runtime/chunk_pad.py). The request's runner-owned fields (its caches,
+logprobs) are written by the runner from what these return (runtime/request.py's table).
 """
 
 from __future__ import annotations
@@ -35,23 +36,25 @@ class ChunkPrep:
         return ids + [chunk_pad.PAD_TOKEN] * self.pad if with_pad else ids
 
 
+@attrs.define
+class ChunkResult:
+    token: int | None = None  # the first generated token, once the whole prompt is in
+    first_logprobs: dict | None = None  # that token's, when asked
+    prompt_logprobs: list | None = None  # this chunk's prompt logprobs, when asked
+
+
 class PromptChunks:
-    def __init__(self, step, sampler, final_chunk, prefix_io, new_caches, edits):
+    def __init__(self, step, sampler, final_chunk, prefix_io, edits):
         self.step = step  # the prefill plan's LoweredStep
         self.sampler = sampler
         self.final_chunk = final_chunk  # chunk_pad.FinalChunk: whole or split, padded or not
         self.prefix_io = prefix_io
-        self.new_caches = new_caches  # () -> a request's layer caches
         self.edits = edits  # (rows, ctx, step) -> host edit rows or None (the runner's)
         self.padded = 0  # pad positions computed (stats, tests)
 
     def prepare(self, req, max_tokens: int) -> ChunkPrep:
-        """The chunk's caches (an admitted prefix restored), the pieces that end at prefix
+        """For a request whose caches hold its admitted prefix: the pieces that end at prefix
         boundaries run, and what is left to run: [start, end), its prompt targets and padding."""
-        if req.caches is None:
-            req.caches = self.new_caches()
-            if self.prefix_io is not None:
-                self.prefix_io.restore(req)  # the cached prefix the scheduler admitted
         start = req.prefilled
         end = min(len(req.context_ids), start + max_tokens)
         final = end == len(req.context_ids)
@@ -65,7 +68,7 @@ class PromptChunks:
         pad = self.final_chunk.pad(end - start) if final and targets is None else 0
         return ChunkPrep(req, max_tokens, start, end, final, targets, pad)
 
-    def run(self, prep: ChunkPrep) -> int | None:
+    def run(self, prep: ChunkPrep) -> ChunkResult:
         """The chunk's forward; its first generated token once the whole prompt is in the cache."""
         req, start, end, final, targets, pad = prep.req, prep.start, prep.end, prep.final, prep.targets, prep.pad
         step = self.step
@@ -89,28 +92,26 @@ class PromptChunks:
                                           all_positions=targets is not None))
         if self.prefix_io is not None:
             self.prefix_io.after_chunk(req, end)
-        if targets is not None:
-            self._collect_prompt_logprobs(req, ctx, start, targets)
+        res = ChunkResult(prompt_logprobs=self._prompt_logprobs(ctx, targets) if targets is not None else None)
         if not final:
             mx.eval(step.fill_targets(ctx))
-            return None
+            return res
         st = self.sampler.tensors([req])
         if st is not None:
             ctx.inputs.sampling = self.sampler.host_state(st, [req])
         out = step.head(ctx, self.edits([req], ctx, step))
         mx.eval(out.next_tokens)
         if out.logprobs is not None:
-            req.pending_logprobs = out.logprobs.to_lists(st)[0]
+            res.first_logprobs = out.logprobs.to_lists(st)[0]
         if self.prefix_io is not None:
             self.prefix_io.store_prompt(req)  # the prompt's new KV into the pool, its end locked
-        return int(out.next_tokens.item())
+        res.token = int(out.next_tokens.item())
+        return res
 
-    def _collect_prompt_logprobs(self, req, ctx, start: int, targets: PromptTargets) -> None:
-        """Collect the graph's prompt_logprobs output for this chunk into the request."""
-        if req.prompt_logprobs is None:
-            req.prompt_logprobs = [None] * (start + 1)  # the first token has no logprob
+    def _prompt_logprobs(self, ctx, targets: PromptTargets) -> list:
+        """The graph's prompt_logprobs output for this chunk, one entry per target."""
         if not targets.ids:
-            return
+            return []
         out = ctx.values[self.step.outputs["prompt_logprobs"]]
         mx.eval(*out.arrays())
-        req.prompt_logprobs.extend(out.to_lists(targets.ids))
+        return out.to_lists(targets.ids)

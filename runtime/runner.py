@@ -94,8 +94,7 @@ class ModelRunner:
         self.batched = BatchedPrefill(compiled.prefill, self.sampler, self.final_chunk, prefix_io, self.policies,
                                       self._edits, lanes)
         # One request's chunk as a forward of its own (runtime/prompt_chunk.py).
-        self.chunks = PromptChunks(compiled.prefill, self.sampler, self.final_chunk, prefix_io, self.new_caches,
-                                   self._edits)
+        self.chunks = PromptChunks(compiled.prefill, self.sampler, self.final_chunk, prefix_io, self._edits)
         # The engine's PrefillRate (runtime/prefill_rate.py), or None: every prefill forward below
         # ends in an mx.eval, so its wall time is what computing those prompt tokens costs here.
         self.prefill_rate = prefill_rate
@@ -164,9 +163,6 @@ class ModelRunner:
         # copy of the running rows' KV and of each new row, not one per group). A step that does
         # not decode (a burst still admitting) keeps them waiting: the burst's rows join once, at
         # its last step, instead of the batch being copied at every step of it.
-        if self.mixed is not None and self.mixed.waiting is not None and \
-                any(r is self.mixed.waiting.req for r in batch.preempt):
-            self.mixed.waiting = None  # the scheduler takes its request out: the chunk never runs
         live = [[i for i, r in enumerate(reqs) if r.status is Status.RUNNING]  # not ended, not preempted
                 for reqs, _ in self.joining]
         if batch.decode or not any(live):
@@ -228,11 +224,24 @@ class ModelRunner:
         return self.run_chunk(self.prepare_chunk(req, max_tokens))
 
     def prepare_chunk(self, req: Request, max_tokens: int) -> ChunkPrep:
+        """The request's caches (its admitted prefix restored) and its next chunk, ready to run."""
+        if req.caches is None:
+            req.caches = self.new_caches()
+            if self.prefix_io is not None:
+                self.prefix_io.restore(req)  # the cached prefix the scheduler admitted
         return self.chunks.prepare(req, max_tokens)
 
     def run_chunk(self, prep: ChunkPrep) -> int | None:
-        """A prepared chunk as a forward of its own (tests count these)."""
-        return self.chunks.run(prep)
+        """A prepared chunk as a forward of its own (tests count these); its first token, if it ends
+        the prompt."""
+        req, res = prep.req, self.chunks.run(prep)
+        if res.prompt_logprobs is not None:
+            if req.prompt_logprobs is None:
+                req.prompt_logprobs = [None] * (prep.start + 1)  # the first token has no logprob
+            req.prompt_logprobs.extend(res.prompt_logprobs)
+        if res.first_logprobs is not None:
+            req.pending_logprobs = res.first_logprobs
+        return res.token
 
     def _edits(self, rows, ctx, step):
         """Host edit rows for `rows`, filled while the device runs the forward already queued."""
