@@ -41,8 +41,8 @@ def _arrivals(path, options, *, seed=0, n=14, every=3, **load_kw):
     return eng, prompts, [toks[x] for x in ids], [lps[x] for x in ids]
 
 
-@pytest.mark.parametrize("load_kw", [{}, {"final_chunk": "whole", "pad_final_chunk": True}],
-                         ids=["default", "whole-padded"])
+@pytest.mark.parametrize("load_kw", [{}, {"final_chunk": "whole", "pad_final_chunk": True}, {"compile": True}],
+                         ids=["default", "whole-padded", "compiled-decode"])
 def test_mixed_steps_give_the_separate_steps_tokens_and_logprobs(model_dir, load_kw):
     path = model_dir("llama")
     sep, prompts, toks, lps = _arrivals(path, {}, **load_kw)
