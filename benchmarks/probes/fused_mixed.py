@@ -34,6 +34,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import mlx.core as mx
@@ -195,8 +196,7 @@ def main(argv=None) -> int:
         out["arms"][name] = {"p50_ms": p50, "p90_ms": q[-1], "gaps_ms": g}
         print(f"| {name} | {p50:.2f} | {q[-1]:.2f} | {p50 / base:.2f} |" if base else f"| {name} | {p50:.2f} | {q[-1]:.2f} | |")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
 
 
