@@ -29,7 +29,8 @@
                                # step that widens the buffers); auto: quarter on the CPU, else copies
       mixed_step: false        # a step's prompt chunk (one request's) runs in the decode step's
                                # forward: norms, projections and MLP once for both, attention per
-                               # part (compiler/mixed_forward.py; default false, docs/scheduling.md)
+                               # part (compiler/mixed_forward.py; default false: it lost at the door
+                               # on an H100 so far, docs/scheduling.md "Mixed steps")
 
 `Engine(compile=..., skinny_gemm=..., decode_options=...)` may override any of them; the
 decode plan's passes (`graphc inspect`) show what was applied and, when it was not, why.

@@ -46,14 +46,16 @@ def _rows_attention(a, q, k, v, cache, mask):
 
 
 def mixed_layer(layer, x: mx.array, rows: int, row_cache, prompt_cache, row_mask, prompt_mask,
-                keep: int | None = None, keep_mask=None) -> mx.array:
+                keep: int | None = None) -> mx.array:
     """One llama block over x [1, rows + n, hidden]: the first `rows` positions are one decode token
     per row of `row_cache`, the other n one prompt's chunk in `prompt_cache`.
 
     `keep`: None, every position goes on (a layer before the last); else the decoder's last layer,
     where only the rows and the chunk position `keep` are read after it (a final chunk's sampled
     position; -1: none, a middle chunk, whose K/V writes are all that stays): the other positions
-    skip attention's output, o_proj and the MLP, as the split final chunk does (compiler/ops/forward.py)."""
+    skip o_proj and the MLP, as the split final chunk does (compiler/ops/forward.py). A kept
+    position before the chunk's end (pads after it) takes its row of the whole chunk's attention,
+    so the attention shapes are the separate padded chunk's (on CUDA, a plan the warm-up built)."""
     a = layer.self_attn
     n = x.shape[1] - rows
     xn = layer.input_layernorm(x)
@@ -71,8 +73,12 @@ def mixed_layer(layer, x: mx.array, rows: int, row_cache, prompt_cache, row_mask
     if keep is None:
         outs.append(scaled_dot_product_attention(qp, kp, vp, cache=prompt_cache, scale=a.scale, mask=prompt_mask))
     elif keep >= 0:
-        outs.append(scaled_dot_product_attention(qp[:, :, keep:keep + 1], kp, vp, cache=prompt_cache, scale=a.scale,
-                                                 mask=keep_mask))
+        if keep == n - 1:  # the chunk's last position sees every column: one query, no mask
+            op = scaled_dot_product_attention(qp[:, :, -1:], kp, vp, cache=prompt_cache, scale=a.scale, mask=None)
+        else:
+            op = scaled_dot_product_attention(qp, kp, vp, cache=prompt_cache, scale=a.scale,
+                                              mask=prompt_mask)[:, :, keep:keep + 1]
+        outs.append(op)
         x = mx.concatenate([x[:, :rows], x[:, rows + keep:rows + keep + 1]], axis=1)
     else:
         x = x[:, :rows]
@@ -93,11 +99,8 @@ def mixed_hidden(binding, row_tokens: mx.array, row_caches: list, prompt_tokens:
     row_mask = row_caches[0].make_mask(1, window_size=None, return_array=False)
     prompt_mask = first.make_mask(n, window_size=None, return_array=False)
     keep = -1 if sample_at is None else sample_at
-    # The sampled position sees the chunk up to itself: the mask's row for it, unless it is the last.
-    keep_mask = (first.make_mask(n, window_size=None, return_array=True)[keep:keep + 1]
-                 if 0 <= keep < n - 1 else None)
     layers = adapter.layers
     for i, (layer, rc, pc) in enumerate(zip(layers, row_caches, prompt_caches)):
         last = i == len(layers) - 1
-        x = mixed_layer(layer, x, rows, rc, pc, row_mask, prompt_mask, keep if last else None, keep_mask)
+        x = mixed_layer(layer, x, rows, rc, pc, row_mask, prompt_mask, keep if last else None)
     return x[0, :rows].reshape(rows, 1, -1), (x[:, rows:] if sample_at is not None else None)

@@ -164,10 +164,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--dtype", choices=("model", "float32"), default="model",
+                   help="float32: the weights cast up first, so the check tells rounding from a wrong result")
     p.add_argument("--json")
     a = p.parse_args(argv)
     print(f"loading {a.model}", file=sys.stderr, flush=True)
     model, _ = load(a.model)
+    if a.dtype == "float32":
+        model.set_dtype(mx.float32)
     if not isinstance(model, llama.Model):
         raise SystemExit(f"{type(model).__module__} is not mlx-lm's llama model: this probe runs llama blocks")
     vocab = model.args.vocab_size

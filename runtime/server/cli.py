@@ -55,7 +55,7 @@ def add_parser(subparsers) -> None:
     s.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
     s.add_argument("--mixed-step", choices=["graph", "on", "off"], default="graph",
                    help="a prompt chunk rides the decode step's forward: one pass for the running rows and the "
-                        "chunk (llama blocks; exact; off by default until measured faster on a GPU; "
+                        "chunk (llama blocks; exact; off by default: it lost at the door on an H100 so far; "
                         "docs/scheduling.md#mixed-steps); default: what the graph's `decode:` section says")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's max_position_embeddings)")
     s.add_argument("--max-prompt-tokens", type=int, help="longest prompt accepted (default: context - 1)")
