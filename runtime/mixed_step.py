@@ -13,6 +13,11 @@ A chunk rides only where the separate path would give the same result: a single 
 FullKV caches on both sides, and a plain decode launch this step. Otherwise, or when the step
 ends up not launching one (a burst still admitting, a speculative verify step), the chunk runs
 as its own forward after the decode.
+
+Off by default: the host still waits for the chunk's first token in the step that carries it, so
+the next decode step starts on an idle device, and on an H100 the engine's mixed step stayed
+~2.4x the decode step where the fused forward alone, chained, was 1.46x (docs/scheduling.md,
+"Mixed steps"). Reading that token one step later is what is left.
 """
 
 from __future__ import annotations
