@@ -97,16 +97,6 @@ class LoweredStep:
                 ctx.values[node.id] = op.lower(ctx, node, *[ctx.values[i] for i in ins])
         return ctx
 
-    def mixable(self) -> bool:
-        """Whether this plan's forward is exactly embed -> attention (the decoder stack), so a
-        mixed step's stack can stand in for it (`from_hidden`)."""
-        before = []
-        for node, _, _, phase in self._nodes:
-            if node.id == self.hidden_node:
-                return [n.op for n in before] == ["embed"]
-            before.append(node)
-        return False
-
     def head(self, ctx: StepContext, extra_edits: mx.array | None = None) -> StepOutputs:
         """The `head` ops (edits, selection, logprobs) on top of `forward`'s values.
 

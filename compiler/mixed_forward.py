@@ -14,8 +14,8 @@ Exact: each token's projections, norms and MLP are the same dot products as in i
 so with a batch-invariant BLAS the tokens equal the separate forwards' (tests/test_mixed_step.py);
 on a GPU, a matmul over more rows may round differently, as any change of batch does.
 
-Models whose every layer is mlx-lm's llama TransformerBlock (`llama_not_own_block`), on the fast
-lowering; the runner also asks for plain FullKV caches (runtime/mixed_step.py).
+Where it applies is `why_not_mixable`, which the decode plan's `mixed step` choice reads; the runtime
+obeys the choice (runtime/mixed_step.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,23 @@ from .fused_block import llama_not_own_block
 
 
 def why_not_mixable(binding) -> str | None:
-    """Why this model's steps cannot carry a prompt chunk in the decode forward (None when they can)."""
+    """Why this model and graph cannot carry a prompt chunk in the decode forward (None when they
+    can): the fast lowering, the graph's decoder reading the embedding alone (so this stack stands
+    in for both), every layer mlx-lm's llama block, and every layer's cache plain K/V rows."""
     if binding.lowering != "fast":
         return "the generic lowering runs the model's own forward, one batch at a time"
+    nodes = {n.id: n for n in binding.spec.nodes}
+    stacks = [n for n in nodes.values() if n.op == "attention"]
+    if len(stacks) != 1 or [nodes[i].op for i in stacks[0].inputs if i in nodes] != ["embed"]:
+        return "the graph's decoder does not read the embedding alone"
     bad = sorted({why for why in map(llama_not_own_block, binding.adapter.layers) if why is not None})
     if bad:
         return "; ".join(bad) + " (the mixed block is mlx-lm's llama block)"
+    caches = {p.name: p.new_cache() for p in binding.policies}
+    odd = sorted(name for name, c in caches.items()
+                 if getattr(c, "PLANES", None) != ("keys", "values") or not getattr(c, "batch_prefill", False))
+    if odd:
+        return f"policy {', '.join(map(repr, odd))} keeps other than plain K/V rows (quantized, paged or windowed)"
     return None
 
 

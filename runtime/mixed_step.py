@@ -9,8 +9,8 @@ position (on its final chunk) through the prefill plan's. Its first token is rea
 step's decode tokens, so the decode chain is queued before the host waits for the prompt.
 
 A chunk rides only where the separate path would give the same result: a single request's chunk
-(not a batched prefill group), no prompt logprobs, no host edits for its first token, plain
-FullKV caches on both sides, and a plain decode launch this step. Otherwise, or when the step
+(not a batched prefill group), no prompt logprobs, no host edits for its first token, and a plain
+decode launch this step (the plan's choice already required plain K/V caches and llama blocks). Otherwise, or when the step
 ends up not launching one (a burst still admitting, a speculative verify step), the chunk runs
 as its own forward after the decode.
 
@@ -29,7 +29,6 @@ from graphc.compiler.lower import StepInputs, cache_arrays
 from graphc.compiler.mixed_forward import mixed_hidden
 
 from . import chunk_pad
-from .cache.full import FullKV
 from .prompt_chunk import ChunkPrep
 
 
@@ -40,11 +39,6 @@ class Rider:
     prep: ChunkPrep
     out: object = None  # the prefill head's StepOutputs (final chunks)
     st: object = None  # its sampling tensors
-
-
-def _plain(caches) -> bool:
-    # FullKV itself, or a kernel view of one (runtime/kernel_views.py): rows the mixed stack reads.
-    return all(type(getattr(c, "inner", c)) is FullKV for c in caches)
 
 
 class MixedSteps:
@@ -63,12 +57,10 @@ class MixedSteps:
 
     @classmethod
     def of(cls, compiled, sampler, final_chunk, prefix_io) -> "MixedSteps | None":
-        """The state where the decode plan chose fused mixed steps and its forward allows them."""
+        """The state where the decode plan chose fused mixed steps (its choice checked the model, the
+        graph and the caches: compiler/mixed_forward.py why_not_mixable), else None."""
         choice = compiled.decode.plan.choice("mixed step")
         if choice is None or choice.choice != "fused":
-            return None
-        eager = getattr(compiled.decode, "step", compiled.decode)  # a CompiledDecode's eager step
-        if not (eager.mixable() and compiled.prefill.mixable()):
             return None
         return cls(compiled, sampler, final_chunk, prefix_io)
 
@@ -76,8 +68,7 @@ class MixedSteps:
         """Whether this prepared chunk rides the step's decode launch (see the module docstring)."""
         req = prep.req
         return (self.waiting is None and bool(rows) and row_caches is not None and prep.targets is None
-                and req.params.chain_safe and not (prep.pad and not self.final_chunk.whole)
-                and _plain(row_caches) and _plain(req.caches))
+                and req.params.chain_safe and not (prep.pad and not self.final_chunk.whole))
 
     def forward(self, decode_step, inputs: StepInputs):
         """The decode step's forward with the waiting chunk in it: the decode plan's context (its

@@ -77,12 +77,14 @@ def test_chunks_that_cannot_ride_run_alone_in_the_same_step(model_dir):
         e.step()
         e.step()  # the first row decodes
         rest = [e.add_request(p, q) for p, q in zip(prompts[1:], params[1:])]
+        scored = e.request(rest[0])  # kept: a finished request leaves the engine's tables
         res = {}
         while e.has_unfinished():
             for o in e.step():
                 res.setdefault(o.request_id, []).extend(o.new_token_ids)
-        out[e is eng] = [res[r] for r in rest]
+        out[e is eng] = ([res[r] for r in rest], scored.prompt_logprobs)
     assert out[True] == out[False]
+    assert len(out[True][1]) == len(prompts[1]) and out[True][1][0] is None  # every position scored, alone
     assert eng.runner.mixed.steps > 0
 
 
@@ -96,6 +98,11 @@ def test_the_plan_says_when_steps_mix_and_why_not(model_dir):
     c = other.runner.compiled.decode.plan.choice("mixed step")
     assert c.choice == "separate" and "llama" in c.why and other.runner.mixed is None
     assert why_not_mixable(other.runner.compiled.binding) is not None
+    wide = model_dir("llama", hidden_size=128, num_heads=4, num_kv_heads=2, head_dim=32)  # a quantizable head dim
+    for kw in ({"kv_bits": 8, "kv_group_size": 32}, {"graph": "dense_paged"}):
+        e = Engine.load(wide, decode_options=MIXED, **kw)
+        c = e.runner.compiled.decode.plan.choice("mixed step")
+        assert c.choice == "separate" and "plain K/V" in c.why and e.runner.mixed is None, (kw, c)
 
 
 def test_a_failing_mixed_step_ends_only_the_culprits_and_frees_their_slots(model_dir, monkeypatch):

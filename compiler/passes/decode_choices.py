@@ -303,7 +303,7 @@ def choose_mixed_step(ctx: ChoiceContext) -> Choice:
     if not ctx.options["mixed_step"]:
         return Choice(name, "separate", MIXED, ctx.source("mixed_step") + ": a prompt chunk runs as a forward of its "
                       "own, before the decode step")
-    why = why_not_mixable(ctx.binding) or _rowless(ctx)
+    why = why_not_mixable(ctx.binding)
     if why:
         return Choice(name, "separate", MIXED, f"{ctx.source('mixed_step')}, but {why}")
     return Choice(name, "fused", MIXED, f"{ctx.source('mixed_step')}: one request's prompt chunk a step rides the "
