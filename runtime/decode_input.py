@@ -25,6 +25,7 @@ class Launch:
     sampling: SamplingState | None = None  # the state this step used
     next_sampling: SamplingState | None = None  # advanced past this step's tokens (lazy)
     host: list | None = None  # what the host reads for `tokens` (runtime/host_read.py)
+    rider: object = None  # a final prompt chunk in this launch (runtime/mixed_step.py), read with it
 
 def next_input(sampler: SamplerCache, rows: list, pending: Launch | None) -> tuple[mx.array, SamplingState | None]:
     """Input tokens [B, 1] and sampling state for the current rows, lazily from the pending step where possible."""

@@ -262,11 +262,11 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
         after the prefill's postprocess: a request that ends on its first token never decodes,
         and the KV budget sees the rows that just started."""
         sched = self.scheduler.schedule()
-        self.faults.begin(sched.prefill, self.scheduler.running)
+        self.faults.begin(sched.prefill, self.scheduler.running + self.scheduler.in_flight())
         touched = self._postprocess_prefill(sched, self.runner.run_prefill(sched.groups))
         batch = self.scheduler.schedule_decode(sched.decode)
         touched += self._postprocess_decode(batch, self.runner.run_decode(batch))
-        # Prompt chunks that rode the decode launch (runtime/mixed_step.py), read after its tokens.
+        # Prompt chunks riding decode launches (runtime/mixed_step.py): launched, or read with their launch.
         touched += self._postprocess_prefill(None, self.runner.take_late())
         return [self._delta(r) for r in dict.fromkeys(touched)]
 

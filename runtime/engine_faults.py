@@ -46,8 +46,9 @@ class FaultRecovery:
     def _reset_rows(self, reqs: list[Request]) -> None:
         """Drop the working state of `reqs` (and the whole decode batch) without caching it."""
         gone = {id(r) for r in reqs}
-        # Rows sharing the batch lose their KV too: recompute them as well.
-        reqs += [r for r in self.scheduler.running if id(r) not in gone]
+        # Rows sharing the batch lose their KV too, and prompts whose first token rode the dropped
+        # chain (runner.reset forgets it): recompute them as well.
+        reqs += [r for r in self.scheduler.running + self.scheduler.in_flight() if id(r) not in gone]
         self.runner.reset()
         front = []
         for r in reqs:

@@ -110,7 +110,13 @@ class PrefixIO:
     def store_prompt(self, req, upto: int | None = None) -> None:
         """Prompt positions [0, upto) are in req.caches: write what the tree lacks."""
         self._write(self.prefix.insert_prompt(req, upto), req.caches, 0)
-        if upto is None and self.disk is not None:  # a whole prompt: to disk too (a request may end here)
+        if upto is None:  # a whole prompt: to disk too (a request may end here)
+            self.spill_prompt(req)
+
+    def spill_prompt(self, req) -> None:
+        """A whole prompt already stored: to the disk tier too, where there is one (it reads the pool
+        on the host, so a mixed step's final chunk does it once its first token is read)."""
+        if self.disk is not None:
             self.disk.spill_sequences([req.context_ids])
 
     def store_prompt_rows(self, reqs: list, caches: list) -> None:

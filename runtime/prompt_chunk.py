@@ -43,6 +43,20 @@ class ChunkResult:
     prompt_logprobs: list | None = None  # this chunk's prompt logprobs, when asked
 
 
+@attrs.define
+class PrefillDone:
+    """What one prefill chunk did (plain data for the engine's postprocess): the prompt positions
+    [0, end) are in the request's cache; `token` is its first generated token once the whole
+    prompt is in (None for a chunk mid-prompt). A final chunk riding a decode launch reports
+    twice: its tokens once launched (no token yet), its token once read (n=0, counted once)."""
+
+    req: object  # the Request
+    n: int  # prompt tokens this chunk computed
+    end: int
+    token: int | None = None
+    logprobs: dict | None = None
+
+
 class PromptChunks:
     def __init__(self, step, sampler, final_chunk, prefix_io, edits):
         self.step = step  # the prefill plan's LoweredStep

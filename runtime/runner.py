@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-import attrs
 import mlx.core as mx
 
 from graphc.compiler.compile import CompiledGraph
@@ -26,23 +25,10 @@ from .batch_sampling import SamplerCache
 from .batched_prefill import BatchedPrefill
 from .decode_input import Launch, next_input
 from .mixed_step import MixedSteps
-from .prompt_chunk import ChunkPrep, PromptChunks
+from .prompt_chunk import ChunkPrep, PrefillDone, PromptChunks
 from .prefill_rate import attention_pairs
 from .request import Request, Status
 from .scheduler import Scheduler
-
-
-@attrs.define
-class PrefillDone:
-    """What one prefill chunk did (plain data for the engine's postprocess): the prompt positions
-    [0, end) are in the request's cache; `token` is its first generated token once the whole
-    prompt is in (None for a chunk mid-prompt)."""
-
-    req: Request
-    n: int  # prompt tokens this chunk computed
-    end: int
-    token: int | None = None
-    logprobs: dict | None = None
 
 
 class ModelRunner:
@@ -99,8 +85,9 @@ class ModelRunner:
         # ends in an mx.eval, so its wall time is what computing those prompt tokens costs here.
         self.prefill_rate = prefill_rate
         # Mixed steps (runtime/mixed_step.py), or None: a step's prompt chunk rides its decode launch
-        # where the decode plan chose it; what such a chunk did is reported after the decode
-        # (`take_late`), once its first token is read.
+        # where the decode plan chose it. What such a chunk did is reported after the decode
+        # (`take_late`): its tokens computed once launched, a final chunk's first token once read
+        # with its launch's tokens (with the chain on, in the next step).
         self.mixed = MixedSteps.of(compiled, self.sampler, self.final_chunk, prefix_io)
         self.late: list[PrefillDone] = []
 
@@ -138,15 +125,22 @@ class ModelRunner:
             out.append(self._chunk_done(prep, tok, req.pending_logprobs if tok is not None else None))
         return out
 
-    def _chunk_done(self, prep: ChunkPrep, tok: int | None, logprobs) -> PrefillDone:
+    def _chunk_done(self, prep: ChunkPrep, tok: int | None, logprobs, n: int | None = None) -> PrefillDone:
         req = prep.req
         if tok is not None:
             self.joining.append(([req], req.caches))
             req.caches = None
-        return PrefillDone(req, prep.n, prep.end, tok, logprobs)
+        return PrefillDone(req, prep.n if n is None else n, prep.end, tok, logprobs)
+
+    def _read_rider(self, rider) -> None:
+        """A launched final chunk's first token (its tokens were reported at launch: n=0 here)."""
+        got = self.mixed.read(rider)
+        if got is not None:  # None: its request left meanwhile
+            self.late.append(self._chunk_done(rider.prep, *got, n=0))
 
     def take_late(self) -> list[PrefillDone]:
-        """Prompt chunks that rode this step's decode launch (runtime/mixed_step.py), done."""
+        """What prompt chunks riding decode launches did this step (runtime/mixed_step.py): those
+        launched, and final chunks whose first token was read (PrefillDone says how each counts)."""
         late, self.late = self.late, []
         return late
 
@@ -186,6 +180,9 @@ class ModelRunner:
             prep, self.mixed.waiting = self.mixed.waiting, None
             tok = self.run_chunk(prep)
             self.late.append(self._chunk_done(prep, tok, prep.req.pending_logprobs if tok is not None else None))
+        if self.mixed is not None:  # riders whose launch no decode step will read
+            for rider in self.mixed.stranded(self.pending):
+                self._read_rider(rider)
         return out
 
     @property
@@ -284,6 +281,8 @@ class ModelRunner:
         that ended are left out when the rest join (run_decode)."""
         for r in reqs:
             r.caches = None
+        if self.mixed is not None:
+            self.mixed.leave(reqs)
         gone = {id(r) for r in reqs} - self.batch.vacant
         left = [i for i, r in enumerate(self.rows) if id(r) in gone]
         if not left:
@@ -296,7 +295,7 @@ class ModelRunner:
         speculates = self.speculator.config_for if self.speculator is not None else (lambda params: False)
         self.batch.leave(left, vacate=all(may_vacate(self.rows[i], speculates) for i in left))
         if not self.rows:
-            self.pending = None
+            self.pending = None  # a final chunk riding it is read at the step's end (run_decode)
 
     # -- decode -------------------------------------------------------------------
     def _launch(self) -> Launch:
@@ -312,19 +311,23 @@ class ModelRunner:
         inputs = StepInputs(toks, self.caches, sampling=sampling)
         if self.views is not None:  # left-padded rows on an eager step: attention in the kernel
             inputs.caches = self.views.for_decode(step, inputs)
-        rides = self.mixed is not None and self.mixed.waiting is not None
-        if rides:  # this step's prompt chunk in the same forward (runtime/mixed_step.py)
+        rider = None
+        if self.mixed is not None and self.mixed.waiting is not None:  # this step's prompt chunk rides
             self._busy()
             self.chunks.padded += self.mixed.waiting.pad
-            ctx = self.mixed.forward(step, inputs)
+            ctx, rider = self.mixed.forward(step, inputs)
+            # Its tokens are computed once launched: the scheduler records that now, so it never
+            # schedules the request again while a final chunk's first token is unread.
+            self.late.append(PrefillDone(rider.prep.req, rider.prep.n, rider.prep.end))
         else:
             ctx = step.forward(inputs)
         out = step.head(ctx, self._edits(self.rows, ctx, step))
         nxt = sampling.advanced(out.next_tokens) if sampling is not None else None
         host = host_reads.for_host(out.next_tokens, self.host_read)
-        launch = Launch(list(self.rows), out.next_tokens, out.logprobs, sampling, nxt, host)
+        launch = Launch(list(self.rows), out.next_tokens, out.logprobs, sampling, nxt, host,
+                        rider if rider is not None and rider.out is not None else None)
         mx.async_eval(launch.tokens, *host, *([out.logprobs.chosen] if out.logprobs is not None else []),
-                      *(self.mixed.targets() if rides else []))
+                      *(self.mixed.targets(rider) if rider is not None else []))
         self.steps += 1
         return launch
 
@@ -377,9 +380,8 @@ class ModelRunner:
         self.pending = cur
         self.pending = self._launch() if chain else None
         toks = host_reads.read(cur.host)
-        if self.mixed is not None and self.mixed.riding is not None:  # after the decode chain is queued
-            prep, tok, lp = self.mixed.read()
-            self.late.append(self._chunk_done(prep, tok, lp))
+        if cur.rider is not None:  # computed with cur's tokens; the next launch is queued already
+            self._read_rider(cur.rider)
         lps = cur.logprobs.to_lists(cur.sampling.st) if cur.logprobs is not None else [None] * len(toks)
         live = {id(r) for r in self.batch.live()}
         return [(r, t, lp) for r, t, lp in zip(cur.rows, toks, lps) if id(r) in live], False

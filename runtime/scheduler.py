@@ -166,7 +166,8 @@ class Scheduler:
 
     def schedule(self) -> Schedule:
         now = self._clock()
-        if not self.running and self.waiting and self._burst_left <= 0:
+        flying = self.in_flight()
+        if not self.running and not flying and self.waiting and self._burst_left <= 0:
             self._burst_left = max(self.BURST_TOKENS, self.prefill_chunk)
         bursting = self._burst_left > 0
         if bursting:  # a step of the burst, never past what the burst has left
@@ -174,12 +175,14 @@ class Scheduler:
         else:  # (asked only with prompts waiting: "auto" counts its probe steps among those)
             budget = step_budget = self.step_budget() if self.waiting else 0
         chunks = []
-        slots = self.max_batch - len(self.running)
+        slots = self.max_batch - len(self.running) - len(flying)  # those join once their token is read
         align = self.CHUNK_ALIGN if min(step_budget, self.prefill_chunk) >= self.CHUNK_ALIGN else 1
         cached = 0
         for req in self.waiting:
             if budget <= 0 or slots <= 0:
                 break
+            if self._in_flight(req):
+                continue
             if self.prefix is not None and req.status is Status.WAITING and not self.prefix.admitted(req):
                 if self.prefix.should_wait(req, [r for r, _ in chunks], self.hit_align):
                     break
@@ -225,10 +228,21 @@ class Scheduler:
         self._last = [now, sum(n for _, n in chunks), False]
         return Schedule(chunks, decode=self._burst_left <= 0, groups=self.group_prefill(chunks), cached_tokens=cached)
 
+    @staticmethod
+    def _in_flight(req: Request) -> bool:
+        return req.status is Status.PREFILLING and req.prefilled >= len(req.context_ids)
+
+    def in_flight(self) -> list[Request]:
+        """Waiting requests whose whole prompt is computed but whose first token is not read yet: a
+        final chunk that rode a decode launch (runtime/mixed_step.py) is read with that launch's
+        tokens, in the next step when decode steps chain. They are not scheduled again, they count
+        as rows (they join once `started`), and a fault resets them with the step's rows."""
+        return [r for r in self.waiting if self._in_flight(r)]
+
     def step_budget(self) -> int:
         """Prompt tokens this step may spend outside a burst: step_tokens while rows decode (for
         "auto", the measured budget: runtime/scheduler_costs.py)."""
-        if not self.running or self.step_tokens is None:
+        if not self.running and not self.in_flight() or self.step_tokens is None:
             return self.prefill_chunk
         if self.step_tokens == "auto":
             n = self.costs.budget(self.step_tokens_floor, self.prefill_chunk, self.STEP_TIME_FACTOR)
@@ -287,7 +301,8 @@ class Scheduler:
             return True
         extra = sum(len(r.context_ids) + self.HEADROOM for r, _ in scheduled if r.prefilled == r.cached_tokens)
         need = len(req.context_ids) + self.HEADROOM
-        return not self.running and not extra or self.kv_tokens() + extra + need <= self.kv_budget
+        idle = not self.running and not extra and not any(self._in_flight(r) for r in self.waiting)
+        return idle or self.kv_tokens() + extra + need <= self.kv_budget
 
     def at_kv_limit(self, req: Request) -> bool:
         """A request whose next token would not fit the budget even alone ends here ("length"):

@@ -297,8 +297,9 @@ def choose_vacant_rows(ctx: ChoiceContext) -> Choice:
 def choose_mixed_step(ctx: ChoiceContext) -> Choice:
     """Whether a step's prompt chunk runs in the decode step's forward (compiler/mixed_forward.py)
     or as a forward of its own. Off by default: it is exact, and on an H100 the fused forward alone
-    was 1.46x the decode step against 2.64x for separate forwards, but the engine's mixed step
-    (its first token read in the same step) lost at the door (docs/scheduling.md#mixed-steps)."""
+    was 1.46x the decode step against 2.64x for separate forwards, but the engine's mixed step lost
+    at the door when it read the first token in the same step; reading it with the next step is
+    not measured on a GPU yet (docs/scheduling.md#mixed-steps)."""
     name = "mixed step"
     if not ctx.options["mixed_step"]:
         return Choice(name, "separate", MIXED, ctx.source("mixed_step") + ": a prompt chunk runs as a forward of its "
@@ -307,8 +308,8 @@ def choose_mixed_step(ctx: ChoiceContext) -> Choice:
     if why:
         return Choice(name, "separate", MIXED, f"{ctx.source('mixed_step')}, but {why}")
     return Choice(name, "fused", MIXED, f"{ctx.source('mixed_step')}: one request's prompt chunk a step rides the "
-                  "decode forward (norms, projections and MLP once over rows + chunk, attention per part); its "
-                  "first token is read after the step's decode tokens")
+                  "decode forward (norms, projections and MLP once over rows + chunk, attention per part); a "
+                  "final chunk's first token is read with that launch's tokens (the next step, when steps chain)")
 
 
 def choose_speculative(ctx: ChoiceContext) -> Choice:
