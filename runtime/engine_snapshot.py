@@ -17,6 +17,7 @@ class EngineSnapshot:
     running: int = 0
     inflight: int = 0
     steps: int = 0
+    fused_chunks: int = 0  # prompt chunks that rode a decode step's forward (--mixed-step on)
     stats: dict = attrs.field(factory=dict)
     kv_bytes: int = 0
     kv_live_bytes: int = 0  # of kv_bytes, the bytes holding the rows' own tokens (no padding, no spare capacity)
@@ -65,6 +66,7 @@ class Snapshots:
         return EngineSnapshot(
             kv_peak=max(last.kv_peak, info["kv_tokens"]),
             waiting=info["waiting"], running=info["running"], inflight=inflight, steps=info["steps"],
+            fused_chunks=info.get("fused_chunks", 0),
             stats=stats, kv_bytes=info["kv_bytes"], kv_live_bytes=info["kv_live_bytes"],
             cache=self._cache(engine, now), kv_tokens=info["kv_tokens"], kv_budget=info["kv_budget"],
             finished=dict(finished), generation_tps=tps, latency=latency or {}, time=now)

@@ -22,7 +22,9 @@ class EngineViews:
         return {"waiting": len(sched.waiting), "running": len(sched.running), "steps": self.runner.steps,
                 "kv_bytes": self.runner.kv_bytes, "kv_tokens": sched.kv_tokens(), "kv_budget": sched.kv_budget,
                 # bytes of the decode batch's KV that hold live tokens (runtime/kv_usage.py)
-                "kv_live_bytes": self.runner.kv_live_bytes}
+                "kv_live_bytes": self.runner.kv_live_bytes,
+                # prompt chunks that rode a decode step's forward (mixed steps, runtime/mixed_step.py)
+                "fused_chunks": self.runner.mixed.steps if self.runner.mixed is not None else 0}
 
     def describe(self) -> dict:
         """How this engine's decode step runs: the decode plan's choices ({name, choice,

@@ -154,3 +154,25 @@ def test_serve_mixed_step_flag_reaches_the_plan(model_dir, flag, want):
     eng = load_engine(config_from_args(args))
     assert eng.decode_options["mixed_step"] is want
     assert (eng.runner.mixed is not None) is want
+
+
+def test_metrics_count_fused_chunks_and_the_bench_reads_them(model_dir):
+    """/metrics' graphc_fused_prompt_chunks_total is the runner's count; the serving bench takes a
+    run's share of it from two scrapes (benchmarks/serving/engine_side.py)."""
+    from graphc.benchmarks.serving.engine_side import parse, run_quantiles
+    from graphc.runtime.engine_snapshot import EngineSnapshot, Snapshots
+    from graphc.runtime.server.metrics import ServerMetrics
+
+    def scrape(eng):
+        snap = Snapshots().take(eng, EngineSnapshot(), 0, {})
+        return parse(ServerMetrics().render(snap, ready=True, engine_alive=True, model="tiny"))
+
+    sep, *_ = _arrivals(model_dir("llama"), {}, n=6)
+    assert scrape(sep)["fused_chunks"] == 0
+    mix, *_ = _arrivals(model_dir("llama"), MIXED, n=6)
+    fused = mix.describe()["scheduling"]["mixed_steps"]
+    assert fused > 0
+    after = scrape(mix)
+    assert after["fused_chunks"] == fused
+    before = {**after, "fused_chunks": 1.0}
+    assert run_quantiles(before, after)["engine_fused_chunks"] == fused - 1

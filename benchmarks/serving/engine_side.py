@@ -22,12 +22,16 @@ _LINE = re.compile(r'^graphc_request_(\w+?)_seconds_bucket\{.*le="([^"]+)"\} (\d
 _STEP = re.compile(r'^graphc_step_seconds_bucket\{.*kind="(\w+)".*le="([^"]+)"\} (\d+)$')
 # The server process's Python garbage collections (runtime/gc_pauses.py): full ones, and seconds
 # paused over every generation.
+# Prompt chunks that rode a decode step's forward (--mixed-step on): how many of the run's steps
+# with prompt work were fused ones.
+_FUSED = re.compile(r'^graphc_fused_prompt_chunks_total\{.*\} (\S+)$')
 _GC = re.compile(r'^graphc_gc_(collections_total|pause_seconds_total)\{generation="(\d)"\} (\S+)$')
 
 
 def parse(text: str) -> dict[str, list[int]]:
     """name -> non-cumulative bucket counts (BUCKETS then +Inf), summed over the server's models;
-    "gc" -> [full collections, seconds paused] of the server process, where it exports them."""
+    "gc" -> [full collections, seconds paused] of the server process, where it exports them;
+    "fused_chunks" -> prompt chunks that rode decode forwards so far (a count, not buckets)."""
     cum: dict[str, dict[str, int]] = {}
     for line in text.splitlines():
         m = _LINE.match(line)
@@ -44,6 +48,8 @@ def parse(text: str) -> dict[str, list[int]]:
             gc_[1] += float(m.group(3))
         elif m.group(2) == "2":
             gc_[0] += float(m.group(3))
+    for m in filter(None, map(_FUSED.match, text.splitlines())):
+        out["fused_chunks"] = out.get("fused_chunks", 0.0) + float(m.group(1))
     bounds = [repr(b) for b in BUCKETS] + ["+Inf"]
     for name, per in cum.items():
         c = [per.get(b, 0) for b in bounds]
@@ -68,6 +74,8 @@ def run_quantiles(before: dict | None, after: dict | None) -> dict:
     if "gc" in after and "gc" in before:  # what the run's share of Python's garbage collection was
         out["engine_gc_full_collections"] = after["gc"][0] - before["gc"][0]
         out["engine_gc_pause_s"] = after["gc"][1] - before["gc"][1]
+    if "fused_chunks" in after:
+        out["engine_fused_chunks"] = after["fused_chunks"] - before.get("fused_chunks", 0.0)
     for name in NAMES + STEPS:
         a, b = after.get(name), before.get(name, [0] * (len(BUCKETS) + 1))
         if a is None:

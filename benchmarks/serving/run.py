@@ -37,7 +37,7 @@ METRICS = (("req_per_s", "req/s", 1, ".2f"), ("output_tok_per_s", "out tok/s", 1
 ENGINE_METRICS = ("engine_ttft_p50", "engine_ttft_p99", "engine_queue_p50", "engine_queue_p99", "engine_tpot_p50",
                   "engine_itl_p50", "engine_itl_p99", "engine_handover_p50", "engine_handover_p99",
                   *(f"engine_step_{k}_{q}" for k in ("decode", "mixed", "prefill") for q in ("p50", "p99", "count")),
-                  "engine_gc_full_collections", "engine_gc_pause_s")
+                  "engine_fused_chunks", "engine_gc_full_collections", "engine_gc_pause_s")
 
 @dataclass
 class ServingConfig:
@@ -159,6 +159,8 @@ def rate_table(rate_key: str, per: dict, servers) -> str:
                 rows.append([f"  {kind} steps", _cell(g.get(f"engine_step_{kind}_count"), 1, ".0f"), "", "", "",
                              _cell(g.get(f"engine_step_{kind}_p50"), 1e3, ".2f"),
                              _cell(g.get(f"engine_step_{kind}_p99"), 1e3, ".2f"), "", ""])
+        if g.get("engine_fused_chunks"):  # --mixed-step on: prompt chunks that rode a decode forward
+            rows.append(["  chunks fused", _cell(g["engine_fused_chunks"], 1, ".0f"), "", "", "", "", "", "", ""])
         if g.get("engine_handover_p99"):  # the engine thread -> event loop wait, under the ITL columns
             rows.append(["  loop hand-over", "", "", "", "", _cell(g.get("engine_handover_p50"), 1e3, ".2f"),
                          _cell(g.get("engine_handover_p99"), 1e3, ".2f"), "", ""])
@@ -260,6 +262,7 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
                               + "".join(f"{k} steps {m[f'engine_step_{k}_count']:.0f} p50/p99 "
                                         f"{_ms(m[f'engine_step_{k}_p50'])}/{_ms(m[f'engine_step_{k}_p99'])}, "
                                         for k in ("decode", "mixed") if m.get(f"engine_step_{k}_count"))
+                              + (f"{m['engine_fused_chunks']:.0f} chunks fused, " if m.get("engine_fused_chunks") else "")
                               + (f"Python GC paused {m['engine_gc_pause_s'] * 1e3:.0f} ms "
                                  f"({m['engine_gc_full_collections']:.0f} full), " if "engine_gc_pause_s" in m else "")
                               + f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "

@@ -135,6 +135,9 @@ class ServerMetrics:
         metric("graphc_preemptions_total", "counter", "Running requests preempted to fit the KV budget.",
                [(m, st.get("preemptions", 0))])
         metric("graphc_engine_steps_total", "counter", "Decode steps launched.", [(m, s.steps)])
+        metric("graphc_fused_prompt_chunks_total", "counter",
+               "Prompt chunks that rode a decode step's forward (--mixed-step on; docs/scheduling.md).",
+               [(m, s.fused_chunks)])
         # Speculative decoding (docs/speculative.md): acceptance = accepted / drafted.
         drafted, accepted = st.get("spec_drafted_tokens", 0), st.get("spec_accepted_tokens", 0)
         metric("graphc_spec_verify_steps_total", "counter", "Speculative verify steps (one forward each).",
