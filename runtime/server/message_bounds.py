@@ -21,16 +21,28 @@ from bisect import bisect_right
 BOUNDARY_MESSAGES = 16
 
 
-def render_with_boundaries(tok, messages: list[dict], flags: dict, extra: dict) -> tuple[list[int], tuple] | None:
+def render_with_boundaries(tok, messages: list[dict], flags: dict, extra: dict, *, encode=None,
+                           boundaries: bool = True) -> tuple[list[int], tuple] | None:
     """(token ids, boundary offsets) for `messages`, or None where the tokenizer cannot give
     character offsets (a slow tokenizer): the caller tokenizes through apply_chat_template then.
+    `encode`: a PrefixTokens (prefix_tokens.py) to tokenize with, reusing a recent prompt's tokens
+    where this one extends it. `boundaries=False`: the ids only (no template renders of prefixes);
+    None also where no `encode` could reuse anything, since apply_chat_template does the same then.
     Template errors propagate (they are the client's)."""
     hf = getattr(tok, "_tokenizer", tok)  # mlx-lm's TokenizerWrapper holds the Hugging Face tokenizer
     if not getattr(hf, "is_fast", False) or getattr(tok, "_chat_template", None) is not None:
         return None
+    reuse = encode is not None and encode.enabled
+    if not boundaries and not reuse:
+        return None
     text = tok.apply_chat_template(messages, tokenize=False, **flags, **extra)
-    enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, ends = list(enc["input_ids"]), [e for _, e in enc["offset_mapping"]]
+    if reuse:
+        ids, ends = encode.encode(text, add_special_tokens=False)
+    else:
+        enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, ends = list(enc["input_ids"]), [e for _, e in enc["offset_mapping"]]
+    if not boundaries:
+        return ids, ()
     if any(b < a for a, b in zip(ends, ends[1:])):
         return ids, ()  # offsets out of order: no reliable mapping, no boundaries
     last = len(messages) - (1 if flags.get("continue_final_message") else 0)  # an open last message has no end

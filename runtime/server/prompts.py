@@ -36,7 +36,7 @@ def completion_prompts(state, prompt) -> tuple[list[list[int]], list[str]]:
         where = "prompt" if len(raw) == 1 else f"prompt[{i}]"
         if isinstance(p, str):
             check_text_length(state, len(p), where, "prompt")
-            ids = list(state.tokenizer.encode(p))
+            ids = _encode(state, p)
             text = p
         else:
             ids = [int(t) for t in p]
@@ -58,6 +58,14 @@ def check_text_length(state, n_chars: int, where: str, param: str) -> None:
         raise bad_request(f"{where} has {n_chars} characters: more than the {state.max_prompt_tokens} tokens this "
                           f"server accepts in a prompt could hold (at most {limit} characters); shorten it",
                           param, code="context_length_exceeded")
+
+
+def _encode(state, text: str) -> list[int]:
+    """`tokenizer.encode(text)`, reusing a recent prompt's tokens where this text extends it."""
+    pt = getattr(state, "prompt_tokens", None)
+    if pt is None or not pt.enabled:
+        return list(state.tokenizer.encode(text))
+    return pt.encode(text, add_special_tokens=True)[0]
 
 
 def _is_id(t) -> bool:
@@ -110,7 +118,8 @@ def chat_prompt_boundaries(state, req: ChatCompletionRequest,
     flags = dict(add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)
     try:
         # a full-attention cache resumes at any token: no boundaries to find for it
-        rendered = render_with_boundaries(tok, messages, flags, extra) if state.wants_boundaries else None
+        rendered = render_with_boundaries(tok, messages, flags, extra, encode=getattr(state, "prompt_tokens", None),
+                                          boundaries=state.wants_boundaries)
         if rendered is None:
             ids = tok.apply_chat_template(messages, tokenize=True, **flags, **extra)
     except Exception as e:  # template errors (raise_exception in jinja, bad role order) are the client's

@@ -20,6 +20,7 @@ from .config import ServerConfig
 from .errors import APIError, bad_request
 from .logprobs import TokenText
 from .metrics import ServerMetrics
+from .prefix_tokens import PrefixTokens
 from .reasoning import ReasoningFormat, detect_reasoning
 from .sampling import param_error
 
@@ -70,6 +71,7 @@ class ServerState:
         self._loader = loader
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
+        self.prompt_tokens = None  # PrefixTokens over that copy, set with it
         self.tokenizer = None  # the server's own copy: tokenization on the event loop never races the engine thread
         self.texts: TokenText | None = None
         self.ready = False
@@ -140,6 +142,8 @@ class ServerState:
         self.engine = engine
         self.tokenizer = copy.deepcopy(engine.tokenizer)
         self.texts = TokenText(self.tokenizer)
+        # prompts extending a recent prompt's text tokenize their new part only (prefix_tokens.py)
+        self.prompt_tokens = PrefixTokens(self.tokenizer)
         self.vocab_size = engine.vocab_size
         self.reasoning = detect_reasoning(getattr(self.tokenizer, "chat_template", None), _vocab(self.tokenizer))
         if not c.served_model_name:

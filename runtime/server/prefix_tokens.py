@@ -1,0 +1,149 @@
+"""Prompt tokenization that reuses a recent prompt's tokens when the new prompt extends its text.
+
+An agent or a chat client sends the same conversation again and again, each time a little longer.
+The prefix cache makes the model's side of such a turn cost its new tokens only, but the server
+still tokenized the whole text: ~75 ms for a 32k-token prompt on a development CPU (the make_shape
+BPE tokenizer; benchmarks/probes/prefix_tokens.py), a warm turn's whole prefill on an H100 at that
+length. Here the last few long prompts' tokens are kept; a prompt whose text starts with one of
+them is tokenized from a safe split point near that text's end, and the kept tokens before it are
+reused.
+
+When a split is safe: byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, SmolLM, ...) first cut the
+text into pieces with a regex and never merge across pieces, and a piece boundary is decided by
+the characters around it. So the split is placed right after a newline that is followed by a
+non-space character, at least MARGIN characters before the kept text's end (what follows the kept
+text can not reach back there), where the kept tokenization has a token starting. Tokenizers of
+any other kind (SentencePiece's metaspace, a normalizer) are always tokenized whole.
+
+Exactness is also checked, not only argued: the first VERIFY reuses of each tokenizer are compared
+with a whole tokenization, and one difference turns reuse off for good (logged). Tokens are the
+same as the whole text's; only the time differs.
+
+Runs on the server's tokenization thread, one call at a time (ServerState.run_cpu).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from array import array
+from bisect import bisect_left
+
+log = logging.getLogger("graphc.server")
+
+
+class PrefixTokens:
+    MIN_CHARS = 4096  # shorter texts are tokenized whole: cheap, and not worth keeping
+    MARGIN = 64  # characters between the split and the kept text's end
+    ENTRIES = 8  # recent long prompts kept (a few conversations at once)
+    VERIFY = 4  # reuses checked against a whole tokenization before reuse is trusted
+
+    def __init__(self, tokenizer):
+        # mlx-lm's TokenizerWrapper holds the Hugging Face tokenizer (which holds its own Rust one)
+        inner = getattr(tokenizer, "_tokenizer", None)
+        self.hf = inner if hasattr(inner, "is_fast") else tokenizer
+        self.enabled, self.why_not = _splittable(self.hf)
+        self.entries: collections.OrderedDict = collections.OrderedDict()  # (text, specials) -> _Kept
+        self.verified = 0
+        self.reused_tokens = 0  # tokens taken from a kept prompt instead of tokenized again
+        self.reuses = 0
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+        """(token ids, each token's end character offset) of `text`, as the tokenizer gives them for
+        the whole text (`hf(text, return_offsets_mapping=True)`)."""
+        if not self.enabled or len(text) < self.MIN_CHARS:
+            ids, starts, ends = self._whole(text, add_special_tokens)
+        else:
+            got = self._reuse(text, add_special_tokens)
+            ids, starts, ends = got if got is not None else self._whole(text, add_special_tokens)
+            self._keep(text, add_special_tokens, ids, starts, ends)
+        return list(ids), list(ends)
+
+    def _whole(self, text: str, specials: bool):
+        enc = self.hf(text, add_special_tokens=specials, return_offsets_mapping=True)
+        offs = enc["offset_mapping"]
+        return list(enc["input_ids"]), [a for a, _ in offs], [b for _, b in offs]
+
+    def _reuse(self, text: str, specials: bool):
+        kept = max((k for (t, s), k in self.entries.items() if s == specials and text.startswith(t)),
+                   key=lambda k: len(k.text), default=None)
+        if kept is None:
+            return None
+        split = _split_point(kept.text, len(kept.text) - self.MARGIN)
+        k = bisect_left(kept.starts, split) if split > 0 else 0
+        if k == 0 or k >= len(kept.ids) or kept.starts[k] != split:
+            return None  # no token starts there (e.g. the newline is inside a special token)
+        tail = self._whole(text[split:], False)
+        ids = list(kept.ids[:k]) + tail[0]
+        starts = list(kept.starts[:k]) + [split + a for a in tail[1]]
+        ends = list(kept.ends[:k]) + [split + b for b in tail[2]]
+        if self.verified < self.VERIFY:
+            whole = self._whole(text, specials)
+            if whole[0] != ids:
+                self.enabled = False
+                self.why_not = "a reused prompt's tokens differed from the whole text's"
+                log.warning("prompt tokens: reusing a previous prompt's tokens gave different ids than tokenizing "
+                            "the whole text; every prompt is tokenized whole from now on")
+                return whole
+            self.verified += 1
+        self.reuses += 1
+        self.reused_tokens += k
+        return ids, starts, ends
+
+    def _keep(self, text: str, specials: bool, ids, starts, ends) -> None:
+        key = (text, specials)
+        self.entries.pop(key, None)
+        self.entries[key] = _Kept(text, array("i", ids), array("i", starts), array("i", ends))
+        while len(self.entries) > self.ENTRIES:
+            self.entries.popitem(last=False)
+
+
+class _Kept:
+    __slots__ = ("text", "ids", "starts", "ends")
+
+    def __init__(self, text, ids, starts, ends):
+        self.text, self.ids, self.starts, self.ends = text, ids, starts, ends
+
+
+def _split_point(text: str, before: int) -> int:
+    """The character after the last newline before `before` that a non-space character follows,
+    or 0 (none)."""
+    i = before
+    while i > 0:
+        nl = text.rfind("\n", 0, i)
+        if nl < 0:
+            return 0
+        if nl + 1 < len(text) and not text[nl + 1].isspace():
+            return nl + 1
+        i = nl
+    return 0
+
+
+def _splittable(hf) -> tuple[bool, str | None]:
+    """Whether `hf` is a fast tokenizer whose text is cut by a byte-level regex and nothing else
+    (see the module docstring); (False, why) otherwise."""
+    if not getattr(hf, "is_fast", False):
+        return False, "not a fast tokenizer"
+    try:
+        spec = json.loads(hf.backend_tokenizer.to_str())
+    except Exception as e:  # noqa: BLE001 - an unusual backend: tokenize whole
+        return False, f"tokenizer not readable ({type(e).__name__})"
+    if spec.get("normalizer") is not None:
+        return False, "the tokenizer normalizes text"
+    pre = spec.get("pre_tokenizer")
+    kinds = _kinds(pre)
+    if '"add_prefix_space": true' in json.dumps(pre):
+        return False, "the pre-tokenizer adds a prefix space to every text it is given"
+    if "ByteLevel" not in kinds or not kinds <= {"ByteLevel", "Split", "Sequence", "Digits"}:
+        return False, f"pre-tokenizer {sorted(kinds) or 'none'} is not a byte-level regex"
+    return True, None
+
+
+def _kinds(pre) -> set:
+    if not pre:
+        return set()
+    out = {pre.get("type")}
+    for p in pre.get("pretokenizers") or ():
+        out |= _kinds(p)
+    return out

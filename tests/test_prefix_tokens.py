@@ -1,0 +1,120 @@
+"""Prompt tokenization reusing a recent prompt's tokens (runtime/server/prefix_tokens.py): a prompt
+that extends a kept one gets exactly the tokens (and offsets) of tokenizing its whole text."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from graphc.benchmarks.agent_replay import conversation
+from graphc.runtime.server import prefix_tokens
+from graphc.runtime.server.prefix_tokens import PrefixTokens
+
+
+@pytest.fixture(scope="module")
+def hf(model_dir):
+    return AutoTokenizer.from_pretrained(str(model_dir("llama")))
+
+
+def _whole(hf, text, specials=True):
+    enc = hf(text, add_special_tokens=specials, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [b for _, b in enc["offset_mapping"]]
+
+
+def test_a_growing_conversation_reuses_tokens_and_gets_the_whole_texts_tokens(hf, model_dir):
+    pt = PrefixTokens(hf)
+    assert pt.enabled, pt.why_not
+    turns, _ = conversation(str(model_dir("llama")), 16384, 8, 0)
+    for specials in (True, False):
+        for t in turns:
+            assert pt.encode(t.prompt, specials) == _whole(hf, t.prompt, specials)
+    assert pt.reuses >= 10 and pt.reused_tokens > 20000
+    assert pt.verified == PrefixTokens.VERIFY and pt.enabled  # checked, and every check agreed
+
+
+def test_the_split_itself_is_exact_on_awkward_text(hf, monkeypatch):
+    """Unchecked (VERIFY 0): newlines before spaces, digits, punctuation, non-ASCII letters,
+    special tokens' text, blank lines: each extension gives the whole text's tokens."""
+    monkeypatch.setattr(PrefixTokens, "VERIFY", 0)
+    monkeypatch.setattr(PrefixTokens, "MIN_CHARS", 200)
+    monkeypatch.setattr(PrefixTokens, "MARGIN", 8)
+    pt = PrefixTokens(hf)
+    rng = random.Random(3)
+    pieces = ["\n", "\n\n", " \n", "\n ", "  ", "x", "hello", " world", "12345", "3.14", "'s", "ünïcødé", "日本語",
+              "<|endoftext|>", "\t", "!!", "--", "\r\n", "naïve", " 7", "A"]
+    text = ""
+    for _ in range(120):
+        text += "".join(rng.choice(pieces) for _ in range(rng.randrange(5, 40)))
+        assert pt.encode(text) == _whole(hf, text)
+    assert pt.reuses > 50
+
+
+def test_a_difference_turns_reuse_off_and_the_whole_texts_tokens_are_returned(hf, monkeypatch):
+    monkeypatch.setattr(PrefixTokens, "MIN_CHARS", 100)
+
+    class Broken(PrefixTokens):
+        """A tail tokenized wrong (its last token dropped), as a tokenizer the split is not safe for would."""
+
+        def _whole(self, text, specials):
+            ids, starts, ends = super()._whole(text, specials)
+            return (ids[:-1], starts[:-1], ends[:-1]) if not specials else (ids, starts, ends)
+
+    pt = Broken(hf)
+    base = "a line of words\n" * 20
+    pt.encode(base)
+    longer = base + "more words here\n" * 5
+    assert pt.encode(longer) == _whole(hf, longer)
+    assert not pt.enabled and "differed" in pt.why_not and pt.reuses == 0
+    assert pt.encode(longer + "x" * 10) == _whole(hf, longer + "x" * 10)  # whole from now on
+
+
+def test_tokenizers_that_are_not_a_byte_level_regex_are_tokenized_whole():
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    def fast(pre, norm=None):
+        t = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+        t.pre_tokenizer = pre
+        if norm is not None:
+            t.normalizer = norm
+        return PreTrainedTokenizerFast(tokenizer_object=t)
+
+    assert not PrefixTokens(fast(pre_tokenizers.Metaspace())).enabled
+    assert not PrefixTokens(fast(pre_tokenizers.ByteLevel(add_prefix_space=True))).enabled
+    assert not PrefixTokens(fast(pre_tokenizers.ByteLevel(add_prefix_space=False), normalizers.NFKC())).enabled
+    assert PrefixTokens(fast(pre_tokenizers.ByteLevel(add_prefix_space=False))).enabled
+    tok = fast(pre_tokenizers.Metaspace())
+    pt = PrefixTokens(tok)
+    for text in ("a a\n" * 2000, "a a\n" * 2100):
+        assert pt.encode(text) == _whole(tok, text)
+    assert pt.reuses == 0 and not pt.entries
+
+
+def test_the_server_reuses_a_conversations_tokens_for_completions_and_chat(model_dir):
+    """Through the door: a completions prompt and a chat that grow turn by turn get the ids the
+    tokenizer (and apply_chat_template) give their whole text."""
+    from server_harness import live_server, wait_until
+
+    import httpx
+
+    turns, _ = conversation(str(model_dir("llama")), 3072, 4, 1)  # the tiny model: 4,096 positions
+    with live_server(model_dir("llama")) as srv:
+        assert wait_until(lambda: httpx.get(srv.url + "/health").status_code == 200, timeout=60)
+        state = srv.app.state.graphc
+        tok = state.tokenizer
+        for t in turns:
+            r = httpx.post(srv.url + "/v1/completions", json={"prompt": t.prompt, "max_tokens": 1}, timeout=120)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(t.prompt))
+        from graphc.runtime.server.prompts import chat_prompt
+        from graphc.runtime.server.protocol import ChatCompletionRequest
+
+        messages = []
+        for t in turns:
+            messages.append({"role": "user", "content": t.prompt[-3000:]})
+            req = ChatCompletionRequest(model="tiny", messages=list(messages))
+            want = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            assert chat_prompt(state, req) == list(want)
+            messages.append({"role": "assistant", "content": "ok"})
+        assert state.prompt_tokens.reuses >= 3 and state.prompt_tokens.enabled
