@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -94,6 +95,32 @@ def replay(url: str, reqs: list[Request], max_tokens: int, body: dict) -> list[f
     return out
 
 
+# What a restarted graphc did with its disk hit (runtime/cache/disk_choice.py): its /metrics counters
+# after the turn, so a restart's TTFT can be told apart as a read or a recompute.
+DISK_COUNTERS = ("graphc_prefix_cache_disk_choices_total", "graphc_prefix_cache_disk_recomputed_tokens_total",
+                 "graphc_prefix_cache_disk_hit_tokens_total", "graphc_prefix_cache_disk_read_bytes_per_second",
+                 "graphc_prefix_cache_disk_prefill_tokens_per_second")
+
+
+def disk_counters(url: str) -> dict:
+    """The disk tier's counters from graphc's /metrics ({} from a server without them), keyed by
+    name and labels as written (e.g. 'graphc_prefix_cache_disk_choices_total{choice="read"}')."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    return parse_disk_counters(text)
+
+
+def parse_disk_counters(text: str) -> dict:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(DISK_COUNTERS):
+            name, _, value = line.rpartition(" ")
+            out[re.sub(r'model="[^"]*",?', "", name).replace("{}", "")] = float(value)
+    return out
+
+
 def run_replay(cfg: ReplayConfig, log=print) -> dict:
     turns, cold_turns = conversation(cfg.model, cfg.context, cfg.turns, cfg.seed)
     warm = [Request("warm up the kernels", 4, 0)]
@@ -139,6 +166,10 @@ def run_replay(cfg: ReplayConfig, log=print) -> dict:
                 with start(disk) as url:  # the restart: a new process (graphc: on that folder)
                     replay(url, warm, 1, body)
                     record("restart", replay(url, turns[-1:], cfg.max_tokens, body))
+                    if disk:
+                        runs[-1]["disk"] = disk_counters(url)
+                        log(f"  repeat {rep + 1} {spec.name:7s} restart : the disk tier's counters "
+                            + json.dumps(runs[-1]["disk"]))
     return {"kind": "agent_replay", "environment": env, "config": asdict(cfg),
             "turn_tokens": [r.prompt_tokens for r in turns], "runs": runs, "summary": summarize(runs, cfg)}
 

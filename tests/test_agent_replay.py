@@ -60,8 +60,26 @@ def test_replay_passes_choose_which_servers_start_and_what_is_timed(monkeypatch,
 
     monkeypatch.setattr(ar, "Server", fake_server)
     monkeypatch.setattr(ar, "replay", lambda url, reqs, max_tokens, body: [0.1] * len(reqs))
+    monkeypatch.setattr(ar, "disk_counters", lambda url: {"graphc_prefix_cache_disk_choices_total{choice=\"read\"}": 1.0})
     cfg = ReplayConfig(model=str(model_dir("llama")), context=256, turns=2, repeats=1, servers=("graphc",),
                        passes=passes, log_dir="/tmp/graphc-test-replay-logs")
     out = ar.run_replay(cfg, log=lambda line: None)
     assert starts == started
     assert [r["pass"] for r in out["runs"]] == recorded
+    if "restart" in passes:  # what the restarted server did with its disk hit rides with its turn
+        assert out["runs"][-1]["disk"] == {'graphc_prefix_cache_disk_choices_total{choice="read"}': 1.0}
+
+
+def test_the_restart_records_what_the_disk_tier_chose():
+    from graphc.benchmarks.agent_replay import parse_disk_counters
+
+    text = "\n".join([
+        '# TYPE graphc_prefix_cache_disk_choices_total counter',
+        'graphc_prefix_cache_disk_choices_total{model="llama-3.1-8b",choice="read"} 0',
+        'graphc_prefix_cache_disk_choices_total{model="llama-3.1-8b",choice="recompute"} 1',
+        'graphc_prefix_cache_disk_recomputed_tokens_total{model="llama-3.1-8b"} 31488',
+        'graphc_prefix_cache_hit_tokens_total{model="llama-3.1-8b"} 5'])
+    assert parse_disk_counters(text) == {
+        'graphc_prefix_cache_disk_choices_total{choice="read"}': 0.0,
+        'graphc_prefix_cache_disk_choices_total{choice="recompute"}': 1.0,
+        "graphc_prefix_cache_disk_recomputed_tokens_total": 31488.0}
