@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import random
 
+import httpx
 import pytest
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from graphc.benchmarks.agent_replay import conversation
-from graphc.runtime.server import prefix_tokens
 from graphc.runtime.server.prefix_tokens import PrefixTokens
+from graphc.runtime.server.prompts import chat_prompt
+from graphc.runtime.server.protocol import ChatCompletionRequest
+from server_harness import live_server, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +75,6 @@ def test_a_difference_turns_reuse_off_and_the_whole_texts_tokens_are_returned(hf
 
 
 def test_tokenizers_that_are_not_a_byte_level_regex_are_tokenized_whole():
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-
     def fast(pre, norm=None):
         t = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
         t.pre_tokenizer = pre
@@ -94,10 +96,6 @@ def test_tokenizers_that_are_not_a_byte_level_regex_are_tokenized_whole():
 def test_the_server_reuses_a_conversations_tokens_for_completions_and_chat(model_dir):
     """Through the door: a completions prompt and a chat that grow turn by turn get the ids the
     tokenizer (and apply_chat_template) give their whole text."""
-    from server_harness import live_server, wait_until
-
-    import httpx
-
     turns, _ = conversation(str(model_dir("llama")), 3072, 4, 1)  # the tiny model: 4,096 positions
     with live_server(model_dir("llama")) as srv:
         assert wait_until(lambda: httpx.get(srv.url + "/health").status_code == 200, timeout=60)
@@ -107,9 +105,6 @@ def test_the_server_reuses_a_conversations_tokens_for_completions_and_chat(model
             r = httpx.post(srv.url + "/v1/completions", json={"prompt": t.prompt, "max_tokens": 1}, timeout=120)
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(t.prompt))
-        from graphc.runtime.server.prompts import chat_prompt
-        from graphc.runtime.server.protocol import ChatCompletionRequest
-
         messages = []
         for t in turns:
             messages.append({"role": "user", "content": t.prompt[-3000:]})

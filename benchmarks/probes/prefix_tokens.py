@@ -19,6 +19,8 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from graphc.benchmarks.agent_replay import conversation
+from graphc.benchmarks.serving.make_shape import cover_vocab, write_tokenizer
+from graphc.benchmarks.shapes import SHAPES
 from graphc.runtime.server.prefix_tokens import PrefixTokens
 
 
@@ -31,9 +33,6 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
     if a.shape:
-        from graphc.benchmarks.serving.make_shape import cover_vocab, write_tokenizer
-        from graphc.benchmarks.shapes import SHAPES
-
         out = Path(a.model)
         out.mkdir(parents=True, exist_ok=True)
         vocab = SHAPES[a.shape]["vocab_size"]

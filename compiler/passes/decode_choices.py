@@ -297,9 +297,9 @@ def choose_vacant_rows(ctx: ChoiceContext) -> Choice:
 def choose_mixed_step(ctx: ChoiceContext) -> Choice:
     """Whether a step's prompt chunk runs in the decode step's forward (compiler/mixed_forward.py)
     or as a forward of its own. Off by default: it is exact, and on an H100 the fused forward alone
-    was 1.46x the decode step against 2.64x for separate forwards, but the engine's mixed step lost
-    at the door when it read the first token in the same step; reading it with the next step is
-    not measured on a GPU yet (docs/scheduling.md#mixed-steps)."""
+    was 1.46x the decode step against 2.64x for separate forwards, but at the door the engine's
+    steps with prompt work cost the same either way and the fused ones had a far longer tail
+    (docs/scheduling.md#mixed-steps)."""
     name = "mixed step"
     if not ctx.options["mixed_step"]:
         return Choice(name, "separate", MIXED, ctx.source("mixed_step") + ": a prompt chunk runs as a forward of its "
