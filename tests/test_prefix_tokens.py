@@ -7,7 +7,7 @@ import random
 
 import httpx
 import pytest
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from graphc.benchmarks.agent_replay import conversation
@@ -20,6 +20,24 @@ from server_harness import live_server, wait_until
 @pytest.fixture(scope="module")
 def hf(model_dir):
     return AutoTokenizer.from_pretrained(str(model_dir("llama")))
+
+
+# Llama 3's pre-tokenizer regex (a Split before a regex-free ByteLevel): the other common byte-level layout.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@pytest.fixture(scope="module")
+def llama3_style():
+    """A small BPE trained here, cut as Llama 3's tokenizer cuts text."""
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated"),
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    t.decoder = decoders.ByteLevel()
+    corpus = ["The quick brown fox's 12345 jumps.\n\tdef f(x):\n    return x  # ok\n" * 50, "naïve 日本語 3.14!!\r\n" * 50]
+    t.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=600, special_tokens=["<|begin_of_text|>", "<|eot_id|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=t)
 
 
 def _whole(hf, text, specials=True):
@@ -38,18 +56,20 @@ def test_a_growing_conversation_reuses_tokens_and_gets_the_whole_texts_tokens(hf
     assert pt.verified == PrefixTokens.VERIFY and pt.enabled  # checked, and every check agreed
 
 
-def test_the_split_itself_is_exact_on_awkward_text(hf, monkeypatch):
+@pytest.mark.parametrize("which", ["make-model", "llama3-regex"])
+def test_the_split_itself_is_exact_on_awkward_text(hf, llama3_style, which, monkeypatch):
     """Unchecked (VERIFY 0): newlines before spaces, digits, punctuation, non-ASCII letters,
     special tokens' text, blank lines: each extension gives the whole text's tokens."""
+    hf = hf if which == "make-model" else llama3_style
     monkeypatch.setattr(PrefixTokens, "VERIFY", 0)
     monkeypatch.setattr(PrefixTokens, "MIN_CHARS", 200)
     monkeypatch.setattr(PrefixTokens, "MARGIN", 8)
     pt = PrefixTokens(hf)
     rng = random.Random(3)
     pieces = ["\n", "\n\n", " \n", "\n ", "  ", "x", "hello", " world", "12345", "3.14", "'s", "ünïcødé", "日本語",
-              "<|endoftext|>", "\t", "!!", "--", "\r\n", "naïve", " 7", "A"]
+              "<|endoftext|>", "<|im_start|>user\n", "<|im_end|>\n", "\n<|im_end|>", "\n<|eot_id|>", "\n\n\n", "\n   \n", "\n'", "\n-", "\t", "!!", "--", "\r\n", "naïve", " 7", "A"]
     text = ""
-    for _ in range(120):
+    for _ in range(160):
         text += "".join(rng.choice(pieces) for _ in range(rng.randrange(5, 40)))
         assert pt.encode(text) == _whole(hf, text)
     assert pt.reuses > 50
