@@ -52,6 +52,7 @@ IN_FILE = {
     ("runtime/text.py", "tokenizer._tokenizer"): "the HF tokenizer's byte-level vocabulary",
     ("runtime/grammar/matcher.py", "tokenizer._tokenizer"): "llguidance builds its tokenizer from the HF one",
     ("runtime/server/message_bounds.py", "tok._tokenizer"): "character offsets from the HF fast tokenizer",
+    ("runtime/server/prefix_tokens.py", "tokenizer._tokenizer"): "character offsets from the HF fast tokenizer",
     # TokenizerWrapper's `_chat_template` is set when mlx-lm renders the template itself (no HF
     # template); then the HF offsets do not describe its text. No public attribute says so.
     ("runtime/server/message_bounds.py", "tok._chat_template"): "mlx-lm's own chat template in use",
