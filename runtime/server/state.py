@@ -71,8 +71,8 @@ class ServerState:
         self._loader = loader
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
-        self.prompt_tokens = None  # PrefixTokens over that copy, set with it
         self.tokenizer = None  # the server's own copy: tokenization on the event loop never races the engine thread
+        self.prompt_tokens = None  # PrefixTokens over that copy (prefix_tokens.py), set with it
         self.texts: TokenText | None = None
         self.ready = False
         self.load_error: str | None = None
