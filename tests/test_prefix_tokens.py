@@ -56,20 +56,27 @@ def test_a_growing_conversation_reuses_tokens_and_gets_the_whole_texts_tokens(hf
     assert pt.verified == PrefixTokens.VERIFY and pt.enabled  # checked, and every check agreed
 
 
+@pytest.mark.parametrize("parting", [False, True], ids=["extending", "parting"])
 @pytest.mark.parametrize("which", ["make-model", "llama3-regex"])
-def test_the_split_itself_is_exact_on_awkward_text(hf, llama3_style, which, monkeypatch):
+def test_the_split_itself_is_exact_on_awkward_text(hf, llama3_style, which, parting, monkeypatch):
     """Unchecked (VERIFY 0): newlines before spaces, digits, punctuation, non-ASCII letters,
-    special tokens' text, blank lines: each extension gives the whole text's tokens."""
+    special tokens and their text cut short, blank lines: each prompt, extending the last one or
+    parting from it before its end, gives the whole text's tokens."""
     hf = hf if which == "make-model" else llama3_style
     monkeypatch.setattr(PrefixTokens, "VERIFY", 0)
     monkeypatch.setattr(PrefixTokens, "MIN_CHARS", 200)
-    monkeypatch.setattr(PrefixTokens, "MARGIN", 8)
+    monkeypatch.setattr(PrefixTokens, "MIN_SHARED", 100)
+    monkeypatch.setattr(PrefixTokens, "MARGIN", 8)  # the longest added token still sets the floor
     pt = PrefixTokens(hf)
+    assert pt.margin > max(len(t) for t in hf.get_added_vocab())
     rng = random.Random(3)
     pieces = ["\n", "\n\n", " \n", "\n ", "  ", "x", "hello", " world", "12345", "3.14", "'s", "ünïcødé", "日本語",
-              "<|endoftext|>", "<|im_start|>user\n", "<|im_end|>\n", "\n<|im_end|>", "\n<|eot_id|>", "\n\n\n", "\n   \n", "\n'", "\n-", "\t", "!!", "--", "\r\n", "naïve", " 7", "A"]
+              "<|endoftext|>", "<|im_start|>user\n", "<|im_end|>\n", "\n<|im_end|>", "\n<|eot_id|>", "\n\n\n", "\n   \n",
+              "\n'", "\n-", "\t", "!!", "--", "\r\n", "naïve", " 7", "A"]
     text = ""
     for _ in range(160):
+        if parting and len(text) > 50 and rng.random() < 0.4:
+            text = text[:rng.randrange(len(text) // 2, len(text))]  # cut anywhere, special tokens included
         text += "".join(rng.choice(pieces) for _ in range(rng.randrange(5, 40)))
         assert pt.encode(text) == _whole(hf, text)
     assert pt.reuses > 50
@@ -77,6 +84,7 @@ def test_the_split_itself_is_exact_on_awkward_text(hf, llama3_style, which, monk
 
 def test_a_difference_turns_reuse_off_and_the_whole_texts_tokens_are_returned(hf, monkeypatch):
     monkeypatch.setattr(PrefixTokens, "MIN_CHARS", 100)
+    monkeypatch.setattr(PrefixTokens, "MIN_SHARED", 100)
 
     class Broken(PrefixTokens):
         """A tail tokenized wrong (its last token dropped), as a tokenizer the split is not safe for would."""
@@ -133,3 +141,18 @@ def test_the_server_reuses_a_conversations_tokens_for_completions_and_chat(model
             assert chat_prompt(state, req) == list(want)
             messages.append({"role": "assistant", "content": "ok"})
         assert state.prompt_tokens.reuses >= 3 and state.prompt_tokens.enabled
+
+
+def test_a_prompt_that_parts_from_a_kept_one_before_its_end_reuses_the_shared_start(hf, monkeypatch):
+    """A chat template that renders the end differently once the conversation goes on (a generation
+    prompt replaced by the assistant's message): the shared start is reused, the rest tokenized."""
+    monkeypatch.setattr(PrefixTokens, "MIN_CHARS", 200)
+    pt = PrefixTokens(hf)
+    history = "".join(f"<|im_start|>user\nquestion {i} about things\n<|im_end|>\n" for i in range(80))
+    first = history + "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    second = history + "<|im_start|>assistant\nan answer\n<|im_end|>\n<|im_start|>user\nmore\n<|im_end|>\n"
+    assert pt.encode(first) == _whole(hf, first)
+    assert pt.encode(second) == _whole(hf, second)
+    assert pt.reuses == 1 and pt.reused_tokens > 0.9 * len(_whole(hf, history)[0])
+    unrelated = "x\n" * 2000
+    assert pt.encode(unrelated) == _whole(hf, unrelated) and pt.reuses == 1  # nothing shared: whole

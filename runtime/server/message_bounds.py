@@ -52,13 +52,13 @@ def render_with_boundaries(tok, messages: list[dict], flags: dict, extra: dict, 
             head = tok.apply_chat_template(messages[:k + 1], tokenize=False, add_generation_prompt=False, **extra)
         except Exception:  # a template may refuse a prefix (e.g. one that must end with a user turn)
             continue
-        t = bisect_right(ends, _agreeing_chars(head, text))
+        t = bisect_right(ends, agreeing_chars(head, text))
         if 0 < t < len(ids):
             bounds.add(t)
     return ids, tuple(sorted(bounds))
 
 
-def _agreeing_chars(head: str, text: str) -> int:
+def agreeing_chars(head: str, text: str) -> int:
     """Characters at the start of `head` equal to the start of `text` (binary search on slices: C speed)."""
     if text.startswith(head):
         return len(head)

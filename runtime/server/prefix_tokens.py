@@ -1,18 +1,21 @@
-"""Prompt tokenization that reuses a recent prompt's tokens when the new prompt extends its text.
+"""Prompt tokenization that reuses a recent prompt's tokens when the new prompt shares its start.
 
 An agent or a chat client sends the same conversation again and again, each time a little longer.
 The prefix cache makes the model's side of such a turn cost its new tokens only, but the server
 still tokenized the whole text: ~75 ms for a 32k-token prompt on a development CPU (the make_shape
 BPE tokenizer; benchmarks/probes/prefix_tokens.py), a warm turn's whole prefill on an H100 at that
-length. Here the last few long prompts' tokens are kept; a prompt whose text starts with one of
-them is tokenized from a safe split point near that text's end, and the kept tokens before it are
-reused.
+length. Here the last few long prompts' tokens are kept; a prompt that shares a long start with
+one of them (its whole text, or all but an end a chat template renders differently once the
+conversation goes on: a generation prompt, an earlier turn's reasoning) is tokenized from a safe
+split point near where the two part, and the kept tokens before it are reused.
 
 When a split is safe: byte-level BPE tokenizers (GPT-2, Llama 3, Qwen, SmolLM, ...) first cut the
 text into pieces with a regex and never merge across pieces, and a piece boundary is decided by
-the characters around it. So the split is placed right after a newline that is followed by a
-non-space character, at least MARGIN characters before the kept text's end (what follows the kept
-text can not reach back there), where the kept tokenization has a token starting. Tokenizers of
+the characters around it; added tokens (`<|im_end|>`, ...) are cut out before that, each decided
+by the characters it spans. So the split is placed right after a newline that is followed by a
+non-space character, at least MARGIN characters (and more than the longest added token) before
+the two texts part, so nothing after the parting reaches back to it, where the kept
+tokenization has a token starting. Tokenizers of
 any other kind (SentencePiece's metaspace, a normalizer) are always tokenized whole.
 
 Exactness is also checked, not only argued: the first VERIFY reuses of each tokenizer are compared
@@ -30,12 +33,15 @@ import logging
 from array import array
 from bisect import bisect_left
 
+from .message_bounds import agreeing_chars
+
 log = logging.getLogger("graphc.server")
 
 
 class PrefixTokens:
     MIN_CHARS = 4096  # shorter texts are tokenized whole: cheap, and not worth keeping
-    MARGIN = 64  # characters between the split and the kept text's end
+    MARGIN = 64  # characters between the split and where the kept text and this one part
+    MIN_SHARED = 1024  # characters two prompts must share for the kept tokens to be worth reusing
     ENTRIES = 8  # recent long prompts kept (a few conversations at once)
     VERIFY = 4  # reuses checked against a whole tokenization before reuse is trusted
 
@@ -44,6 +50,10 @@ class PrefixTokens:
         inner = getattr(tokenizer, "_tokenizer", None)
         self.hf = inner if hasattr(inner, "is_fast") else tokenizer
         self.enabled, self.why_not = _splittable(self.hf)
+        # Added tokens (<|im_end|>, ...) are cut out before the regex runs, so whether one starts
+        # after the split changes the pieces before it: the split stays farther back than the
+        # longest of them reaches.
+        self.margin = max(self.MARGIN, _longest_added(self.hf) + 2)
         self.entries: collections.OrderedDict = collections.OrderedDict()  # (text, specials) -> _Kept
         self.verified = 0
         self.reused_tokens = 0  # tokens taken from a kept prompt instead of tokenized again
@@ -66,11 +76,14 @@ class PrefixTokens:
         return list(enc["input_ids"]), [a for a, _ in offs], [b for _, b in offs]
 
     def _reuse(self, text: str, specials: bool):
-        kept = max((k for (t, s), k in self.entries.items() if s == specials and text.startswith(t)),
-                   key=lambda k: len(k.text), default=None)
-        if kept is None:
+        # The kept prompt sharing the longest start with this one: its whole text for a plain
+        # extension, or up to where a chat template rendered the end differently (a generation
+        # prompt that the assistant's message replaces, an earlier turn's reasoning dropped).
+        shared, kept = max(((agreeing_chars(k.text, text), k) for (_, s), k in self.entries.items() if s == specials),
+                           key=lambda x: x[0], default=(0, None))
+        if kept is None or shared < self.MIN_SHARED:
             return None
-        split = _split_point(kept.text, len(kept.text) - self.MARGIN)
+        split = _split_point(kept.text, shared - self.margin)
         k = bisect_left(kept.starts, split) if split > 0 else 0
         if k == 0 or k >= len(kept.ids) or kept.starts[k] != split:
             return None  # no token starts there (e.g. the newline is inside a special token)
@@ -118,6 +131,14 @@ def _split_point(text: str, before: int) -> int:
             return nl + 1
         i = nl
     return 0
+
+
+def _longest_added(hf) -> int:
+    """Characters in the longest added token's text (0 where the tokenizer lists none)."""
+    try:
+        return max((len(t) for t in hf.get_added_vocab()), default=0)
+    except Exception:  # noqa: BLE001 - no list of added tokens: assume a long one
+        return 256
 
 
 def _splittable(hf) -> tuple[bool, str | None]:
