@@ -8,11 +8,12 @@ import random
 import httpx
 import pytest
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from mlx_lm.tokenizer_utils import NewlineTokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from graphc.benchmarks.agent_replay import conversation
 from graphc.runtime.server.prefix_tokens import PrefixTokens
-from graphc.runtime.server.prompts import chat_prompt
+from graphc.runtime.server.prompts import chat_prompt, completion_prompts
 from graphc.runtime.server.protocol import ChatCompletionRequest
 from server_harness import live_server, wait_until
 
@@ -133,6 +134,8 @@ def test_the_server_reuses_a_conversations_tokens_for_completions_and_chat(model
             r = httpx.post(srv.url + "/v1/completions", json={"prompt": t.prompt, "max_tokens": 1}, timeout=120)
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(t.prompt))
+            # the ids themselves, against mlx-lm's tokenizer wrapper's encode (what the server called before)
+            assert completion_prompts(state, t.prompt)[0] == [list(tok.encode(t.prompt))]
         messages = []
         for t in turns:
             messages.append({"role": "user", "content": t.prompt[-3000:]})
@@ -156,3 +159,21 @@ def test_a_prompt_that_parts_from_a_kept_one_before_its_end_reuses_the_shared_st
     assert pt.reuses == 1 and pt.reused_tokens > 0.9 * len(_whole(hf, history)[0])
     unrelated = "x\n" * 2000
     assert pt.encode(unrelated) == _whole(hf, unrelated) and pt.reuses == 1  # nothing shared: whole
+
+
+def test_a_tokenizer_class_with_its_own_text_methods_is_tokenized_through_them(model_dir):
+    """mlx-lm's NewlineTokenizer rewrites newlines in `encode`: calling the tokenizer on the text
+    would give other tokens, so reuse stays off and the server keeps calling `encode`."""
+    path = str(model_dir("llama")) + "/tokenizer.json"
+    nl = NewlineTokenizer(tokenizer_file=path)
+    pt = PrefixTokens(nl)
+    assert not pt.enabled and "NewlineTokenizer.encode" in pt.why_not
+
+    class State:
+        tokenizer, prompt_tokens, max_prompt_chars, vocab_size = nl, pt, 0, 1 << 20
+
+        class config:
+            max_prompts = 4
+
+    text = "a line\n" * 1000
+    assert completion_prompts(State, text)[0] == [nl.encode(text)] != [nl(text)["input_ids"]]

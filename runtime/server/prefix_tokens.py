@@ -146,6 +146,9 @@ def _splittable(hf) -> tuple[bool, str | None]:
     (see the module docstring); (False, why) otherwise."""
     if not getattr(hf, "is_fast", False):
         return False, "not a fast tokenizer"
+    custom = _custom_method(hf)
+    if custom is not None:  # e.g. mlx-lm's NewlineTokenizer rewrites the text in `encode`
+        return False, f"{custom} is the tokenizer's own: text may not reach the backend as given"
     try:
         spec = json.loads(hf.backend_tokenizer.to_str())
     except Exception as e:  # noqa: BLE001 - an unusual backend: tokenize whole
@@ -159,6 +162,23 @@ def _splittable(hf) -> tuple[bool, str | None]:
     if "ByteLevel" not in kinds or not kinds <= {"ByteLevel", "Split", "Sequence", "Digits"}:
         return False, f"pre-tokenizer {sorted(kinds) or 'none'} is not a byte-level regex"
     return True, None
+
+
+# The methods between a text and the backend's tokens. Here they are called as Hugging Face defines
+# them (the tokenizer called on the text); a class that redefines one (mlx-lm's NewlineTokenizer
+# rewrites newlines in `encode`) would tokenize differently through `encode`, what the server
+# called before, so such a tokenizer is always tokenized through its own methods.
+_TEXT_METHODS = ("__call__", "encode", "encode_plus", "_encode_plus", "_batch_encode_plus", "tokenize", "_tokenize",
+                 "prepare_for_tokenization")
+
+
+def _custom_method(hf) -> str | None:
+    """`Class.method` for the first text method `hf`'s class takes from outside transformers, or None."""
+    for name in _TEXT_METHODS:
+        owner = next((c for c in type(hf).__mro__ if name in vars(c)), None)
+        if owner is not None and not owner.__module__.startswith("transformers."):
+            return f"{owner.__name__}.{name}"
+    return None
 
 
 def _kinds(pre) -> set:
