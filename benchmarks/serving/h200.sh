@@ -7,6 +7,7 @@
 #   BENCH_ARGS="--mlx-env MLX_USE_CUDA_GRAPHS=0": mlx_lm.server without MLX's CUDA graphs (its process
 #     died of `cudaGraphInstantiate ... out of memory` on 80 GB H100s at every prompt concurrency tried)
 #   BENCH_ARGS="--servers graphc --trace-steps": graphc's steps traced, summarized per run beside its log
+#   GRAPHC_ARGS="--mixed-step on --step-tokens 256": `graphc serve` flags (spaces kept, unlike BENCH_ARGS)
 # Sized to finish in ~500 s per invocation: REPEATS (default 3) on one start of each server, one
 # server after the other (--keep-servers; KEEP=0 restarts both every repeat, alternating), the mix (input 64-4096, output
 # 32-512 tokens), batch 64.
@@ -32,7 +33,7 @@ if [ -z "${MLX_PC:-}" ] && [ -n "$gpu_mib" ] && [ "$gpu_mib" -lt 102400 ]; then 
 mlx_pc=${MLX_PC:+--mlx-args=--prompt-concurrency=$MLX_PC}
 [ -n "$mlx_pc" ] && echo "mlx_lm.server: --prompt-concurrency $MLX_PC (${gpu_mib:-?} MiB of GPU memory)"
 "$PY" -m graphc.cli bench --serving --model "$model" --requests "$requests" --rates "$rates" \
-  --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) $mlx_pc ${BENCH_ARGS:-} --max-batch "${MAX_BATCH:-64}" --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
+  --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) $mlx_pc ${BENCH_ARGS:-} ${GRAPHC_ARGS:+"--graphc-args=$GRAPHC_ARGS"} --max-batch "${MAX_BATCH:-64}" --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
   --json "$OUT/serving-$1.json" --plot "$OUT/serving-$1.png" --log-dir "$OUT/logs-$1" 2>&1 | tee "$OUT/serving-$1.txt"
 # With --trace-steps in BENCH_ARGS: each server start's step trace read per run (traced_serve.py
 # --summarize, a JSON line a run: ITL p99, the slowest steps, step_classes), then gzipped.
