@@ -56,6 +56,7 @@ from graphc.runtime.kernels import Kernel
 from graphc.runtime.kernels import decode_attention as da
 from graphc.runtime.kernels import gumbel_choose as gc
 from graphc.runtime.kernels import quantized_attention as qa
+from graphc.runtime.kernels import quantized_write as qw
 from graphc.runtime.kernels import skinny_matmul as sk
 from graphc.runtime.kernels import top_ranks as tr
 
@@ -193,6 +194,19 @@ def _quantized_attention_launches():
                         qa.KERNEL.attend(*args, kind="vec")
 
 
+def _quantized_write_launches():
+    """The quantized KV write at each width and group size, in every dtype (the head dim is a launch
+    value, not a template one: one build serves every layout's heads)."""
+    for dt in DTYPES:
+        for bits in qw.BITS:
+            for group in qw.GROUP_SIZES:
+                new = mx.zeros((1, 8, 1, 128), dt)
+                codes = mx.zeros((1, 8, 8, 128 * bits // 32), mx.uint32)
+                scales = mx.zeros((1, 8, 8, 128 // group), dt)
+                qw.KERNEL.write(new, new, (codes, scales, scales, codes, scales, scales), mx.array([0], mx.int32),
+                                group, bits)
+
+
 def _skinny_launches(sweep: bool):
     """The heuristic's configuration for every llama projection at every row count, check()'s
     cases, and with `sweep` every configuration tune.py measures (what a tuned table may name)."""
@@ -262,6 +276,7 @@ def launches(full: bool = False) -> list[Launch]:
     with recording() as seen:
         _attention_launches()
         _quantized_attention_launches()
+        _quantized_write_launches()
         _skinny_launches(full)
         _top_ranks_launches(full)
         _choose_launches()

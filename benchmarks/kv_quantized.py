@@ -41,7 +41,7 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.lower import StepInputs
 from graphc.runtime import Engine, SamplingParams
-from graphc.runtime.kernels import quantized_attention
+from graphc.runtime.kernels import quantized_attention, quantized_write
 
 from .env import environment
 from .shapes import load_shape
@@ -254,6 +254,9 @@ def speed(model, tokenizer, config: dict, batch: int, prompt_len: int, n: int, r
     out["ratios"] = ratios
     why = quantized_attention.check()  # answered at the engines' load (runtime/target.py)
     out["quantized_attention"] = quantized_attention.KERNEL.note() if why is None else f"off: {why}"
+    wrote = quantized_write.check() if why is None else "the attention kernel is off"
+    out["quantized_write"] = ("on: one launch a layer writes a step's new K/V codes" if wrote is None
+                              else f"off (mx.quantize + slice writes): {wrote}")
     out["compiled_steps"] = {k: getattr(e.compiled.decode, "compiled_steps", 0) for k, e in engines.items()}
     out["note"] = ("graphc arms: Engine.step() once every row decodes (rows of equal length); compiled arms with "
                    "compile=True; mlx_lm arms: its model forward + argmax per step on the same prompts as one batch; "

@@ -17,6 +17,7 @@ KERNELS = {
     "kv_write": "the attention kernel writing the step's K/V columns in place",
     "skinny_matmul": "the 2..64-row matmul kernel",
     "quantized_attention": "ragged attention over quantized KV codes (kv_bits on CUDA)",
+    "quantized_write": "a quantized KV step's new keys / values quantized and written in one launch (kv_bits on CUDA)",
     "top_ranks": "a sampled step's candidate stage (first K ranks, 1/T, noise)",
 }
 

@@ -21,7 +21,8 @@ from graphc.contracts import cpu_blas
 from . import compiled_decode_kv, kernels
 from .cpu_lanes import cpu_lanes
 from .config import EngineConfig
-from .kernels import decode_attention, gumbel_choose, quantized_attention, skinny_matmul, top_ranks, verdicts
+from .kernels import (decode_attention, gumbel_choose, quantized_attention, quantized_write, skinny_matmul, top_ranks,
+                      verdicts)
 from .speculative import speculator
 
 log = logging.getLogger("graphc.load")
@@ -31,8 +32,8 @@ _blas_told = False
 
 def probe_target(quantized: bool = False) -> Target:
     """This process's device and which kernels built and matched MLX here; the quantized attention
-    kernel's check only where `quantized` KV is asked for (kv_bits, or a graph's `quantized` policy):
-    its builds are a few dozen NVRTC compiles that no other engine needs."""
+    and quantized KV write kernels' checks only where `quantized` KV is asked for (kv_bits, or a
+    graph's `quantized` policy): their builds are a few dozen NVRTC compiles that no other engine needs."""
     global _checked_here
     cuda = kernels.available()
     stored = cuda and (_checked_here or verdicts.restore())
@@ -51,6 +52,8 @@ def probe_target(quantized: bool = False) -> Target:
     if quantized:
         qa = timed("quantized attention", quantized_attention.check)
         facts.append(("quantized_attention", qa, f"{quantized_attention.KERNEL.note()}" if qa is None else ""))
+        facts.append(("quantized_write", timed("quantized KV write", quantized_write.check) if qa is None else
+                      f"the quantized attention kernel is off ({qa})", ""))
     tr = timed("top ranks", top_ranks.check)
     facts.append(("top_ranks", tr, top_ranks.note()))
     facts.append(("gumbel_choose", None if tr is None else tr, gumbel_choose.note() if tr is None else ""))

@@ -30,7 +30,7 @@ PRELUDE = r"""
 using std::min;
 struct Dim3 { int x = 0, y = 0, z = 0; };
 struct uint4 { unsigned x, y, z, w; };
-thread_local Dim3 blockIdx, threadIdx;
+thread_local Dim3 blockIdx, threadIdx, blockDim;
 static std::barrier<>* block_bar;
 static std::barrier<>* warp_bar[32];
 static float shfl_slot[32][32];
@@ -60,7 +60,7 @@ static void launch(int blocks, int threads, F body) {
     for (int w = 0; w < threads / 32; ++w) warp_bar[w] = wb[w];
     std::vector<std::thread> ts;
     for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, b, t] { blockIdx.x = b; threadIdx.x = t; body(); });
+      ts.emplace_back([&, b, t] { blockIdx.x = b; threadIdx.x = t; blockDim.x = threads; body(); });
     for (auto& t : ts) t.join();
     for (auto* p : wb) delete p;
   }

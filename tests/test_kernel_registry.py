@@ -27,8 +27,8 @@ def test_every_kernel_module_is_registered():
     with_kernel = {p.stem for p in KERNELS_DIR.glob("*.py")
                    if any(isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "KERNEL"
                           for n in ast.parse(p.read_text()).body)}
-    assert with_kernel == set(KERNELS) == {"decode_attention", "gumbel_choose", "quantized_attention", "skinny_matmul",
-                                           "top_ranks"}
+    assert with_kernel == set(KERNELS) == {"decode_attention", "gumbel_choose", "quantized_attention",
+                                           "quantized_write", "skinny_matmul", "top_ranks"}
     for name, k in KERNELS.items():
         assert isinstance(k, KernelOp) and k.name == name
         for method in ("applies", "check", "reference", "__call__"):
@@ -58,6 +58,8 @@ def test_applies_draws_the_documented_line():
     assert not mm.applies(mx.zeros((8, 256), mx.float32), w.astype(mx.float32))
     qa = kernel("quantized_attention")
     assert qa.applies(32, 8, 64, 64, 8) and qa.applies(32, 8, 128, 32, 4) and not qa.applies(32, 8, 64, 128, 8)
+    qw = kernel("quantized_write")
+    assert qw.applies(64, 64, 8) and qw.applies(256, 32, 4) and not qw.applies(64, 128, 8) and not qw.applies(512, 64, 8)
     tr = kernel("top_ranks")
     assert tr.applies(128256, 64) and tr.applies(32000, 16)
     assert [v for v in (128256, 1000) if tr.applies(v, 64) != (TR.layout(v, 64) is not None)] == []

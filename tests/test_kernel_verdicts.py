@@ -9,13 +9,15 @@ import json
 import pytest
 
 from graphc.runtime import kernels, target
-from graphc.runtime.kernels import decode_attention, quantized_attention, registry, skinny_matmul, top_ranks, verdicts
+from graphc.runtime.kernels import (decode_attention, quantized_attention, quantized_write, registry, skinny_matmul,
+                                   top_ranks, verdicts)
 
 FOUND = {
     "decode_attention": {"check": {"0": None}, "write_check": {"0": "writing vec kernel differs"},
                          "kinds": {"grouped": [True, ""], "vec": [False, "vec kernel differs by 0.5"]}},
     "gumbel_choose": {},
     "quantized_attention": {"check": {"0": None}, "vec": "quantized attention (vec) differs by 0.3"},
+    "quantized_write": {"check": {"0": "quantized KV write: key codes differ from mx.quantize's"}},
     "skinny_matmul": {"check": {"0": "kernel differs from MLX's matmul by 3"}},
     "top_ranks": {"check": {"0": None}, "chosen": {"variant": "sort", "select": "too many resources"}},
 }
@@ -29,13 +31,15 @@ def fresh(monkeypatch, tmp_path):
     att = decode_attention.KERNEL
     saved = (dict(att._check.answers), dict(att._write_check.answers), dict(att.verdicts),
              dict(skinny_matmul.check.answers), dict(top_ranks.check.answers), dict(top_ranks._chosen),
-             dict(quantized_attention.KERNEL._check.answers), quantized_attention.KERNEL.vec_ok)
-    checks = (att._check, att._write_check, skinny_matmul.check, top_ranks.check, quantized_attention.KERNEL._check)
+             dict(quantized_attention.KERNEL._check.answers), quantized_attention.KERNEL.vec_ok,
+             dict(quantized_write.KERNEL._check.answers))
+    checks = (att._check, att._write_check, skinny_matmul.check, top_ranks.check, quantized_attention.KERNEL._check,
+              quantized_write.KERNEL._check)
     for c in checks:
         c.answers.clear()
     monkeypatch.setattr(target, "_checked_here", False)
     yield tmp_path
-    for c, answers in zip(checks, (saved[0], saved[1], saved[3], saved[4], saved[6])):
+    for c, answers in zip(checks, (saved[0], saved[1], saved[3], saved[4], saved[6], saved[8])):
         c.answers.clear()
         c.answers.update(answers)
     att.verdicts.clear()
@@ -55,13 +59,14 @@ def test_stored_verdicts_come_back_in_a_new_process(fresh):
     verdicts.store()
     assert [p.name for p in (fresh / "kernels").iterdir()] == [verdicts.record_path().name]
     for c in (decode_attention.KERNEL._check, decode_attention.KERNEL._write_check, skinny_matmul.check,
-              top_ranks.check, quantized_attention.KERNEL._check):
+              top_ranks.check, quantized_attention.KERNEL._check, quantized_write.KERNEL._check):
         c.answers.clear()  # as a restarted process starts
     top_ranks._chosen.update({"variant": "select", "select": None})
     assert verdicts.restore()
     assert {n: k.stored_verdicts() for n, k in registry.KERNELS.items()} == FOUND
     assert decode_attention.check() is None and "writing vec" in decode_attention.write_check()
     assert quantized_attention.KERNEL.pick(32, 8, 64) == "grouped"  # its vec kind did not match here
+    assert "key codes differ" in quantized_write.check()  # a failed check stays failed after a restart
     assert decode_attention.KERNEL.pick(B=2, Hq=8, Hkv=2, L=1, D=64, itemsize=2) == "grouped"  # grouped ok, vec not
     assert top_ranks.chosen() == "sort"
 
@@ -71,7 +76,7 @@ def test_a_restart_with_a_record_runs_no_check(fresh, monkeypatch):
     _take(FOUND)
     verdicts.store()
     for c in (decode_attention.KERNEL._check, decode_attention.KERNEL._write_check, skinny_matmul.check,
-              top_ranks.check):
+              top_ranks.check, quantized_attention.KERNEL._check, quantized_write.KERNEL._check):
         c.answers.clear()
 
     def boom(*a, **k):
@@ -81,7 +86,10 @@ def test_a_restart_with_a_record_runs_no_check(fresh, monkeypatch):
     monkeypatch.setattr(decode_attention.KERNEL, "_compare_kind", boom)
     monkeypatch.setattr(top_ranks, "_compare", boom)
     monkeypatch.setattr(skinny_matmul, "_compare", boom)
-    facts = {name: (why, note) for name, why, note in target.probe_target().kernels}
+    monkeypatch.setattr(quantized_attention.KERNEL, "_compare", boom)
+    monkeypatch.setattr(quantized_write.KERNEL, "_compare", boom)
+    facts = {name: (why, note) for name, why, note in target.probe_target(quantized=True).kernels}
+    assert facts["quantized_attention"][0] is None and "key codes differ" in facts["quantized_write"][0]
     assert facts["decode_attention"][0] is None and facts["decode_attention"][1].startswith("grouped by KV head")
     assert facts["kv_write"][0] == "writing vec kernel differs"
     assert facts["skinny_matmul"][0].startswith("kernel differs")

@@ -205,9 +205,13 @@ def choose_eager_attention(ctx: ChoiceContext) -> Choice:
     name, adapter = "attention (eager steps)", ctx.adapter
     if _quantized(ctx) and ctx.target.device == "cuda":
         w = ctx.target.why_not("quantized_attention")
+        ww = ctx.target.why_not("quantized_write")
+        write = ("their new keys / values quantized and written in one launch a layer (graphc's quantized "
+                 "write kernel)" if ww is None else f"their new keys / values by mx.quantize and slice writes "
+                 f"(write kernel off: {ww})")
         ctx.lines.append(("quantized KV attention", "llama blocks: decode and verify steps in graphc's quantized "
-                          "attention kernel over the codes, prompt chunks dequantized into mlx sdpa; other layers: "
-                          "mlx-lm's quantized SDPA (runtime/cache/quantized.py)" if w is None else
+                          f"attention kernel over the codes, {write}; prompt chunks dequantized into mlx sdpa; "
+                          "other layers: mlx-lm's quantized SDPA (runtime/cache/quantized.py)" if w is None else
                           f"mlx-lm's quantized SDPA (graphc's kernel off: {w})"))
     if not ctx.options["attention_kernel"]:
         why = "off (decode: {attention_kernel: false})"

@@ -16,7 +16,9 @@ warp per trip); its semantics are that kernel's: query l of a row sees the row's
 start[b] through end - L + l. It is used only on CUDA (eager decode and verify steps of llama-family
 layers, runtime/kernel_views.py) and only after `check()` has compared it with `reference` (MLX's
 dequantize, then masked attention) on random inputs in this process, at both widths and every
-group size; otherwise quantized KV is refused on CUDA at load, as before.
+group size; otherwise quantized KV is refused on CUDA at load, as before. Where its own check passed,
+runtime/kernels/quantized_write.py writes a step's new columns just before it (one launch a layer),
+and its output is the `end` this kernel then takes.
 
     cuda/quantized_attention/open.cu        both kinds' opening: the block's row, pointers, the queries
     cuda/quantized_attention/*_lanes.cu     each kind's lane layout

@@ -3,11 +3,11 @@ reference, __call__). A module above the kernel modules: they need not know each
 
 from __future__ import annotations
 
-from . import KernelOp, decode_attention, gumbel_choose, quantized_attention, skinny_matmul, top_ranks
+from . import KernelOp, decode_attention, gumbel_choose, quantized_attention, quantized_write, skinny_matmul, top_ranks
 
 KERNELS: dict[str, KernelOp] = {k.name: k for k in (decode_attention.KERNEL, gumbel_choose.KERNEL,
-                                                    quantized_attention.KERNEL, skinny_matmul.KERNEL,
-                                                    top_ranks.KERNEL)}
+                                                    quantized_attention.KERNEL, quantized_write.KERNEL,
+                                                    skinny_matmul.KERNEL, top_ranks.KERNEL)}
 
 
 def kernel(name: str) -> KernelOp:
