@@ -4,7 +4,9 @@
    (tens of ms) means the plans are per thread, so a warm-up must run on the thread that serves.
 2. `--shapes` distinct shapes built on the main thread, then the first ones run again: fast means
    the cache holds them all (graphc's 2,048, contracts/mlx_env.py), slow means they were evicted
-   (MLX's default 256 when the variable is set after mlx.core is imported).
+   (MLX's default 256 when the variable is set after mlx.core is imported). The process's
+   resident memory and MLX's device memory before and after say what each kept plan costs, the
+   price of a larger cache.
 
     python benchmarks/probes/plan_cache.py [--shapes 300]
 """
@@ -15,6 +17,7 @@ import graphc.contracts  # noqa: F401  before mlx.core, as every graphc entry po
 
 import argparse
 import os
+import resource
 import threading
 import time
 
@@ -31,6 +34,15 @@ def attend_ms(length: int) -> float:
     return round((time.perf_counter() - t) * 1e3, 2)
 
 
+def _rss_mib() -> float:
+    """This process's resident set now (Linux /proc), else its peak."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", type=int, default=300)
@@ -45,12 +57,16 @@ def main(argv=None) -> int:
     print(f"one shape: first {first} ms, again {again} ms, on a new thread {other[0]} ms "
           f"({'per thread' if other[0] > 5 * max(again, 0.05) else 'shared'})")
     lengths = [128 + 8 * i for i in range(a.shapes)]
+    rss0, dev0 = _rss_mib(), mx.get_active_memory() / 2**20
     t0 = time.perf_counter()
     for n in lengths:
         attend_ms(n)
     built = time.perf_counter() - t0
+    rss1, dev1 = _rss_mib(), mx.get_active_memory() / 2**20
     back = [attend_ms(n) for n in lengths[:5]]
     print(f"{a.shapes} shapes built in {built:.1f} s; the first five again: {back} ms")
+    print(f"resident memory {rss0:.0f} -> {rss1:.0f} MiB ({(rss1 - rss0) * 1024 / a.shapes:.0f} KiB a plan), "
+          f"MLX active device memory {dev0:.0f} -> {dev1:.0f} MiB")
     return 0
 
 
