@@ -95,10 +95,13 @@ def _version(dist: str) -> str:
 
 
 def verdict_key(model, model_path: str, config: dict, graph, lowering: str,
-                kv_bits: int | None = None, kv_group_size: int | None = None, kernels: tuple = ()) -> str:
+                kv_bits: int | None = None, kv_group_size: int | None = None, kernels: tuple = (),
+                linear_prefill: str = "auto") -> str:
     """The key of a verdict: sha256 over everything the self-check's outcome depends on (module doc).
     `kernels`: the target's kernels that matched here, which a policy's caches may run on
-    (bind's `for_target`: quantized KV on CUDA attends in graphc's kernel only where it matched)."""
+    (bind's `for_target`: quantized KV on CUDA attends in graphc's kernel only where it matched).
+    `linear_prefill`: what the engine asked of gated-delta prompt chunks (the checked prefill runs
+    them chunked or as mlx-lm's loop); "auto" (decided by the device, already in the key) adds nothing."""
     params = [(k, tuple(v.shape), str(v.dtype)) for k, v in tree_flatten(model.parameters())]
     graph_text = "auto" if graph is None else resolve_graph_path(graph).read_text()
     parts = {
@@ -108,6 +111,8 @@ def verdict_key(model, model_path: str, config: dict, graph, lowering: str,
         "graphc": [_version("graphc"), source_digest()], "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm"),
         "device": str(mx.default_device()), "kernels": list(kernels),
     }
+    if linear_prefill != "auto":
+        parts["linear_prefill"] = linear_prefill
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -191,7 +196,8 @@ def compile_cached(graph, model, config: dict, lowering: str = "auto", kv_bits: 
     if model_path is None or mode() == "always" or not Path(model_path).exists() or _distributed():
         return compile_graph(graph, model, config, **compile_kw)
     key = verdict_key(model, model_path, config, graph, lowering, kv_bits, kv_group_size,
-                      kernels=tuple(sorted(n for n, why, _ in target.kernels if why is None)))
+                      kernels=tuple(sorted(n for n, why, _ in target.kernels if why is None)),
+                      linear_prefill=requested.linear_prefill)
     path = verdict_path(key)
     if path.is_file():
         try:

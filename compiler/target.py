@@ -77,7 +77,9 @@ class Requested:
     final_chunk / pad_final_chunk: how a prompt's last chunk runs ("auto", "whole", "split") and
     whether it is padded ("auto", True, False); "auto" leaves it to the prefill passes
     (compiler/passes/prefill_choices.py), which also refuse padding where it is not exact.
-    prefill_lanes: batched prefill forwards run at once ("auto": the CPU's measured lanes)."""
+    prefill_lanes: batched prefill forwards run at once ("auto": the CPU's measured lanes).
+    linear_prefill: how gated-delta layers run a prompt chunk: "auto" (the prefill passes decide),
+    "chunked" (compiler/gated_delta_chunked.py) or "mlx-lm" (its own gated_delta_update)."""
 
     decode: tuple = ()
     speculative: str | None = None
@@ -86,6 +88,7 @@ class Requested:
     final_chunk: str = "auto"
     pad_final_chunk: bool | str = "auto"
     prefill_lanes: int | str = "auto"
+    linear_prefill: str = "auto"
 
     @classmethod
     def of(cls, decode: dict | None = None, **kw) -> "Requested":

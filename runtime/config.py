@@ -17,7 +17,7 @@ import difflib
 
 import attrs
 
-from graphc.compiler.passes.prefill_choices import FINAL_CHUNK_REQUESTS, PREFILL_LANES
+from graphc.compiler.passes.prefill_choices import FINAL_CHUNK_REQUESTS, LINEAR_PREFILL_REQUESTS, PREFILL_LANES
 
 from .cache.disk_choice import MODES as DISK_READ_MODES
 from .cache.disk_tier import DEFAULT_BLOCK_TOKENS
@@ -67,6 +67,11 @@ def _lanes(inst, attribute, value) -> None:
         raise ValueError(f"prefill_lanes must be 'auto' or one of {', '.join(map(str, PREFILL_LANES))}, got {value!r}")
 
 
+def _linear_prefill(inst, attribute, value) -> None:
+    if value not in LINEAR_PREFILL_REQUESTS:
+        raise ValueError(f"linear_prefill must be one of {', '.join(LINEAR_PREFILL_REQUESTS)}, got {value!r}")
+
+
 def _disk_read(inst, attribute, value) -> None:
     if value not in DISK_READ_MODES:
         raise ValueError(f"kv_cache_disk_read must be one of {', '.join(DISK_READ_MODES)}, got {value!r}")
@@ -101,6 +106,8 @@ class EngineConfig:
     final_chunk: str = attrs.field(default="auto", validator=_final_chunk)  # "auto": the target decides
     # Batched prefill forwards at once, on CPU streams (compiler/passes/prefill_choices.py); "auto": measured
     prefill_lanes: int | str = attrs.field(default="auto", validator=_lanes)
+    # Gated-delta layers' prompt chunks: "chunked" or mlx-lm's own recurrence (compiler/passes/prefill_choices.py)
+    linear_prefill: str = attrs.field(default="auto", validator=_linear_prefill)  # "auto": chunked on cuda
     # Prefix cache
     prefix_cache: bool = True
     mem_fraction: float | None = attrs.field(default=None, validator=_fraction)  # of device memory for the pool

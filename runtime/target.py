@@ -95,7 +95,8 @@ def requested_of(c: EngineConfig) -> Requested:
         {**(c.decode_options or {}), "compile": c.compile, "skinny_matmul": c.skinny_gemm}, speculative=method,
         spec_pipeline=speculator.default_pipeline() if c.spec_pipeline is None else bool(c.spec_pipeline),
         spec_adaptive=speculator.default_adaptive() if c.spec_adaptive is None else bool(c.spec_adaptive),
-        final_chunk=c.final_chunk, pad_final_chunk=c.pad_final_chunk, prefill_lanes=c.prefill_lanes)
+        final_chunk=c.final_chunk, pad_final_chunk=c.pad_final_chunk, prefill_lanes=c.prefill_lanes,
+        linear_prefill=c.linear_prefill)
 
 
 __all__ = ["probe_target", "requested_of"]

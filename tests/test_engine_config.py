@@ -43,6 +43,7 @@ def test_unknown_keyword_is_a_type_error_with_a_suggestion(model_dir):
     ({"decode_options": ["compile"]}, "decode_options must be a dict"),
     ({"prefill_lanes": 3}, "prefill_lanes must be 'auto' or one of 1, 2, got 3"),
     ({"prefill_lanes": True}, "prefill_lanes must be 'auto'"),
+    ({"linear_prefill": "loop"}, "linear_prefill must be one of auto, chunked, mlx-lm"),
 ])
 def test_bad_values_name_the_option(kw, says):
     with pytest.raises(ValueError, match=says):
@@ -62,7 +63,7 @@ ENGINE_KEYWORDS = (
     "decode_options", "speculative", "num_draft_tokens", "spec_max_batch", "spec_max_tokens", "draft_model",
     "spec_pipeline", "spec_adaptive", "kv_bits", "kv_group_size", "kv_cache_dir", "kv_cache_disk_gb",
     "kv_cache_block_tokens", "kv_cache_disk_read", "step_tokens", "snapshot_interval", "pad_final_chunk", "final_chunk",
-    "prefill_lanes")
+    "prefill_lanes", "linear_prefill")
 
 
 def test_every_engine_keyword_is_a_config_field():

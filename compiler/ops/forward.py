@@ -14,6 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..cachekinds import position_counters
+from ..gated_delta_layer import decoder_layer_chunked
 from ..layer_groups import check as check_layer_groups
 from .registry import HIDDEN, LOGITS, TOKENS, Param, model_dtype_key, register_op
 
@@ -97,9 +98,15 @@ def _decoder(ctx, node, h):
         # nothing, so MLX computes only its cache writes: the last layer's attention output and
         # MLP run for one position instead of L (a 4-layer model: a quarter of the prefill).
         # Any split of a prompt is exact (chunked prefill).
-        _layers(b, inputs, h[:, :-1])
-        return _layers(b, inputs, h[:, -1:])
-    return _layers(b, inputs, h)
+        _layers(b, inputs, h[:, :-1], _linear_chunked(ctx))
+        return _layers(b, inputs, h[:, -1:], _linear_chunked(ctx))
+    return _layers(b, inputs, h, _linear_chunked(ctx))
+
+
+def _linear_chunked(ctx) -> bool:
+    """The prefill plan chose the chunked gated-delta recurrence (compiler/passes/prefill_choices.py
+    choose_linear_prefill); decode plans make no such choice and keep mlx-lm's."""
+    return ctx.chosen("linear attention (prompt chunks)") == "chunked"
 
 
 def _splits_final_chunk(ctx, n: int) -> bool:
@@ -126,8 +133,10 @@ def _last_only(ctx, node, n: int) -> bool:
                for r in ctx.binding.spec.nodes)
 
 
-def _layers(b, inputs, h):
-    """The fast path's layer loop over `h`'s positions, masks built once per (kind, window)."""
+def _layers(b, inputs, h, linear_chunked: bool = False):
+    """The fast path's layer loop over `h`'s positions, masks built once per (kind, window).
+    linear_chunked: linear-attention layers run chunks of n > 1 positions with the chunked
+    recurrence (compiler/gated_delta_layer.py) instead of as mlx-lm's modules."""
     n = h.shape[1]
     masks = {}
     for layer, info, cache in zip(b.adapter.layers, b.layers, inputs.caches):
@@ -140,7 +149,10 @@ def _layers(b, inputs, h):
         # A layer cache may run its layer itself: the compiled decode path
         # (runtime/compiled_decode.py) runs llama blocks with fused projections.
         run = getattr(cache, "run_layer", None)
-        h = layer(h, masks[key], cache) if run is None else run(layer, h, masks[key])
+        if linear_chunked and n > 1 and info.kind == "linear_attention":
+            h = decoder_layer_chunked(layer, h, masks[key], cache)
+        else:
+            h = layer(h, masks[key], cache) if run is None else run(layer, h, masks[key])
     return h
 
 

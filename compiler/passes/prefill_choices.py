@@ -22,6 +22,7 @@ runtime/chunk_pad.py) reads both records and obeys them.
 from __future__ import annotations
 
 from ..choice import Choice
+from ..gated_delta_layer import why_not_chunked
 from ..selfcheck import batch_prefill_ok
 from ..target import UNPROBED
 
@@ -29,6 +30,8 @@ FINAL_CHUNK = ("whole", "split")
 PADDING = ("on", "off")
 FINAL_CHUNK_REQUESTS = ("auto", "whole", "split")
 PREFILL_LANES = (1, 2)
+LINEAR_PREFILL = ("chunked", "mlx-lm")
+LINEAR_PREFILL_REQUESTS = ("auto",) + LINEAR_PREFILL
 
 # Why one forward wins where it was measured: the split's second forward (one position) reads
 # every layer's weights and launches every layer's kernels, against the last layer's attention
@@ -151,12 +154,50 @@ def choose_lanes(binding, target, requested) -> Choice:
     return Choice(name, str(count), alternatives, f"device is cpu: {why}; {how}")
 
 
+def choose_linear_prefill(binding, target, requested) -> Choice | None:
+    """`linear attention (prompt chunks)`: how gated-delta layers fold a prompt chunk into their
+    state. mlx-lm's `gated_delta_update` runs a Metal kernel, and elsewhere `gated_delta_ops`, a
+    Python loop of a dozen ops per position and layer (a 32k prompt did not get through its cold
+    pass in 200 s on an H100, docs/agent-replay.md). `chunked` is compiler/gated_delta_chunked.py:
+    the same recurrence with T/C dependent matmul steps, equal to the loop to float32 rounding
+    but not bit for bit. None for models without such layers."""
+    layers = [l for l, info in zip(getattr(binding.adapter, "layers", ()) or (), binding.layers)
+              if info.kind == "linear_attention"]
+    if not any(info.kind == "linear_attention" for info in binding.layers):
+        return None
+    name, asked = "linear attention (prompt chunks)", requested.linear_prefill
+    if asked not in LINEAR_PREFILL_REQUESTS:
+        raise ValueError(f"linear_prefill must be one of {', '.join(LINEAR_PREFILL_REQUESTS)}, got {asked!r}")
+    if binding.lowering != "fast":
+        return Choice(name, "mlx-lm", LINEAR_PREFILL, "the generic lowering runs the model's own forward: its layers "
+                      "call mlx-lm's gated_delta_update")
+    blocked = sorted({w for w in map(why_not_chunked, layers) if w is not None})
+    if blocked:
+        return Choice(name, "mlx-lm", LINEAR_PREFILL, f"not chunked: {'; '.join(blocked)}")
+    if asked != "auto":
+        return Choice(name, asked, LINEAR_PREFILL, f"the engine asks linear_prefill={asked!r}")
+    if target.device == "cuda":
+        return Choice(name, "chunked", LINEAR_PREFILL, "device is cuda: mlx-lm's gated_delta_update has no kernel "
+                      "there and steps through the chunk one position at a time (gated_delta_ops); chunked runs "
+                      "T/64 steps of matmuls, equal to it to float32 rounding (CUDA steps are compared with mlx-lm "
+                      "within a tolerance anyway)")
+    if target.device == "gpu":
+        return Choice(name, "mlx-lm", LINEAR_PREFILL, "device is gpu (Metal): mlx-lm's own gated-delta kernel")
+    why = UNPROBED if target.device != "cpu" else (
+        "device is cpu: mlx-lm's forward here is the per-position loop itself, and graphc's CPU steps equal it bit "
+        "for bit; the chunked form rounds differently (within float32 rounding) and measured 4-9x faster on prompts "
+        "of 512-2048 tokens (docs/cpu-prefill.md#hybrid-models): Engine(linear_prefill='chunked') takes it")
+    return Choice(name, "mlx-lm", LINEAR_PREFILL, why)
+
+
 def run_prefill_passes(binding, target, requested) -> tuple:
     """The prefill plan's choices, in order."""
     final = choose_final_chunk(binding, target, requested)
+    linear = choose_linear_prefill(binding, target, requested)
     return (COMPILE, ATTENTION, final, choose_padding(binding, target, requested, final.choice),
-            choose_lanes(binding, target, requested))
+            choose_lanes(binding, target, requested)) + ((linear,) if linear is not None else ())
 
 
-__all__ = ["FINAL_CHUNK", "PADDING", "PREFILL_LANES", "choose_final_chunk", "choose_lanes", "choose_padding",
-           "run_prefill_passes", "samples_last_position", "unpaddable"]
+__all__ = ["FINAL_CHUNK", "LINEAR_PREFILL", "LINEAR_PREFILL_REQUESTS", "PADDING", "PREFILL_LANES",
+           "choose_final_chunk", "choose_lanes", "choose_linear_prefill", "choose_padding", "run_prefill_passes",
+           "samples_last_position", "unpaddable"]
