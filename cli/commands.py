@@ -78,7 +78,8 @@ def cmd_inspect(args) -> int:
                                  target=probe_target(args.kv_bits is not None or declares_quantized(graph, config)),
                                  requested=Requested.of({"compile": True} if args.compile else None,
                                                         final_chunk=args.final_chunk,
-                                                        pad_final_chunk=PAD_FLAG[args.pad_final_chunk]))
+                                                        pad_final_chunk=PAD_FLAG[args.pad_final_chunk],
+                                                        linear_prefill=args.linear_prefill))
     except GraphError as e:
         print(e, file=sys.stderr)
         return 1

@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the last (default auto: the pass decides from the device; --kind prefill shows it)")
     i.add_argument("--pad-final-chunk", choices=["auto", "on", "off"], default="auto",
                    help="as Engine(pad_final_chunk=) asks (default auto: on with MLX's CUDA backend, where exact)")
+    i.add_argument("--linear-prefill", choices=["auto", "chunked", "mlx-lm"], default="auto",
+                   help="as Engine(linear_prefill=) asks: gated-delta layers' prompt chunks chunkwise or as mlx-lm's "
+                        "recurrence (default auto: chunked on CUDA; --kind prefill shows it)")
     i.add_argument("-o", "--output", help="write to this file instead of stdout")
     add_kv_bits_arguments(i)
     i.set_defaults(func=Lazy(INSPECT, "graphc inspect"))

@@ -43,6 +43,9 @@ def add_parser(subparsers) -> None:
     s.add_argument("--final-chunk", choices=["auto", "whole", "split"], default="auto",
                    help="a prompt's last chunk as one forward, or as L-1 positions then the last (default auto: "
                         "whole on CUDA, split on the CPU; `graphc inspect --kind prefill` says why)")
+    s.add_argument("--linear-prefill", choices=["auto", "chunked", "mlx-lm"], default="auto",
+                   help="gated-delta (hybrid) layers' prompt chunks: chunkwise-parallel, or mlx-lm's recurrence, a "
+                        "per-position loop off Metal (default auto: chunked on CUDA; docs/cpu-prefill.md#hybrid-models)")
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
     add_kv_bits_arguments(s)
@@ -115,7 +118,7 @@ def config_from_args(args) -> ServerConfig:
         served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
         step_tokens=args.step_tokens, pad_final_chunk={"on": True, "off": False}.get(args.pad_final_chunk, "auto"),
-        final_chunk=args.final_chunk,
+        final_chunk=args.final_chunk, linear_prefill=args.linear_prefill,
         kv_budget_tokens=args.kv_budget_tokens, kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, speculative=args.speculative,
         num_draft_tokens=args.num_draft_tokens, draft_model=args.draft_model,
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,

@@ -51,6 +51,8 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
         extra["pad_final_chunk"] = c.pad_final_chunk
     if c.final_chunk != "auto":
         extra["final_chunk"] = c.final_chunk
+    if c.linear_prefill != "auto":
+        extra["linear_prefill"] = c.linear_prefill
     if c.draft_model is not None:  # its drafts become the default unless --speculative says otherwise
         extra.update(draft_model=c.draft_model, num_draft_tokens=c.num_draft_tokens)
     return Engine.load(c.model, c.graph, max_batch=c.max_batch, prefill_chunk=c.prefill_chunk,
