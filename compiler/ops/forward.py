@@ -92,15 +92,16 @@ def _decoder(ctx, node, h):
                 f"model type '{b.model_type}' has no inner `.model` returning hidden states, which a graph "
                 "without a logits node needs on the generic lowering")
         return inner(h, cache=inputs.caches)
+    chunked = _linear_chunked(ctx)
     if _last_only(ctx, node, h.shape[1]):
         # The plan's "final chunk" is `split` (compiler/passes/prefill_choices.py): a final chunk
         # of L > 1 tokens runs as L-1 positions, then the last one. The first pass's output feeds
         # nothing, so MLX computes only its cache writes: the last layer's attention output and
         # MLP run for one position instead of L (a 4-layer model: a quarter of the prefill).
         # Any split of a prompt is exact (chunked prefill).
-        _layers(b, inputs, h[:, :-1], _linear_chunked(ctx))
-        return _layers(b, inputs, h[:, -1:], _linear_chunked(ctx))
-    return _layers(b, inputs, h, _linear_chunked(ctx))
+        _layers(b, inputs, h[:, :-1], chunked)
+        return _layers(b, inputs, h[:, -1:], chunked)
+    return _layers(b, inputs, h, chunked)
 
 
 def _linear_chunked(ctx) -> bool:

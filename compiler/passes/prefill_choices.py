@@ -161,8 +161,6 @@ def choose_linear_prefill(binding, target, requested) -> Choice | None:
     pass in 200 s on an H100, docs/agent-replay.md). `chunked` is compiler/gated_delta_chunked.py:
     the same recurrence with T/C dependent matmul steps, equal to the loop to float32 rounding
     but not bit for bit. None for models without such layers."""
-    layers = [l for l, info in zip(getattr(binding.adapter, "layers", ()) or (), binding.layers)
-              if info.kind == "linear_attention"]
     if not any(info.kind == "linear_attention" for info in binding.layers):
         return None
     name, asked = "linear attention (prompt chunks)", requested.linear_prefill
@@ -171,6 +169,7 @@ def choose_linear_prefill(binding, target, requested) -> Choice | None:
     if binding.lowering != "fast":
         return Choice(name, "mlx-lm", LINEAR_PREFILL, "the generic lowering runs the model's own forward: its layers "
                       "call mlx-lm's gated_delta_update")
+    layers = [lay for lay, info in zip(binding.adapter.layers, binding.layers) if info.kind == "linear_attention"]
     blocked = sorted({w for w in map(why_not_chunked, layers) if w is not None})
     if blocked:
         return Choice(name, "mlx-lm", LINEAR_PREFILL, f"not chunked: {'; '.join(blocked)}")
