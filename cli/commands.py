@@ -20,6 +20,7 @@ from graphc.compiler.parse import parse_collect, resolve_graph_path
 from graphc.compiler.target import Requested
 from graphc.compiler.validate import validate
 from graphc.runtime import Engine, SamplingParams
+from graphc.runtime.cpu_weights import convert as convert_weights
 from graphc.runtime.distributed import launched
 from graphc.runtime.target import probe_target
 
@@ -43,7 +44,7 @@ def cmd_generate(args) -> int:
     # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
     engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering,
                          distributed=launched(), compile=COMPILE_FLAG[args.compile], kv_bits=args.kv_bits,
-                         kv_group_size=args.kv_group_size)
+                         kv_group_size=args.kv_group_size, cpu_weights=args.cpu_weights)
     prompt = args.prompt
     if args.chat:
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
@@ -69,6 +70,8 @@ def cmd_inspect(args) -> int:
     model, tokenizer, config = _load_model(_model_dir(args))
     for line in summary_lines(config):  # a converted GGUF: what was kept, what widened (stderr)
         print(line, file=sys.stderr)
+    weights = convert_weights(model, args.cpu_weights)  # as an engine here would run it (runtime/cpu_weights.py)
+    print(f"weights: {weights.choice}: {weights.why}", file=sys.stderr)
     try:
         graph = None if args.graph == "auto" else args.graph
         # The choice passes get this machine's facts (runtime/target.py), so the plan shows what an

@@ -11,7 +11,8 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from graphc.compiler.argtypes import DefaultsHelpFormatter, add_kv_bits_arguments, non_negative_int, positive_int
+from graphc.compiler.argtypes import (DefaultsHelpFormatter, add_cpu_weights_argument, add_kv_bits_arguments,
+                                      non_negative_int, positive_int)
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 from graphc.compiler.errors import GraphError
 from graphc.contracts.providers import Lazy, resolve
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lowering", choices=["auto", "fast", "generic"], default="auto", help=_LOWERING_HELP)
     g.add_argument("--compile", choices=list(COMPILE_FLAG), default="graph", help=COMPILE_FLAG_HELP)
     add_kv_bits_arguments(g)
+    add_cpu_weights_argument(g)
     g.set_defaults(func=Lazy(GENERATE, "graphc generate"))
 
     i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "recurrence (default auto: chunked on CUDA; --kind prefill shows it)")
     i.add_argument("-o", "--output", help="write to this file instead of stdout")
     add_kv_bits_arguments(i)
+    add_cpu_weights_argument(i)
     i.set_defaults(func=Lazy(INSPECT, "graphc inspect"))
 
     v = sub.add_parser("validate", help="check GRAPH and report every problem found")

@@ -44,3 +44,12 @@ def add_kv_bits_arguments(p) -> None:
                         "QuantizedKVCache format; not exact, docs/cache-policies.md); default: the graph's policy")
     p.add_argument("--kv-group-size", type=int, choices=[32, 64, 128],
                    help="values per quantization scale/bias along head_dim with --kv-bits (default 64)")
+
+
+def add_cpu_weights_argument(p) -> None:
+    """--cpu-weights: on the CPU, compute in float32 (runtime/cpu_weights.py)."""
+    p.add_argument("--cpu-weights", choices=["auto", "stored", "float32"], default=None,
+                   help="on the CPU, run quantized and float16/bfloat16 models in float32 through the BLAS, "
+                        "quantized layers dequantized where they fit half the free memory (default auto; "
+                        "not exact against the stored weights; docs/cpu-prefill.md); "
+                        "stored: as the folder has them; no effect on a GPU unless float32")

@@ -12,24 +12,17 @@ runs it on its own thread (see docs/embedding.md).
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import random
 import time
 from pathlib import Path
 
-import mlx_lm
-
 from graphc.compiler.compile import CompiledGraph, declares_quantized
-from graphc.compiler.errors import UnsupportedModel
-from graphc.compiler.gguf import resolve_model_path
-from graphc.compiler.modelgen import demo_model_path
 from graphc.compiler.selfcheck_cache import compile_cached
 
 from .compiled_decode import build_decode_step
 from .config import EngineConfig
-from .distributed import load_sharded
 from .engine_faults import FaultRecovery
 from .engine_oneshot import OneShotGraphs
 from .engine_speculator import speculator_for
@@ -46,6 +39,8 @@ from .host_edits import HostEdits
 from .prefix_io import PrefixIO
 from .prefill_rate import PrefillRate
 from .cache.disk_tier import attach_disk_tier
+from .cpu_weights import WeightsChoice
+from .engine_load import load_engine
 from .request import GenerationResult, Request, RequestOutput
 from .runner import ModelRunner
 from .scheduler import Scheduler, burst_sizes, step_tokens_floor
@@ -63,6 +58,8 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
         c = self.engine_config = EngineConfig.from_kwargs(engine_config, **options)
         prefill_chunk, max_batch, batch_prefill = c.prefill_chunk, c.max_batch, c.batch_prefill
         self.model = model
+        # what Engine.load did to the weights (runtime/cpu_weights.py); a model handed in is used as given
+        self.weights = WeightsChoice("stored", "the model as the caller built it")
         self.tokenizer = tokenizer
         self.config = config
         # Where the seeds of sampled requests without one come from (add_request): `seed` fixes them.
@@ -152,37 +149,17 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
     # -- construction -------------------------------------------------------------
     @classmethod
     def load(cls, model_dir: str | Path | None = None, graph=None, *, distributed: bool = False,
-             **kwargs) -> "Engine":
+             cpu_weights: str | None = None, **kwargs) -> "Engine":
         """Load a model folder or a .gguf file (the built-in demo model when None) and compile `graph` for it.
 
         A .gguf file is converted once into a cached mlx-lm folder (graphc.compiler.gguf).
         distributed=True (under `mlx.launch`): shard the model over the world group, tensor
         parallel; rank 0 gets the engine, the other ranks follow it and exit with it
-        (runtime/distributed/, docs/distributed.md)."""
-        if distributed:  # the distributed load checks and compares the options as keywords
-            base = kwargs.pop("engine_config", None)
-            return load_sharded(model_dir, graph, engine_cls=cls, **{**(base.changed() if base else {}), **kwargs})
-        if model_dir is None:
-            model_dir = demo_model_path()
-        path = resolve_model_path(model_dir)
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(
-                f"no model folder at '{model_dir}' (expected a config.json there); "
-                "graphc never downloads weights — build a test model with `graphc make-model`"
-            )
-        config = json.loads((path / "config.json").read_text())
-        t0 = time.perf_counter()
-        try:
-            model, tokenizer = mlx_lm.load(str(path))
-        except Exception as e:  # noqa: BLE001 - whatever mlx-lm (or transformers under it) raises
-
-            raise UnsupportedModel(
-                f"model type '{config.get('model_type', '?')}': mlx_lm.load could not load '{path}': "
-                f"{type(e).__name__}: {e}. graphc loads models through mlx-lm; fix the folder (config.json, "
-                "tokenizer files) so that mlx_lm.load reads it") from e
-        log.info("loaded weights and tokenizer from %s: %.1f s", path, time.perf_counter() - t0)
-        # model_path is what the user named (a .gguf file stays a .gguf file in names and logs).
-        return cls(model, tokenizer, config, graph, model_path=str(model_dir), **kwargs)
+        (runtime/distributed/, docs/distributed.md).
+        cpu_weights: "auto" (the default, also for None), "stored" or "float32": on the CPU
+        the model computes in float32, quantized layers dequantized where they fit
+        (runtime/cpu_weights.py; `engine.weights` says what was done)."""
+        return load_engine(cls, model_dir, graph, distributed=distributed, cpu_weights=cpu_weights, **kwargs)
 
     # -- low-level loop -------------------------------------------------------------
     def encode(self, prompt: str | list[int]) -> list[int]:

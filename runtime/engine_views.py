@@ -46,6 +46,8 @@ class EngineViews:
         s = self.scheduler
         return {"graph": plan.graph, "model_type": plan.model_type, "lowering": plan.lowering, "target": plan.target,
                 "choices": choices, "built": applied() if applied is not None else None,
+                # what the load did to the weights (runtime/cpu_weights.py): float32 on the CPU, or as stored
+                "weights": self.weights.to_dict(),
                 # how prompts are admitted (docs/scheduling.md): the device's burst, the step budget, the lanes
                 "scheduling": {"max_batch": s.max_batch, "prefill_chunk": s.prefill_chunk, "step_tokens": s.step_tokens,
                                "step_tokens_floor": s.step_tokens_floor, "burst_tokens": s.BURST_TOKENS,

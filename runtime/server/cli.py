@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from graphc.compiler.argtypes import add_kv_bits_arguments, positive_int
+from graphc.compiler.argtypes import add_cpu_weights_argument, add_kv_bits_arguments, positive_int
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 
 from graphc.contracts.providers import resolve
@@ -49,6 +49,7 @@ def add_parser(subparsers) -> None:
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
     add_kv_bits_arguments(s)
+    add_cpu_weights_argument(s)
     s.add_argument("--speculative", choices=["off", "prompt_lookup", "draft_model"],
                    help="speculative decoding for requests that do not set `speculative` (default: off, or "
                         "draft_model with --draft-model; docs/speculative.md)")
@@ -118,7 +119,7 @@ def config_from_args(args) -> ServerConfig:
         served_model_name=args.served_model_name, host=args.host,
         port=args.port, api_key=args.api_key or None, max_batch=args.max_batch, prefill_chunk=args.prefill_chunk,
         step_tokens=args.step_tokens, pad_final_chunk={"on": True, "off": False}.get(args.pad_final_chunk, "auto"),
-        final_chunk=args.final_chunk, linear_prefill=args.linear_prefill,
+        final_chunk=args.final_chunk, linear_prefill=args.linear_prefill, cpu_weights=args.cpu_weights,
         kv_budget_tokens=args.kv_budget_tokens, kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, speculative=args.speculative,
         num_draft_tokens=args.num_draft_tokens, draft_model=args.draft_model,
         max_model_len=args.max_model_len, max_prompt_tokens=args.max_prompt_tokens,

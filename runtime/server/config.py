@@ -36,6 +36,7 @@ class ServerConfig:
     pad_final_chunk: bool | str = "auto"  # Engine(pad_final_chunk=): "auto" (on with CUDA), True, False
     final_chunk: str = "auto"  # Engine(final_chunk=): "auto" (the prefill pass decides), "whole", "split"
     linear_prefill: str = "auto"  # Engine(linear_prefill=): "auto" (chunked on CUDA), "chunked", "mlx-lm"
+    cpu_weights: str | None = None  # Engine.load(cpu_weights=): "auto", "stored", "float32"; None: auto
     kv_bits: int | None = None  # full-attention KV quantized to 8 or 4 bits (not exact); None = the graph's
     kv_group_size: int | None = None  # with kv_bits: values per scale/bias (None: 64)
     speculative: str | None = None  # default for requests that do not say: "prompt_lookup" | "off" (docs/speculative.md)

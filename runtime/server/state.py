@@ -53,6 +53,8 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
         extra["final_chunk"] = c.final_chunk
     if c.linear_prefill != "auto":
         extra["linear_prefill"] = c.linear_prefill
+    if c.cpu_weights is not None:  # runtime/cpu_weights.py
+        extra["cpu_weights"] = c.cpu_weights
     if c.draft_model is not None:  # its drafts become the default unless --speculative says otherwise
         extra.update(draft_model=c.draft_model, num_draft_tokens=c.num_draft_tokens)
     return Engine.load(c.model, c.graph, max_batch=c.max_batch, prefill_chunk=c.prefill_chunk,
