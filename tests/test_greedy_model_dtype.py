@@ -19,6 +19,14 @@ def bf16_llama(model_dir):
     return model_dir("llama", dtype="bfloat16")
 
 
+@pytest.fixture(autouse=True)
+def as_stored(monkeypatch):
+    """The model's own bfloat16 is what these tests are about, as on a GPU: on the CPU Engine.load
+    would run it in float32 (runtime/cpu_weights.py), so every load here keeps it as stored."""
+    real = Engine.load.__func__
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *a, **kw: real(cls, *a, cpu_weights="stored", **kw)))
+
+
 def _argmax_dtypes(monkeypatch):
     seen = []
     real = mx.argmax

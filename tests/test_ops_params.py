@@ -167,7 +167,9 @@ def test_positions_all_feeds_sampling_and_prompt_logprobs(llama, tmp_path):
 def test_logits_dtype(model_dir, tmp_path):
     d = model_dir("llama", num_layers=2, dtype="bfloat16")
     for dtype, want in (("float32", mx.float32), ("model", mx.bfloat16)):
-        eng = Engine.load(d, graph=graph(tmp_path, f"dt_{dtype}", logits="{positions: last, dtype: %s}" % dtype))
+        # cpu_weights="stored": the bfloat16 model as a GPU runs it (on the CPU the load would make it float32)
+        eng = Engine.load(d, graph=graph(tmp_path, f"dt_{dtype}", logits="{positions: last, dtype: %s}" % dtype),
+                          cpu_weights="stored")
         out = eng.compiled.prefill(StepInputs(mx.array([PROMPT]), eng.runner.new_caches()))
         assert out.logits.dtype == want
 
