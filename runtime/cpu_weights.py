@@ -24,7 +24,8 @@ rounding); mlx-lm's forward on the converted model is what graphc is held to
 (tests/test_cpu_weights.py). `stored` keeps the folder's weights and dtypes (mlx-lm's numerics);
 `float32` converts even past the memory share. On a GPU (Metal, CUDA) `auto` changes nothing:
 there the half-precision and quantized kernels are the fast path. A model a distributed load
-shards, and a speculative draft model, are used as stored.
+shards runs as stored; a speculative draft model always takes `auto` (its numbers only change
+which drafts are accepted, never the output).
 """
 
 from __future__ import annotations

@@ -162,3 +162,14 @@ def test_inspect_says_what_it_did(q4_f16):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "weights: float32: MLX's CPU quantized matmul" in r.stderr
+
+
+def test_a_draft_model_runs_in_float32_and_the_output_stays_the_target_s(q4_f16, model_dir):
+    from graphc.runtime.speculative.draft_model import DraftModel
+
+    draft = DraftModel.load(q4_f16)
+    assert quantized_layers(draft.model) == 0 and float_dtypes(draft.model) == {mx.float32}
+    target = model_dir("llama")
+    plain = Engine.load(target).generate(PROMPTS, GREEDY)
+    spec = Engine.load(target, draft_model=str(q4_f16), num_draft_tokens=3).generate(PROMPTS, GREEDY)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]

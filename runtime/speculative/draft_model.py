@@ -20,6 +20,8 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from graphc.compiler.gguf import resolve_model_path
 
+from ..cpu_weights import convert as convert_weights
+
 PREFILL_CHUNK = 512  # draft-model prompt tokens per forward when a row first drafts
 
 
@@ -41,11 +43,14 @@ class DraftModel:
 
     @classmethod
     def load(cls, path, target_tokenizer=None, target_vocab: int | None = None) -> "DraftModel":
-        """A model folder or .gguf file, loaded through mlx_lm.load like the target."""
+        """A model folder or .gguf file, loaded through mlx_lm.load like the target; on the CPU a
+        quantized or half-precision draft runs in float32 (runtime/cpu_weights.py `auto`): its
+        numbers only change which drafts the target accepts, never the output."""
         folder = resolve_model_path(path)
         if not (folder / "config.json").exists():
             raise FileNotFoundError(f"no draft model folder at '{path}' (expected a config.json there)")
         model, tokenizer = mlx_lm.load(str(folder))
+        convert_weights(model, "auto")
         return cls(model, tokenizer, target_tokenizer=target_tokenizer, target_vocab=target_vocab, path=str(path))
 
     def __call__(self, req, k: int) -> list[int]:
