@@ -10,6 +10,8 @@ from importlib.metadata import version
 import mlx.core as mx
 import mlx_lm
 
+from graphc.contracts import cpu_blas
+
 
 def _loaded_libs(pattern: str) -> list[str]:
     try:
@@ -36,7 +38,9 @@ def environment() -> dict:
     except Exception:
         info = {}
     blas = _loaded_libs(r"blas|lapack|mkl|accelerate")
-    if backend == "cpu" and any("mlx_cpu.libs" in l or l.startswith("libblas-") for l in blas):
+    if backend == "cpu" and cpu_blas.LOADED is not None:  # loaded ahead of the wheel's own, so MLX calls it
+        blas_note = cpu_blas.NOTE
+    elif backend == "cpu" and any("mlx_cpu.libs" in l or l.startswith("libblas-") for l in blas):
         blas_note = "mlx-cpu bundled reference BLAS (slow float32 matmul; see docs/demo-model.md)"
     elif backend == "cpu" and any("openblas" in l for l in blas):
         blas_note = "OpenBLAS"

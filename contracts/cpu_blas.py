@@ -42,6 +42,7 @@ import sys
 KNOWN_PATHS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
                "/usr/lib64/libopenblas.so.0", "/usr/lib/libopenblas.so.0")
 NOTE = "not chosen yet"  # what preload() did, for logs and the bench's environment line
+LOADED: str | None = None  # the library preload() put before MLX's own, when it did
 
 
 def choose(environ, platform: str, exists=os.path.exists, find=ctypes.util.find_library) -> tuple[str | None, str]:
@@ -65,7 +66,7 @@ def choose(environ, platform: str, exists=os.path.exists, find=ctypes.util.find_
 
 def preload(environ=os.environ) -> str:
     """Load the chosen BLAS with RTLD_GLOBAL before mlx.core is imported; what happened (`NOTE`)."""
-    global NOTE
+    global NOTE, LOADED
     if "mlx.core" in sys.modules:
         NOTE = "mlx.core was imported before graphc: the BLAS it loaded is kept"
         return NOTE
@@ -84,4 +85,5 @@ def preload(environ=os.environ) -> str:
         if not user_set:  # numpy's OpenBLAS and child processes get the user's environment
             environ.pop("OPENBLAS_NUM_THREADS", None)
     NOTE = f"{why} ({lib}, {threads} thread(s) a call)"
+    LOADED = lib
     return NOTE
