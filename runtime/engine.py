@@ -58,8 +58,8 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
         c = self.engine_config = EngineConfig.from_kwargs(engine_config, **options)
         prefill_chunk, max_batch, batch_prefill = c.prefill_chunk, c.max_batch, c.batch_prefill
         self.model = model
-        # what Engine.load did to the weights (runtime/cpu_weights.py); a model handed in is used as given
-        self.weights = WeightsChoice("stored", "the model as the caller built it")
+        # what Engine.load did to the weights (runtime/cpu_weights.py); replaced by Engine.load where it converts
+        self.weights = WeightsChoice("stored", "not converted: a model handed to Engine(), or sharded by a distributed load")
         self.tokenizer = tokenizer
         self.config = config
         # Where the seeds of sampled requests without one come from (add_request): `seed` fixes them.
