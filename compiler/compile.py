@@ -17,6 +17,8 @@ from .parse import parse_collect, resolve_graph_path
 from .plan import Plan
 from .selfcheck import chunking_changes_output, reference_run, run_check
 from .target import Requested, Target
+
+LINEAR_CHOICE = "linear attention (prompt chunks)"
 from .validate import validate
 
 
@@ -187,8 +189,19 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
                                f"either ({checks[-1].describe()}: {checks[-1].error}).")
     for name in tries:
         compiled = _checked(spec, binding, ref, name, checks, batched=True, target=target, requested=requested)
+        if compiled is None and _chunked_auto_failed(checks[-1], requested):
+            # The chunked gated-delta form rounds differently from mlx-lm's per-position loop; on
+            # some models (bf16, mixtures of experts) that compounds past the tolerance. The same
+            # lowering on the loop is exact per row: try it before leaving the fast path (the
+            # prefill pass reads this failed check from the binding and chooses the loop).
+            compiled = _checked(spec, binding, ref, name, checks, batched=True, target=target, requested=requested)
+            if compiled is not None:
+                log.warning("model type '%s': the chunked gated-delta prompt form failed the self-check (%s); "
+                            "prompt chunks run mlx-lm's per-position loop (%s)", mtype, checks[-2].describe(),
+                            checks[-1].describe())
+                return compiled
         if compiled is not None:
-            if checks[:-1]:
+            if checks[:-1] and checks[0].lowering != name:
                 log.warning("model type '%s': the fast path failed the self-check (%s); serving the generic "
                             "lowering (the model's own forward)", mtype, checks[0].describe())
             return compiled
@@ -225,6 +238,9 @@ def compile_graph(graph: str | os.PathLike | None, model, config: dict, lowering
         if compiled is not None:
             return compiled
     need = "a cache policy or model fix (see docs/models.md)"
+    if requested.linear_prefill == "chunked" and any(c.linear_prefill == "chunked" for c in checks):
+        need = ("linear_prefill='auto' or 'mlx-lm': the chunked gated-delta form rounds differently from mlx-lm's "
+                "per-position loop, and on this model past the check's tolerance")
     raise UnsupportedModel(
         f"model type '{mtype}': no lowering reproduces mlx-lm's own forward on graphc's caches "
         f"({tried}; first difference: {last.error}). Refusing to serve it rather than be wrong; "
@@ -257,6 +273,9 @@ def _checked(spec, bound: Binding, ref, lowering: str, checks: list, batched: bo
     compiled = CompiledGraph(spec, trial, lower(trial, "prefill", target, requested),
                              lower(trial, "decode", target, requested))
     result = run_check(compiled, ref, lowering, batched=batched)
+    linear = compiled.prefill.plan.choice(LINEAR_CHOICE)
+    if linear is not None:
+        result = attrs.evolve(result, linear_prefill=linear.choice)
     checks.append(result)
     if not result.ok:
         return None
@@ -267,6 +286,13 @@ def _checked(spec, bound: Binding, ref, lowering: str, checks: list, batched: bo
     return CompiledGraph(spec, binding, lower(binding, "prefill", target, requested),
                          lower(binding, "decode", target, requested), vocab_size=ref.vocab, target=target,
                          requested=requested)
+
+
+def _chunked_auto_failed(check, requested: Requested) -> bool:
+    """A failed fast check whose prompt chunks ran the chunked gated-delta form by the plan's
+    own choice (an engine that asked for it explicitly gets the refusal instead)."""
+    return (not check.ok and check.lowering == "fast" and check.linear_prefill == "chunked"
+            and requested.linear_prefill == "auto")
 
 
 def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) -> CompiledGraph:

@@ -82,12 +82,18 @@ class CheckResult:
     batched: bool = True  # False: checked one request at a time (rows never share a forward)
     batched_only: bool = False  # failed, but only where rows shared a forward
     mask_rank: int = 4
+    # How the checked prefill folded gated-delta prompt chunks ("chunked" / "mlx-lm"); None for
+    # models without such layers. A chunked form that fails is retried on mlx-lm's loop (compile.py).
+    linear_prefill: str | None = None
 
     @property
     def name(self) -> str:
+        name = self.lowering
+        if self.linear_prefill == "chunked":
+            name += ", chunked gated-delta prompts"
         if not self.batched:
-            return f"{self.lowering} (one request at a time)"
-        return self.lowering if self.mask_rank == 4 else f"{self.lowering} (rank-5 row masks)"
+            return f"{name} (one request at a time)"
+        return name if self.mask_rank == 4 else f"{name} (rank-5 row masks)"
 
     def describe(self) -> str:
         if self.error and self.max_abs_diff is None:

@@ -175,6 +175,12 @@ def choose_linear_prefill(binding, target, requested) -> Choice | None:
         return Choice(name, "mlx-lm", LINEAR_PREFILL, f"not chunked: {'; '.join(blocked)}")
     if asked != "auto":
         return Choice(name, asked, LINEAR_PREFILL, f"the engine asks linear_prefill={asked!r}")
+    failed = next((c for c in binding.checks if c.linear_prefill == "chunked" and not c.ok), None)
+    if target.device == "cuda" and failed is not None:
+        return Choice(name, "mlx-lm", LINEAR_PREFILL, f"device is cuda, but the chunked form failed this model's "
+                      f"self-check ({failed.describe()}): its rounding differs from mlx-lm's loop and here that "
+                      "compounds past the tolerance, so mlx-lm's gated_delta_update steps through each chunk "
+                      "(exact; slower on long prompts)")
     if target.device == "cuda":
         return Choice(name, "chunked", LINEAR_PREFILL, "device is cuda: mlx-lm's gated_delta_update has no kernel "
                       "there and steps through the chunk one position at a time (gated_delta_ops); chunked runs "
