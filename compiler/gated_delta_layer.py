@@ -12,6 +12,8 @@ every other layer run as mlx-lm's modules.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.gated_delta import compute_g, normalize_qk
@@ -84,4 +86,37 @@ def gated_delta_net_chunked(attn, inputs, mask, cache):
     return attn.out_proj(out.reshape(B, S, -1))
 
 
-__all__ = ["decoder_layer_chunked", "gated_delta_net_chunked", "why_not_chunked"]
+class _ChunkedPrompts(nn.Module):
+    """Stands in for a layer's Qwen3NextGatedDeltaNet while the self-check's reference runs:
+    prompt chunks (more than one position) through gated_delta_net_chunked, single positions
+    through the layer itself, as graphc's chunked prefill and its decode steps run them."""
+
+    def __init__(self, attn):
+        super().__init__()
+        self.attn = attn
+
+    def __call__(self, x, mask=None, cache=None):
+        if x.shape[1] > 1:
+            return gated_delta_net_chunked(self.attn, x, mask, cache)
+        return self.attn(x, mask, cache)
+
+
+@contextmanager
+def chunked_reference(layers):
+    """mlx-lm's own forward, for as long as the block runs, with the chunked recurrence in its
+    gated-delta layers' prompt chunks: what an engine that asks for linear_prefill="chunked" is
+    checked against (compiler/compile.py). It swaps the layers' `linear_attn` on this model
+    instance only (never mlx-lm's module globals: another engine in the process keeps its own
+    forward) and puts them back."""
+    swapped = [(layer, layer.linear_attn) for layer in layers if hasattr(layer, "linear_attn")
+               and why_not_chunked(layer) is None]
+    try:
+        for layer, attn in swapped:
+            layer.linear_attn = _ChunkedPrompts(attn)
+        yield len(swapped)
+    finally:
+        for layer, attn in swapped:
+            layer.linear_attn = attn
+
+
+__all__ = ["chunked_reference", "decoder_layer_chunked", "gated_delta_net_chunked", "why_not_chunked"]

@@ -85,12 +85,17 @@ class CheckResult:
     # How the checked prefill folded gated-delta prompt chunks ("chunked" / "mlx-lm"); None for
     # models without such layers. A chunked form that fails is retried on mlx-lm's loop (compile.py).
     linear_prefill: str | None = None
+    # What stood in for mlx-lm's own forward, if anything did (an engine that asks for the chunked
+    # gated-delta form is checked against mlx-lm's forward with that recurrence in its layers).
+    reference: str | None = None
 
     @property
     def name(self) -> str:
         name = self.lowering
         if self.linear_prefill == "chunked":
             name += ", chunked gated-delta prompts"
+        if self.reference:
+            name += f", against {self.reference}"
         if not self.batched:
             return f"{name} (one request at a time)"
         return name if self.mask_rank == 4 else f"{name} (rank-5 row masks)"

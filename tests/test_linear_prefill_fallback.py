@@ -5,7 +5,8 @@ per-position loop, and on some models (bf16 weights, mixtures of experts, float3
 TF32) that compounds past the self-check's tolerance: the model was then refused outright, where
 the same fast lowering on the loop is exact. These tests stand in for such a device: the plan is
 made for a CUDA target while the check runs here, and the chunked form's matmuls are made to
-round like TF32 (a 10-bit mantissa), which the float32 check's tolerance does not admit.
+round like TF32 (a 10-bit mantissa), which the float32 check's tolerance does not admit. An engine
+that asks for the chunked form itself is checked against mlx-lm's forward with that recurrence.
 """
 
 from __future__ import annotations
@@ -69,9 +70,35 @@ def test_failed_chunked_form_retries_the_fast_lowering_on_the_loop(hybrid, round
     assert rebuilt.plan("prefill").choice(CHOICE).choice == "mlx-lm"
 
 
-def test_explicit_chunked_is_refused_with_what_to_ask_instead(hybrid, rounding_like_tf32):
+def test_explicit_chunked_is_checked_against_mlx_lm_with_the_chunked_recurrence(hybrid, rounding_like_tf32):
+    """An engine that asks for the chunked form accepts its rounding: past the tolerance against the
+    loop, it is checked against mlx-lm's own forward with the same recurrence in its layers."""
     model, config = hybrid
-    with pytest.raises(UnsupportedModel, match="linear_prefill='auto' or 'mlx-lm'"):
+    compiled = compile_graph(None, model, config, lowering="fast", target=CUDA,
+                             requested=Requested(linear_prefill="chunked"))
+    checks = compiled.binding.checks
+    assert [(k.linear_prefill, k.reference, k.ok) for k in checks] == [
+        ("chunked", None, False), ("chunked", "mlx-lm's forward with the chunked recurrence", True)]
+    assert "against mlx-lm's forward with the chunked recurrence" in checks[-1].describe()
+    c = compiled.plan("prefill").choice(CHOICE)
+    assert c.choice == "chunked" and "rounds past the self-check's tolerance" in c.why, c
+    # the model's own layers are back in place once the reference has run
+    assert all(type(layer.linear_attn).__name__ == "Qwen3NextGatedDeltaNet"
+               for layer in model.layers if hasattr(layer, "linear_attn"))
+
+
+def test_the_chunked_reference_still_catches_the_engines_own_bugs(hybrid, monkeypatch):
+    """The check against the chunked reference is not a check against itself: the reference runs each
+    prompt in one forward from an empty state, graphc in chunks of 4 carrying its state. A chunked
+    form that drops the state it is handed (a caching bug) is refused."""
+    model, config = hybrid
+    real = gdc.gated_delta_chunked
+
+    def forgets_state(q, k, v, g, beta, state=None, mask=None, chunk=gdc.CHUNK):
+        return real(_tf32(q), k, v, g, beta, None, mask, chunk)  # also past the loop's tolerance
+
+    monkeypatch.setattr("graphc.compiler.gated_delta_layer.gated_delta_chunked", forgets_state)
+    with pytest.raises(UnsupportedModel, match="no lowering reproduces"):
         compile_graph(None, model, config, lowering="fast", target=CUDA, requested=Requested(linear_prefill="chunked"))
 
 
