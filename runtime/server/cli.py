@@ -45,7 +45,9 @@ def add_parser(subparsers) -> None:
                         "whole on CUDA, split on the CPU; `graphc inspect --kind prefill` says why)")
     s.add_argument("--linear-prefill", choices=["auto", "chunked", "mlx-lm"], default="auto",
                    help="gated-delta (hybrid) layers' prompt chunks: chunkwise-parallel, or mlx-lm's recurrence, a "
-                        "per-position loop off Metal (default auto: chunked on CUDA where it passes the self-check against the loop; "chunked": checked against mlx-lm with the chunked recurrence if it does not; docs/cpu-prefill.md#hybrid-models)")
+                        "per-position loop off Metal (default auto: chunked on CUDA where it passes the self-check "
+                        "against the loop; 'chunked': checked against mlx-lm with the chunked recurrence where it "
+                        "does not; docs/cpu-prefill.md#hybrid-models)")
     s.add_argument("--kv-budget-tokens", type=int,
                    help="KV tokens the scheduler may hold (admission control, preemption); default: unbounded")
     add_kv_bits_arguments(s)
