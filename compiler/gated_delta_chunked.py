@@ -78,17 +78,17 @@ def gated_delta_chunked(q, k, v, g, beta, state=None, mask=None, chunk: int = CH
         gate_end = mx.exp(G[..., -1])[..., None, None]  # [B, H, n, 1, 1]
 
     inv = _unit_lower_inverse(beta[..., None] * A)
-    W = _mm(inv, beta[..., None] * decay_q * k)  # [B, H, n, C, Dk]
-    U0 = _mm(inv, beta[..., None] * v)  # [B, H, n, C, Dv]
+    W = matmul(inv, beta[..., None] * decay_q * k)  # [B, H, n, C, Dk]
+    U0 = matmul(inv, beta[..., None] * v)  # [B, H, n, C, Dv]
     qg = decay_q * q
     k_end = mx.swapaxes(decay_end * k, -1, -2)  # [B, H, n, Dk, C]
 
     M = mx.swapaxes(state.astype(mx.float32), -1, -2)  # [B, H, Dk, Dv]
     ys = []
     for c in range(n):
-        U = U0[:, :, c] - _mm(W[:, :, c], M)
-        ys.append(_mm(qg[:, :, c], M) + _mm(P[:, :, c], U))
-        M = gate_end[:, :, c] * M + _mm(k_end[:, :, c], U)
+        U = U0[:, :, c] - matmul(W[:, :, c], M)
+        ys.append(matmul(qg[:, :, c], M) + matmul(P[:, :, c], U))
+        M = gate_end[:, :, c] * M + matmul(k_end[:, :, c], U)
     y = mx.stack(ys, axis=2).reshape(B, Hv, n * chunk, Dv)
     y = mx.moveaxis(y, 1, 2)[:, :T]
     if extra is not None:
@@ -112,7 +112,9 @@ def _masked_positions(q, k, v, g, beta, mask, vector):
     return q, g, beta, extra
 
 
-def _mm(a, b):
+def matmul(a, b):
+    """Every product this form takes goes through here (benchmarks/probes/gated_delta_rounding.py
+    replaces it to round them like TF32 or bf16)."""
     return a @ b
 
 
@@ -133,8 +135,8 @@ def _pairwise_scalar(q, k, G):
     diff = G[..., :, None] - G[..., None, :]
     decay = mx.exp(mx.where(_causal(C, strict=False), diff, -mx.inf))  # 0 above the diagonal
     kt = mx.swapaxes(k, -1, -2)
-    A = mx.where(_causal(C, strict=True), _mm(k, kt) * decay, 0.0)
-    P = _mm(q, kt) * decay
+    A = mx.where(_causal(C, strict=True), matmul(k, kt) * decay, 0.0)
+    P = matmul(q, kt) * decay
     return A, P
 
 
@@ -161,8 +163,8 @@ def _unit_lower_inverse(N):
     X = mx.broadcast_to(mx.eye(C, dtype=N.dtype), N.shape)
     X = mx.array(X)  # writable copy
     for i in range(1, C):
-        X[..., i:i + 1, :] = X[..., i:i + 1, :] - _mm(N[..., i:i + 1, :i], X[..., :i, :])
+        X[..., i:i + 1, :] = X[..., i:i + 1, :] - matmul(N[..., i:i + 1, :i], X[..., :i, :])
     return X
 
 
-__all__ = ["CHUNK", "gated_delta_chunked"]
+__all__ = ["CHUNK", "gated_delta_chunked", "matmul"]

@@ -44,7 +44,7 @@ def hybrid(model_dir):
 
 @pytest.fixture
 def rounding_like_tf32(monkeypatch):
-    monkeypatch.setattr(gdc, "_mm", lambda a, b: _tf32(a) @ _tf32(b))
+    monkeypatch.setattr(gdc, "matmul", lambda a, b: _tf32(a) @ _tf32(b))
 
 
 def test_exact_chunked_form_keeps_the_cuda_default(hybrid):

@@ -22,6 +22,8 @@ import mlx.core as mx
 from mlx_lm.models.gated_delta import gated_delta_ops
 
 import graphc.compiler.gated_delta_chunked as gdc
+from graphc.benchmarks.shapes import SHAPES, IdTokenizer, random_model
+from graphc.runtime import Engine
 
 
 def tf32(x):
@@ -52,21 +54,18 @@ def recurrence(lengths: list[int]) -> None:
         y0, s0 = gated_delta_ops(q, k, v, g, beta, mx.zeros((B, Hv, D, D)))
         scale = mx.abs(y0).max().item()
         for name, mm in ROUNDINGS.items():
-            gdc._mm = mm
+            gdc.matmul = mm
             y, s = gdc.gated_delta_chunked(q, k, v, g, beta)
             print(f"T={T:5d} matmuls as {name:7s}: outputs off the loop by {mx.abs(y - y0).max().item() / scale:.2e} "
                   f"of their largest, states by {mx.abs(s - s0).max().item():.2e}", flush=True)
 
 
 def selfcheck(layers: int) -> None:
-    from graphc.benchmarks.shapes import SHAPES, IdTokenizer, random_model
-    from graphc.runtime import Engine
-
     logging.basicConfig(level=logging.WARNING)
     cfg = dict(SHAPES["qwen3-next-2b"], num_hidden_layers=layers, mlp_only_layers=list(range(layers)))
     model = random_model(cfg, mx.bfloat16)
     for arm, rounding in (("chunked", "float32"), ("chunked", "tf32"), ("mlx-lm", "float32")):
-        gdc._mm = ROUNDINGS[rounding]
+        gdc.matmul = ROUNDINGS[rounding]
         eng = Engine(model, IdTokenizer(), cfg, linear_prefill=arm, prefix_cache=False)
         check = eng.compiled.binding.check
         print(f"prompt chunks {arm:7s} (matmuls as {rounding}): {check.describe()}", flush=True)
