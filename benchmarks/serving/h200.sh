@@ -4,6 +4,7 @@
 #   OUT=/some/dir PYTHONPATH=/root/site bash benchmarks/serving/h200.sh 1b    # or 8b
 #   MAX_BATCH=32 ... 8b: mlx_lm.server runs out of GPU memory on the 8B shape at decode concurrency 64
 #   MLX_PC=N: mlx_lm.server's --prompt-concurrency (default: its own, or 8 on GPUs under 100 GB)
+#   MLX_BATCH=N: mlx_lm.server's --decode-concurrency, where it cannot hold MAX_BATCH streams
 #   BENCH_ARGS="--mlx-env MLX_USE_CUDA_GRAPHS=0": mlx_lm.server without MLX's CUDA graphs (its process
 #     died of `cudaGraphInstantiate ... out of memory` on 80 GB H100s at every prompt concurrency tried)
 #   BENCH_ARGS="--servers graphc --trace-steps": graphc's steps traced, summarized per run beside its log
@@ -30,10 +31,14 @@ model=/tmp/serving-models/$shape  # not under $OUT: 2.5 / 16 GB of weights must 
 # 80 GB H100 at the 1B shape. Under 100 GB of GPU memory it gets 8 unless MLX_PC says otherwise.
 gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 || true)
 if [ -z "${MLX_PC:-}" ] && [ -n "$gpu_mib" ] && [ "$gpu_mib" -lt 102400 ]; then MLX_PC=8; fi
-mlx_pc=${MLX_PC:+--mlx-args=--prompt-concurrency=$MLX_PC}
-[ -n "$mlx_pc" ] && echo "mlx_lm.server: --prompt-concurrency $MLX_PC (${gpu_mib:-?} MiB of GPU memory)"
+# MLX_BATCH: mlx_lm.server's decode concurrency where it cannot hold MAX_BATCH streams (8B on an
+# H200: out of GPU memory at 32 and 64 whatever its prompt concurrency, 2026-12-07; it finished at
+# 16 with MLX_PC=1): graphc keeps MAX_BATCH rows, the table says each side's.
+mlx_flags="${MLX_PC:+--prompt-concurrency=$MLX_PC}${MLX_PC:+${MLX_BATCH:+ }}${MLX_BATCH:+--decode-concurrency=$MLX_BATCH}"
+mlx_pc=${mlx_flags:+--mlx-args=$mlx_flags}
+[ -n "$mlx_pc" ] && echo "mlx_lm.server: $mlx_flags (${gpu_mib:-?} MiB of GPU memory)"
 "$PY" -m graphc.cli bench --serving --model "$model" --requests "$requests" --rates "$rates" \
-  --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) $mlx_pc ${BENCH_ARGS:-} ${GRAPHC_ARGS:+"--graphc-args=$GRAPHC_ARGS"} --max-batch "${MAX_BATCH:-64}" --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
+  --serving-repeats "${REPEATS:-3}" $([ "${KEEP:-1}" = 1 ] && echo --keep-servers) ${mlx_pc:+"$mlx_pc"} ${BENCH_ARGS:-} ${GRAPHC_ARGS:+"--graphc-args=$GRAPHC_ARGS"} --max-batch "${MAX_BATCH:-64}" --min-input 64 --max-input 4096 --min-output 32 --max-output 512 \
   --json "$OUT/serving-$1.json" --plot "$OUT/serving-$1.png" --log-dir "$OUT/logs-$1" 2>&1 | tee "$OUT/serving-$1.txt"
 # With --trace-steps in BENCH_ARGS: each server start's step trace read per run (traced_serve.py
 # --summarize, a JSON line a run: ITL p99, the slowest steps, step_classes), then gzipped.
