@@ -18,10 +18,12 @@ from .parse import parse_collect, resolve_graph_path
 from .plan import Plan
 from .selfcheck import chunking_changes_output, reference_run, run_check
 from .target import Requested, Target
+from .validate import validate
 
+# The prefill plan's choice for gated-delta prompt chunks, and the reference an engine that asks for
+# the chunked form is checked against where it rounds past the tolerance on mlx-lm's loop.
 LINEAR_CHOICE = "linear attention (prompt chunks)"
 CHUNKED_REFERENCE = "mlx-lm's forward with the chunked recurrence"
-from .validate import validate
 
 
 def load_spec(graph: str | os.PathLike, config: dict | None = None) -> GraphSpec:
