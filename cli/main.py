@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="as Engine(pad_final_chunk=) asks (default auto: on with MLX's CUDA backend, where exact)")
     i.add_argument("--linear-prefill", choices=["auto", "chunked", "mlx-lm"], default="auto",
                    help="as Engine(linear_prefill=) asks: gated-delta layers' prompt chunks chunkwise or as mlx-lm's "
-                        "recurrence (default auto: chunked on CUDA; --kind prefill shows it)")
+                        "recurrence (default auto: chunked on CUDA where it passes the self-check against the "
+                        "loop, else the loop; --kind prefill shows which and why)")
     i.add_argument("-o", "--output", help="write to this file instead of stdout")
     add_kv_bits_arguments(i)
     add_cpu_weights_argument(i)
