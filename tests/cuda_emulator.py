@@ -30,6 +30,7 @@ PRELUDE = r"""
 using std::min;
 struct Dim3 { int x = 0, y = 0, z = 0; };
 struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
 thread_local Dim3 blockIdx, threadIdx, blockDim;
 static std::barrier<>* block_bar;
 static std::barrier<>* warp_bar[32];

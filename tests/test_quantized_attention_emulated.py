@@ -17,7 +17,9 @@ PARAMS = ("const float* q, const uint32_t* k, const float* k_scales, const float
           "const float* v_scales, const float* v_biases, const int32_t* start, const int32_t* end, "
           "const float* scale, float* out, const int* q_shape, const int* k_shape")
 TEMPLATE = "typename T, int D, int G, int WARPS, int BITS, int GS"
-VEC_TEMPLATE = TEMPLATE + ", int KPL"
+VEC_TEMPLATE = TEMPLATE + ", int KPL, int CPL"
+# The vec kind at the config that serves and at the other codes-a-lane width (one 16-byte load at 8 bits).
+VEC_CONFIGS = tuple(dict.fromkeys([qa.VEC_CONFIG, (2, 2, 16 if qa.VEC_CONFIG[2] == 8 else 8)]))
 
 
 def cases():
@@ -27,18 +29,21 @@ def cases():
                 yield (B, Hq, Hkv, C, D, end, L), bits, group
 
 
-def cases_of(kind):
-    return [c for c in cases() if kind == "grouped" or qa.vec_fits(c[0][1], c[0][2], c[0][4])]
+def cases_of(kind, config=None):
+    return [c for c in cases() if kind == "grouped" or qa.vec_fits(c[0][1], c[0][2], c[0][4], config[2])]
 
 
-def instances(kind):
-    seen = {(c[4], c[1] // c[2], bits, group) for c, bits, group in cases_of(kind)}
-    extra = f", {qa.KPL}" if kind == "vec" else ""
-    return [(f"{D}_{G}_{bits}_{gs}", f"float, {D}, {G}, {qa.WARPS}, {bits}, {gs}{extra}")
+def instances(kind, config=None):
+    """(suffix, template arguments) of each (D, G, bits, group) the cases take; `config`: the vec kind's
+    (warps, keys a lane per trip, codes a lane)."""
+    seen = {(c[4], c[1] // c[2], bits, group) for c, bits, group in cases_of(kind, config)}
+    warps = config[0] if config else qa.WARPS
+    extra = f", {config[1]}, {config[2]}" if config else ""
+    return [(f"{D}_{G}_{bits}_{gs}", f"float, {D}, {G}, {warps}, {bits}, {gs}{extra}")
             for D, G, bits, gs in sorted(seen)]
 
 
-def run(lib, case, bits, group, seed):
+def run(lib, case, bits, group, seed, warps=qa.WARPS):
     B, Hq, Hkv, C, D, end, L = case
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((B, Hq, L, D), dtype=np.float32)
@@ -49,7 +54,7 @@ def run(lib, case, bits, group, seed):
     ends, scale = np.array([end], dtype=np.int32), np.array([D ** -0.5], dtype=np.float32)
     out = np.zeros_like(q)
     getattr(lib, f"run_{D}_{Hq // Hkv}_{bits}_{group}")(
-        B * Hkv * L, qa.WARPS * 32, ptr(q), *(ptr(a) for a in arrays), ptr(start), ptr(ends), ptr(scale), ptr(out),
+        B * Hkv * L, warps * 32, ptr(q), *(ptr(a) for a in arrays), ptr(start), ptr(ends), ptr(scale), ptr(out),
         ptr(np.array(q.shape, dtype=np.int32)), ptr(np.array(arrays[0].shape, dtype=np.int32)))
     want = qa.reference(mx.array(q), planes, mx.array(start), mx.array(ends), float(scale[0]), group, bits)
     return float(np.abs(out - np.array(want)).max())
@@ -58,17 +63,19 @@ def run(lib, case, bits, group, seed):
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     root = tmp_path_factory.mktemp("emu")
-    out = {"grouped": build(qa._SOURCE, PARAMS, TEMPLATE, instances("grouped"), root),
-           "vec": build(qa._VEC_SOURCE, PARAMS, VEC_TEMPLATE, instances("vec"), root)}
+    out = {"grouped": build(qa._SOURCE, PARAMS, TEMPLATE, instances("grouped"), root)}
+    for c in VEC_CONFIGS:
+        out[c] = build(qa._VEC_SOURCE, PARAMS, VEC_TEMPLATE, instances("vec", c), root)
     if None in out.values():
         pytest.skip("no C++ compiler to emulate the CUDA kernel with")
     return out
 
 
-@pytest.mark.parametrize("kind,case,bits,group", [(k, *c) for k in ("grouped", "vec") for c in cases_of(k)],
-                         ids=lambda x: str(x))
+@pytest.mark.parametrize("kind,case,bits,group", [("grouped", *c) for c in cases_of("grouped")] +
+                         [(k, *c) for k in VEC_CONFIGS for c in cases_of("vec", k)], ids=lambda x: str(x))
 def test_each_kind_equals_dequantize_then_attention(libs, kind, case, bits, group):
-    assert run(libs[kind], case, bits, group, seed=1) < 1e-4
+    """The grouped kind, and the vec kind at each config (its warps, keys a lane per trip, codes a lane)."""
+    assert run(libs[kind], case, bits, group, seed=1, warps=kind[0] if kind != "grouped" else qa.WARPS) < 1e-4
 
 
 def test_a_misread_layout_fails_the_comparison(tmp_path):

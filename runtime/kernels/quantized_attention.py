@@ -65,7 +65,12 @@ _VEC_SOURCE = (cuda_source("quantized_attention/vec_source.cu")
                .replace("@MERGE@", VEC_MERGE).replace("@CLOSE@", GROUP_CLOSE.replace("@N@", "VEC"))
                .replace("@WRITER@", "grp == 0"))
 _INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start", "end", "scale"]
-KPL = 4  # the vec kind's keys a lane per trip
+# The vec kind's (warps a block, keys a lane per trip, codes a lane per key). 8 codes a lane at 8 bits
+# is one 8-byte load, where the bf16 vec kernel's lanes load 16 bytes: as many loads for half the
+# bytes, so where that kernel is bound by load latency this one cannot be faster. 16 codes a lane
+# (one 16-byte load at 8 bits) halves the loads and the lanes a key.
+VEC_CONFIG = (4, 4, 8)
+CODES_PER_LANE = (8, 16)
 
 # ((B, Hq, Hkv, C, D, end, L), bits, group sizes): batch, heads, capacity, head dim, columns written,
 # queries. Llama-3.2-1B and -3.1-8B heads at both widths and two group sizes each, a group of one, a
@@ -81,11 +86,13 @@ def takes(Hq: int, Hkv: int, D: int, group_size: int, bits: int) -> bool:
             and group_size in GROUP_SIZES and D % group_size == 0 and bits in BITS)
 
 
-def vec_fits(Hq: int, Hkv: int, D: int) -> bool:
-    """Whether the vec kind takes these heads: 8 codes a lane, so D / 8 lanes a key must divide a warp
-    (D = 32, 64, 128, 256), and a lane's queries and sums in registers (at most 4 query heads a group,
-    the bound decode_attention's vec kernel keeps)."""
-    return 32 % (D // 8) == 0 and Hq // Hkv <= 4
+def vec_fits(Hq: int, Hkv: int, D: int, codes: int | None = None) -> bool:
+    """Whether the vec kind takes these heads at `codes` codes a lane (VEC_CONFIG's by default): D / codes
+    lanes a key must divide a warp (D = 32, 64, 128, 256 at 8 codes; 32 to 256 at 16), and a lane's
+    queries and sums in registers (at most 4 query heads a group, the bound decode_attention's vec
+    kernel keeps)."""
+    codes = codes or VEC_CONFIG[2]
+    return codes in CODES_PER_LANE and D % codes == 0 and 32 % (D // codes) == 0 and Hq // Hkv <= 4
 
 
 def dequantized(planes: tuple, group_size: int, bits: int) -> tuple[mx.array, mx.array]:
@@ -142,10 +149,13 @@ class QuantizedAttention(KernelOp):
     def __call__(self, *args, **kwargs):
         return self.attend(*args, **kwargs)
 
-    def attend(self, q, planes: tuple, start, end, scale, group_size: int, bits: int, kind: str | None = None):
+    def attend(self, q, planes: tuple, start, end, scale, group_size: int, bits: int, kind: str | None = None,
+               config: tuple[int, int, int] | None = None):
         """q [B, Hq, L, D]; planes: (k codes, k scales, k biases, v codes, v scales, v biases) as the
         cache keeps them ([B, Hkv, C, D * bits / 32] uint32 and [B, Hkv, C, D / group_size]);
-        start [B] int32; end [1] int32 -> [B, Hq, L, D]. `kind`: "grouped", "vec" or None (`pick`)."""
+        start [B] int32; end [1] int32 -> [B, Hq, L, D]. `kind`: "grouped", "vec" or None (`pick`);
+        `config`: the vec kind's (warps, keys a lane per trip, codes a lane), VEC_CONFIG by default
+        (another is for probes: only VEC_CONFIG's was checked)."""
         B, Hq, L, D = q.shape
         Hkv = planes[0].shape[1]
         if not takes(Hq, Hkv, D, group_size, bits):
@@ -155,15 +165,18 @@ class QuantizedAttention(KernelOp):
             raise ValueError(f"codes {planes[0].shape} / scales {planes[1].shape} are not {bits}-bit, group "
                              f"{group_size} rows of head dim {D}")
         kind = kind or self.pick(Hq, Hkv, D)
-        if kind == "vec" and not vec_fits(Hq, Hkv, D):
-            raise ValueError(f"the vec kind does not take {Hq} query heads over {Hkv} KV heads at head dim {D}")
+        warps, kpl, codes = config or VEC_CONFIG
+        if kind == "vec" and not vec_fits(Hq, Hkv, D, codes):
+            raise ValueError(f"the vec kind does not take {Hq} query heads over {Hkv} KV heads at head dim {D} "
+                             f"with {codes} codes a lane")
         if not isinstance(scale, mx.array):
             scale = mx.array([scale], dtype=mx.float32)
         kq, ks, kb, vq, vs, vb = planes
-        template = [("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("WARPS", WARPS), ("BITS", bits), ("GS", group_size)]
+        warps = warps if kind == "vec" else WARPS
+        template = [("T", q.dtype), ("D", D), ("G", Hq // Hkv), ("WARPS", warps), ("BITS", bits), ("GS", group_size)]
         (out,) = self.kernels[kind](inputs=[q, kq, ks, kb, vq, vs, vb, start, end, scale],
-                                    template=template + ([("KPL", KPL)] if kind == "vec" else []),
-                                    grid=(B * Hkv * L * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
+                                    template=template + ([("KPL", kpl), ("CPL", codes)] if kind == "vec" else []),
+                                    grid=(B * Hkv * L * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
                                     output_shapes=[q.shape], output_dtypes=[q.dtype])
         return out
 

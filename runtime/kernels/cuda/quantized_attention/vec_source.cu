@@ -1,21 +1,31 @@
 
-    // The grouped layout with each key's codes loaded as 8 codes a lane (one 8-byte load at 8 bits,
-    // 4 bytes at 4): LPK lanes hold a key, a warp-wide load covers GPW whole keys, KPL of them a lane
-    // per trip (the layout of decode_attention's vec kernel). Each lane group keeps its own online
-    // softmax; the groups of a warp merge by shuffles, the warps through shared memory.
+    // The grouped layout with each key's codes loaded as CPL codes a lane in one load (W words: 16
+    // bytes for 16 codes at 8 bits, 8 for 8 codes at 8 bits or 16 at 4, 4 for 8 at 4): LPK lanes hold a
+    // key, a warp-wide load covers GPW whole keys, KPL of them a lane per trip (the layout of
+    // decode_attention's vec kernel). Each lane group keeps its own online softmax; the groups of a
+    // warp merge by shuffles, the warps through shared memory.
 @OPEN@    for (int jw = s + warp * GPW; jw < e; jw += STRIDE * KPL) {  // warp-uniform: shuffles below
-      unsigned long long kr[KPL];
-      unsigned long long vr[KPL];
+      unsigned int kr[KPL][W];
+      unsigned int vr[KPL][W];
       float ks[KPL], kb[KPL], vs[KPL], vb[KPL];
 #pragma unroll
       for (int u = 0; u < KPL; ++u) {
         const int jc = min(jw + grp + u * STRIDE, e - 1);  // past the end: a valid column, weight 0
-        if (BITS == 8) {
-          kr[u] = *reinterpret_cast<const unsigned long long*>(kc + (size_t)jc * RB + off * BITS / 8);
-          vr[u] = *reinterpret_cast<const unsigned long long*>(vc + (size_t)jc * RB + off * BITS / 8);
+        const unsigned char* kq = kc + (size_t)jc * RB + off * BITS / 8;
+        const unsigned char* vq = vc + (size_t)jc * RB + off * BITS / 8;
+        if (W == 4) {  // (`% W` keeps the branches W does not take in bounds: they are compiled, never run)
+          const uint4 a = *reinterpret_cast<const uint4*>(kq);
+          const uint4 c = *reinterpret_cast<const uint4*>(vq);
+          kr[u][0] = a.x; kr[u][1 % W] = a.y; kr[u][2 % W] = a.z; kr[u][3 % W] = a.w;
+          vr[u][0] = c.x; vr[u][1 % W] = c.y; vr[u][2 % W] = c.z; vr[u][3 % W] = c.w;
+        } else if (W == 2) {
+          const uint2 a = *reinterpret_cast<const uint2*>(kq);
+          const uint2 c = *reinterpret_cast<const uint2*>(vq);
+          kr[u][0] = a.x; kr[u][1 % W] = a.y;
+          vr[u][0] = c.x; vr[u][1 % W] = c.y;
         } else {
-          kr[u] = *reinterpret_cast<const unsigned int*>(kc + (size_t)jc * RB + off * BITS / 8);
-          vr[u] = *reinterpret_cast<const unsigned int*>(vc + (size_t)jc * RB + off * BITS / 8);
+          kr[u][0] = *reinterpret_cast<const unsigned int*>(kq);
+          vr[u][0] = *reinterpret_cast<const unsigned int*>(vq);
         }
         ks[u] = static_cast<float>(ksp[(size_t)jc * NG]);
         kb[u] = static_cast<float>(kbp[(size_t)jc * NG]);
@@ -29,7 +39,7 @@
         for (int g = 0; g < G; ++g) d[g][u] = 0.f;
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float x = static_cast<float>((kr[u] >> (BITS * i)) & ((1u << BITS) - 1)) * ks[u] + kb[u];
+          const float x = static_cast<float>((kr[u][(BITS * i) >> 5] >> ((BITS * i) & 31)) & ((1u << BITS) - 1)) * ks[u] + kb[u];
 #pragma unroll
           for (int g = 0; g < G; ++g) d[g][u] += qv[g][i] * x;
         }
@@ -69,7 +79,7 @@
       for (int u = 0; u < KPL; ++u)
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float x = static_cast<float>((vr[u] >> (BITS * i)) & ((1u << BITS) - 1)) * vs[u] + vb[u];
+          const float x = static_cast<float>((vr[u][(BITS * i) >> 5] >> ((BITS * i) & 31)) & ((1u << BITS) - 1)) * vs[u] + vb[u];
 #pragma unroll
           for (int g = 0; g < G; ++g) acc[g][i] += p[g][u] * x;
         }
