@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from graphc.benchmarks.kv_quantized import speed
 from graphc.benchmarks.shapes import SHAPES, load_shape
+from graphc.runtime.kernels import decode_attention as da
 from graphc.runtime.kernels import quantized_attention as qa
 from kernel_bench import timed  # benchmarks/probes/kernel_bench.py (run from this folder's path)
 
@@ -33,14 +34,22 @@ print(f"{shape}: {Hq}/{Hkv} heads, D={D}, batch {B}, {C} columns; serving config
       flush=True)
 
 qs = [mx.random.normal((B, Hq, 1, D), key=mx.random.key(i)).astype(mx.bfloat16) for i in range(8)]
-planes = []
+planes, kv = [], []
 for i in range(8):
     k = mx.random.normal((B, Hkv, C, D), key=mx.random.key(100 + i)).astype(mx.bfloat16)
     v = mx.random.normal((B, Hkv, C, D), key=mx.random.key(200 + i)).astype(mx.bfloat16)
     planes.append((*mx.quantize(k, group_size=64, bits=8), *mx.quantize(v, group_size=64, bits=8)))
-    mx.eval(planes[-1])
+    kv.append((k, v))
+    mx.eval(planes[-1], kv[-1])
 start, end = mx.zeros((B,), dtype=mx.int32), mx.array([C], dtype=mx.int32)
 want = qa.reference(qs[0].astype(mx.float32), planes[0], start, end, scale, 64, 8)
+bf16_us = {"mlx fused bf16": timed(lambda: [mx.fast.scaled_dot_product_attention(qs[i % 8], *kv[i % 8], scale=scale)
+                                            for i in range(32)], 15),
+           "ragged bf16 vec": timed(lambda: [da.ragged_attention(qs[i % 8], *kv[i % 8], start, end, scale, kind="vec")
+                                             for i in range(32)], 15)}
+for name, us in bf16_us.items():
+    print(f"  kernel {name}: {us:.1f} us a layer", flush=True)
+del kv
 kernel_us = {}
 for c in CONFIGS:
     if not qa.vec_fits(Hq, Hkv, D, c[2]):
@@ -72,5 +81,6 @@ for c in arms:
     print(f"  step {c}: {json.dumps(steps[str(c)])}", flush=True)
     gc.collect()
 qa.VEC_CONFIG = serving
-print(json.dumps({"shape": shape, "batch": B, "columns": C, "kernel_us": {str(k): round(v, 1) for k, v in kernel_us.items()},
+print(json.dumps({"shape": shape, "batch": B, "columns": C, "bf16_kernel_us": {k: round(v, 1) for k, v in bf16_us.items()},
+                  "kernel_us": {str(k): round(v, 1) for k, v in kernel_us.items()},
                   "steps": steps}, indent=1))
