@@ -176,9 +176,10 @@ def _attention_launches():
                         da.ragged_attention(*args, kind="vec", config=cfg, new=new)
 
 
-def _quantized_attention_launches():
+def _quantized_attention_launches(full: bool = False):
     """Both kinds at every llama layout's heads (and check()'s), each width and group size they take,
-    in every activation dtype (scales and biases keep the model's dtype)."""
+    in every activation dtype (scales and biases keep the model's dtype); `full`: the vec kind also at
+    every config of qa.VEC_CONFIGS (the probe's)."""
     heads = {layout[:3] for layout in LLAMA_LAYOUTS.values()} | {c[0][1:3] + (c[0][4],) for c in qa.CHECK_CASES}
     for (hq, hkv, d) in sorted(heads):
         for dt in DTYPES:
@@ -192,6 +193,9 @@ def _quantized_attention_launches():
                     qa.KERNEL.attend(*args, kind="grouped")
                     if qa.vec_fits(hq, hkv, d):
                         qa.KERNEL.attend(*args, kind="vec")
+                    for cfg in qa.VEC_CONFIGS if full else ():
+                        if qa.vec_fits(hq, hkv, d, cfg[2]):
+                            qa.KERNEL.attend(*args, kind="vec", config=cfg)
 
 
 def _quantized_write_launches():
@@ -271,11 +275,11 @@ def _choose_launches():
 
 def launches(full: bool = False) -> list[Launch]:
     """Every distinct build the engine may launch (see the module doc), in a stable order.
-    `full`: also the top-ranks kernel at every P and every skinny-matmul configuration tune.py
-    sweeps (~400 more builds, minutes: the CLI's --full, not the test)."""
+    `full`: also the top-ranks kernel at every P, every skinny-matmul configuration tune.py
+    sweeps and the quantized vec kind at every probe config (~400 more builds, minutes: the CLI's --full, not the test)."""
     with recording() as seen:
         _attention_launches()
-        _quantized_attention_launches()
+        _quantized_attention_launches(full)
         _quantized_write_launches()
         _skinny_launches(full)
         _top_ranks_launches(full)

@@ -19,7 +19,7 @@ from graphc.runtime.kernels import decode_attention as da
 from graphc.runtime.kernels import quantized_attention as qa
 from kernel_bench import timed  # benchmarks/probes/kernel_bench.py (run from this folder's path)
 
-CONFIGS = ((4, 4, 8), (4, 8, 8), (8, 4, 8), (2, 8, 8), (4, 2, 16), (4, 4, 16), (8, 2, 16), (2, 4, 16))
+CONFIGS = qa.VEC_CONFIGS
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "llama-3.1-8b"
 B = int(sys.argv[2]) if len(sys.argv) > 2 else 64

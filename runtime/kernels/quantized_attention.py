@@ -67,10 +67,16 @@ _VEC_SOURCE = (cuda_source("quantized_attention/vec_source.cu")
 _INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start", "end", "scale"]
 # The vec kind's (warps a block, keys a lane per trip, codes a lane per key). 8 codes a lane at 8 bits
 # is one 8-byte load, where the bf16 vec kernel's lanes load 16 bytes: as many loads for half the
-# bytes, so where that kernel is bound by load latency this one cannot be faster. 16 codes a lane
-# (one 16-byte load at 8 bits) halves the loads and the lanes a key.
+# bytes. At 4 keys a lane the build takes 140 registers a thread (sm_90a, Llama-3.1-8B heads; `python
+# -m graphc.benchmarks.kernel_builds --full --only quantized_vec`) where the bf16 vec kernel takes
+# 128: 3 blocks of 128 threads fit a multiprocessor instead of 4, so at batch 64 (512 blocks on the
+# H200's 132) the grid runs in two waves where bf16's runs in one. 2 keys a lane: 126 registers.
+# 16 codes a lane (one 16-byte load at 8 bits) halves the loads but takes 168-255 registers.
 VEC_CONFIG = (4, 4, 8)
 CODES_PER_LANE = (8, 16)
+# The configs benchmarks/probes/quantized_configs.py times against VEC_CONFIG (`python -m
+# graphc.benchmarks.kernel_builds --full` builds each).
+VEC_CONFIGS = ((4, 4, 8), (4, 2, 8), (8, 2, 8), (8, 4, 8), (4, 8, 8), (4, 2, 16), (8, 2, 16), (4, 1, 16))
 
 # ((B, Hq, Hkv, C, D, end, L), bits, group sizes): batch, heads, capacity, head dim, columns written,
 # queries. Llama-3.2-1B and -3.1-8B heads at both widths and two group sizes each, a group of one, a
