@@ -18,8 +18,8 @@ PARAMS = ("const float* q, const uint32_t* k, const float* k_scales, const float
           "const float* scale, float* out, const int* q_shape, const int* k_shape")
 TEMPLATE = "typename T, int D, int G, int WARPS, int BITS, int GS"
 VEC_TEMPLATE = TEMPLATE + ", int KPL, int CPL"
-# The vec kind at the config that serves and at the other codes-a-lane width (one 16-byte load at 8 bits).
-VEC_CONFIGS = tuple(dict.fromkeys([qa.VEC_CONFIG, (2, 2, 16 if qa.VEC_CONFIG[2] == 8 else 8)]))
+# The vec kind at each config that serves (by head dim) and at both codes-a-lane widths.
+VEC_CONFIGS = tuple(dict.fromkeys([qa.VEC_CONFIG, *qa.VEC_CONFIG_BY_DIM.values(), (2, 2, 16), (2, 2, 8)]))
 
 
 def cases():

@@ -1,9 +1,9 @@
 """Which vec-kind config of the quantized attention kernel (runtime/kernels/quantized_attention.py
-VEC_CONFIG: warps a block, keys a lane per trip, codes a lane) makes the whole decode step with 8-bit
+vec_config: warps a block, keys a lane per trip, codes a lane) makes the whole decode step with 8-bit
 KV fastest against bf16 KV, in one run: each config's one-layer kernel time at the shape (as
 quantized_decode.py times it), then the engine's eager decode step (benchmarks/kv_quantized.py
 `speed`, bf16 and 8-bit arms interleaved) for the serving config and the TOP fastest others, each
-with VEC_CONFIG set to it for that engine's whole life (its in-process check included).
+with the shape's head dim set to it (VEC_CONFIG_BY_DIM) for that engine's whole life (its in-process check included).
 
     python benchmarks/probes/quantized_configs.py [SHAPE llama-3.1-8b] [BATCH 64] [PROMPT 2048] [TOP 2]
 """
@@ -29,7 +29,8 @@ cfg = SHAPES[shape]
 Hq, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
 D = cfg.get("head_dim") or cfg["hidden_size"] // Hq
 scale = D ** -0.5
-serving = qa.VEC_CONFIG
+serving = qa.vec_config(D)
+by_dim = dict(qa.VEC_CONFIG_BY_DIM)
 print(f"{shape}: {Hq}/{Hkv} heads, D={D}, batch {B}, {C} columns; serving config {serving}; {mx.default_device()}",
       flush=True)
 
@@ -74,13 +75,13 @@ arms = list(dict.fromkeys([serving] + [c for c in ranked if c != serving][:top])
 model, tokenizer, config, _ = load_shape(shape)
 steps = {}
 for c in arms:
-    qa.VEC_CONFIG = c
+    qa.VEC_CONFIG_BY_DIM = {**by_dim, D: c}
     r = speed(model, tokenizer, config, B, C, 64, 3, bits=(8,), compile_modes=(False,), mlx_lm_arms=False)
     steps[str(c)] = {"kernel_us": round(kernel_us.get(c, float("nan")), 1), "step_ms": r["step_ms_median"],
                      "8bit_over_bf16": r["ratios"]["eager_8bit_over_bf16"]}
     print(f"  step {c}: {json.dumps(steps[str(c)])}", flush=True)
     gc.collect()
-qa.VEC_CONFIG = serving
+qa.VEC_CONFIG_BY_DIM = by_dim
 print(json.dumps({"shape": shape, "batch": B, "columns": C, "bf16_kernel_us": {k: round(v, 1) for k, v in bf16_us.items()},
                   "kernel_us": {str(k): round(v, 1) for k, v in kernel_us.items()},
                   "steps": steps}, indent=1))

@@ -2,7 +2,7 @@
 bf16 KV, rows of equal length: MLX's fused one-query attention on bf16 (what an eager step of rows
 that started together runs), graphc's ragged bf16 kernel (grouped and vec), and the quantized
 kernel's two kinds at 8 and 4 bits, the vec kind at each of CONFIGS (warps, keys a lane per trip,
-codes a lane; the first is the one that serves, qa.VEC_CONFIG). First the quantized kernel's own
+codes a lane; the first is the one that serves at the shape's head dim, qa.vec_config). First the quantized kernel's own
 check (both kinds) here. µs per call: 32 calls a graph over 8 distinct K/V sets
 (benchmarks/probes/kernel_bench.py).
 
@@ -16,13 +16,13 @@ from graphc.runtime.kernels import decode_attention as da
 from graphc.runtime.kernels import quantized_attention as qa
 from kernel_bench import timed  # benchmarks/probes/kernel_bench.py (run from this folder's path)
 
-CONFIGS = (qa.VEC_CONFIG, (4, 8, 8), (8, 4, 8), (2, 8, 8), (4, 2, 16), (4, 4, 16), (8, 2, 16), (2, 4, 16))
 SHAPES = {"8b": (32, 8, 128), "1b": (32, 8, 64)}  # query heads, KV heads, head dim
 shape = sys.argv[1] if len(sys.argv) > 1 else "1b"
 B = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 C = int(sys.argv[3]) if len(sys.argv) > 3 else 1024
 reps = int(sys.argv[4]) if len(sys.argv) > 4 else 15
 Hq, Hkv, D = SHAPES[shape]
+CONFIGS = (qa.vec_config(D), *qa.VEC_CONFIGS)
 scale = D ** -0.5
 
 print(f"{shape}: {Hq} query heads, {Hkv} KV heads, D={D}, batch {B}, {C} columns; {mx.default_device()}", flush=True)

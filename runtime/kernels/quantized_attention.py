@@ -65,18 +65,26 @@ _VEC_SOURCE = (cuda_source("quantized_attention/vec_source.cu")
                .replace("@MERGE@", VEC_MERGE).replace("@CLOSE@", GROUP_CLOSE.replace("@N@", "VEC"))
                .replace("@WRITER@", "grp == 0"))
 _INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start", "end", "scale"]
-# The vec kind's (warps a block, keys a lane per trip, codes a lane per key). 8 codes a lane at 8 bits
-# is one 8-byte load, where the bf16 vec kernel's lanes load 16 bytes: as many loads for half the
-# bytes. At 4 keys a lane the build takes 140 registers a thread (sm_90a, Llama-3.1-8B heads; `python
-# -m graphc.benchmarks.kernel_builds --full --only quantized_vec`) where the bf16 vec kernel takes
-# 128: 3 blocks of 128 threads fit a multiprocessor instead of 4, so at batch 64 (512 blocks on the
-# H200's 132) the grid runs in two waves where bf16's runs in one. 2 keys a lane: 126 registers.
-# 16 codes a lane (one 16-byte load at 8 bits) halves the loads but takes 168-255 registers.
+# The vec kind's (warps a block, keys a lane per trip, codes a lane per key), by head dim. Measured on
+# an H100 (Llama-3.1-8B heads, batch 64, 2,048 columns, one layer at 8 bits;
+# benchmarks/results/h100-quantized-configs-8b-2048.txt, `python benchmarks/probes/quantized_configs.py`):
+# 4 x 4 x 8 took 250 us, 4 x 2 x 16 219 us (bf16 KV through the bf16 vec kernel: 216 us). 8 codes a
+# lane at 8 bits is one 8-byte load where the bf16 vec kernel's lanes load 16 bytes, so as many loads
+# for half the bytes; 16 codes a lane is one 16-byte load. Its build takes 229 registers a thread
+# (sm_90a; `python -m graphc.benchmarks.kernel_builds --full --only quantized_vec`) against 140 at 4 x
+# 4 x 8 and the bf16 kernel's 128, and still ran fastest. Head dims not measured keep 4 x 4 x 8.
 VEC_CONFIG = (4, 4, 8)
+VEC_CONFIG_BY_DIM = {128: (4, 2, 16)}
 CODES_PER_LANE = (8, 16)
-# The configs benchmarks/probes/quantized_configs.py times against VEC_CONFIG (`python -m
-# graphc.benchmarks.kernel_builds --full` builds each).
+# The configs benchmarks/probes/quantized_configs.py times (`python -m graphc.benchmarks.kernel_builds
+# --full` builds each).
 VEC_CONFIGS = ((4, 4, 8), (4, 2, 8), (8, 2, 8), (8, 4, 8), (4, 8, 8), (4, 2, 16), (8, 2, 16), (4, 1, 16))
+
+
+def vec_config(D: int) -> tuple[int, int, int]:
+    """The vec kind's (warps, keys a lane per trip, codes a lane) at head dim D."""
+    return VEC_CONFIG_BY_DIM.get(D, VEC_CONFIG)
+
 
 # ((B, Hq, Hkv, C, D, end, L), bits, group sizes): batch, heads, capacity, head dim, columns written,
 # queries. Llama-3.2-1B and -3.1-8B heads at both widths and two group sizes each, a group of one, a
@@ -93,11 +101,11 @@ def takes(Hq: int, Hkv: int, D: int, group_size: int, bits: int) -> bool:
 
 
 def vec_fits(Hq: int, Hkv: int, D: int, codes: int | None = None) -> bool:
-    """Whether the vec kind takes these heads at `codes` codes a lane (VEC_CONFIG's by default): D / codes
+    """Whether the vec kind takes these heads at `codes` codes a lane (`vec_config`'s by default): D / codes
     lanes a key must divide a warp (D = 32, 64, 128, 256 at 8 codes; 32 to 256 at 16), and a lane's
     queries and sums in registers (at most 4 query heads a group, the bound decode_attention's vec
     kernel keeps)."""
-    codes = codes or VEC_CONFIG[2]
+    codes = codes or vec_config(D)[2]
     return codes in CODES_PER_LANE and D % codes == 0 and 32 % (D // codes) == 0 and Hq // Hkv <= 4
 
 
@@ -160,8 +168,8 @@ class QuantizedAttention(KernelOp):
         """q [B, Hq, L, D]; planes: (k codes, k scales, k biases, v codes, v scales, v biases) as the
         cache keeps them ([B, Hkv, C, D * bits / 32] uint32 and [B, Hkv, C, D / group_size]);
         start [B] int32; end [1] int32 -> [B, Hq, L, D]. `kind`: "grouped", "vec" or None (`pick`);
-        `config`: the vec kind's (warps, keys a lane per trip, codes a lane), VEC_CONFIG by default
-        (another is for probes: only VEC_CONFIG's was checked)."""
+        `config`: the vec kind's (warps, keys a lane per trip, codes a lane), `vec_config(D)` by
+        default (another is for probes: only `vec_config`'s was checked)."""
         B, Hq, L, D = q.shape
         Hkv = planes[0].shape[1]
         if not takes(Hq, Hkv, D, group_size, bits):
@@ -171,7 +179,7 @@ class QuantizedAttention(KernelOp):
             raise ValueError(f"codes {planes[0].shape} / scales {planes[1].shape} are not {bits}-bit, group "
                              f"{group_size} rows of head dim {D}")
         kind = kind or self.pick(Hq, Hkv, D)
-        warps, kpl, codes = config or VEC_CONFIG
+        warps, kpl, codes = config or vec_config(D)
         if kind == "vec" and not vec_fits(Hq, Hkv, D, codes):
             raise ValueError(f"the vec kind does not take {Hq} query heads over {Hkv} KV heads at head dim {D} "
                              f"with {codes} codes a lane")

@@ -4,6 +4,11 @@
     // key, a warp-wide load covers GPW whole keys, KPL of them a lane per trip (the layout of
     // decode_attention's vec kernel). Each lane group keeps its own online softmax; the groups of a
     // warp merge by shuffles, the warps through shared memory.
+// Code i of a lane's words as a float without an int-to-float conversion (an instruction the CUDA
+// programming guide's throughput table lists at a fraction of an FP32 add's rate; a layer converts
+// every code it reads): the float with bits 0x4B000000 | c is 2^23 + c exactly, and subtracting 2^23
+// leaves c exactly, so the result is the conversion's, bit for bit.
+#define GRAPHC_CODE(w, i) (__int_as_float((int)(0x4B000000u | (((w)[(BITS * (i)) >> 5] >> ((BITS * (i)) & 31)) & ((1u << BITS) - 1)))) - 8388608.f)
 @OPEN@    for (int jw = s + warp * GPW; jw < e; jw += STRIDE * KPL) {  // warp-uniform: shuffles below
       unsigned int kr[KPL][W];
       unsigned int vr[KPL][W];
@@ -39,7 +44,7 @@
         for (int g = 0; g < G; ++g) d[g][u] = 0.f;
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float x = static_cast<float>((kr[u][(BITS * i) >> 5] >> ((BITS * i) & 31)) & ((1u << BITS) - 1)) * ks[u] + kb[u];
+          const float x = GRAPHC_CODE(kr[u], i) * ks[u] + kb[u];
 #pragma unroll
           for (int g = 0; g < G; ++g) d[g][u] += qv[g][i] * x;
         }
@@ -79,7 +84,7 @@
       for (int u = 0; u < KPL; ++u)
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-          const float x = static_cast<float>((vr[u][(BITS * i) >> 5] >> ((BITS * i) & 31)) & ((1u << BITS) - 1)) * vs[u] + vb[u];
+          const float x = GRAPHC_CODE(vr[u], i) * vs[u] + vb[u];
 #pragma unroll
           for (int g = 0; g < G; ++g) acc[g][i] += p[g][u] * x;
         }
