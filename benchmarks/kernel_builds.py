@@ -276,7 +276,8 @@ def _choose_launches():
 def launches(full: bool = False) -> list[Launch]:
     """Every distinct build the engine may launch (see the module doc), in a stable order.
     `full`: also the top-ranks kernel at every P, every skinny-matmul configuration tune.py
-    sweeps and the quantized vec kind at every probe config (~400 more builds, minutes: the CLI's --full, not the test)."""
+    sweeps and the quantized vec kind at every probe config (~950 more builds, minutes: the CLI's
+    --full, not the test)."""
     with recording() as seen:
         _attention_launches()
         _quantized_attention_launches(full)

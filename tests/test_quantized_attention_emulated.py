@@ -87,3 +87,15 @@ def test_a_misread_layout_fails_the_comparison(tmp_path):
     if lib is None:
         pytest.skip("no C++ compiler")
     assert run(lib, *case, seed=1) > 1e-2
+
+
+def test_a_misread_word_fails_the_comparison(tmp_path):
+    """The vec kind at 16 codes a lane reading every code from its first 32-bit word: wrong, as the
+    comparison must say (the word index of a lane's codes is what 16 codes a lane adds)."""
+    broken = qa._VEC_SOURCE.replace("(w)[(BITS * (i)) >> 5]", "(w)[0]")
+    assert broken != qa._VEC_SOURCE
+    case = ((2, 32, 8, 256, 128, 200, 1), 8, 64)
+    lib = build(broken, PARAMS, VEC_TEMPLATE, [("128_4_8_64", "float, 128, 4, 2, 8, 64, 2, 16")], tmp_path)
+    if lib is None:
+        pytest.skip("no C++ compiler")
+    assert run(lib, *case, seed=1, warps=2) > 1e-2

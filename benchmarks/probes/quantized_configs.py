@@ -3,7 +3,8 @@ vec_config: warps a block, keys a lane per trip, codes a lane) makes the whole d
 KV fastest against bf16 KV, in one run: each config's one-layer kernel time at the shape (as
 quantized_decode.py times it), then the engine's eager decode step (benchmarks/kv_quantized.py
 `speed`, bf16 and 8-bit arms interleaved) for the serving config and the TOP fastest others, each
-with the shape's head dim set to it (VEC_CONFIG_BY_DIM) for that engine's whole life (its in-process check included).
+with the shape's head dim set to it (VEC_CONFIG_BY_DIM) for that engine's whole life (its in-process
+check included).
 
     python benchmarks/probes/quantized_configs.py [SHAPE llama-3.1-8b] [BATCH 64] [PROMPT 2048] [TOP 2]
 """
@@ -82,6 +83,7 @@ for c in arms:
     print(f"  step {c}: {json.dumps(steps[str(c)])}", flush=True)
     gc.collect()
 qa.VEC_CONFIG_BY_DIM = by_dim
-print(json.dumps({"shape": shape, "batch": B, "columns": C, "bf16_kernel_us": {k: round(v, 1) for k, v in bf16_us.items()},
+print(json.dumps({"shape": shape, "batch": B, "columns": C,
+                  "bf16_kernel_us": {k: round(v, 1) for k, v in bf16_us.items()},
                   "kernel_us": {str(k): round(v, 1) for k, v in kernel_us.items()},
                   "steps": steps}, indent=1))

@@ -2,8 +2,8 @@
 bf16 KV, rows of equal length: MLX's fused one-query attention on bf16 (what an eager step of rows
 that started together runs), graphc's ragged bf16 kernel (grouped and vec), and the quantized
 kernel's two kinds at 8 and 4 bits, the vec kind at each of CONFIGS (warps, keys a lane per trip,
-codes a lane; the first is the one that serves at the shape's head dim, qa.vec_config). First the quantized kernel's own
-check (both kinds) here. µs per call: 32 calls a graph over 8 distinct K/V sets
+codes a lane; the first is the one that serves at the shape's head dim, qa.vec_config). First the
+quantized kernel's own check (both kinds) here. µs per call: 32 calls a graph over 8 distinct K/V sets
 (benchmarks/probes/kernel_bench.py).
 
     python benchmarks/probes/quantized_decode.py [SHAPE 1b|8b] [BATCH 64] [COLUMNS 1024] [REPS 15]
