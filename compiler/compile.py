@@ -108,10 +108,11 @@ def declares_quantized(graph, config: dict) -> bool:
     return any(c.policy == "quantized" for c in spec.cache)
 
 
-def _lossy_reference(binding: Binding, served, mtype: str, ref):
+def _lossy_reference(binding: Binding, served, mtype: str, ref, context=None):
     """The self-check's reference for policies that round KV on purpose: mlx-lm's own forward on
     the mlx-lm cache each such policy reproduces (`reference_cache()`: QuantizedKVCache for
-    `quantized`), the other layers on their usual caches. `ref` when no policy has one."""
+    `quantized`), the other layers on their usual caches. `ref` when no policy has one.
+    `context`: what the forward runs in (reference_run)."""
     makers = [getattr(p, "reference_cache", None) for p in binding.policies]
     if not any(makers):
         return ref
@@ -121,7 +122,7 @@ def _lossy_reference(binding: Binding, served, mtype: str, ref):
 
     name = next(p.describe() for p, m in zip(binding.policies, makers) if m)
     try:
-        return reference_run(served, mtype, make_caches=caches)
+        return reference_run(served, mtype, make_caches=caches, context=context)
     except UnsupportedModel as e:
         # MLX's CUDA quantized_matmul lacks kernels for most attention shapes (none at head dim 64):
         # say what to do instead of leaving the user with the backend's shape message alone.
@@ -309,8 +310,12 @@ def _chunked_failed(check) -> bool:
 def _chunked_reference_run(binding: Binding, served, mtype: str):
     """mlx-lm's own forward (on the KV rounding's caches where a policy rounds KV) with the chunked
     recurrence in its gated-delta layers' prompt chunks (compiler/gated_delta_layer.py)."""
-    with chunked_reference(getattr(served, "layers", ())):
-        return _lossy_reference(binding, served, mtype, reference_run(served, mtype))
+    def context():
+        return chunked_reference(getattr(served, "layers", ()))
+
+    with context():
+        return _lossy_reference(binding, served, mtype, reference_run(served, mtype, context=context),
+                                context=context)
 
 
 def compile_sibling(compiled: CompiledGraph, graph: str | os.PathLike, model) -> CompiledGraph:

@@ -7,6 +7,7 @@ import json
 import logging
 
 import attrs
+import mlx.core as mx
 import mlx_lm
 import pytest
 
@@ -233,3 +234,61 @@ def test_quantized_models_get_the_quantized_bound_and_a_wrong_lowering_still_fai
     b = compile_graph(None, qmodel, config).binding
     assert [(c.lowering, c.ok) for c in b.checks] == [("fast", False), ("generic", True)]
     assert b.checks[0].max_abs_diff > 10 * b.checks[0].tolerance
+
+
+class _LastAloneRoundsApart:
+    """A final norm whose output moves when it is given one position: on CPU every schedule of
+    mlx-lm's forward is bit-exact, so this stands in for a GPU where the last token alone takes
+    other kernels than the whole prompt (a bf16 mixture of experts turned that into another
+    expert on an H100: benchmarks/probes/selfcheck_noise.py)."""
+
+    def __init__(self, norm):
+        self.norm = norm
+
+    def __call__(self, h):
+        y = self.norm(h)
+        return y + 0.05 if h.shape[1] == 1 else y
+
+
+def test_schedules_are_the_pieces_mlx_lm_feeds_a_prompt_in():
+    from graphc.compiler import selfcheck
+
+    assert selfcheck.schedules(7) == [(7,), (6, 1)]
+    assert selfcheck.schedules(4) == [(4,), (3, 1)]
+    assert selfcheck.schedules(1) == [(1,)]
+
+
+def test_a_row_that_rounds_like_mlx_lms_own_last_token_alone_passes_and_the_check_says_so(llama, monkeypatch):
+    from graphc.compiler import selfcheck
+
+    d, _, config = llama
+    model, _ = mlx_lm.load(str(d))
+    monkeypatch.setattr(model.model, "norm", _LastAloneRoundsApart(model.model.norm))
+    ref = selfcheck.reference_run(model, "llama")
+    # The whole prompt's row and the last-token-alone row are apart by far more than the bound ...
+    (pieces, rows), *_ = ref.others(0)
+    assert pieces == (6, 1)
+    assert float(mx.abs(rows[0] - ref.logits[0][0]).max()) > 10 * ref.tolerance
+    # ... and both lowerings run a final chunk's last token alone on the CPU: each matches that row.
+    for lowering in ("fast", "generic"):
+        b = compile_graph(None, model, config, lowering=lowering).binding
+        assert b.lowering == lowering and b.check.ok
+        assert "prompt 0 prefill: (6, 1)" in b.check.other_schedules
+        assert "last token fed alone, as mlx_lm.generate feeds it (prompt 0 prefill: (6, 1)" in b.check.describe()
+    # Against the whole prompt alone, as before, the same lowering fails.
+    monkeypatch.setattr(selfcheck.Reference, "others", lambda self, i: [])
+    with pytest.raises(UnsupportedModel, match=r"prompt 0 prefill: max \|diff\|"):
+        compile_graph(None, model, config, lowering="generic")
+
+
+def test_other_schedules_do_not_excuse_a_wrong_lowering(llama, monkeypatch):
+    from graphc.compiler import selfcheck
+
+    d, _, config = llama
+    model, _ = mlx_lm.load(str(d))
+    monkeypatch.setattr(model.model, "norm", _LastAloneRoundsApart(model.model.norm))
+    monkeypatch.setitem(archs.ADAPTERS, "llama", _ScaledEmbed)
+    b = compile_graph(None, model, config).binding
+    assert [(c.lowering, c.ok) for c in b.checks] == [("fast", False), ("generic", True)]
+    assert b.checks[0].max_abs_diff > 10 * b.checks[0].tolerance
+    assert selfcheck.schedules(len(selfcheck.PROMPTS[0]))[1] == (6, 1)
