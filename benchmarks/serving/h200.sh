@@ -6,7 +6,8 @@
 #   MLX_PC=N: mlx_lm.server's --prompt-concurrency (default: its own, or 8 on GPUs under 100 GB)
 #   MLX_BATCH=N: mlx_lm.server's --decode-concurrency, where it cannot hold MAX_BATCH streams
 #   BENCH_ARGS="--mlx-env MLX_USE_CUDA_GRAPHS=0": mlx_lm.server without MLX's CUDA graphs (its process
-#     died of `cudaGraphInstantiate ... out of memory` on 80 GB H100s at every prompt concurrency tried)
+#     died of `cudaGraphInstantiate ... out of memory` on 80 GB H100s at every prompt concurrency tried;
+#     the default under 100 GB of GPU memory)
 #   BENCH_ARGS="--servers graphc --trace-steps": graphc's steps traced, summarized per run beside its log
 #   GRAPHC_ARGS="--mixed-step on --step-tokens 256": `graphc serve` flags (spaces kept, unlike BENCH_ARGS)
 # Sized to finish in ~500 s per invocation: REPEATS (default 3) on one start of each server, one
@@ -34,6 +35,13 @@ if [ -z "${MLX_PC:-}" ] && [ -n "$gpu_mib" ] && [ "$gpu_mib" -lt 102400 ]; then 
 # MLX_BATCH: mlx_lm.server's decode concurrency where it cannot hold MAX_BATCH streams (8B on an
 # H200: out of GPU memory at 32 and 64 whatever its prompt concurrency, 2026-12-07; it finished at
 # 16 with MLX_PC=1): graphc keeps MAX_BATCH rows, the table says each side's.
+# With MLX's CUDA graphs on (its default) mlx_lm.server has not finished two runs in one process
+# on an 80 GB H100 at any prompt concurrency tried (docs/serving-bench.md#h100-1b-shape): under
+# 100 GB it runs without them unless BENCH_ARGS says otherwise.
+if [ -n "$gpu_mib" ] && [ "$gpu_mib" -lt 102400 ] && [[ "${BENCH_ARGS:-}" != *MLX_USE_CUDA_GRAPHS* ]]; then
+  BENCH_ARGS="${BENCH_ARGS:-} --mlx-env MLX_USE_CUDA_GRAPHS=0"
+  echo "mlx_lm.server: MLX_USE_CUDA_GRAPHS=0 (${gpu_mib} MiB of GPU memory)"
+fi
 mlx_flags="${MLX_PC:+--prompt-concurrency=$MLX_PC}${MLX_PC:+${MLX_BATCH:+ }}${MLX_BATCH:+--decode-concurrency=$MLX_BATCH}"
 mlx_pc=${mlx_flags:+--mlx-args=$mlx_flags}
 [ -n "$mlx_pc" ] && echo "mlx_lm.server: $mlx_flags (${gpu_mib:-?} MiB of GPU memory)"
