@@ -61,7 +61,7 @@ class GroupPlan:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
-_CHECK_FIELDS = ("lowering", "ok", "max_abs_diff", "tolerance", "error", "batched", "mask_rank")
+_CHECK_FIELDS = ("lowering", "ok", "max_abs_diff", "tolerance", "error", "batched", "mask_rank", "other_schedules")
 
 
 @attrs.frozen
@@ -77,7 +77,8 @@ class Plan:
     outputs: tuple  # (name, node id) pairs
     ops: tuple = ()  # (primitive, count) pairs from tracing the lowered step, filled by inspect
     lowering: str = "generic"  # fast (split embed/layers/norm/head) | generic (the model's own forward)
-    self_check: tuple = ()  # one (lowering, ok, max_abs_diff, tolerance, error, batched, mask_rank) per check
+    # one (lowering, ok, max_abs_diff, tolerance, error, batched, mask_rank, other_schedules) per check
+    self_check: tuple = ()
     notes: tuple = ()  # what binding decided and why (fallbacks, prefix reuse off, multimodal wrapper)
     # What the runtime reads from the plan (runtime/plan_contract.py): None = the graph has no such node.
     edits: tuple | None = None  # edit kinds the logit_edits node applies
@@ -107,7 +108,7 @@ class Plan:
         d["chain_notes"] = list(self.chain_notes)
         d["outputs"] = dict(self.outputs)
         d["ops"] = dict(self.ops)
-        d["self_check"] = [dict(zip(_CHECK_FIELDS, c)) for c in self.self_check]
+        d["self_check"] = [dict(zip(_CHECK_FIELDS, (*c[:-1], list(c[-1])))) for c in self.self_check]
         d["notes"] = list(self.notes)
         d["edits"] = list(self.edits) if self.edits is not None else None
         d["passes"] = [{"pass": a, "detail": b} for a, b in self.passes]
@@ -127,8 +128,8 @@ class Plan:
             chain_safe=d["chain_safe"], chain_notes=tuple(d["chain_notes"]),
             outputs=tuple(d["outputs"].items()), ops=tuple(d.get("ops", {}).items()),
             lowering=d.get("lowering", "generic"),
-            self_check=tuple(tuple(c.get(k, {"batched": True, "mask_rank": 4}.get(k)) for k in _CHECK_FIELDS)
-                             for c in d.get("self_check", [])),
+            self_check=tuple((*(c.get(k, {"batched": True, "mask_rank": 4}.get(k)) for k in _CHECK_FIELDS[:-1]),
+                              tuple(c.get("other_schedules", ()))) for c in d.get("self_check", [])),
             notes=tuple(d.get("notes", [])),
             edits=tuple(d["edits"]) if d.get("edits") is not None else None,
             logprobs_top_n=d.get("logprobs_top_n"), prompt_logprobs_top_n=d.get("prompt_logprobs_top_n"),
@@ -289,7 +290,8 @@ def build_plan(binding: Binding, kind: str, target: Target | None = None, reques
         graph=spec.name, source=spec.source, kind=kind, model_type=binding.model_type,
         steps=tuple(steps), layers=layers, chain_safe=chain_safe, chain_notes=tuple(notes),
         outputs=tuple((k, v) for k, v in spec.outputs if v not in dropped), lowering=binding.lowering,
-        self_check=tuple((c.lowering, c.ok, c.max_abs_diff, c.tolerance, c.error, c.batched, c.mask_rank)
+        self_check=tuple((c.lowering, c.ok, c.max_abs_diff, c.tolerance, c.error, c.batched, c.mask_rank,
+                          tuple(c.other_schedules))
                          for c in binding.checks),
         notes=tuple(binding_notes(binding)),
         edits=edits,

@@ -275,6 +275,12 @@ def test_a_row_that_rounds_like_mlx_lms_own_last_token_alone_passes_and_the_chec
         assert b.lowering == lowering and b.check.ok
         assert "prompt 0 prefill: (6, 1)" in b.check.other_schedules
         assert "last token fed alone, as mlx_lm.generate feeds it (prompt 0 prefill: (6, 1)" in b.check.describe()
+    # The plan says so, in text and JSON.
+    compiled = compile_graph(None, model, config)
+    line = next(l for l in inspect_plan(compiled, "decode", trace=False).splitlines() if l.startswith("self-check"))
+    assert "-> ok (" in line and "with the last token fed alone: prompt 0 prefill: (6, 1)" in line
+    plan = json.loads(inspect_plan(compiled, "decode", fmt="json", trace=False))
+    assert "prompt 0 prefill: (6, 1)" in plan["self_check"][0]["other_schedules"]
     # Against the whole prompt alone, as before, the same lowering fails.
     monkeypatch.setattr(selfcheck.Reference, "others", lambda self, i: [])
     with pytest.raises(UnsupportedModel, match=r"prompt 0 prefill: max \|diff\|"):
