@@ -6,7 +6,9 @@ self-check's reference, compiler/selfcheck.py) and once together through mlx-lm'
 
     python tests/conformance/mlx_lm_batch.py [MODEL_TYPE ...]
 
-Prints a line a type: `same`, `different` with both token lists, or why it could not run. Why it
+Prints a line a type: `same`, `different` with both token lists, or why it could not run; and
+where feeding the prompt's last token alone (as mlx_lm.generate does) changes the one-request
+tokens, that too. Why it
 exists: it decided that mlx-lm's batch is no reference for the self-check's batched rows, and it
 shows where `mlx_lm.server` answers a request differently when another shares its batch
 (docs/models.md).
@@ -33,9 +35,13 @@ PROMPTS = [[11, 23, 5, 17, 29, 3, 8, 40, 41, 42], [19, 7, 26, 2]]  # ids any tin
 TOKENS = 8
 
 
-def one_at_a_time(model, prompt: list[int]) -> list[int]:
+def one_at_a_time(model, prompt: list[int], last_alone: bool = False) -> list[int]:
+    """Greedy tokens of one request; `last_alone`: the prompt's last token fed by itself, as
+    mlx_lm.generate feeds it (the self-check's second reference)."""
     cache, out = make_prompt_cache(model), []
-    y = model(mx.array(prompt)[None], cache=cache)
+    if last_alone:
+        model(mx.array(prompt[:-1])[None], cache=cache)
+    y = model(mx.array(prompt[-1:] if last_alone else prompt)[None], cache=cache)
     for _ in range(TOKENS):
         out.append(int(mx.argmax(y[0, -1])))
         y = model(mx.array([[out[-1]]]), cache=cache)
@@ -60,15 +66,18 @@ def main(types: list[str]) -> None:
         try:
             model, _ = mlx_lm.load(str(build_model_folder(t, tempfile.mkdtemp(), seed=0)))
             want = [one_at_a_time(model, p) for p in PROMPTS]
+            alone = [one_at_a_time(model, p, last_alone=True) for p in PROMPTS]
         except Exception as e:  # noqa: BLE001 - a type without a reference is reported, not fatal
             print(f"{t} no reference: {type(e).__name__}: {str(e)[:100]}", flush=True)
             continue
+        last = "" if alone == want else f" (the last token alone: different, {alone})"
         try:
             got = batched(model)
         except Exception as e:  # noqa: BLE001 - what BatchGenerator cannot batch
-            print(f"{t} BatchGenerator raised {type(e).__name__}: {str(e)[:100]}", flush=True)
+            print(f"{t} BatchGenerator raised {type(e).__name__}: {str(e)[:100]}{last}", flush=True)
             continue
-        print(f"{t} " + ("same" if got == want else f"different: batched {got}, one at a time {want}"), flush=True)
+        print(f"{t} " + ("same" if got == want else f"different: batched {got}, one at a time {want}") + last,
+              flush=True)
 
 
 if __name__ == "__main__":
