@@ -54,6 +54,11 @@ SHAPES: dict[str, dict] = {
                           norm_topk_prob=True, attention_bias=False, tie_word_embeddings=False,
                           max_position_embeddings=65536),
 }
+# The same layer plan with the dense MLP in every layer: random router weights put experts within
+# a last bit of each other, so on a GPU bf16 rounding alone picks other experts and the load-time
+# self-check cannot tell a lowering from mlx-lm's own forward (docs/models.md). The GPU agent
+# replay (benchmarks/serving/h200-replay.sh hybrid) measures the hybrid cache on this one.
+SHAPES["qwen3-next-2b-dense"] = dict(SHAPES["qwen3-next-2b"], mlp_only_layers=list(range(24)))
 
 
 class IdTokenizer:

@@ -34,3 +34,19 @@ def test_the_serving_bench_counts_ids_without_text(tmp_path):
     assert n == VOCAB and holes == VOCAB - len(PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json")))
     cover_vocab(tmp_path / "tokenizer.json", VOCAB)
     assert ids_without_text(tmp_path) == (0, VOCAB)
+
+
+def test_the_dense_hybrid_shape_has_qwen3_nexts_layer_plan_and_no_experts():
+    """The GPU agent replay's hybrid shape (benchmarks/shapes.py): random routers flip experts on
+    bf16 rounding, so it keeps Qwen3-Next's gated-delta / full-attention plan with dense MLPs."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+
+    from graphc.benchmarks.shapes import SHAPES, random_model
+
+    moe, dense = SHAPES["qwen3-next-2b"], SHAPES["qwen3-next-2b-dense"]
+    assert {k for k in dense if dense[k] != moe.get(k)} == {"mlp_only_layers"}
+    cut = dict(dense, num_hidden_layers=4, hidden_size=256, vocab_size=512)
+    model = random_model(cut, mx.float32)
+    assert [type(c) for c in make_prompt_cache(model)] == [ArraysCache] * 3 + [KVCache]
+    assert {type(layer.mlp).__name__ for layer in model.layers} == {"Qwen3NextMLP"}

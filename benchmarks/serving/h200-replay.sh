@@ -11,10 +11,11 @@
 set -euo pipefail
 case "${1:-}" in
   8b) shape=llama-3.1-8b ;;
-  # The chunked gated-delta form, asked for: on this random bf16 mixture of experts it rounds past
-  # the self-check's tolerance against mlx-lm's loop, and auto would then serve the loop, which is
-  # what stalled the 32k cold pass (docs/cpu-prefill.md#hybrid-models). GRAPHC_ARGS= overrides.
-  hybrid) shape=qwen3-next-2b; GRAPHC_ARGS=${GRAPHC_ARGS---linear-prefill chunked} ;;
+  # Qwen3-Next's layer plan with dense MLPs (benchmarks/shapes.py says why; HYBRID_SHAPE=qwen3-next-2b
+  # for its experts). The chunked gated-delta form, asked for: where it rounds past the self-check's
+  # tolerance against mlx-lm's loop, auto would serve the loop, which is what stalled the 32k cold
+  # pass (docs/cpu-prefill.md#hybrid-models). GRAPHC_ARGS= overrides.
+  hybrid) shape=${HYBRID_SHAPE:-qwen3-next-2b-dense}; GRAPHC_ARGS=${GRAPHC_ARGS---linear-prefill chunked} ;;
   *) echo "usage: $0 8b|hybrid" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
