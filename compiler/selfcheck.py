@@ -4,7 +4,9 @@ Reference: mlx-lm's own `model(tokens, cache=make_prompt_cache(model))`, one pro
 time, each prompt whole; where a row misses it, the same forward with the prompt's last token
 fed alone, as mlx_lm.generate feeds it (`schedules`) — on a GPU one position takes other kernels
 than several, and a bf16 mixture of experts turns that last-bit difference into another
-expert. A row passes if it matches either.
+expert. A row passes if it matches either. mlx-lm's own batch (its BatchGenerator) is no
+reference: on 9 model types it answers a request other than its one-request forward does
+(tests/conformance/mlx_lm_batch.py).
 
 Checked: the lowered prefill and decode steps with graphc's caches, as the runner drives
 them — prompts prefilled alone in chunks (the first one split, so a non-final chunk fills
