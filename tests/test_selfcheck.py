@@ -298,3 +298,28 @@ def test_other_schedules_do_not_excuse_a_wrong_lowering(llama, monkeypatch):
     assert [(c.lowering, c.ok) for c in b.checks] == [("fast", False), ("generic", True)]
     assert b.checks[0].max_abs_diff > 10 * b.checks[0].tolerance
     assert selfcheck.schedules(len(selfcheck.PROMPTS[0]))[1] == (6, 1)
+
+
+def test_the_second_reference_runs_in_the_first_ones_context(llama):
+    """The chunked reference (compile.py) swaps the gated-delta recurrence in for as long as its
+    context is entered: the last-token-alone rows, run later and only on a miss, must see the same
+    forward, so reference_run enters the context again for them."""
+    import contextlib
+
+    from graphc.compiler import selfcheck
+
+    _, model, _ = llama
+    entered = []
+
+    @contextlib.contextmanager
+    def context():
+        entered.append(True)
+        yield
+
+    ref = selfcheck.reference_run(model, "llama", context=context)
+    assert entered == []  # the first reference runs inside the caller's own `with`
+    (pieces, rows), = ref.others(0)
+    assert pieces == (6, 1) and entered == [True]
+    assert ref.others(0)[0][1] is rows and entered == [True]  # run once, kept
+    ref.others(1)
+    assert len(entered) == 2
