@@ -9,7 +9,9 @@ Rows, each its max |diff| on the last-position logits of prompt 0 against the re
 prompt whole, alone):
   chunked   the same prompt through mlx-lm's own caches in pieces: the check's chunks (CHUNK
             tokens), the last token alone (mlx_lm.generate's schedule), both (graphc's generic one)
-  batched   the same prompt twice in one batch (identical rows: no padding, no masks)
+  batched   the same prompt twice in one batch (identical rows: no padding, no masks); and both
+            prompts in one batch as mlx-lm's BatchGenerator joins requests (each row against its
+            one-request rows)
   graphc    the self-check of each lowering, as compile_graph runs it (its describe() line)
 
 Why: a bf16 mixture of experts (the bench's qwen3-next-2b, 8 experts, top 2) was refused on an
@@ -27,6 +29,7 @@ import logging
 import sys
 
 import mlx.core as mx
+from mlx_lm.generate import _merge_caches
 from mlx_lm.models.cache import make_prompt_cache
 
 from graphc.benchmarks.shapes import SHAPES, random_model
@@ -53,8 +56,6 @@ def diff(got) -> str:
     return f"max |diff| {d:.3g} ({d / ref.tolerance:.2f}x the tolerance)"
 
 
-
-
 def schedule(pieces) -> mx.array:
     """Prompt 0 through mlx-lm's own forward and caches, in pieces of these lengths."""
     cache, a = make_prompt_cache(model), 0
@@ -71,6 +72,28 @@ for pieces, what in (((c, len(p) - c), f"chunked ({c}-token chunks)"),
     print(f"  mlx-lm {what} {pieces}: {diff(schedule(pieces))}", flush=True)
 two = model(mx.array([p, p]), cache=make_prompt_cache(model))
 print(f"  mlx-lm batched (2 identical rows): {diff(two[0, -1])}", flush=True)
+# The check's batched rows against mlx-lm's own batch of its two prompts, joined the way its
+# BatchGenerator joins requests (mlx_lm/generate.py: `_merge_caches`, all but the last tokens
+# prefilled together right-padded, then batched steps; the decode tokens forced as the check's):
+# if mlx-lm's batch lands as far from the one-request rows as a lowering's batched rows do, the miss
+# is how batches round here, not how graphc batches.
+try:
+    caches = _merge_caches([make_prompt_cache(model) for _ in selfcheck.PROMPTS])
+    heads = [list(q[:-1]) for q in selfcheck.PROMPTS]
+    pad = [max(map(len, heads)) - len(h) for h in heads]
+    for cache in caches:
+        cache.prepare(lengths=[len(h) for h in heads], right_padding=pad)
+    model(mx.array([h + [0] * n for h, n in zip(heads, pad)]), cache=caches)
+    for cache in caches:
+        cache.finalize()
+    rows = [model(mx.array(step)[:, None], cache=caches)[:, -1].astype(mx.float32)
+            for step in ([q[-1] for q in selfcheck.PROMPTS], *([t] * 2 for t in selfcheck.DECODE))]
+    for i in range(len(selfcheck.PROMPTS)):
+        ds = [float(mx.abs(r[i] - w).max()) for r, w in zip(rows, ref.logits[i])]
+        print(f"  mlx-lm's batch, prompt {i} (last prefill row, decode 1, decode 2): "
+              + ", ".join(f"{d:.3g}" for d in ds) + f" (tolerance {ref.tolerance:.3g})", flush=True)
+except Exception as e:  # noqa: BLE001 - a diagnosis line, not the probe's point
+    print(f"  mlx-lm's batch: {type(e).__name__}: {e}", flush=True)
 logging.basicConfig(level=logging.WARNING, format="  log: %(message)s")
 target = probe_target()
 for lowering in sys.argv[4].split(",") if len(sys.argv) > 4 else ("fast", "generic"):
