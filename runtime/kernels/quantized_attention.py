@@ -68,13 +68,12 @@ _INPUTS = ["q", "k", "k_scales", "k_biases", "v", "v_scales", "v_biases", "start
 # The vec kind's (warps a block, keys a lane per trip, codes a lane per key), by head dim. Measured on
 # an H100 (Llama-3.1-8B heads, batch 64, 2,048 columns, one layer at 8 bits;
 # benchmarks/results/h100-quantized-configs-8b-2048.txt, `python benchmarks/probes/quantized_configs.py`):
-# 4 x 4 x 8 took 250 us, 4 x 2 x 16 219 us (bf16 KV through the bf16 vec kernel: 216 us). 8 codes a
+# 4 x 4 x 8 took 248 us, 4 x 2 x 16 214 us (bf16 KV through the bf16 vec kernel: 212 us). 8 codes a
 # lane at 8 bits is one 8-byte load where the bf16 vec kernel's lanes load 16 bytes, so as many loads
-# for half the bytes; 16 codes a lane is one 16-byte load. In that run it took 229 registers a thread
-# (sm_90a; `python -m graphc.benchmarks.kernel_builds --full --only quantized_vec`) against 140 at 4 x
-# 4 x 8 and the bf16 kernel's 128, and still ran fastest. Since, codes become floats without an
-# int-to-float conversion (GRAPHC_CODE, cuda/quantized_attention/vec_source.cu): 210 and 128
-# registers, not yet timed. Head dims not measured keep 4 x 4 x 8.
+# for half the bytes; 16 codes a lane is one 16-byte load, fastest though it takes 210 registers a
+# thread against 128 at 4 x 4 x 8 and in the bf16 kernel (sm_90a, codes converted by GRAPHC_CODE in
+# cuda/quantized_attention/vec_source.cu; `python -m graphc.benchmarks.kernel_builds --full --only
+# quantized_vec`). Head dims not measured keep 4 x 4 x 8.
 VEC_CONFIG = (4, 4, 8)
 VEC_CONFIG_BY_DIM = {128: (4, 2, 16)}
 CODES_PER_LANE = (8, 16)
