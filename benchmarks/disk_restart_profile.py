@@ -4,6 +4,7 @@ under cProfile. Shows the disk read (DiskTier.promote: blocks, then the tail pas
 prefill of what the disk lacks, and, with --cold, a cold prompt of the same length on that engine.
 
     python -m graphc.benchmarks.disk_restart_profile --model DIR [--context 2048] [--turns 16] [--cold]
+        [--linear-prefill chunked]
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ def main(argv=None) -> None:
     ap.add_argument("--cold", action="store_true", help="also time a cold prompt of the same length")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--turns", type=int, default=16)
+    ap.add_argument("--linear-prefill", default=None,
+                    help="Engine(linear_prefill=...) for hybrid models (auto, mlx-lm, chunked)")
     args = ap.parse_args(argv)
     ids = np.random.default_rng(0).integers(3, 1000, args.context).tolist()
     step = args.context // args.turns
     one = SamplingParams(max_tokens=1)
     kw = {} if args.block_tokens is None else {"kv_cache_block_tokens": args.block_tokens}
+    if args.linear_prefill is not None:
+        kw["linear_prefill"] = args.linear_prefill
     with tempfile.TemporaryDirectory(prefix="graphc-kv-") as folder:
         first = Engine.load(args.model, kv_cache_dir=folder, **kw)
         for k in range(1, args.turns):

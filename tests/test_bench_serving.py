@@ -10,6 +10,7 @@ import os
 import pytest
 
 from graphc.benchmarks.serving.client import arrival_times
+from graphc.benchmarks.serving.run import aggregate, rate_table
 from graphc.benchmarks.serving.workload import make_workload
 from graphc.cli import main
 
@@ -42,6 +43,28 @@ def test_arrivals_are_sorted_seeded_and_all_at_once_at_infinite_rate():
     assert arrival_times(5, math.inf, 0) == [0.0] * 5
     t = arrival_times(200, 10.0, 1)
     assert t == sorted(t) and t[0] == 0.0 and t == arrival_times(200, 10.0, 1)
+
+
+def _run(server, repeat, tok_s, ttft_p99, errors):
+    return {"server": server, "rate": math.inf, "repeat": repeat,
+            "metrics": {"req_per_s": 1.0, "output_tok_per_s": tok_s, "ttft_p50": 0.1, "ttft_p99": ttft_p99,
+                        "itl_p50": 0.01, "itl_p99": 0.05, "tpot_p50": 0.02, "errors": errors}}
+
+
+def test_a_repeat_where_a_server_failed_requests_gives_no_ratio():
+    """A server that dies in a run answers few requests fast: its TTFT p99 and tok/s over those are
+    not the same work as the other side's, so that repeat's ratios are left out and counted."""
+    runs = [_run("graphc", 1, 1000.0, 1.0, 0), _run("mlx_lm", 1, 50.0, 0.2, 53),
+            _run("graphc", 2, 1100.0, 1.2, 0), _run("mlx_lm", 2, 500.0, 4.0, 0)]
+    per = aggregate(runs, ("graphc", "mlx_lm"), [math.inf])["inf"]
+    r = per["graphc_over_mlx_lm"]
+    assert r["output_tok_per_s"] == {"median": 2.2, "min": 2.2, "max": 2.2}  # repeat 2 alone
+    assert r["ttft_p99"]["median"] == pytest.approx(0.3) and r["repeats_with_errors"] == 1
+    assert "1 repeats with errors left out" in rate_table("inf", per, ("graphc", "mlx_lm"))
+    per = aggregate(runs[:2], ("graphc", "mlx_lm"), [math.inf])["inf"]  # no clean repeat: no ratio at all
+    assert per["graphc_over_mlx_lm"]["output_tok_per_s"] is None
+    line = [x for x in rate_table("inf", per, ("graphc", "mlx_lm")).splitlines() if x.startswith("graphc/")][0]
+    assert "20.00" not in line and "-" in line  # 1000 / 50 would be 20.00
 
 
 def test_serving_bench_both_servers(model_dir, tmp_path, capsys):
