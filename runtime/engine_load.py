@@ -51,8 +51,20 @@ def load_engine(cls, model_dir: str | Path | None, graph, *, distributed: bool, 
             f"{type(e).__name__}: {e}. graphc loads models through mlx-lm; fix the folder (config.json, "
             "tokenizer files) so that mlx_lm.load reads it") from e
     log.info("loaded weights and tokenizer from %s: %.1f s", path, time.perf_counter() - t0)
+    quiet_length_warning(tokenizer)
     weights = convert(model, cpu_weights)
     # model_path is what the user named (a .gguf file stays a .gguf file in names and logs).
     engine = cls(model, tokenizer, config, graph, model_path=str(model_dir), **kwargs)
     engine.weights = weights
     return engine
+
+
+def quiet_length_warning(tokenizer) -> None:
+    """Mark transformers' one-time "Token indices sequence length is longer than the specified maximum
+    ... will result in indexing errors" as already said. Its maximum is the tokenizer file's
+    `model_max_length`, often not the model's context (older configs, test models); graphc checks a
+    prompt against the context it serves and answers a longer one with its own error."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    seen = getattr(hf, "deprecation_warnings", None)
+    if isinstance(seen, dict):
+        seen["sequence-length-is-longer-than-the-specified-maximum"] = True
