@@ -19,6 +19,7 @@ from graphc.compiler.modelgen import demo_model_path
 
 from .cpu_weights import check_mode, convert
 from .distributed import load_sharded
+from .tokenizer_setup import quiet_length_warning
 
 log = logging.getLogger("graphc.load")
 
@@ -58,13 +59,3 @@ def load_engine(cls, model_dir: str | Path | None, graph, *, distributed: bool, 
     engine.weights = weights
     return engine
 
-
-def quiet_length_warning(tokenizer) -> None:
-    """Mark transformers' one-time "Token indices sequence length is longer than the specified maximum
-    ... will result in indexing errors" as already said. Its maximum is the tokenizer file's
-    `model_max_length`, often not the model's context (older configs, test models); graphc checks a
-    prompt against the context it serves and answers a longer one with its own error."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    seen = getattr(hf, "deprecation_warnings", None)
-    if isinstance(seen, dict):
-        seen["sequence-length-is-longer-than-the-specified-maximum"] = True

@@ -22,6 +22,7 @@ import mlx_lm.models
 
 from graphc.compiler.modelgen import demo_model_path
 
+from ..tokenizer_setup import quiet_length_warning
 from .follower import follow
 from .group import GroupFailed, broadcast_ints, crc, gather_ints, world
 from .leader import leader_class
@@ -147,6 +148,7 @@ def _load_shard(model_dir, group, kwargs: dict):
     _check_options(kwargs)
     config = json.loads((path / "config.json").read_text())
     model, tokenizer = mlx_lm.load(str(path), lazy=True)
+    quiet_length_warning(tokenizer)
     check_shardable(model, config, group.size())
     model.shard(group)
     mx.eval(model.parameters())
