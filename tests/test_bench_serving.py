@@ -137,6 +137,37 @@ def test_keep_servers_starts_each_server_once_over_the_repeats(model_dir, tmp_pa
     assert (tmp_path / "logs" / "graphc.log").read_text().count("$ ") == 1
 
 
+def test_a_server_that_broke_is_started_again_for_the_runs_left(model_dir, tmp_path, monkeypatch, capsys):
+    """--keep-servers runs a server's repeats on one start; when a run leaves it broken (its log says
+    so), the runs after it would only count errors, so the server is started again for them. The
+    first run here is made to fail as a dead server's would; the second runs on a fresh start."""
+    from graphc.benchmarks.serving import run as serving_run
+
+    real, calls = serving_run._measure, []
+
+    def broken_once(srv, *a, **kw):
+        calls.append(srv.proc.pid)
+        m = real(srv, *a, **kw)
+        if len(calls) == 1:
+            m.update(errors=4, server_failure="mlx_lm.server generation thread died: out of memory")
+        return m
+
+    monkeypatch.setattr(serving_run, "_measure", broken_once)
+    m = model_dir("llama")
+    out = tmp_path / "serving.json"
+    rc = main(["bench", "--serving", "--model", str(m), "--requests", "2", "--rates", "inf",
+               "--serving-repeats", "2", "--keep-servers", "--servers", "graphc", "--max-batch", "2",
+               "--min-input", "16", "--max-input", "32", "--min-output", "4", "--max-output", "6",
+               "--json", str(out), "--log-dir", str(tmp_path / "logs"), "--no-progress"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert [(s["server"], s["repeat"]) for s in res["startup"]] == [("graphc", 0), ("graphc", 1)]
+    assert len(calls) == 2 and calls[0] != calls[1]  # the second run met another process
+    by_rep = {r["repeat"]: r["metrics"] for r in res["runs"]}
+    assert by_rep[0]["server_failure"] and by_rep[1]["errors"] == 0 and "server_failure" not in by_rep[1]
+    assert "restarting graphc for the 1 runs left" in capsys.readouterr().err
+
+
 def test_a_broken_server_is_named_with_its_log_line(tmp_path):
     """A run with errors looks in the server's log from where the run began: a CUDA out-of-memory
     or a dead generation thread is printed next to the errors (with what to try), and a plain log

@@ -238,41 +238,29 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
     else:
         blocks = [(spec, [rep]) for rep in range(cfg.repeats) for spec in (specs if rep % 2 == 0 else specs[::-1])]
     for spec, reps in blocks:
-        with _started(cfg, spec, startups, reps[0]) as srv:
-            url = srv.url
-            for rep in reps:
-                for i, rate in enumerate(cfg.rates):
+        # A server that broke during a run (out of memory, a dead generation thread: its log says so)
+        # fails every request after it. It is started again for the runs left, so each of them
+        # measures a live server; the broken run keeps its errors and `startup` lists the restart.
+        todo = [(rep, i, rate) for rep in reps for i, rate in enumerate(cfg.rates)]
+        while todo:
+            with _started(cfg, spec, startups, todo[0][0]) as srv:
+                while todo:
+                    rep, i, rate = todo.pop(0)
                     bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
-                    before = scrape(url) if spec.name == "graphc" else None
-                    logged = srv.log_size()
-                    results, dur = run_load(url, fresh[rep][i], rate, cfg.concurrency,
-                                            spec.fixed_length_body(eos), cfg.seed + rep)
-                    m = run_metrics(results, dur)
-                    m.update(run_quantiles(before, scrape(url) if before else None))
-                    if m["errors"] and (why := srv.failure_since(logged)):
-                        m["server_failure"] = why
-                        bar.write(f"  warning: {spec.name} broke during this run ({srv.log_path}): {why[:300]}"
-                                  + (FAILURE_HINTS.get(spec.name, "") if "out of memory" in why.lower() else ""),
+                    m = _measure(srv, fresh[rep][i], rate, cfg.concurrency, spec.fixed_length_body(eos), cfg.seed + rep)
+                    if m.get("server_failure"):
+                        bar.write(f"  warning: {spec.name} broke during this run ({srv.log_path}): "
+                                  f"{m['server_failure'][:300]}" + (FAILURE_HINTS.get(spec.name, "") if "out of memory"
+                                                                    in m["server_failure"].lower() else ""),
                                   file=sys.stderr)
                     runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
                     bar.update(1)
                     if checkpoint:
                         checkpoint([{**r, "rate": _rate_key(r["rate"])} for r in runs])
-                    bar.write(f"  repeat {rep + 1} {spec.name:7s} rate {_rate_key(rate):>4s}: "
-                              f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
-                              f"TTFT p99 {_ms(m['ttft_p99'])}"
-                              + (f" (engine {_ms(m['engine_ttft_p99'])})" if m.get("engine_ttft_p99") else "")
-                              + f", ITL p99 {_ms(m['itl_p99'])}"
-                              + (f" (engine {_ms(m['engine_itl_p99'])}, loop hand-over "
-                                 f"{_ms(m['engine_handover_p99'])})" if m.get("engine_itl_p99") else "") + ", "
-                              + "".join(f"{k} steps {m[f'engine_step_{k}_count']:.0f} p50/p99 "
-                                        f"{_ms(m[f'engine_step_{k}_p50'])}/{_ms(m[f'engine_step_{k}_p99'])}, "
-                                        for k in ("decode", "mixed") if m.get(f"engine_step_{k}_count"))
-                              + (f"{m['engine_fused_chunks']:.0f} chunks fused, " if m.get("engine_fused_chunks") else "")
-                              + (f"Python GC paused {m['engine_gc_pause_s'] * 1e3:.0f} ms "
-                                 f"({m['engine_gc_full_collections']:.0f} full), " if "engine_gc_pause_s" in m else "")
-                              + f"{m['exact_length']}/{len(reqs)} exact lengths, {m['errors']} errors, "
-                              f"{m['retries']} resent", file=sys.stderr)
+                    bar.write(_run_line(spec.name, rep, rate, m, len(reqs)), file=sys.stderr)
+                    if m.get("server_failure") and todo:
+                        bar.write(f"  restarting {spec.name} for the {len(todo)} runs left", file=sys.stderr)
+                        break
     if runs:
         for rate in cfg.rates:
             per = aggregate(runs, [s.name for s in specs], [rate])[_rate_key(rate)]
@@ -287,6 +275,37 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.1f} ms"
+
+
+def _measure(srv: Server, reqs, rate: float, concurrency, body: dict, seed: int) -> dict:
+    """One run's metrics: the client's, graphc's engine side (its /metrics before and after), and
+    `server_failure`, the server's own reason, where requests failed and its log says it broke."""
+    before = scrape(srv.url) if srv.spec.name == "graphc" else None
+    logged = srv.log_size()
+    results, dur = run_load(srv.url, reqs, rate, concurrency, body, seed)
+    m = run_metrics(results, dur)
+    m.update(run_quantiles(before, scrape(srv.url) if before else None))
+    if m["errors"] and (why := srv.failure_since(logged)):
+        m["server_failure"] = why
+    return m
+
+
+def _run_line(name: str, rep: int, rate: float, m: dict, n_requests: int) -> str:
+    """The progress line a run prints."""
+    return (f"  repeat {rep + 1} {name:7s} rate {_rate_key(rate):>4s}: "
+            f"{m['req_per_s']:.2f} req/s, {m['output_tok_per_s']:.1f} out tok/s, "
+            f"TTFT p99 {_ms(m['ttft_p99'])}"
+            + (f" (engine {_ms(m['engine_ttft_p99'])})" if m.get("engine_ttft_p99") else "")
+            + f", ITL p99 {_ms(m['itl_p99'])}"
+            + (f" (engine {_ms(m['engine_itl_p99'])}, loop hand-over "
+               f"{_ms(m['engine_handover_p99'])})" if m.get("engine_itl_p99") else "") + ", "
+            + "".join(f"{k} steps {m[f'engine_step_{k}_count']:.0f} p50/p99 "
+                      f"{_ms(m[f'engine_step_{k}_p50'])}/{_ms(m[f'engine_step_{k}_p99'])}, "
+                      for k in ("decode", "mixed") if m.get(f"engine_step_{k}_count"))
+            + (f"{m['engine_fused_chunks']:.0f} chunks fused, " if m.get("engine_fused_chunks") else "")
+            + (f"Python GC paused {m['engine_gc_pause_s'] * 1e3:.0f} ms "
+               f"({m['engine_gc_full_collections']:.0f} full), " if "engine_gc_pause_s" in m else "")
+            + f"{m['exact_length']}/{n_requests} exact lengths, {m['errors']} errors, {m['retries']} resent")
 
 
 def _env_pairs(items: list[str]) -> dict[str, str]:
