@@ -78,13 +78,16 @@ def conversation(model: str, context: int, turns: int, seed: int) -> tuple[list[
     return [req(base, n) for n in lengths], [req(s, n) for s, n in zip(starts, lengths)]
 
 
-def replay(url: str, reqs: list[Request], max_tokens: int, body: dict) -> list[float]:
+def replay(url: str, reqs: list[Request], max_tokens: int, body: dict, engine: list | None = None) -> list[float]:
     """Time to first token of each turn in seconds, one turn after the other: the latency of a
     one-token request (prefill + one step), timed the same way on both servers: streamed first
-    chunks are no measure here, as random-weight models often emit tokens whose text is empty."""
+    chunks are no measure here, as random-weight models often emit tokens whose text is empty.
+    `engine`: a list that gets each turn's TTFT on the engine's clock (graphc's /metrics, scraped
+    between turns, outside the timed request), so a turn's time splits into engine and door."""
     out = []
     with httpx.Client(timeout=600) as client:
         for r in reqs:
+            before = engine_ttft_total(client, url) if engine is not None else None
             t0 = time.perf_counter()
             resp = client.post(url + "/v1/completions", json={"prompt": r.prompt, "max_tokens": max_tokens,
                                                                "temperature": 0.0, **body})
@@ -92,7 +95,24 @@ def replay(url: str, reqs: list[Request], max_tokens: int, body: dict) -> list[f
             if resp.status_code != 200:
                 raise RuntimeError(f"turn of {r.prompt_tokens} tokens: HTTP {resp.status_code}: {resp.text[:200]}")
             out.append(dt)
+            if engine is not None:
+                after = engine_ttft_total(client, url)
+                engine.append(None if before is None or after is None else after - before)
     return out
+
+
+_TTFT_SUM = re.compile(r"^graphc_request_ttft_seconds_sum(?:\{[^}]*\})? (\S+)$")
+
+
+def engine_ttft_total(client, url: str) -> float | None:
+    """The sum of every request's TTFT on graphc's engine clock so far (its histogram's `_sum`, over
+    the server's models), or None from a server without it."""
+    try:
+        text = client.get(url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    vals = [float(m.group(1)) for m in map(_TTFT_SUM.match, text.splitlines()) if m]
+    return sum(vals) if vals else None
 
 
 # What a restarted graphc did with its disk hit (runtime/cache/disk_choice.py): its /metrics counters
@@ -136,26 +156,34 @@ def run_replay(cfg: ReplayConfig, log=print) -> dict:
         for spec in order:
             body = spec.fixed_length_body(eos)
             extra = list(cfg.graphc_args if spec.name == "graphc" else cfg.mlx_args)
+            eng: list = []
 
             def start(more=()):
                 return Server(spec, cfg.model, free_port(), 1, logs / f"{spec.name}.log", extra + list(more))
 
+            def timed(url, reqs):  # TTFT per turn; graphc's engine-side TTFT beside it in `eng`
+                eng.clear()
+                return replay(url, reqs, cfg.max_tokens, body, eng if spec.name == "graphc" else None)
+
             def record(pass_, ttft):
                 runs.append({"server": spec.name, "repeat": rep, "pass": pass_, "ttft": ttft})
-                log(f"  repeat {rep + 1} {spec.name:7s} {pass_:8s}: TTFT per turn "
-                    + " ".join(f"{t * 1e3:.0f}" for t in ttft) + " ms")
+                line = " ".join(f"{t * 1e3:.0f}" for t in ttft)
+                if eng and all(e is not None for e in eng):
+                    runs[-1]["engine_ttft"] = list(eng)
+                    line += " ms; in the engine " + " ".join(f"{e * 1e3:.0f}" for e in eng)
+                log(f"  repeat {rep + 1} {spec.name:7s} {pass_:8s}: TTFT per turn {line} ms")
 
             with start() as url:  # cold, then warm, on one process
                 replay(url, warm, 2, body)
-                record("cold", replay(url, cold_turns, cfg.max_tokens, body))
+                record("cold", timed(url, cold_turns))
                 if "warm" in cfg.passes:
-                    record("warm", replay(url, turns, cfg.max_tokens, body))
+                    record("warm", timed(url, turns))
             with tempfile.TemporaryDirectory(prefix="graphc-kv-") as folder:
                 disk = ("--kv-cache-dir", folder) if spec.name == "graphc" and "disk" in cfg.passes else ()
                 if disk:
                     with start(disk) as url:
                         replay(url, warm, 2, body)
-                        record("disk", replay(url, turns, cfg.max_tokens, body))
+                        record("disk", timed(url, turns))
             if "restart" not in cfg.passes:
                 continue
             with tempfile.TemporaryDirectory(prefix="graphc-kv-") as folder:
@@ -165,7 +193,7 @@ def run_replay(cfg: ReplayConfig, log=print) -> dict:
                         replay(url, turns[:-1], cfg.max_tokens, body)
                 with start(disk) as url:  # the restart: a new process (graphc: on that folder)
                     replay(url, warm, 1, body)
-                    record("restart", replay(url, turns[-1:], cfg.max_tokens, body))
+                    record("restart", timed(url, turns[-1:]))
                     if disk:
                         runs[-1]["disk"] = disk_counters(url)
                         log(f"  repeat {rep + 1} {spec.name:7s} restart : the disk tier's counters "

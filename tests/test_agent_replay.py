@@ -59,13 +59,19 @@ def test_replay_passes_choose_which_servers_start_and_what_is_timed(monkeypatch,
         yield "http://fake"
 
     monkeypatch.setattr(ar, "Server", fake_server)
-    monkeypatch.setattr(ar, "replay", lambda url, reqs, max_tokens, body: [0.1] * len(reqs))
+    def fake_replay(url, reqs, max_tokens, body, engine=None):
+        if engine is not None:
+            engine.extend([0.05] * len(reqs))
+        return [0.1] * len(reqs)
+
+    monkeypatch.setattr(ar, "replay", fake_replay)
     monkeypatch.setattr(ar, "disk_counters", lambda url: {"graphc_prefix_cache_disk_choices_total{choice=\"read\"}": 1.0})
     cfg = ReplayConfig(model=str(model_dir("llama")), context=256, turns=2, repeats=1, servers=("graphc",),
                        passes=passes, log_dir="/tmp/graphc-test-replay-logs")
     out = ar.run_replay(cfg, log=lambda line: None)
     assert starts == started
     assert [r["pass"] for r in out["runs"]] == recorded
+    assert all(r["engine_ttft"] == [0.05] * len(r["ttft"]) for r in out["runs"])  # graphc's engine side, per turn
     if "restart" in passes:  # what the restarted server did with its disk hit rides with its turn
         assert out["runs"][-1]["disk"] == {'graphc_prefix_cache_disk_choices_total{choice="read"}': 1.0}
 
@@ -83,3 +89,19 @@ def test_the_restart_records_what_the_disk_tier_chose():
         'graphc_prefix_cache_disk_choices_total{choice="read"}': 0.0,
         'graphc_prefix_cache_disk_choices_total{choice="recompute"}': 1.0,
         "graphc_prefix_cache_disk_recomputed_tokens_total": 31488.0}
+
+
+def test_a_live_replay_splits_each_turn_into_engine_and_door(model_dir, tmp_path):
+    """On a real `graphc serve`: each timed turn has its TTFT on the engine's clock (from /metrics,
+    scraped between turns) beside the client's, and the engine's part is no longer than the whole."""
+    from graphc.benchmarks.agent_replay import run_replay
+
+    cfg = ReplayConfig(model=str(model_dir("llama")), context=256, turns=2, repeats=1, servers=("graphc",),
+                       passes=("cold", "warm"), log_dir=str(tmp_path / "logs"))
+    lines = []
+    out = run_replay(cfg, log=lines.append)
+    assert [r["pass"] for r in out["runs"]] == ["cold", "warm"]
+    for r in out["runs"]:
+        assert len(r["engine_ttft"]) == len(r["ttft"]) == 2
+        assert all(0 < e <= t for e, t in zip(r["engine_ttft"], r["ttft"]))
+    assert any("in the engine" in line for line in lines)
