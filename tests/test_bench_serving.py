@@ -51,6 +51,18 @@ def _run(server, repeat, tok_s, ttft_p99, errors):
                         "itl_p50": 0.01, "itl_p99": 0.05, "tpot_p50": 0.02, "errors": errors}}
 
 
+def test_itl_p99_is_also_given_in_graphcs_own_decode_steps():
+    """The ITL goal (p99 within 1.5x the engine's decode step) as one number per run: the client's
+    ITL p99 over the same run's decode-step p50 from graphc's /metrics, then its spread."""
+    runs = [_run("graphc", 1, 1000.0, 1.0, 0), _run("graphc", 2, 1000.0, 1.0, 0)]
+    runs[0]["metrics"].update(itl_p99=0.030, engine_step_decode_p50=0.005, engine_ttft_p50=0.1, engine_ttft_p99=0.9)
+    runs[1]["metrics"].update(itl_p99=0.040, engine_step_decode_p50=0.005, engine_ttft_p50=0.1, engine_ttft_p99=0.9)
+    per = aggregate(runs, ("graphc",), [math.inf])["inf"]
+    assert per["graphc"]["itl_p99_over_decode_step"] == {"median": pytest.approx(7.0), "min": pytest.approx(6.0),
+                                                         "max": pytest.approx(8.0)}
+    assert "ITL p99 / decode step" in rate_table("inf", per, ("graphc",))
+
+
 def test_a_repeat_where_a_server_failed_requests_gives_no_ratio():
     """A server that dies in a run answers few requests fast: its TTFT p99 and tok/s over those are
     not the same work as the other side's, so that repeat's ratios are left out and counted."""

@@ -122,6 +122,11 @@ def aggregate(runs: list[dict], servers, rates) -> dict:
             per[s] = {k: _spread([r["metrics"][k] for r in mine]) for k, *_ in METRICS}
             per[s].update({k: _spread([r["metrics"].get(k) for r in mine]) for k in ENGINE_METRICS})
             per[s]["repeats"] = len(mine)
+            # The ITL goal in one number: the client's ITL p99 over the engine's own decode step
+            # p50 in the same run (graphc alone exports its steps)
+            per[s]["itl_p99_over_decode_step"] = _spread([
+                r["metrics"]["itl_p99"] / r["metrics"]["engine_step_decode_p50"] for r in mine
+                if r["metrics"].get("itl_p99") and r["metrics"].get("engine_step_decode_p50")])
         if "graphc" in servers and "mlx_lm" in servers:
             # Ratios within one repeat (the two servers ran back to back), then their spread. A repeat
             # in which either server failed requests gives none: the two did unlike work (a server
@@ -165,6 +170,9 @@ def rate_table(rate_key: str, per: dict, servers) -> str:
                              _cell(g.get(f"engine_step_{kind}_p99"), 1e3, ".2f"), "", ""])
         if g.get("engine_fused_chunks"):  # --mixed-step on: prompt chunks that rode a decode forward
             rows.append(["  chunks fused", _cell(g["engine_fused_chunks"], 1, ".0f"), "", "", "", "", "", "", ""])
+        if g.get("itl_p99_over_decode_step"):  # the client's ITL p99 in decode steps, under ITL p99
+            rows.append(["  ITL p99 / decode step", "", "", "", "", "", _cell(g["itl_p99_over_decode_step"], 1, ".2f"),
+                         "", ""])
         if g.get("engine_handover_p99"):  # the engine thread -> event loop wait, under the ITL columns
             rows.append(["  loop hand-over", "", "", "", "", _cell(g.get("engine_handover_p50"), 1e3, ".2f"),
                          _cell(g.get("engine_handover_p99"), 1e3, ".2f"), "", ""])
