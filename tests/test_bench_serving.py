@@ -177,7 +177,9 @@ def test_a_server_that_broke_is_started_again_for_the_runs_left(model_dir, tmp_p
     assert len(calls) == 2 and calls[0] != calls[1]  # the second run met another process
     by_rep = {r["repeat"]: r["metrics"] for r in res["runs"]}
     assert by_rep[0]["server_failure"] and by_rep[1]["errors"] == 0 and "server_failure" not in by_rep[1]
-    assert "restarting graphc for the 1 runs left" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "restarting graphc for the 1 runs left" in err
+    assert "warning: graphc broke during this run" in err and "--kv-budget-tokens" in err  # the out-of-memory hint
 
 
 def test_a_broken_server_is_named_with_its_log_line(tmp_path):

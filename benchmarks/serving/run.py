@@ -256,10 +256,9 @@ def run_serving(cfg: ServingConfig, log=print, checkpoint=None) -> dict:
                     rep, i, rate = todo.pop(0)
                     bar.set_postfix_str(f"repeat {rep + 1} {spec.name} rate {_rate_key(rate)}")
                     m = _measure(srv, fresh[rep][i], rate, cfg.concurrency, spec.fixed_length_body(eos), cfg.seed + rep)
-                    if m.get("server_failure"):
-                        bar.write(f"  warning: {spec.name} broke during this run ({srv.log_path}): "
-                                  f"{m['server_failure'][:300]}" + (FAILURE_HINTS.get(spec.name, "") if "out of memory"
-                                                                    in m["server_failure"].lower() else ""),
+                    if why := m.get("server_failure"):
+                        hint = FAILURE_HINTS.get(spec.name, "") if "out of memory" in why.lower() else ""
+                        bar.write(f"  warning: {spec.name} broke during this run ({srv.log_path}): {why[:300]}{hint}",
                                   file=sys.stderr)
                     runs.append({"server": spec.name, "repeat": rep, "rate": rate, "metrics": m})
                     bar.update(1)
