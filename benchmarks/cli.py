@@ -21,7 +21,8 @@ def _ints(s: str) -> tuple:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="benchmark graphc against mlx-lm's BatchGenerator and a plain loop",
+    p = subparsers.add_parser("bench", help="benchmark graphc against mlx-lm in the same run: decode and prefill, "
+                              "--user-api, --serving (against mlx_lm.server), --agent-replay, --kv-capacity",
                               description=__doc__)
     p.add_argument("--model", default="tiny",
                    help="a shape (tiny, llama-3.2-1b, llama-3.1-8b: random weights in memory) or a model folder")

@@ -1,6 +1,6 @@
 """The command line's first-hour behaviour: --version, defaults in --help, errors that name the
 flag, did-you-mean for a graph name, make-model refusing a non-empty folder without --force,
-a .gguf model's served name."""
+a .gguf model's served name, `graphc --help` naming every API the server answers."""
 
 from __future__ import annotations
 
@@ -64,3 +64,17 @@ def test_progress_lines_on_stderr_and_quiet(model_dir):
     assert "loaded weights" in loud.stderr and "hi" in loud.stdout
     quiet = subprocess.run(run[:3] + ["-q"] + run[3:], capture_output=True, text=True, check=True)
     assert "loaded weights" not in quiet.stderr
+
+
+def test_serve_help_names_every_api_the_server_answers(capsys):
+    # The one line a new user reads in `graphc --help`: it must not lag behind the routes. Every
+    # POST endpoint of the app that is not an action under another one (/v1/messages/count_tokens)
+    # is named there.
+    from graphc.runtime.server.app import create_app
+
+    posts = sorted(p for p, ops in create_app().openapi()["paths"].items() if "post" in ops)
+    top = [p for p in posts if not any(p != q and p.startswith(q + "/") for q in posts)]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    summary = " ".join(capsys.readouterr().out.split())
+    assert len(top) >= 5 and [p for p in top if p not in summary] == []

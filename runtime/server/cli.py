@@ -16,7 +16,8 @@ from .config import ServerConfig, parse_bytes
 
 
 def add_parser(subparsers) -> None:
-    s = subparsers.add_parser("serve", help="serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions)")
+    s = subparsers.add_parser("serve", help="serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, "
+                                    "/v1/responses, /v1/embeddings, and Anthropic's /v1/messages")
     s.add_argument("--model", action="append",
                    help="model folder or .gguf file (default: the built-in demo model); give it again to serve "
                         "several models, each as PATH or NAME=PATH (clients pick one by `model`)")
