@@ -21,7 +21,7 @@ def _ints(s: str) -> tuple:
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="benchmark graphc against mlx-lm in the same run: decode and prefill, "
+    p = subparsers.add_parser("bench", help="benchmark graphc against mlx-lm in the same run: the step workloads, "
                               "--user-api, --serving (against mlx_lm.server), --agent-replay, --kv-capacity",
                               description=__doc__)
     p.add_argument("--model", default="tiny",
