@@ -58,4 +58,3 @@ def load_engine(cls, model_dir: str | Path | None, graph, *, distributed: bool, 
     engine = cls(model, tokenizer, config, graph, model_path=str(model_dir), **kwargs)
     engine.weights = weights
     return engine
-
