@@ -9,6 +9,15 @@ computing the pads. This measures both sides on one model shape's layer (random 
 1. the plan: the first call of a new (q, k) shape against the same shape again, at each context;
 2. the pads' attention: (q + P, k + P) against (q, k), both plans built;
 3. the pads' projections and MLP: one layer's matmuls over P tokens (times the layer count).
+4. pads inside the attention call only: the layer's real queries get S zero rows before them
+   and E after (keys read E further into the cache buffer), so the call's query count lands on
+   a grid Gq and its key count on G. With the causal mask aligned bottom-right, a real query
+   still sees exactly the keys it saw; the pad rows' outputs are dropped, and no pad token
+   runs through a projection or the MLP. Priced at the grids' average S = Gq / 2, E = G / 2.
+5. no pad rows, a mask instead: the real queries over keys read to the grid's end (k + E), the
+   causal limit and the E unwritten keys hidden by an additive mask array, which MLX's CUDA
+   attention hands to cuDNN as a bias (one plan per (q, k + E) and mask layout). Priced as (4),
+   the mask built once a forward and shared by the layers.
 
 The pads' total cost at the grid's average P (G / 2) is then set against one plan build.
 
@@ -54,6 +63,20 @@ def _attention(heads: int, kv_heads: int, dim: int, q: int, k: int):
                                                          scale=scale, mask="causal")
 
 
+def _masked_attention(heads: int, kv_heads: int, dim: int, q: int, k: int, k_pad: int):
+    """(5): q queries whose causal limit ends at k, over k_pad keys, the rest masked by a bias."""
+    cap = capacity_for(k_pad)
+    queries = mx.random.normal((1, heads, q, dim)).astype(mx.bfloat16)
+    keys = mx.random.normal((1, kv_heads, cap, dim)).astype(mx.bfloat16)
+    values = mx.random.normal((1, kv_heads, cap, dim)).astype(mx.bfloat16)
+    rows = mx.arange(k - q, k)[:, None]
+    bias = mx.where(mx.arange(k_pad)[None] <= rows, 0.0, -float("inf")).astype(mx.bfloat16)[None, None]
+    mx.eval(queries, keys, values, bias)
+    scale = dim ** -0.5
+    return lambda: mx.fast.scaled_dot_product_attention(queries, keys[..., :k_pad, :], values[..., :k_pad, :],
+                                                         scale=scale, mask=bias)
+
+
 def _layer_matmuls(hidden: int, heads: int, kv_heads: int, dim: int, inter: int, tokens: int):
     """One decoder layer's projections and MLP over `tokens` positions (no attention)."""
     w = {name: (mx.random.normal(shape) * 0.02).astype(mx.bfloat16) for name, shape in {
@@ -75,6 +98,7 @@ def main(argv=None) -> None:
     ap.add_argument("--q", type=int, default=1024, help="the chunk's real tokens (a turn's new text)")
     ap.add_argument("--contexts", default="8192,16384,32768", help="key lengths, comma-separated")
     ap.add_argument("--grids", default="512,1024,2048", help="padding grids G to price, comma-separated")
+    ap.add_argument("--q-grid", type=int, default=256, help="the query grid Gq of (4), attention-only pads")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     cfg = SHAPES[args.shape]
@@ -98,6 +122,14 @@ def main(argv=None) -> None:
             _, padded = _timed(_attention(heads, kv_heads, dim, args.q + p, k + p), args.repeats)
             print(f"  grid {g}: ({args.q + p}, {k + p}) {padded:.2f} ms, the pads' attention "
                   f"{padded - steady:+.2f} ms a layer, {layers * (padded - steady):+.1f} ms a forward")
+            s_rows = args.q_grid // 2
+            _, inside = _timed(_attention(heads, kv_heads, dim, s_rows + args.q + p, k + p), args.repeats)
+            print(f"    attention-only, Gq {args.q_grid}: ({s_rows + args.q + p}, {k + p}) {inside:.2f} ms, "
+                  f"{layers * (inside - steady):+.1f} ms a forward; shapes up to {k}: "
+                  f"{-(-k // g)} key grids x {-(-(args.q + g) // args.q_grid)} query grids")
+            first_m, masked = _timed(_masked_attention(heads, kv_heads, dim, args.q, k, k + p), args.repeats)
+            print(f"    mask, no pad rows: ({args.q}, {k + p}) {masked:.2f} ms (first call {first_m:.1f}), "
+                  f"{layers * (masked - steady):+.1f} ms a forward")
     print("the pads' projections and MLP (one layer's matmuls over P tokens, times the layers):")
     for g in grids:
         p = g // 2
