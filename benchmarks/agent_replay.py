@@ -57,6 +57,7 @@ class ReplayConfig:
     log_dir: str = "agent-replay-logs"
     seed: int = 0
     passes: tuple = PASSES  # which to run; "cold" always runs (the others are ratios to it)
+    gap: float = 0.0  # seconds between a turn's answer and the next turn (untimed)
 
 
 def conversation(model: str, context: int, turns: int, seed: int) -> tuple[list[Request], list[Request]]:
@@ -78,15 +79,19 @@ def conversation(model: str, context: int, turns: int, seed: int) -> tuple[list[
     return [req(base, n) for n in lengths], [req(s, n) for s, n in zip(starts, lengths)]
 
 
-def replay(url: str, reqs: list[Request], max_tokens: int, body: dict, engine: list | None = None) -> list[float]:
+def replay(url: str, reqs: list[Request], max_tokens: int, body: dict, engine: list | None = None,
+           gap: float = 0.0) -> list[float]:
     """Time to first token of each turn in seconds, one turn after the other: the latency of a
     one-token request (prefill + one step), timed the same way on both servers: streamed first
     chunks are no measure here, as random-weight models often emit tokens whose text is empty.
     `engine`: a list that gets each turn's TTFT on the engine's clock (graphc's /metrics, scraped
-    between turns, outside the timed request), so a turn's time splits into engine and door."""
+    between turns, outside the timed request), so a turn's time splits into engine and door.
+    `gap`: seconds waited before every turn but the first (an agent's tool call), untimed."""
     out = []
     with httpx.Client(timeout=600) as client:
-        for r in reqs:
+        for i, r in enumerate(reqs):
+            if gap > 0 and i:
+                time.sleep(gap)
             before = engine_ttft_total(client, url) if engine is not None else None
             t0 = time.perf_counter()
             resp = client.post(url + "/v1/completions", json={"prompt": r.prompt, "max_tokens": max_tokens,
@@ -147,7 +152,8 @@ def run_replay(cfg: ReplayConfig, log=print) -> dict:
     eos = eos_token_ids(cfg.model)
     env = environment()
     log(f"agent replay: {describe(env)}; {cfg.turns} turns to {turns[-1].prompt_tokens} tokens, "
-        f"{cfg.max_tokens} new tokens per turn, {cfg.repeats} repeats")
+        f"{cfg.max_tokens} new tokens per turn, {cfg.repeats} repeats"
+        + (f", {cfg.gap:g} s between turns" if cfg.gap > 0 else ""))
     runs = []  # {server, repeat, pass, ttft: [per turn]}
     logs = Path(cfg.log_dir)
     for rep in range(cfg.repeats):
@@ -163,7 +169,7 @@ def run_replay(cfg: ReplayConfig, log=print) -> dict:
 
             def timed(url, reqs):  # TTFT per turn; graphc's engine-side TTFT beside it in `eng`
                 eng.clear()
-                return replay(url, reqs, cfg.max_tokens, body, eng if spec.name == "graphc" else None)
+                return replay(url, reqs, cfg.max_tokens, body, eng if spec.name == "graphc" else None, cfg.gap)
 
             def record(pass_, ttft):
                 runs.append({"server": spec.name, "repeat": rep, "pass": pass_, "ttft": ttft})
@@ -246,6 +252,8 @@ def cmd_agent_replay(args) -> int:
                          "(make one with `graphc make-model` or benchmarks/serving/make_shape.py)")
     if args.replay_turns < 2 or args.replay_repeats < 1:
         raise SystemExit("graphc bench --agent-replay: --replay-turns must be >= 2 and --replay-repeats >= 1")
+    if not args.replay_gap >= 0:
+        raise SystemExit(f"graphc bench --agent-replay: --replay-gap must be >= 0 seconds (got {args.replay_gap})")
     limit = json.loads((Path(args.model) / "config.json").read_text()).get("max_position_embeddings")
     if isinstance(limit, int) and args.replay_context + args.replay_max_tokens > limit:
         raise SystemExit(f"graphc bench --agent-replay: --replay-context {args.replay_context} + "
@@ -260,7 +268,7 @@ def cmd_agent_replay(args) -> int:
     cfg = ReplayConfig(model=args.model, context=args.replay_context, turns=args.replay_turns,
                        max_tokens=args.replay_max_tokens, repeats=args.replay_repeats, servers=servers,
                        graphc_args=tuple(args.graphc_args.split()), mlx_args=tuple(args.mlx_args.split()),
-                       log_dir=args.log_dir, seed=args.seed,
+                       log_dir=args.log_dir, seed=args.seed, gap=args.replay_gap,
                        passes=tuple(p for p in PASSES if p in passes or p == "cold"))
     result = run_replay(cfg, log=lambda line: print(line, file=sys.stderr, flush=True))
     result["command"] = "graphc " + " ".join(sys.argv[1:])

@@ -14,6 +14,9 @@ def add_arguments(p) -> None:
     g.add_argument("--replay-turns", type=int, default=8, help="turns; turn k has context * k / turns tokens")
     g.add_argument("--replay-max-tokens", type=int, default=1,
                    help="new tokens per turn (1: the latency is the time to first token)")
+    g.add_argument("--replay-gap", type=float, default=0.0,
+                   help="seconds between a turn's answer and the next turn, untimed: an agent's tool call or a "
+                        "user's reading (0: each turn as soon as the last one answered, the worst case)")
     g.add_argument("--replay-repeats", type=int, default=3, help="repeats on fresh server processes")
     g.add_argument("--replay-passes", default="cold,warm,disk,restart",
                    help="passes to run, comma-separated (cold always runs: the others are its ratios); "

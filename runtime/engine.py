@@ -136,7 +136,9 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
         self.warmed_on_thread: int | None = None  # warm_up()'s thread: MLX's CUDA plans are per thread
         # shapes the warm-up's time caps left (runtime/warmup_plans.py), built by warm_idle()
         self.idle_warm: collections.deque = collections.deque()
-        self._idle_warmed = [0, 0.0]  # shapes warm_idle() built, and their seconds
+        self._idle_warmed = [0, 0.0, False]  # shapes warm_idle() built, their seconds, logged once
+        # lists a next turn's prompt-chunk shapes on idle_warm when a request ends (set by the warm-up)
+        self.continuation = None
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)
 
     @property
@@ -343,6 +345,8 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
             return False
         self.scheduler.finish(req, reason)  # releases its prefix-cache holds too
         self.host_edits.take_failure(req)
+        if self.continuation is not None:  # its conversation's next turn, built while idle
+            self.continuation.ended(req)
         return True
 
     def _delta(self, req: Request) -> RequestOutput:

@@ -24,6 +24,16 @@ before clients meet them. It starts only after the engine has been idle for
 AsyncEngine.IDLE_WARM_AFTER_S (0.5 s), so a client that sends its next request as soon as an answer
 ends finds the engine free; a request that arrives during a shape waits for that one shape at most.
 
+A conversation's next turn meets a shape no warm-up listed once its context passes
+WARM_CONTEXT: its prompt is admitted on a hit as long as the previous turn (cut to a multiple of
+the alignment), and its new text runs as one chunk of some aligned length from there, a new
+(query length, key length) pair each turn (~50-70 ms of plan on an H100 against a warm 32k turn's
+~110 ms: docs/agent-replay.md#32k-tokens). So when a request ends, `ContinuationWarmUp` puts the
+shapes its continuation would meet (`continuation_shapes`) at the front of the idle queue: the
+engine builds them in the pause before the next turn (an agent's tool call, a user's reading),
+the shortest new texts first. Nothing is built while requests run, and a shape already listed is
+not listed again.
+
 Only where every layer keeps plain FullKV rows (the shapes of sliding windows and recurrent
 state differ); nothing here touches the prefix cache, the scheduler or the engine's counters:
 the chunks run on throwaway caches through the compiled prefill step, as the runner runs them.
@@ -31,6 +41,7 @@ the chunks run on throwaway caches through the compiled prefill step, as the run
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import time
@@ -47,6 +58,8 @@ log = logging.getLogger("graphc.server")
 WARM_CONTEXT = 4096  # key lengths warmed: beyond it shapes are built as clients meet them
 WARM_SECONDS = 20.0  # at most this long; the shapes left are built as clients meet them
 BATCHED_SECONDS = 10.0  # the batched prefills' shapes (batched_plans), after those
+CONTINUATION_OFFSETS = 2  # hits tried per ended request: the aligned end, and one alignment short
+CONTINUATION_LISTED = 1024  # shapes remembered as listed: under MLX_CUDA_SDPA_CACHE_SIZE (contracts/mlx_env.py)
 # A batched group's padded width times its rows may pass the step's budget: the budget counts
 # real tokens, and a group pads up to a third of its work (runtime/prefill_groups.py).
 BATCHED_SLACK = 1.5
@@ -62,10 +75,54 @@ def chunk_shapes(budget: int, prefill_chunk: int, context: int, align: int = Sch
     return [(q, o) for q in qs for o in range(0, context - q + 1, align)]
 
 
+def continuation_shapes(length: int, prefill_chunk: int, limit: int, align: int = Scheduler.CHUNK_ALIGN,
+                        offsets: int = CONTINUATION_OFFSETS) -> list:
+    """(query length, offset) pairs the next turn of a conversation whose request ended at `length`
+    tokens (prompt + output) would meet: the prefix cache holds all but the last token, so the next
+    prompt is admitted on a hit cut to the alignment at that end, or a block short where the chat
+    template renders the answer's end differently; its new text then runs from there as a chunk of
+    align, 2 * align, .. prefill_chunk tokens (shortest first: a tool result or a user's message
+    is more often short). Key lengths past `limit` (the model's context) are left out."""
+    if align <= 1:
+        return []  # hits not cut to an alignment: the offset is not known in advance
+    end = (length - 1) - (length - 1) % align
+    return [(q, o) for o in range(end, max(end - offsets * align, 0), -align)
+            for q in range(align, prefill_chunk + 1, align) if o + q <= limit]
+
+
+class ContinuationWarmUp:
+    """Lists the shapes of a conversation's next turn on the engine's idle queue when a request
+    ends (`Engine` calls `ended`; see the module docstring). `run(q, o)` builds one shape; `listed`
+    the shapes listed so far (the warm-up's own too), oldest first, at most CONTINUATION_LISTED."""
+
+    def __init__(self, engine, run, listed, limit: int):
+        self.engine, self.run, self.limit = engine, run, limit
+        self.listed: collections.OrderedDict = collections.OrderedDict.fromkeys(listed)
+        self.count = 0  # shapes listed for continuations
+
+    def ended(self, req) -> None:
+        """After `req` ended: its continuation's shapes not listed before go to the idle queue's
+        front, the shortest new text at the most likely hit first. Not for a failed request."""
+        if req.finish_reason not in ("stop", "length"):
+            return
+        sched = self.engine.scheduler
+        new = [s for s in continuation_shapes(req.num_tokens, sched.prefill_chunk, self.limit, sched.hit_align)
+               if s not in self.listed]
+        for s in new:
+            self.listed[s] = None
+        while len(self.listed) > CONTINUATION_LISTED:  # forget the oldest: MLX's plan cache may have too
+            self.listed.popitem(last=False)
+        self.engine.idle_warm.extendleft(functools.partial(self.run, *s) for s in reversed(new))
+        self.count += len(new)
+
+
 def attention_plans(engine, *, context: int = WARM_CONTEXT, seconds: float = WARM_SECONDS,
                     force: bool = False) -> tuple[int, int]:
     """Run one prompt chunk of each shape of `chunk_shapes` on throwaway caches (on a GPU, or with
-    `force`); (shapes run, shapes listed). Stops after `seconds`; the rest go on `engine.idle_warm`."""
+    `force`); (shapes run, shapes listed). Stops after `seconds`; the rest go on `engine.idle_warm`.
+    Where the prefix cache cuts hits to the alignment, it also sets `engine.continuation`, which
+    lists the next turn's shapes when a request ends (`ContinuationWarmUp`)."""
+    engine.continuation = None
     if not force and mx.default_device().type != mx.DeviceType.gpu:
         return 0, 0
     runner, sched = engine.runner, engine.scheduler
@@ -93,6 +150,8 @@ def attention_plans(engine, *, context: int = WARM_CONTEXT, seconds: float = WAR
     done, took = _run_capped(engine, run, shapes, seconds)
     log.info("warm-up: %d of %d prompt-chunk attention shapes (up to %d tokens of context) in %.1f s%s",
              done, len(shapes), context, took, _left_note(len(shapes) - done))
+    if engine.prefix is not None and sched.hit_align > 1:
+        engine.continuation = ContinuationWarmUp(engine, run, shapes, limit)
     return done, len(shapes)
 
 

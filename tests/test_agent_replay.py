@@ -59,17 +59,21 @@ def test_replay_passes_choose_which_servers_start_and_what_is_timed(monkeypatch,
         yield "http://fake"
 
     monkeypatch.setattr(ar, "Server", fake_server)
-    def fake_replay(url, reqs, max_tokens, body, engine=None):
+    gaps = set()
+
+    def fake_replay(url, reqs, max_tokens, body, engine=None, gap=0.0):
         if engine is not None:
             engine.extend([0.05] * len(reqs))
+            gaps.add(gap)
         return [0.1] * len(reqs)
 
     monkeypatch.setattr(ar, "replay", fake_replay)
     monkeypatch.setattr(ar, "disk_counters", lambda url: {"graphc_prefix_cache_disk_choices_total{choice=\"read\"}": 1.0})
     cfg = ReplayConfig(model=str(model_dir("llama")), context=256, turns=2, repeats=1, servers=("graphc",),
-                       passes=passes, log_dir="/tmp/graphc-test-replay-logs")
+                       passes=passes, log_dir="/tmp/graphc-test-replay-logs", gap=1.5)
     out = ar.run_replay(cfg, log=lambda line: None)
     assert starts == started
+    assert gaps == {1.5}  # --replay-gap: every timed pass waits it between turns
     assert [r["pass"] for r in out["runs"]] == recorded
     assert all(r["engine_ttft"] == [0.05] * len(r["ttft"]) for r in out["runs"])  # graphc's engine side, per turn
     if "restart" in passes:  # what the restarted server did with its disk hit rides with its turn
@@ -105,3 +109,45 @@ def test_a_live_replay_splits_each_turn_into_engine_and_door(model_dir, tmp_path
         assert len(r["engine_ttft"]) == len(r["ttft"]) == 2
         assert all(0 < e <= t for e, t in zip(r["engine_ttft"], r["ttft"]))
     assert any("in the engine" in line for line in lines)
+
+
+def test_the_gap_is_waited_between_turns_not_timed(monkeypatch):
+    """--replay-gap sleeps before every turn but the first, outside the timed request."""
+    from graphc.benchmarks import agent_replay as ar
+    from graphc.benchmarks.serving.workload import Request
+
+    events = []
+
+    class FakeResponse:
+        status_code = 200
+
+    class FakeClient:
+        def __init__(self, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def post(self, url, json):
+            events.append(("post", json["prompt"]))
+            return FakeResponse()
+
+    monkeypatch.setattr(ar.httpx, "Client", FakeClient)
+    monkeypatch.setattr(ar.time, "sleep", lambda s: events.append(("sleep", s)))
+    reqs = [Request(t, 1, 0) for t in ("a", "ab", "abc")]
+    assert len(ar.replay("http://fake", reqs, 1, {}, gap=2.0)) == 3
+    assert events == [("post", "a"), ("sleep", 2.0), ("post", "ab"), ("sleep", 2.0), ("post", "abc")]
+    events.clear()
+    ar.replay("http://fake", reqs, 1, {})
+    assert [e for e, _ in events] == ["post"] * 3  # no gap by default
+
+
+def test_a_negative_gap_is_refused(model_dir, capsys):
+    from graphc.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--agent-replay", "--model", str(model_dir("llama")), "--replay-gap", "-1"])
+    assert "--replay-gap must be >= 0" in str(e.value)

@@ -7,7 +7,8 @@ import pytest
 
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.scheduler import Scheduler
-from graphc.runtime.warmup_plans import attention_plans, batched_plans, batched_shapes, chunk_shapes
+from graphc.runtime.warmup_plans import (CONTINUATION_LISTED, attention_plans, batched_plans, batched_shapes,
+                                         chunk_shapes, continuation_shapes)
 from helpers import random_prompts
 
 
@@ -131,3 +132,83 @@ def test_the_warmed_batched_shapes_are_those_a_batched_prefill_runs(model_dir, f
         step.forward = plain
     assert real == ([(2, 128)] if final_chunk == "whole" else [(2, 128), (2, 1)])
     assert set(real) <= set(seen)
+
+
+def test_continuation_shapes_start_at_the_aligned_end_shortest_first():
+    # 605 tokens ended: 604 cached, a hit cut to 512, or to 384 where the answer's end re-tokenizes
+    assert continuation_shapes(605, prefill_chunk=256, limit=4096) == [(128, 512), (256, 512), (128, 384), (256, 384)]
+    assert continuation_shapes(605, 512, limit=4096, offsets=1) == [(128, 512), (256, 512), (384, 512), (512, 512)]
+    assert continuation_shapes(605, 256, limit=700) == [(128, 512), (128, 384), (256, 384)]  # the model's context
+    assert continuation_shapes(200, 256, limit=4096) == [(128, 128), (256, 128)]  # no offset-0 hit
+    assert continuation_shapes(100, 256, limit=4096) == []  # shorter than one alignment: no hit to start from
+    assert continuation_shapes(605, 256, limit=4096, align=0) == []  # hits not cut: offsets unknown
+
+
+def _conversation_engine(model_dir, **kw):
+    # a GPU's defaults where the CPU's differ: final chunks padded, so hits are cut to 128 tokens
+    return Engine.load(model_dir("llama"), prefill_chunk=256, pad_final_chunk=True, final_chunk="whole", **kw)
+
+
+def test_an_ended_request_lists_its_next_turns_shapes_first_and_they_are_the_ones_it_meets(model_dir):
+    eng = _conversation_engine(model_dir)
+    assert eng.continuation is None  # only a warm-up of the chunk shapes sets it
+    done, listed = attention_plans(eng, context=256, seconds=0.0, force=True)
+    assert eng.continuation is not None and len(eng.idle_warm) == listed - done
+    p = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    first = random_prompts(1, int(eng.vocab_size), [600], seed=11)[0]
+    out = eng.generate([first], p)[0].token_ids
+    expected = continuation_shapes(len(first) + len(out), 256, int(eng.config.get("max_position_embeddings") or 4096))
+    assert [w.args for w in list(eng.idle_warm)[:len(expected)]] == expected  # ahead of the warm-up's leftovers
+    assert len(eng.idle_warm) == listed - done + len(expected)
+    assert eng.warm_idle(seconds=60) == listed - done + len(expected) and not eng.idle_warm
+
+    # the next turn: the whole first turn, then new text; record the chunk forwards it runs
+    second = first + out + random_prompts(1, int(eng.vocab_size), [100], seed=12)[0]
+    step, seen = eng.compiled.prefill, []
+    plain = step.forward
+
+    def record(inputs):
+        seen.append((int(inputs.tokens.shape[1]), int(inputs.caches[0].idx)))
+        return plain(inputs)
+
+    step.forward = record
+    try:
+        got = eng.generate([second], p)[0].token_ids
+    finally:
+        step.forward = plain
+    assert seen and set(seen) <= set(expected)  # the shape it met was built while idle
+    assert got == _conversation_engine(model_dir).generate([second], p)[0].token_ids  # and nothing changed
+    eng.warm_idle(seconds=60)  # its own continuation
+    n_listed = len(eng.continuation.listed)
+    eng.generate([second], p)  # the same conversation again: its shapes are listed already
+    assert len(eng.continuation.listed) == n_listed
+
+
+def test_no_continuation_for_a_failed_request_nor_without_aligned_hits(model_dir):
+    eng = _conversation_engine(model_dir)
+    attention_plans(eng, context=256, force=True)
+    assert not eng.idle_warm
+    rid = eng.add_request(random_prompts(1, int(eng.vocab_size), [600], seed=13)[0], SamplingParams(max_tokens=5))
+    req = eng.scheduler.by_id[rid]
+    eng.fail(req, "a test's failure")
+    assert not eng.idle_warm  # its conversation ended in an error: no next turn to expect
+    assert eng.continuation.ended(req) is None and not eng.idle_warm
+    plain = Engine.load(model_dir("llama"), prefill_chunk=256)  # the CPU's defaults: hits are not cut
+    attention_plans(plain, context=256, force=True)
+    assert plain.continuation is None
+    no_prefix = _conversation_engine(model_dir, prefix_cache=False)
+    attention_plans(no_prefix, context=256, force=True)
+    assert no_prefix.continuation is None
+
+
+def test_the_listed_shapes_are_bounded(model_dir):
+    eng = _conversation_engine(model_dir)
+    attention_plans(eng, context=256, force=True)
+    cont, built = eng.continuation, []
+    cont.run = lambda q, o: built.append((q, o))
+    cont.limit = 1 << 30  # a long-context model
+    for n in range(0, CONTINUATION_LISTED + 64, 2):  # many conversations, each at its own length
+        req = type("Ended", (), {"finish_reason": "stop", "num_tokens": 1 + 128 * (n + 2)})()
+        cont.ended(req)
+    assert len(cont.listed) == CONTINUATION_LISTED
+    assert eng.warm_idle(seconds=600) == len(built) > CONTINUATION_LISTED
