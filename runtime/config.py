@@ -110,6 +110,9 @@ class EngineConfig:
     linear_prefill: str = attrs.field(default="auto", validator=_linear_prefill)  # "auto": chunked on cuda
     # Prefix cache
     prefix_cache: bool = True
+    # With the GPU warm-up's chunk shapes: when a request ends, build the attention shapes of its
+    # conversation's next turn while idle (runtime/warmup_plans.py ContinuationWarmUp); opt-in
+    warm_continuations: bool = False
     mem_fraction: float | None = attrs.field(default=None, validator=_fraction)  # of device memory for the pool
     max_total_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)  # pool slots
     prefix_interval: int | None = attrs.field(default=None, validator=_optional_positive_int)  # capture boundary

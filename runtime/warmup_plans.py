@@ -28,11 +28,13 @@ A conversation's next turn meets a shape no warm-up listed once its context pass
 WARM_CONTEXT: its prompt is admitted on a hit as long as the previous turn (cut to a multiple of
 the alignment), and its new text runs as one chunk of some aligned length from there, a new
 (query length, key length) pair each turn (~50-70 ms of plan on an H100 against a warm 32k turn's
-~110 ms: docs/agent-replay.md#32k-tokens). So when a request ends, `ContinuationWarmUp` puts the
-shapes its continuation would meet (`continuation_shapes`) at the front of the idle queue: the
-engine builds them in the pause before the next turn (an agent's tool call, a user's reading),
-the shortest new texts first. Nothing is built while requests run, and a shape already listed is
-not listed again.
+~110 ms: docs/agent-replay.md#32k-tokens). With `warm_continuations` (opt-in: `graphc serve
+--warm-continuations`), when a request ends `ContinuationWarmUp` puts the shapes its continuation
+would meet (`continuation_shapes`) at the front of the idle queue: the engine builds them in the
+pause before the next turn (an agent's tool call, a user's reading), the shortest new texts
+first. Each is built by the first layer alone (every layer meets the same attention shape), so
+a request that arrives during one waits for about one plan build, not a forward over the whole
+stack. Nothing is built while requests run, and a shape already listed is not listed again.
 
 Only where every layer keeps plain FullKV rows (the shapes of sliding windows and recurrent
 state differ); nothing here touches the prefix cache, the scheduler or the engine's counters:
@@ -150,9 +152,26 @@ def attention_plans(engine, *, context: int = WARM_CONTEXT, seconds: float = WAR
     done, took = _run_capped(engine, run, shapes, seconds)
     log.info("warm-up: %d of %d prompt-chunk attention shapes (up to %d tokens of context) in %.1f s%s",
              done, len(shapes), context, took, _left_note(len(shapes) - done))
-    if engine.prefix is not None and sched.hit_align > 1:
-        engine.continuation = ContinuationWarmUp(engine, run, shapes, limit)
+    if engine.engine_config.warm_continuations and engine.prefix is not None and sched.hit_align > 1:
+        one = _one_layer(engine, ref) if done else None
+        engine.continuation = ContinuationWarmUp(engine, one or run, shapes, limit)
     return done, len(shapes)
+
+
+def _one_layer(engine, ref: list):
+    """`run(q, o)` for a chunk of q tokens over o cached positions through the first layer only, as
+    the prefill's layer loop runs it (compiler/ops/forward.py: the model's own layer, the cache's
+    mask): the attention call of every layer has the same shapes and layouts where every layer's
+    cache planes do (`ref`, from a chunk the warm-up ran). None where they differ."""
+    if not ref or any(planes != ref[0] for planes in ref):
+        return None
+    layer, planes = engine.compiled.prefill.binding.adapter.layers[0], ref[0]
+
+    def run(q: int, o: int) -> None:
+        cache = FullKV.restored(tuple(mx.zeros((h, o, d), dtype=t) for h, d, t in planes))
+        h = engine.compiled.prefill.binding.adapter.embed(mx.zeros((1, q), dtype=mx.int32))
+        mx.eval(layer(h, cache.make_mask(q), cache), cache.keys, cache.values)
+    return run
 
 
 def _run_capped(engine, run, shapes: list, seconds: float) -> tuple[int, float]:

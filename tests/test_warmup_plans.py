@@ -146,7 +146,16 @@ def test_continuation_shapes_start_at_the_aligned_end_shortest_first():
 
 def _conversation_engine(model_dir, **kw):
     # a GPU's defaults where the CPU's differ: final chunks padded, so hits are cut to 128 tokens
+    kw.setdefault("warm_continuations", True)
     return Engine.load(model_dir("llama"), prefill_chunk=256, pad_final_chunk=True, final_chunk="whole", **kw)
+
+
+def test_next_turn_shapes_are_opt_in(model_dir):
+    eng = _conversation_engine(model_dir, warm_continuations=False)
+    attention_plans(eng, context=256, force=True)
+    assert eng.continuation is None
+    eng.generate(random_prompts(1, int(eng.vocab_size), [600], seed=11), SamplingParams(max_tokens=2))
+    assert not eng.idle_warm
 
 
 def test_an_ended_request_lists_its_next_turns_shapes_first_and_they_are_the_ones_it_meets(model_dir):
@@ -176,7 +185,7 @@ def test_an_ended_request_lists_its_next_turns_shapes_first_and_they_are_the_one
         got = eng.generate([second], p)[0].token_ids
     finally:
         step.forward = plain
-    assert seen and set(seen) <= set(expected)  # the shape it met was built while idle
+    assert seen and set(seen) <= set(expected)  # the shape it met was listed
     assert got == _conversation_engine(model_dir).generate([second], p)[0].token_ids  # and nothing changed
     eng.warm_idle(seconds=60)  # its own continuation
     n_listed = len(eng.continuation.listed)
@@ -212,3 +221,45 @@ def test_the_listed_shapes_are_bounded(model_dir):
         cont.ended(req)
     assert len(cont.listed) == CONTINUATION_LISTED
     assert eng.warm_idle(seconds=600) == len(built) > CONTINUATION_LISTED
+
+
+def test_a_next_turn_shape_is_built_by_one_layer_with_the_attention_the_real_chunk_calls(model_dir, monkeypatch):
+    """The idle build runs the first layer only; its attention call has the (query, key) shapes every
+    layer's call has when that chunk runs for real (MLX keys a cuDNN plan on them)."""
+    import mlx.core as mx
+
+    eng = _conversation_engine(model_dir)
+    attention_plans(eng, context=256, force=True)
+    calls, plain = [], mx.fast.scaled_dot_product_attention
+
+    def spy(q, k, v, **kw):
+        calls.append((tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, str(kw.get("mask"))))
+        return plain(q, k, v, **kw)
+
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", spy)
+    eng.continuation.run(256, 512)
+    assert len(calls) == 1  # one layer
+    built = set(calls)
+    calls.clear()
+    # a real chunk of 256 tokens over 512 cached positions: 560 tokens cached, a hit cut to 512, then
+    # 760 - 512 = 248 new tokens padded to 256
+    first = random_prompts(1, int(eng.vocab_size), [560], seed=21)[0]
+    p = SamplingParams(max_tokens=1, temperature=0.0)
+    eng.generate([first], p)
+    calls.clear()
+    eng.generate([first + random_prompts(1, int(eng.vocab_size), [200], seed=22)[0]], p)
+    real = {c for c in calls if c[0][2] > 1}
+    assert real and real <= built, (real, built)
+
+
+@pytest.mark.parametrize("flags, want", [([], False), (["--warm-continuations"], True)])
+def test_serve_warm_continuations_flag_reaches_the_engine(model_dir, flags, want):
+    import argparse
+
+    from graphc.runtime.server.cli import add_parser, config_from_args
+    from graphc.runtime.server.state import load_engine
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    eng = load_engine(config_from_args(parser.parse_args(["serve", "--model", str(model_dir("llama")), *flags])))
+    assert eng.engine_config.warm_continuations is want

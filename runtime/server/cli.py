@@ -81,6 +81,10 @@ def add_parser(subparsers) -> None:
     s.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="before reporting ready, run a greedy and a sampled request so the first client does not "
                         "pay for kernel builds and compiled traces (default: on; a distributed server skips it)")
+    s.add_argument("--warm-continuations", action="store_true",
+                   help="on a GPU, when a request ends, build the attention shapes of its conversation's next "
+                        "turn while the engine idles, so a long conversation's next turn meets no new cuDNN "
+                        "plan (opt-in; docs/scheduling.md#a-conversations-next-turn)")
     s.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                    help="once the model is loaded and warmed up, freeze its objects out of Python's full garbage "
                         "collections, which otherwise pause every stream for tens of ms (default: on; "
@@ -130,7 +134,7 @@ def config_from_args(args) -> ServerConfig:
         max_queued=args.max_queued, allowed_hosts=args.allowed_hosts, cors_origins=args.cors_origins,
         shutdown_timeout=args.shutdown_timeout, compile=COMPILE_FLAG[args.compile],
         mixed_step={"on": True, "off": False}.get(args.mixed_step),
-        warmup=args.warmup, gc_freeze=args.gc_freeze, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb,
+        warmup=args.warmup, warm_continuations=args.warm_continuations, gc_freeze=args.gc_freeze, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb,
         snapshot_interval=args.snapshot_interval, kv_cache_block_tokens=args.kv_cache_block_tokens,
         kv_cache_disk_read=args.kv_cache_disk_read)
 

@@ -46,6 +46,7 @@ class ServerConfig:
     compile: bool | str | None = None  # Engine(compile=): True / False / "auto" / "measured"; None = the graph's
     mixed_step: bool | None = None  # decode: {mixed_step:}: a prompt chunk rides the decode forward; None = the graph's
     warmup: bool = True  # a greedy and a sampled request before ready (runtime/warmup.py); single-process only
+    warm_continuations: bool = False  # Engine(warm_continuations=): a next turn's shapes built while idle
     # After load and warm-up, freeze the process's objects out of Python's full collections
     # (runtime/gc_pauses.py). Process-wide, so off for an app that embeds the server; `graphc
     # serve` owns its process and turns it on (--no-gc-freeze keeps Python's default).

@@ -47,6 +47,8 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
         extra["snapshot_interval"] = c.snapshot_interval
     if c.step_tokens is not None:
         extra["step_tokens"] = c.step_tokens
+    if c.warm_continuations:  # runtime/warmup_plans.py ContinuationWarmUp
+        extra["warm_continuations"] = True
     if c.pad_final_chunk != "auto":
         extra["pad_final_chunk"] = c.pad_final_chunk
     if c.final_chunk != "auto":
