@@ -100,7 +100,6 @@ class ContinuationWarmUp:
     def __init__(self, engine, run, listed, limit: int):
         self.engine, self.run, self.limit = engine, run, limit
         self.listed: collections.OrderedDict = collections.OrderedDict.fromkeys(listed)
-        self.count = 0  # shapes listed for continuations
 
     def ended(self, req) -> None:
         """After `req` ended: its continuation's shapes not listed before go to the idle queue's
@@ -115,15 +114,15 @@ class ContinuationWarmUp:
         while len(self.listed) > CONTINUATION_LISTED:  # forget the oldest: MLX's plan cache may have too
             self.listed.popitem(last=False)
         self.engine.idle_warm.extendleft(functools.partial(self.run, *s) for s in reversed(new))
-        self.count += len(new)
 
 
 def attention_plans(engine, *, context: int = WARM_CONTEXT, seconds: float = WARM_SECONDS,
                     force: bool = False) -> tuple[int, int]:
     """Run one prompt chunk of each shape of `chunk_shapes` on throwaway caches (on a GPU, or with
     `force`); (shapes run, shapes listed). Stops after `seconds`; the rest go on `engine.idle_warm`.
-    Where the prefix cache cuts hits to the alignment, it also sets `engine.continuation`, which
-    lists the next turn's shapes when a request ends (`ContinuationWarmUp`)."""
+    With `warm_continuations` on, where the prefix cache cuts hits to the alignment, it also sets
+    `engine.continuation`, which lists the next turn's shapes when a request ends
+    (`ContinuationWarmUp`)."""
     engine.continuation = None
     if not force and mx.default_device().type != mx.DeviceType.gpu:
         return 0, 0
