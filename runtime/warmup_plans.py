@@ -62,6 +62,9 @@ WARM_SECONDS = 20.0  # at most this long; the shapes left are built as clients m
 BATCHED_SECONDS = 10.0  # the batched prefills' shapes (batched_plans), after those
 CONTINUATION_OFFSETS = 2  # hits tried per ended request: the aligned end, and one alignment short
 CONTINUATION_LISTED = 1024  # shapes remembered as listed: under MLX_CUDA_SDPA_CACHE_SIZE (contracts/mlx_env.py)
+# The idle queue's length at most, the oldest (least likely) dropped: a server that never idles
+# would otherwise queue shapes for every request it serves.
+CONTINUATION_QUEUED = 1024
 # A batched group's padded width times its rows may pass the step's budget: the budget counts
 # real tokens, and a group pads up to a third of its work (runtime/prefill_groups.py).
 BATCHED_SLACK = 1.5
@@ -113,7 +116,10 @@ class ContinuationWarmUp:
             self.listed[s] = None
         while len(self.listed) > CONTINUATION_LISTED:  # forget the oldest: MLX's plan cache may have too
             self.listed.popitem(last=False)
-        self.engine.idle_warm.extendleft(functools.partial(self.run, *s) for s in reversed(new))
+        queue = self.engine.idle_warm
+        queue.extendleft(functools.partial(self.run, *s) for s in reversed(new))
+        while len(queue) > CONTINUATION_QUEUED:
+            queue.pop()
 
 
 def attention_plans(engine, *, context: int = WARM_CONTEXT, seconds: float = WARM_SECONDS,

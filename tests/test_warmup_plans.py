@@ -7,7 +7,7 @@ import pytest
 
 from graphc.runtime import Engine, SamplingParams
 from graphc.runtime.scheduler import Scheduler
-from graphc.runtime.warmup_plans import (CONTINUATION_LISTED, attention_plans, batched_plans, batched_shapes,
+from graphc.runtime.warmup_plans import (CONTINUATION_LISTED, CONTINUATION_QUEUED, attention_plans, batched_plans, batched_shapes,
                                          chunk_shapes, continuation_shapes)
 from helpers import random_prompts
 
@@ -216,11 +216,13 @@ def test_the_listed_shapes_are_bounded(model_dir):
     cont, built = eng.continuation, []
     cont.run = lambda q, o: built.append((q, o))
     cont.limit = 1 << 30  # a long-context model
-    for n in range(0, CONTINUATION_LISTED + 64, 2):  # many conversations, each at its own length
+    for n in range(0, CONTINUATION_LISTED + 64, 2):  # many conversations, each at its own length, never idle
         req = type("Ended", (), {"finish_reason": "stop", "num_tokens": 1 + 128 * (n + 2)})()
         cont.ended(req)
-    assert len(cont.listed) == CONTINUATION_LISTED
-    assert eng.warm_idle(seconds=600) == len(built) > CONTINUATION_LISTED
+    assert len(cont.listed) == CONTINUATION_LISTED and len(eng.idle_warm) == CONTINUATION_QUEUED
+    newest = continuation_shapes(req.num_tokens, eng.scheduler.prefill_chunk, cont.limit)
+    assert [w.args for w in list(eng.idle_warm)[:len(newest)]] == newest  # the latest conversation's first
+    assert eng.warm_idle(seconds=600) == len(built) == CONTINUATION_QUEUED
 
 
 def test_a_next_turn_shape_is_built_by_one_layer_with_the_attention_the_real_chunk_calls(model_dir, monkeypatch):
