@@ -188,9 +188,9 @@ def test_an_ended_request_lists_its_next_turns_shapes_first_and_they_are_the_one
     assert seen and set(seen) <= set(expected)  # the shape it met was listed
     assert got == _conversation_engine(model_dir).generate([second], p)[0].token_ids  # and nothing changed
     eng.warm_idle(seconds=60)  # its own continuation
-    n_listed = len(eng.continuation.listed)
-    eng.generate([second], p)  # the same conversation again: its shapes are listed already
-    assert len(eng.continuation.listed) == n_listed
+    assert not eng.idle_warm
+    eng.generate([second], p)  # the same conversation again: its shapes were listed, none queued again
+    assert not eng.idle_warm
 
 
 def test_no_continuation_for_a_failed_request_nor_without_aligned_hits(model_dir):
@@ -200,8 +200,7 @@ def test_no_continuation_for_a_failed_request_nor_without_aligned_hits(model_dir
     rid = eng.add_request(random_prompts(1, int(eng.vocab_size), [600], seed=13)[0], SamplingParams(max_tokens=5))
     req = eng.scheduler.by_id[rid]
     eng.fail(req, "a test's failure")
-    assert not eng.idle_warm  # its conversation ended in an error: no next turn to expect
-    assert eng.continuation.ended(req) is None and not eng.idle_warm
+    assert req.finish_reason == "error" and not eng.idle_warm  # no next turn to expect
     plain = Engine.load(model_dir("llama"), prefill_chunk=256)  # the CPU's defaults: hits are not cut
     attention_plans(plain, context=256, force=True)
     assert plain.continuation is None
