@@ -70,8 +70,7 @@ def cmd_inspect(args) -> int:
     model, tokenizer, config = _load_model(_model_dir(args))
     for line in summary_lines(config):  # a converted GGUF: what was kept, what widened (stderr)
         print(line, file=sys.stderr)
-    weights = convert_weights(model, args.cpu_weights)  # as an engine here would run it (runtime/cpu_weights.py)
-    print(f"weights: {weights.choice}: {weights.why}", file=sys.stderr)
+    convert_weights(model, args.cpu_weights)  # as an engine here would run it; logs what it did (-q hides it)
     try:
         graph = None if args.graph == "auto" else args.graph
         # The choice passes get this machine's facts (runtime/target.py), so the plan shows what an

@@ -131,8 +131,9 @@ def decide(mode: str, on_cpu: bool, stats: WeightStats, available: int | None) -
     if mode == "float32":
         return WeightsChoice("float32", f"cpu_weights='float32' ({sizes})")
     if stats.quantized == 0:
-        return WeightsChoice("float32", f"MLX's CPU half-precision matmul is ~20x slower than float32 through the "
-                                        f"BLAS ({sizes})")
+        return WeightsChoice("float32", f"the half-precision weights run in float32 here, on purpose: MLX's CPU "
+                                        f"half-precision matmul is ~20x slower than float32 through the BLAS ({sizes}; "
+                                        "--cpu-weights stored keeps them)")
     if available is None or stats.float32_bytes <= FIT_SHARE * available:
         room = "" if available is None else f"; {available / gib:.1f} GiB available"
         return WeightsChoice("float32", f"MLX's CPU quantized matmul is 30x or more slower than a float32 matmul "

@@ -162,6 +162,10 @@ def test_inspect_says_what_it_did(q4_f16):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "weights: float32: MLX's CPU quantized matmul" in r.stderr
+    assert r.stderr.count("weights: float32:") == 1, r.stderr  # said once, by the log that -q silences
+    quiet = subprocess.run([sys.executable, "-m", "graphc.cli", "-q", "inspect", "auto", "--model", str(q4_f16),
+                            "--no-trace"], capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and "weights:" not in quiet.stderr, quiet.stderr
 
 
 def test_a_draft_model_runs_in_float32_and_the_output_stays_the_target_s(q4_f16, model_dir):
