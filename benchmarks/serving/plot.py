@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 
 
 def plot_serving(result: dict, path: str) -> bool:
@@ -34,7 +35,8 @@ def plot_serving(result: dict, path: str) -> bool:
         ax.set_title(f"{title} vs throughput (labels: req/s)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(result.get("command", "graphc bench --serving"), fontsize=8)
+    # the whole command, wrapped: a long one ran past the figure's edges
+    fig.suptitle(textwrap.fill(result.get("command", "graphc bench --serving"), 160), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
