@@ -74,6 +74,9 @@ BAD_COMPLETION_FIELDS = [
     ({"n": 17}, "n"),
     ({"max_tokens": -1}, "max_tokens"),
     ({"seed": "abc"}, "seed"),
+    ({"seed": "7"}, "seed"),
+    ({"logprobs": True}, "logprobs"),
+    ({"echo": 1}, "echo"),
     ({"temperature": "hot"}, "temperature"),
     ({"stop": 5}, "stop"),
     ({"min_tokens": -1}, "min_tokens"),
@@ -108,6 +111,12 @@ BAD_CHAT_FIELDS = [
     ({"max_completion_tokens": -1}, "max_completion_tokens"),
     ({"tools": [{"type": "retrieval"}]}, "tools"),  # tools are function tools only (docs/server.md#tool-calling)
     ({"temperature": -0.5}, "temperature"),
+    # wrong JSON types are refused, not coerced (true is not 1, "yes" is not true)
+    ({"max_tokens": True}, "max_tokens"),
+    ({"stream": "yes"}, "stream"),
+    ({"logprobs": "yes"}, "logprobs"),
+    ({"n": "2"}, "n"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages"),
 ]
 
 

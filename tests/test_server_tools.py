@@ -144,6 +144,47 @@ def test_bad_tool_requests_are_400s(server, body, param, text):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and text in err["message"]
+    assert err["code"] == "invalid_value"
+
+
+@pytest.mark.parametrize("calls, text", [
+    ("x", "must be a list of tool calls, got str"),
+    (["x"], "tool_calls[0] must be"),
+    ({"a": 1}, "must be a list of tool calls, got dict"),
+    ([{"function": "x"}], "tool_calls[0] must be"),
+    ([{"function": {"arguments": "{}"}}], "tool_calls[0] must be"),
+    ([{"function": {"name": "add", "arguments": 5}}], "arguments must be a JSON string or an object"),
+])
+@pytest.mark.parametrize("with_tools", [False, True])
+def test_malformed_past_tool_calls_are_400s_not_500s(server, calls, text, with_tools):
+    """An assistant message's `tool_calls` is read by the template and the call markup: a shape
+    other than OpenAI's is the client's error, named, and the server goes on serving."""
+    history = MSGS + [{"role": "assistant", "content": None, "tool_calls": calls}]
+    body = {"model": "tiny", "messages": history, "max_tokens": 2, **({"tools": TOOLS} if with_tools else {})}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages" and "messages[1].tool_calls" in err["message"] and text in err["message"]
+    ok = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": MSGS, "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_legacy_functions_and_function_call(server):
+    """The pre-tools spelling: `functions` are the tools, `function_call` the tool_choice."""
+    fns = [t["function"] for t in TOOLS]
+    url = server.url + "/v1/chat/completions"
+    for seed in range(2):
+        r = httpx.post(url, json={"model": "tiny", "messages": MSGS, "functions": fns, "max_tokens": 120,
+                                  "function_call": {"name": "add"}, "temperature": 1.0, "seed": seed}).json()
+        calls = r["choices"][0]["message"]["tool_calls"]
+        assert r["choices"][0]["finish_reason"] == "tool_calls" and [c["function"]["name"] for c in calls] == ["add"]
+        jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), SCHEMAS["add"])
+    r = httpx.post(url, json={"model": "tiny", "messages": MSGS, "functions": fns, "function_call": "none",
+                              "max_tokens": 8, "temperature": 0.0}).json()
+    assert r["choices"][0]["message"].get("tool_calls") is None and r["choices"][0]["finish_reason"] == "length"
+    r = httpx.post(url, json={"model": "tiny", "messages": MSGS, "functions": fns, "function_call": {"name": "nope"},
+                              "max_tokens": 8})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice", r.text
 
 
 def test_split_and_stream_parsers_agree_at_any_chunking():

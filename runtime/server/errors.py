@@ -62,7 +62,8 @@ def client_gone() -> APIError:
                     code="client_closed_request")
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
+    """A 400 naming the field; `invalid_value` unless a more specific code applies (docs/server.md#errors)."""
     return APIError(400, message, param=param, code=code)
 
 

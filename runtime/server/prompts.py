@@ -10,7 +10,7 @@ from .errors import bad_request
 from .message_bounds import render_with_boundaries
 from .protocol import ChatCompletionRequest
 from .reasoning import opens_reasoning, request_template_kwargs
-from .tool_prompt import render_messages
+from .tool_prompt import check_tool_calls, render_messages
 from .tools import HERMES, ToolPlan
 
 
@@ -98,15 +98,19 @@ def chat_prompt_boundaries(state, req: ChatCompletionRequest,
         content = m.content
         if isinstance(content, list):
             texts = []
-            for part in content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request(f"messages[{i}].content: only text parts are supported, got "
+            for j, part in enumerate(content):
+                if part.get("type") != "text":
+                    raise bad_request(f"messages[{i}].content[{j}]: only text parts are supported, got "
                                       f"{part.get('type')!r}", "messages")
+                if not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}].content[{j}]: a text part needs a string 'text'", "messages")
                 texts.append(part["text"])
             content = "\n".join(texts)
         total_chars += len(content or "")
         check_text_length(state, total_chars, "messages", "messages")
         msg = dict(m.model_extra or {})
+        if "tool_calls" in msg:
+            check_tool_calls(msg["tool_calls"], f"messages[{i}].tool_calls")
         msg.update(role="system" if m.role == "developer" else m.role, content=content or "")
         if m.name is not None:
             msg["name"] = m.name

@@ -17,7 +17,7 @@ class RequestModel(BaseModel):
     """The base of every request model (OpenAI, Responses, Anthropic Messages): unknown fields are
     ignored, non-finite floats refused, and fields may be given by name or by alias."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True, strict=True)
 
 
 class StreamOptions(RequestModel):
@@ -94,7 +94,8 @@ class ChatCompletionRequest(_Sampling):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    functions: list[dict[str, Any]] | None = None
+    functions: list[dict[str, Any]] | None = None  # legacy spelling of tools
+    function_call: Any = None  # legacy spelling of tool_choice ("none", "auto" or {"name": ...})
     add_generation_prompt: bool = True  # extension: template flag
     continue_final_message: bool = False  # extension: template flag
     # reasoning models (server/reasoning.py): Qwen3's switch, OpenAI's effort, vLLM's template kwargs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from .errors import bad_request
 from .tools import ToolFormat, ToolPlan
 
 
@@ -31,6 +32,23 @@ def _args(arguments):
         except json.JSONDecodeError:
             return arguments
     return arguments if arguments is not None else {}
+
+
+def check_tool_calls(calls, where: str) -> None:
+    """An assistant message's past `tool_calls` as OpenAI sends them: null, or a list of
+    {"function": {"name": str, "arguments": str or object}, ...}; anything else is the client's 400
+    (the template and the call markup read these fields)."""
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise bad_request(f"{where} must be a list of tool calls, got {type(calls).__name__}", "messages")
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"{where}[{j}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                              "\"arguments\": ...}}", "messages")
+        if not isinstance(fn.get("arguments"), (str, dict, type(None))):
+            raise bad_request(f"{where}[{j}].function.arguments must be a JSON string or an object", "messages")
 
 
 def system_text(plan: ToolPlan) -> str:

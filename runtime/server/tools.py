@@ -108,7 +108,7 @@ def plan_tools(req) -> ToolPlan | None:
     choice = req.tool_choice
     if tools is None and req.functions is not None:  # the legacy spelling
         tools = [{"type": "function", "function": f} for f in req.functions]
-        fc = (req.model_extra or {}).get("function_call")
+        fc = req.function_call
         choice = {"type": "function", "function": fc} if isinstance(fc, dict) else fc
     if not tools:
         if choice not in (None, "none", "auto"):
