@@ -131,7 +131,8 @@ def test_count_tokens_includes_tools(ac):
     ({"messages": [{"role": "system", "content": "x"}], "max_tokens": 3}, 400, "invalid_request_error", "role"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}], "max_tokens": 3}, 400,
      "invalid_request_error", "image"),
-    ({"messages": HI, "max_tokens": 10 ** 7}, 400, "invalid_request_error", "max_tokens"),
+    ({"messages": HI, "max_tokens": 0}, 400, "invalid_request_error", "max_tokens"),
+    ({"messages": HI, "max_tokens": "8"}, 400, "invalid_request_error", "max_tokens"),
     ({"messages": HI, "max_tokens": 3, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, 400,
      "invalid_request_error", "nope"),
     ({"messages": HI, "max_tokens": 3, "tools": [{"name": "x"}]}, 400, "invalid_request_error", "input_schema"),
@@ -160,3 +161,40 @@ def test_client_raises_typed_errors(ac, server):
     r = httpx.post(server.url + "/v1/messages", content=b"{", headers={"x-api-key": "sk-test",
                                                                        "content-type": "application/json"})
     assert r.status_code == 400 and r.json()["type"] == "error"
+
+
+def test_a_final_assistant_turn_is_continued(ac, server):
+    """Anthropic's prefill: the prompt ends inside the assistant's text (no closed turn, no new
+    header), the same prompt as chat's continue_final_message."""
+    prefill = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "The answer is"}]
+    n = ac.messages.count_tokens(model=MODEL, messages=prefill).input_tokens
+    auth = {"Authorization": "Bearer sk-test"}
+    chat = httpx.post(server.url + "/v1/chat/completions", headers=auth, json={
+        "model": MODEL, "messages": prefill, "max_tokens": 1, "continue_final_message": True,
+        "add_generation_prompt": False}).json()
+    closed = httpx.post(server.url + "/v1/chat/completions", headers=auth, json={
+        "model": MODEL, "messages": prefill, "max_tokens": 1}).json()
+    assert n == chat["usage"]["prompt_tokens"] < closed["usage"]["prompt_tokens"]
+    m = ac.messages.create(model=MODEL, max_tokens=3, messages=prefill)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == n and m.usage.output_tokens == 3
+    # a turn that ends with tool_use is not a prefill: the model answers after the results
+    calls = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Oslo"}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}]
+    assert ac.messages.create(model=MODEL, max_tokens=2, tools=TOOLS, messages=calls).usage.output_tokens == 2
+
+
+def test_max_tokens_past_the_context_is_cut_to_what_fits(model_dir):
+    """Agents send one max_tokens (32,000) to every model: on a 64-token context the reply fills
+    the context and ends with stop_reason max_tokens (chat's routes still answer 400)."""
+    with live_server(model_dir("llama", chat_template="tools"), max_model_len=64) as small:
+        eos = {str(t): -100 for t in small.state.engine.eos_token_ids}
+        r = httpx.post(small.url + "/v1/messages", json={"model": MODEL, "max_tokens": 32000, "messages": HI,
+                                                         "logit_bias": eos, "temperature": 0})
+        assert r.status_code == 200, r.text
+        m = r.json()
+        u = m["usage"]
+        assert m["stop_reason"] == "max_tokens" and u["input_tokens"] + u["cache_read_input_tokens"] + u[
+            "output_tokens"] == 64
+        r = httpx.post(small.url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 32000, "messages": HI})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"

@@ -180,6 +180,9 @@ def test_store_false_and_unknown_ids(client):
     ({"input": "x", "tool_choice": "required"}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, "text"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text"),
+    ({"input": "x", "background": True}, "background"),  # refused, not ignored
+    ({"input": "x", "conversation": "conv_123"}, "conversation"),
+    ({"input": "x", "stream": "yes"}, "stream"),
     ({"input": "x", "tools": TOOLS, "text": {"format": {"type": "json_schema", "name": "a",
                                                  "schema": {"type": "nonsense"}}}}, "text"),
 ])

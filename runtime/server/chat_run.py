@@ -134,12 +134,13 @@ async def _templated(state, chat: ChatCompletionRequest) -> tuple[list[int], Too
     return ids, plan, started, bounds
 
 
-async def start(state, request: Request, chat: ChatCompletionRequest, max_param: str) -> ChatRun:
+async def start(state, request: Request, chat: ChatCompletionRequest, max_param: str,
+                clamp_to_context: bool = False) -> ChatRun:
     """Template, budget, sample and submit `chat` as one sequence on `state` (already routed to
     the request's model); `max_param` names the client's own max-tokens field in a
-    context-length error."""
+    context-length error; `clamp_to_context`: a max-tokens past the context is cut to what fits."""
     ids, plan, started, bounds = await _templated(state, chat)
-    max_tokens = state.max_tokens_for(len(ids), chat.max_tokens, None, max_param)
+    max_tokens = state.max_tokens_for(len(ids), chat.max_tokens, None, max_param, clamp=clamp_to_context)
     params = build_params(chat, max_tokens=max_tokens, vocab_size=state.vocab_size,
                           default_temperature=state.config.default_temperature)
     params = attrs.evolve(params, prefix_boundaries=bounds)

@@ -36,7 +36,9 @@ async def create_message(request: Request, state):
     try:
         req = parse(MessagesRequest, await read_json(request, state.config.max_body_bytes))
         state = state.route(req.model)  # this model's state (models.py): 404 unknown, 503 while it loads
-        run = await chat_run.start(state, request, chat_request(req), "max_tokens")
+        # Agents send one max_tokens (e.g. 32,000) to every model: past a small local context it
+        # is cut to what fits, and the reply ends with stop_reason "max_tokens" when that fills.
+        run = await chat_run.start(state, request, chat_request(req), "max_tokens", clamp_to_context=True)
     except APIError as e:
         raise as_messages_error(e) from None
     mid = new_message_id()

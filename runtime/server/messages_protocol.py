@@ -56,7 +56,7 @@ class MessagesRequest(RequestModel):
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
-    max_tokens: int
+    max_tokens: int = Field(ge=1)  # Anthropic's floor; past the context it is cut (messages.py)
     stop_sequences: list[str] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = None
@@ -200,6 +200,11 @@ def chat_request(req: MessagesRequest | CountTokensRequest) -> ChatCompletionReq
     choice, parallel = _tool_choice(req.tool_choice)
     body = {"model": req.model, "messages": messages, "tools": _tools(req.tools), "tool_choice": choice,
             "parallel_tool_calls": parallel}
+    last = messages[-1]
+    if last["role"] == "assistant" and not last.get("tool_calls") and last["content"]:
+        # A prefill: Anthropic continues the last assistant turn's text (a "{" before JSON, a
+        # voice), and the reply holds only what comes after it.
+        body.update(add_generation_prompt=False, continue_final_message=True)
     if isinstance(req, MessagesRequest):
         body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                     seed=req.seed, logit_bias=req.logit_bias, stop=req.stop_sequences,

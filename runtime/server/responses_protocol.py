@@ -65,6 +65,10 @@ class ResponsesRequest(RequestModel):
     stream: bool = False
     metadata: dict[str, str] | None = None
     user: str | None = None
+    # Asked for and not served here: refused rather than ignored, since ignoring them changes
+    # the answer (a conversation's earlier turns) or the contract (a background job to poll).
+    background: bool | None = None
+    conversation: str | dict[str, Any] | None = None
 
 
 def remap(e: APIError) -> APIError:
@@ -165,6 +169,12 @@ def _format(text: TextConfig | None):
 
 def chat_request(req: ResponsesRequest, history: list[dict]) -> tuple[ChatCompletionRequest, list[dict]]:
     """(the chat request to run, the conversation without instructions: what a follow-up replays)."""
+    if req.background:
+        raise bad_request("background responses are not supported here: send the request without background "
+                          "(stream=true to see it as it is made)", "background")
+    if req.conversation is not None:
+        raise bad_request("conversation objects are not supported here: chain turns with previous_response_id",
+                          "conversation")
     conversation = history + input_messages(req.input)
     if not conversation:
         raise bad_request("input is empty: give a string or at least one message", "input")

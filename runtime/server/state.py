@@ -236,8 +236,9 @@ class ServerState:
             raise bad_request(f"n must be in 1..{self.config.max_n}, got {n}", "n", code="invalid_value")
 
     def max_tokens_for(self, prompt_len: int, requested: int | None, default: int | None,
-                       param: str = "max_tokens") -> int:
-        """The completion budget of one prompt; 400 context_length_exceeded when it does not fit."""
+                       param: str = "max_tokens", clamp: bool = False) -> int:
+        """The completion budget of one prompt; 400 context_length_exceeded when it does not fit
+        (`clamp`: a request past the context gets what fits instead)."""
         ctx = self.max_model_len
         if prompt_len > self.max_prompt_tokens:
             raise bad_request(
@@ -249,6 +250,8 @@ class ServerState:
             return min(default, room) if default else room
         if requested < 0:  # 0: the prompt only, no tokens (the Engine's rule; docs/server.md)
             raise bad_request(f"{param} must be at least 0, got {requested}", param, code="invalid_value")
+        if requested > room and clamp:
+            return room
         if requested > room:
             raise bad_request(
                 f"this model's maximum context length is {ctx} tokens; you requested {prompt_len + requested} "
