@@ -2,7 +2,8 @@
 
 Requests ignore unknown fields (clients send things like `store` or `metadata`), but every
 field we read is typed and range-checked here or by SamplingParams.validate, so a bad
-value is a 400 naming the field. Non-finite floats (NaN, Infinity) are refused.
+value is a 400 naming the field. Types are strict (`true` is not 1, `"7"` is not 7; an
+integer is still a number). Non-finite floats (NaN, Infinity) are refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class RequestModel(BaseModel):
     """The base of every request model (OpenAI, Responses, Anthropic Messages): unknown fields are
-    ignored, non-finite floats refused, and fields may be given by name or by alias."""
+    ignored, wrong JSON types and non-finite floats refused, and fields may be given by name or by
+    alias."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, populate_by_name=True, strict=True)
 
