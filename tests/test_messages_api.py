@@ -198,3 +198,12 @@ def test_max_tokens_past_the_context_is_cut_to_what_fits(model_dir):
             "output_tokens"] == 64
         r = httpx.post(small.url + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 32000, "messages": HI})
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_wrong_method_on_messages_is_anthropic_shaped(server):
+    r = httpx.get(server.url + "/v1/messages", headers={"x-api-key": "sk-test"})
+    assert r.status_code == 405
+    body = r.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"} and "GET" in body["error"]["message"]
+    r = httpx.get(server.url + "/v1/chat/completions", headers={"Authorization": "Bearer sk-test"})
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"

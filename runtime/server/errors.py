@@ -98,7 +98,12 @@ def install_handlers(app: FastAPI) -> None:
             msg, code = f"method {request.method} is not allowed on {request.url.path}", "method_not_allowed"
         else:
             msg, code = str(exc.detail), None
-        return APIError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None)).response()
+        err = APIError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None))
+        if request.url.path.startswith("/v1/messages"):  # Anthropic's routes answer in Anthropic's shape
+            from .messages_protocol import as_messages_error  # here: that module imports this one
+
+            err = as_messages_error(err)
+        return err.response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
