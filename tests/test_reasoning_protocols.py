@@ -93,3 +93,22 @@ def test_thinking_switch_is_checked(server):
     assert r.status_code == 400 and "thinking" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/v1/responses", json={"model": MODEL, "input": "x", "reasoning": {"effort": "huge"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning"
+
+
+def test_thinking_that_uses_the_budget_is_the_whole_reply(client, ac):
+    """The thinking never closes within max tokens: the reply is the reasoning item / thinking
+    block alone, whole and streamed, with no empty message or text block after it (as OpenAI and
+    Anthropic answer)."""
+    never = {"temperature": 1.0, "seed": 2, "logit_bias": {str(CLOSE_ID): -100}}
+    r = client.responses.create(model=MODEL, input=MSGS, max_output_tokens=6, temperature=1.0,
+                                extra_body={"seed": 2, "logit_bias": never["logit_bias"]})
+    assert [o.type for o in r.output] == ["reasoning"] and r.status == "incomplete" and r.output_text == ""
+    events = list(client.responses.create(model=MODEL, input=MSGS, max_output_tokens=6, temperature=1.0,
+                                          stream=True, extra_body={"seed": 2, "logit_bias": never["logit_bias"]}))
+    assert [o.type for o in events[-1].response.output] == ["reasoning"]
+    assert not any(e.type == "response.content_part.added" for e in events)
+    m = ac.messages.create(model=MODEL, max_tokens=6, messages=MSGS, extra_body=never)
+    assert [b.type for b in m.content] == ["thinking"] and m.stop_reason == "max_tokens"
+    with ac.messages.stream(model=MODEL, max_tokens=6, messages=MSGS, extra_body=never) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking"] and final.content[0].thinking == m.content[0].thinking

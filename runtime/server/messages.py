@@ -52,7 +52,9 @@ async def create_message(request: Request, state):
     res = run.group.results[0]
     reasoning, text, calls = run.split(res.text)
     content = [thinking_block(reasoning)] if reasoning else []
-    content += ([{"type": "text", "text": text or ""}] if text or not calls else []) + [tool_use_block(c) for c in calls]
+    # a text block, if empty, unless the reply is calls or thinking alone (thinking that used the budget)
+    content += ([{"type": "text", "text": text or ""}] if text or not (calls or reasoning) else [])
+    content += [tool_use_block(c) for c in calls]
     seq = await state.run_cpu(matched_stop, state, res, req.stop_sequences)
     body = {"id": mid, "type": "message", "role": "assistant", "model": state.model_name, "content": content,
             "stop_reason": stop_reason(res.finish_reason, bool(calls), seq), "stop_sequence": seq,

@@ -35,6 +35,7 @@ class _Blocks:
         self.pinged = False
         self.calls = 0
         self.texts = 0
+        self.thoughts = 0
 
     def _start(self, block: dict) -> list[str]:
         out = [_event("content_block_start", index=self.count, content_block=block)]
@@ -48,6 +49,7 @@ class _Blocks:
         if not self.thinking_open:
             out += self._start({"type": "thinking", "thinking": "", "signature": ""})
             self.thinking_open = True
+            self.thoughts += 1
         out.append(_event("content_block_delta", index=self.count, delta={"type": "thinking_delta",
                                                                           "thinking": piece}))
         return out
@@ -111,7 +113,7 @@ async def stream_events(state, req, run, mid: str):
     res = group.results[0]
     for e in b.close_thinking():
         yield e
-    if not b.texts and not b.calls and not b.text_open:  # a reply without calls has a text block, if empty
+    if not (b.texts or b.calls or b.thoughts):  # a text block, if empty, unless calls or thinking are the reply
         for e in b.text(""):
             yield e
     for e in b.close_text():

@@ -49,7 +49,7 @@ async def create_response(request: Request, state, store: ResponseStore):
     res = run.group.results[0]
     reasoning, text, calls = run.split(res.text)
     output = [reasoning_item(new_id("rs"), reasoning, "completed")] if reasoning else []
-    if text or not calls:
+    if text or not (calls or reasoning):  # a message, if empty, unless calls or reasoning are the reply
         output.append(message_item(new_id("msg"), text or "", "completed" if res.finish_reason == "stop"
                                    else "incomplete"))
     output += [call_item(new_id("fc"), c, "completed") for c in calls]

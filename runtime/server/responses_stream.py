@@ -145,7 +145,7 @@ async def stream_events(state, run, shell, keep):
     status, incomplete, error = status_of(res.finish_reason)
     for e in b.close_reasoning():
         yield e
-    if not b.messages and not b.calls:  # every reply without calls has a message, if empty
+    if not (b.messages or b.calls or b.reasoning):  # a message, if empty, unless calls or reasoning are the reply
         for e in b.add_text(""):
             yield e
     for e in b.close_text("completed" if status == "completed" else "incomplete"):
