@@ -29,12 +29,17 @@ from .embeddings import create_embeddings
 from .errors import APIError, install_handlers
 from .metrics import HTTPCounter
 from .messages import count_tokens, create_message
-from .messages_protocol import MessagesError
+from .messages_protocol import MessagesError, as_messages_error
 from .models import ModelRegistry
 from .protocol import ModelCard, ModelList
 from .responses import create_response, delete_response, get_response
 from .responses_store import ResponseStore
 from .state import ServerState
+
+
+def _anthropic_on_its_routes(request: Request, err: APIError) -> APIError:
+    """Errors the app's own handlers make (a wrong method, a crash) in Anthropic's body on its routes."""
+    return as_messages_error(err) if request.url.path.startswith("/v1/messages") else err
 
 
 def create_app(config: ServerConfig | None = None, *, engine: Engine | None = None,
@@ -60,7 +65,7 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
 
     app = FastAPI(title="graphc", summary="OpenAI-compatible server on MLX", lifespan=lifespan)
     app.state.graphc = state
-    install_handlers(app)
+    install_handlers(app, reshape=_anthropic_on_its_routes)
     guard.install(app, config)  # Host check (DNS rebinding), opt-in CORS
     app.add_middleware(HTTPCounter, metrics=state.metrics)
 

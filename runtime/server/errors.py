@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -81,14 +82,18 @@ def from_validation_errors(errors: list[dict]) -> APIError:
     return bad_request(msg, param=first, code="invalid_value")
 
 
-def install_handlers(app: FastAPI) -> None:
+def install_handlers(app: FastAPI, reshape: Callable[[Request, APIError], APIError] | None = None) -> None:
+    """The app's error handlers; `reshape(request, error)` may give an error another protocol's
+    body on that request's route (app.py: Anthropic's on /v1/messages)."""
+    reshape = reshape or (lambda request, err: err)
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        return from_validation_errors(exc.errors()).response()
+        return reshape(request, from_validation_errors(exc.errors())).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
@@ -98,16 +103,12 @@ def install_handlers(app: FastAPI) -> None:
             msg, code = f"method {request.method} is not allowed on {request.url.path}", "method_not_allowed"
         else:
             msg, code = str(exc.detail), None
-        err = APIError(exc.status_code, msg, code=code, headers=getattr(exc, "headers", None))
-        if request.url.path.startswith("/v1/messages"):  # Anthropic's routes answer in Anthropic's shape
-            from .messages_protocol import as_messages_error  # here: that module imports this one
-
-            err = as_messages_error(err)
-        return err.response()
+        return reshape(request, APIError(exc.status_code, msg, code=code,
+                                         headers=getattr(exc, "headers", None))).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         if isinstance(exc, ClientDisconnect):  # the client hung up mid-upload: not a server error
             return client_gone().response()
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
+        return reshape(request, APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")).response()
