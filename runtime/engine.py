@@ -136,7 +136,8 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
         self.warmed_on_thread: int | None = None  # warm_up()'s thread: MLX's CUDA plans are per thread
         # shapes the warm-up's time caps left (runtime/warmup_plans.py), built by warm_idle()
         self.idle_warm: collections.deque = collections.deque()
-        self._idle_warmed = [0, 0.0, False]  # shapes warm_idle() built, their seconds, logged once
+        self._idle_warmed = [0, 0.0]  # shapes warm_idle() built, and their seconds
+        self._idle_logged = False  # the first drain's line is INFO; a next turn's later drains DEBUG
         # lists a next turn's prompt-chunk shapes on idle_warm when a request ends (set by the warm-up)
         self.continuation = None
         self._token_bytes = token_bytes_table(tokenizer)  # fast detokenization (byte-level BPE)

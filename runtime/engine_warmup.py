@@ -51,7 +51,7 @@ class EngineWarmUp:
         self._idle_warmed[0] += done
         self._idle_warmed[1] += time.perf_counter() - t0
         if not self.idle_warm:  # once at info; later drains (a conversation's next turn) at debug
-            log.log(logging.DEBUG if self._idle_warmed[2] else logging.INFO,
-                    "warm-up: %d more shapes built while idle in %.1f s", *self._idle_warmed[:2])
-            self._idle_warmed[2] = True
+            log.log(logging.DEBUG if self._idle_logged else logging.INFO,
+                    "warm-up: %d more shapes built while idle in %.1f s", *self._idle_warmed)
+            self._idle_logged = True
         return done
