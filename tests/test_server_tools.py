@@ -169,6 +169,40 @@ def test_malformed_past_tool_calls_are_400s_not_500s(server, calls, text, with_t
     assert ok.status_code == 200
 
 
+@pytest.mark.parametrize("messages,text", [
+    ([{"role": "user", "content": None}], "messages[0].content is required for a user message"),
+    ([{"role": "system"}, {"role": "user", "content": "hi"}], "messages[0].content is required for a system"),
+    ([{"role": "tool", "tool_call_id": "c1", "content": "3"}], "messages[0]: a tool message must answer"),
+    ([{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "c1", "content": "3"}],
+     "messages[1]: a tool message must answer"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"},
+      {"role": "tool", "tool_call_id": "c1", "content": "3"}], "messages[2]: a tool message must answer"),
+    ([{"role": "user", "content": "hi"},
+      {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                                                             "function": {"name": "add", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c1"}], "messages[2].content is required for a tool message"),
+])
+def test_conversations_openai_refuses_are_400s(server, messages, text):
+    """A null user/system/tool content or a tool result that answers no call is refused, as
+    OpenAI refuses it, instead of a template rendering a conversation the client did not send."""
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages" and text in err["message"], err
+
+
+def test_tool_results_after_their_calls_are_served(server):
+    """The shape the check allows: an assistant turn's calls, then one tool message per call."""
+    calls = [{"id": f"c{k}", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+             for k in range(2)]
+    history = MSGS + [{"role": "assistant", "content": None, "tool_calls": calls},
+                      {"role": "tool", "tool_call_id": "c0", "content": "3"},
+                      {"role": "tool", "tool_call_id": "c1", "content": "3"}]
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": history, "max_tokens": 2,
+                                                              "tools": TOOLS})
+    assert r.status_code == 200, r.text
+
+
 def test_legacy_functions_and_function_call(server):
     """The pre-tools spelling: `functions` are the tools, `function_call` the tool_choice."""
     fns = [t["function"] for t in TOOLS]

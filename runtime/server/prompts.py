@@ -93,6 +93,7 @@ def chat_prompt_boundaries(state, req: ChatCompletionRequest,
     if len(req.messages) > state.max_prompt_tokens:  # every message is at least one token of the prompt
         raise bad_request(f"{len(req.messages)} messages cannot fit a prompt of at most {state.max_prompt_tokens} "
                           "tokens", "messages", code="context_length_exceeded")
+    check_turns(req.messages)
     messages, total_chars = [], 0
     for i, m in enumerate(req.messages):
         content = m.content
@@ -135,6 +136,23 @@ def chat_prompt_boundaries(state, req: ChatCompletionRequest,
     if not ids:
         raise bad_request("the chat template produced an empty prompt", "messages")
     return ids, bounds
+
+
+def check_turns(messages) -> None:
+    """The conversation's shape, as OpenAI checks it: a system, user or tool message has content
+    (an assistant's may be null: its tool_calls are the turn), and a tool message answers the
+    assistant tool calls just before it. A template would otherwise render a null as "" or a lone
+    tool result as if it answered something, and the model would reply to a conversation the
+    client did not send."""
+    for i, m in enumerate(messages):
+        if m.content is None and m.role != "assistant":
+            raise bad_request(f"messages[{i}].content is required for a {m.role} message", "messages")
+        if m.role == "tool":
+            prev = messages[i - 1] if i else None
+            if prev is None or not (prev.role == "tool" or (prev.role == "assistant"
+                                                            and (prev.model_extra or {}).get("tool_calls"))):
+                raise bad_request(f"messages[{i}]: a tool message must answer the tool_calls of the assistant "
+                                  "message just before it (or follow another tool message)", "messages")
 
 
 def prompt_opens_reasoning(state, ids: list[int]) -> bool:
