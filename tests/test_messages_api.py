@@ -124,6 +124,21 @@ def test_count_tokens_includes_tools(ac):
     assert ac.messages.count_tokens(model=MODEL, messages=HI, tools=TOOLS).input_tokens > plain > 0
 
 
+def test_count_tokens_refuses_what_create_refuses(server):
+    """A tool schema the tool grammar cannot compile, or a tool_result that answers no tool_use,
+    is the same 400 on count_tokens as on create (an agent counts before it sends)."""
+    bad_tool = [{"name": "x", "input_schema": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}]
+    lone_result = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "3"}]}]
+    for extra, needle in (({"tools": bad_tool}, "not usable"), ({"messages": lone_result}, "tool message must answer")):
+        seen = []
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            r = httpx.post(server.url + path, json={"model": MODEL, "messages": HI, "max_tokens": 3, **extra},
+                           headers={"x-api-key": "sk-test"})
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], (path, r.text)
+            seen.append(r.json())
+        assert seen[0] == seen[1]
+
+
 @pytest.mark.parametrize("body, status, kind, needle", [
     ({"messages": HI}, 400, "invalid_request_error", "max_tokens"),
     ({"messages": [], "max_tokens": 3}, 400, "invalid_request_error", "messages"),

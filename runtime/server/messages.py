@@ -66,7 +66,10 @@ async def count_tokens(request: Request, state):
     try:
         req = parse(CountTokensRequest, await read_json(request, state.config.max_body_bytes))
         state = state.route(req.model)
-        ids, _, _ = await chat_run.prompt_ids(state, chat_request(req))
+        chat = chat_request(req)
+        ids, plan, _ = await chat_run.prompt_ids(state, chat)
+        if plan is not None and plan.active:  # a tool schema create would refuse is refused here too
+            await state.run_cpu(chat_run.reply_grammar, plan, chat)
     except APIError as e:
         raise as_messages_error(e) from None
     return JSONResponse({"input_tokens": len(ids)})
