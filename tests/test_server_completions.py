@@ -85,6 +85,10 @@ def test_stop_string_cuts_the_text(client, reference):
     r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
                                   stop=["\x00never", stop], extra_body={"ignore_eos": True})
     assert r.choices[0].text == full[:full.index(stop)]
+    # an empty stop string stops nothing (every text "starts" with it): ignored, not a stop at token 0
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=[""],
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == full and r.choices[0].finish_reason == "length"
 
 
 def test_stop_token_ids(client, reference):
