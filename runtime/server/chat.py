@@ -52,7 +52,7 @@ async def create_chat_completion(request: Request, state):
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = state.max_tokens_for(len(ids), requested, None, param)
     items = [(ids, build_params(req, max_tokens=max_tokens, vocab_size=state.vocab_size,
-                                default_temperature=state.config.default_temperature, choice=j), None)
+                                defaults=state.sampling_defaults, choice=j), None)
              for j in range(req.n)]
     items = [(i, attrs.evolve(p, prefix_boundaries=bounds), x) for i, p, x in items]  # where messages end
     if plan is not None and plan.active:

@@ -142,7 +142,7 @@ async def start(state, request: Request, chat: ChatCompletionRequest, max_param:
     ids, plan, started, bounds = await _templated(state, chat)
     max_tokens = state.max_tokens_for(len(ids), chat.max_tokens, None, max_param, clamp=clamp_to_context)
     params = build_params(chat, max_tokens=max_tokens, vocab_size=state.vocab_size,
-                          default_temperature=state.config.default_temperature)
+                          defaults=state.sampling_defaults)
     params = attrs.evolve(params, prefix_boundaries=bounds)
     tools = plan if plan is not None and plan.active else None
     if tools is not None:

@@ -13,6 +13,7 @@ from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 from graphc.contracts.providers import resolve
 
 from .config import ServerConfig, parse_bytes
+from .defaults import SAMPLING_FIELDS, check_sampling_value, read_chat_template, read_template_args
 
 
 def add_parser(subparsers) -> None:
@@ -103,8 +104,37 @@ def add_parser(subparsers) -> None:
     s.add_argument("--snapshot-interval", type=positive_int,
                    help="hybrid (SSM / linear-attention) models: keep a recurrent-state snapshot every this many prompt "
                         "tokens, besides chat message ends (docs/cache-policies.md#hybrid-models; default 4096)")
+    d = s.add_argument_group("defaults for what a request leaves out (docs/server.md#server-wide-defaults)")
+    d.add_argument("--temperature", "--temp", type=_sampling("temperature"),
+                   help="default temperature (else the model's generation_config.json, else 1.0)")
+    d.add_argument("--top-p", type=_sampling("top_p"), help="default top_p (else generation_config.json, else 1.0)")
+    d.add_argument("--top-k", type=_sampling("top_k"), help="default top_k (else generation_config.json, else off)")
+    d.add_argument("--min-p", type=_sampling("min_p"), help="default min_p (else generation_config.json, else off)")
+    d.add_argument("--repetition-penalty", type=_sampling("repetition_penalty"),
+                   help="default repetition_penalty (else generation_config.json, else off)")
+    d.add_argument("--generation-config", choices=["auto", "none"], default="auto",
+                   help="auto: sampling defaults from the model folder's generation_config.json; none: ignore it")
+    d.add_argument("--max-tokens", type=positive_int,
+                   help="max_tokens of a request without one, on every route (default: the rest of the context; "
+                        "16 on /v1/completions, as OpenAI)")
+    d.add_argument("--chat-template", help="a chat template (a file, or the jinja text itself) that replaces the "
+                                           "model's (one model only)")
+    d.add_argument("--chat-template-args", help="template keywords as a JSON object, e.g. "
+                                                "'{\"enable_thinking\": false}'; a request's chat_template_kwargs "
+                                                "add to and override them")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=cmd_serve)
+
+
+def _sampling(name: str):
+    """An argparse type for a sampling default: a number in the field's range."""
+    def parse(text: str):
+        try:
+            return check_sampling_value(name, float(text))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = name  # argparse names the type in its error
+    return parse
 
 
 def config_from_args(args) -> ServerConfig:
@@ -119,6 +149,14 @@ def config_from_args(args) -> ServerConfig:
                          "(--model twice or --models-dir)")
     if args.max_loaded_models is not None and args.max_loaded_models < 1:
         raise SystemExit("--max-loaded-models must be at least 1")
+    if several and args.chat_template:
+        raise SystemExit("--chat-template replaces one model's template; with several models, "
+                         "give each model folder its own")
+    try:
+        template = read_chat_template(args.chat_template) if args.chat_template else None
+        template_args = read_template_args(args.chat_template_args) if args.chat_template_args else None
+    except (OSError, ValueError) as e:
+        raise SystemExit(str(e)) from None
     return ServerConfig(
         model=None if several else (specs[0] if specs else None), graph=args.graph,
         models=specs if several else None, models_dir=args.models_dir,
@@ -136,7 +174,10 @@ def config_from_args(args) -> ServerConfig:
         mixed_step={"on": True, "off": False}.get(args.mixed_step),
         warmup=args.warmup, warm_continuations=args.warm_continuations, gc_freeze=args.gc_freeze, kv_cache_dir=args.kv_cache_dir, kv_cache_disk_gb=args.kv_cache_disk_gb,
         snapshot_interval=args.snapshot_interval, kv_cache_block_tokens=args.kv_cache_block_tokens,
-        kv_cache_disk_read=args.kv_cache_disk_read)
+        kv_cache_disk_read=args.kv_cache_disk_read,
+        sampling_flags={k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k) is not None},
+        generation_config=args.generation_config == "auto", max_tokens=args.max_tokens,
+        chat_template=template, chat_template_args=template_args)
 
 
 def _exit_early(sig, frame) -> None:

@@ -45,7 +45,7 @@ async def create_completion(request: Request, state):
         max_tokens = state.max_tokens_for(len(ids), requested, state.config.default_completion_max_tokens)
         for j in range(req.n):
             params = build_params(req, max_tokens=max_tokens, vocab_size=state.vocab_size,
-                                  default_temperature=state.config.default_temperature, choice=j)
+                                  defaults=state.sampling_defaults, choice=j)
             if score_prompt:
                 params = attrs.evolve(params, prompt_logprobs=req.logprobs)
             items.append((ids, params, None))

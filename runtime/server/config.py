@@ -67,6 +67,13 @@ class ServerConfig:
     default_temperature: float = 1.0  # OpenAI's default when a request leaves it out
     default_completion_max_tokens: int = 16  # OpenAI's default for /v1/completions
 
+    # what a request leaves out (server/defaults.py): flags first, then the model's generation_config.json
+    sampling_flags: dict = attrs.field(factory=dict)  # --temperature, --top-p, --top-k, --min-p, --repetition-penalty
+    generation_config: bool = True  # read sampling defaults from the model's generation_config.json
+    max_tokens: int | None = None  # the budget of a request without one (every route); None: OpenAI's
+    chat_template: str | None = None  # a template's text that replaces the model's
+    chat_template_args: dict | None = None  # template keywords a request's chat_template_kwargs add to / override
+
     @property
     def several_models(self) -> bool:
         return bool(self.models) or self.models_dir is not None

@@ -117,7 +117,7 @@ def chat_prompt_boundaries(state, req: ChatCompletionRequest,
             msg["name"] = m.name
         messages.append(msg)
     messages, tools = render_messages(messages, plan, tok.chat_template, plan.fmt if plan else HERMES)
-    extra = request_template_kwargs(req, tok.chat_template)
+    extra = request_template_kwargs(req, tok.chat_template, state.config.chat_template_args)
     if tools:
         extra["tools"] = tools
     flags = dict(add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)

@@ -98,14 +98,16 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
     "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
-def request_template_kwargs(req, chat_template: str | None) -> dict:
+def request_template_kwargs(req, chat_template: str | None, server_args: Mapping | None = None) -> dict:
     """template_kwargs for a chat request (its enable_thinking, reasoning_effort and
-    chat_template_kwargs fields); a reserved name in chat_template_kwargs is a 400."""
+    chat_template_kwargs fields, over the server's --chat-template-args); a reserved name in
+    chat_template_kwargs is a 400."""
     extra = getattr(req, "chat_template_kwargs", None) or {}
     bad = sorted(RESERVED_TEMPLATE_KWARGS.intersection(extra))
     if bad:
         raise bad_request(f"chat_template_kwargs may not set {', '.join(bad)}: use the request's own fields",
                           "chat_template_kwargs")
+    extra = {**(server_args or {}), **extra}
     thinking = getattr(req, "enable_thinking", None)
     if thinking is None and isinstance(extra.get("enable_thinking"), bool):
         thinking = extra["enable_thinking"]

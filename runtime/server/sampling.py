@@ -8,6 +8,8 @@ has the last word on ranges; its ValueError names the field, which becomes `para
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from graphc.runtime import SamplingParams
 from graphc.runtime.grammar import Grammar
 
@@ -78,11 +80,18 @@ def logprobs_count(req) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def build_params(req, *, max_tokens: int, vocab_size: int, default_temperature: float,
+def build_params(req, *, max_tokens: int, vocab_size: int, defaults: Mapping[str, float | int],
                  choice: int = 0) -> SamplingParams:
-    """SamplingParams for choice `choice` of `req`. Seeded requests with n > 1 give choice i the
-    seed + i, so the choices differ and each stays reproducible."""
-    top_k = req.top_k if req.top_k is not None else 0
+    """SamplingParams for choice `choice` of `req`; a sampling field the request leaves out takes
+    its value from `defaults` (ServerState.sampling_defaults: the flags, the model's
+    generation_config.json, then OpenAI's), else off. Seeded requests with n > 1 give choice i
+    the seed + i, so the choices differ and each stays reproducible."""
+
+    def pick(name: str, off: float | int):
+        value = getattr(req, name)
+        return value if value is not None else defaults.get(name, off)
+
+    top_k = pick("top_k", 0)
     if top_k == -1 or top_k >= vocab_size:
         top_k = 0  # -1 is vLLM's spelling of "off"; k >= vocabulary keeps everything anyway
     seed = req.seed + choice if req.seed is not None else None
@@ -98,18 +107,18 @@ def build_params(req, *, max_tokens: int, vocab_size: int, default_temperature: 
     if len(req.stop_token_ids or ()) > MAX_TOKEN_LIST:
         raise bad_request(f"stop_token_ids may have at most {MAX_TOKEN_LIST} entries, got {len(req.stop_token_ids)}",
                           "stop_token_ids", code="invalid_value")
-    top_p = 1.0 if req.top_p is None else req.top_p
+    top_p = pick("top_p", 1.0)
     if 0 < top_p < MIN_TOP_P:
         top_p = MIN_TOP_P  # below this float32 rounds to 0; any such top_p keeps only the top token anyway
     try:
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=default_temperature if req.temperature is None else req.temperature,
+            temperature=pick("temperature", 1.0),
             top_k=top_k,
             top_p=top_p,
-            min_p=0.0 if req.min_p is None else req.min_p,
+            min_p=pick("min_p", 0.0),
             seed=seed,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=pick("repetition_penalty", 1.0),
             frequency_penalty=req.frequency_penalty or 0.0,
             presence_penalty=req.presence_penalty or 0.0,
             logit_bias=logit_bias_ids(req.logit_bias, vocab_size),

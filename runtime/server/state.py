@@ -17,6 +17,7 @@ from graphc.runtime.async_engine import AsyncEngine, EngineClosed, StreamGroup
 from graphc.runtime.engine import Engine
 
 from .config import ServerConfig
+from .defaults import describe, sampling_defaults
 from .errors import APIError, bad_request
 from .logprobs import TokenText
 from .metrics import ServerMetrics
@@ -91,6 +92,8 @@ class ServerState:
         self.max_prompt_chars = 0  # longer prompt text cannot fit max_prompt_tokens: refused before tokenizing
         self.vocab_size = 0
         self.reasoning: ReasoningFormat | None = None  # the model's <think> tags (server/reasoning.py)
+        # sampling values for the fields a request leaves out (server/defaults.py), set with the engine
+        self.sampling_defaults: dict = {"temperature": config.default_temperature}
         self.draining = False  # set on SIGTERM/SIGINT: new requests get 503 while running ones finish
         self.loading = False  # a loader thread runs
         self.registry = None  # the ModelRegistry (models.py) of a server with several models
@@ -151,6 +154,13 @@ class ServerState:
         # prompts extending a recent prompt's text tokenize their new part only (prefix_tokens.py)
         self.prompt_tokens = PrefixTokens(self.tokenizer)
         self.vocab_size = engine.vocab_size
+        if c.chat_template is not None:  # --chat-template: the server's copy renders every chat prompt
+            self.tokenizer.chat_template = c.chat_template
+        self.sampling_defaults, sources = sampling_defaults(c.sampling_flags, engine.model_path, c.generation_config,
+                                                            c.default_temperature)
+        if set(sources.values()) != {"OpenAI's default"}:
+            log.info("%s: sampling defaults for requests that leave them out: %s", self.model_name,
+                     describe(self.sampling_defaults, sources))
         self.reasoning = detect_reasoning(getattr(self.tokenizer, "chat_template", None), _vocab(self.tokenizer))
         if not c.served_model_name:
             self.model_name = served_name(engine.model_path) if engine.model_path else "graphc"
@@ -246,6 +256,8 @@ class ServerState:
                 f"(the model's context is {ctx} tokens)", "messages" if param == "max_completion_tokens" else "prompt",
                 code="context_length_exceeded")
         room = ctx - prompt_len
+        if requested is None and self.config.max_tokens is not None:  # --max-tokens: every route's default
+            default = self.config.max_tokens
         if requested is None:
             return min(default, room) if default else room
         if requested < 0:  # 0: the prompt only, no tokens (the Engine's rule; docs/server.md)
