@@ -42,7 +42,8 @@ def _load_model(path: Path):
 
 def cmd_generate(args) -> int:
     # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
-    engine = Engine.load(_model_dir(args), args.graph, prefill_chunk=args.prefill_chunk, lowering=args.lowering,
+    engine = Engine.load(_model_dir(args), args.graph, adapter_path=args.adapter_path,
+                         prefill_chunk=args.prefill_chunk, lowering=args.lowering,
                          distributed=launched(), compile=COMPILE_FLAG[args.compile], kv_bits=args.kv_bits,
                          kv_group_size=args.kv_group_size, cpu_weights=args.cpu_weights)
     prompt = args.prompt

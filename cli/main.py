@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate a continuation of PROMPT (streams to the terminal)")
     g.add_argument("prompt")
     g.add_argument("--model", help="model folder or .gguf file (default: the built-in demo model)")
+    g.add_argument("--adapter-path", help="a LoRA adapter folder (mlx_lm.lora's output) applied over --model")
     g.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
     g.add_argument("--max-tokens", type=non_negative_int, default=64,
                    help="tokens to generate at most; 0: the prompt only (nothing is generated)")

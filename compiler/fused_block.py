@@ -86,6 +86,9 @@ def llama_unfusable(layer) -> str | None:
         return "biased projections (the fused block has no bias terms)"
     if all(type(p) is nn.Linear for p in projs):
         return None
+    other = sorted({type(p).__name__ for p in projs} - {"Linear", "QuantizedLinear"})
+    if other:  # e.g. a LoRA adapter's LoRALinear: run through the layer's own modules
+        return f"{', '.join(other)} projections (the fused block stacks plain or quantized matrices only)"
     if all(type(p) is nn.QuantizedLinear for p in projs):
         if len({_quant_format(p) for p in projs}) > 1:
             return "projections quantized with different group sizes, bits or modes"

@@ -43,6 +43,7 @@ from .cachekinds import LayerInfo
 from .compile import CompiledGraph, compile_graph, load_spec, with_kv_bits
 from .lower import lower
 from .ops import OPS
+from .adapters import adapter_files
 from .parse import resolve_graph_path
 from .selfcheck import CheckResult
 from .target import Requested, Target
@@ -76,7 +77,7 @@ def source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _files(model_path: str) -> list:
+def _files(model_path: str, adapter_path: str | None = None) -> list:
     p = Path(model_path)
     if p.is_file():
         files = [p]
@@ -84,7 +85,8 @@ def _files(model_path: str) -> list:
         files = sorted(f for f in p.iterdir() if f.suffix in _WEIGHT_SUFFIXES and f.is_file())
     else:
         return []
-    return [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    files += adapter_files(adapter_path)  # a LoRA adapter changes the model the check ran
+    return [(str(f.resolve()) if f.parent != p else f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
 
 
 def _version(dist: str) -> str:
@@ -96,7 +98,7 @@ def _version(dist: str) -> str:
 
 def verdict_key(model, model_path: str, config: dict, graph, lowering: str,
                 kv_bits: int | None = None, kv_group_size: int | None = None, kernels: tuple = (),
-                linear_prefill: str = "auto") -> str:
+                linear_prefill: str = "auto", adapter_path: str | None = None) -> str:
     """The key of a verdict: sha256 over everything the self-check's outcome depends on (module doc).
     `kernels`: the target's kernels that matched here, which a policy's caches may run on
     (bind's `for_target`: quantized KV on CUDA attends in graphc's kernel only where it matched).
@@ -105,7 +107,7 @@ def verdict_key(model, model_path: str, config: dict, graph, lowering: str,
     params = [(k, tuple(v.shape), str(v.dtype)) for k, v in tree_flatten(model.parameters())]
     graph_text = "auto" if graph is None else resolve_graph_path(graph).read_text()
     parts = {
-        "schema": SCHEMA, "path": str(Path(model_path).resolve()), "files": _files(model_path),
+        "schema": SCHEMA, "path": str(Path(model_path).resolve()), "files": _files(model_path, adapter_path),
         "config": config, "params": params, "graph": graph_text, "lowering": lowering,
         "kv": [kv_bits, kv_group_size],
         "graphc": [_version("graphc"), source_digest()], "mlx": _version("mlx"), "mlx_lm": _version("mlx-lm"),
@@ -186,7 +188,8 @@ def verdict_path(key: str) -> Path:
 
 def compile_cached(graph, model, config: dict, lowering: str = "auto", kv_bits: int | None = None,
                    kv_group_size: int | None = None, *, target: Target | None = None,
-                   requested: Requested | None = None, model_path: str | None = None) -> CompiledGraph:
+                   requested: Requested | None = None, model_path: str | None = None,
+                   adapter_path: str | None = None) -> CompiledGraph:
     """compile_graph, with the self-check's verdict read from / written to the cache when the model has a path."""
     target, requested = target or Target(), requested or Requested()
     compile_kw = dict(lowering=lowering, kv_bits=kv_bits, kv_group_size=kv_group_size, target=target,
@@ -197,7 +200,7 @@ def compile_cached(graph, model, config: dict, lowering: str = "auto", kv_bits: 
         return compile_graph(graph, model, config, **compile_kw)
     key = verdict_key(model, model_path, config, graph, lowering, kv_bits, kv_group_size,
                       kernels=tuple(sorted(n for n, why, _ in target.kernels if why is None)),
-                      linear_prefill=requested.linear_prefill)
+                      linear_prefill=requested.linear_prefill, adapter_path=adapter_path)
     path = verdict_path(key)
     if path.is_file():
         try:

@@ -143,6 +143,9 @@ class EngineConfig:
     spec_adaptive: bool | None = None
     # What the user named (a .gguf file stays a .gguf file in names and logs)
     model_path: str | None = None
+    # The LoRA adapter folder Engine.load applied over it (mlx-lm's adapters.safetensors and
+    # adapter_config.json): part of the model's identity for the disk tier and stored self-checks
+    adapter_path: str | None = None
 
     @classmethod
     def option_names(cls) -> tuple:
@@ -150,11 +153,11 @@ class EngineConfig:
         return tuple(f.name for f in attrs.fields(cls))
 
     def changed(self) -> dict:
-        """The options that differ from their defaults, as keywords (model_path aside: the loader
-        names the folder): what `Engine.load(distributed=True, engine_config=...)` hands the
+        """The options that differ from their defaults, as keywords (model_path and adapter_path
+        aside: the loader names the folders): what `Engine.load(distributed=True, engine_config=...)` hands the
         distributed load, which checks and compares the options as keywords."""
         return {f.name: getattr(self, f.name) for f in attrs.fields(type(self))
-                if f.name != "model_path" and getattr(self, f.name) != f.default}
+                if f.name not in ("model_path", "adapter_path") and getattr(self, f.name) != f.default}
 
     @classmethod
     def from_kwargs(cls, base: "EngineConfig | None" = None, **kwargs) -> "EngineConfig":

@@ -74,7 +74,7 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
         target = probe_target(quantized=c.kv_bits is not None or declares_quantized(graph, config))
         compiled = compile_cached(graph, model, config, lowering=c.lowering, kv_bits=c.kv_bits,
                                   kv_group_size=c.kv_group_size, target=target, requested=requested_of(c),
-                                  model_path=c.model_path)
+                                  model_path=c.model_path, adapter_path=c.adapter_path)
         log.info("compiled the step graph (with the load-time self-check unless its verdict was stored): %.1f s",
                  time.perf_counter() - t0)
         if "next_tokens" not in compiled.prefill.outputs:
@@ -105,7 +105,8 @@ class Engine(OneShotGraphs, EngineViews, FaultRecovery, EngineWarmUp):
         self.prefill_rate = PrefillRate()
         self.disk_tier = attach_disk_tier(self.prefix, io, self.compiled, config, c.model_path, c.kv_cache_dir,
                                           c.kv_cache_disk_gb, c.kv_cache_block_tokens, read=c.kv_cache_disk_read,
-                                          prefill_rate=self.prefill_rate) if c.kv_cache_dir else None
+                                          prefill_rate=self.prefill_rate,
+                                          adapter_path=c.adapter_path) if c.kv_cache_dir else None
         self.vocab_size = self.compiled.vocab_size  # the logits width, as the model computes it
         self.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or [])
         # Grammar masks and logits processors: an object the runner calls, not a closure into the engine.

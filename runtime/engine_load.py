@@ -13,6 +13,7 @@ from pathlib import Path
 
 import mlx_lm
 
+from graphc.compiler.adapters import check_adapter_folder
 from graphc.compiler.errors import UnsupportedModel
 from graphc.compiler.gguf import resolve_model_path
 from graphc.compiler.modelgen import demo_model_path
@@ -28,6 +29,9 @@ def load_engine(cls, model_dir: str | Path | None, graph, *, distributed: bool, 
     """What `cls.load` (Engine.load) documents."""
     if cpu_weights is not None:
         check_mode(cpu_weights)
+    if distributed and kwargs.get("adapter_path") is not None:
+        raise ValueError("adapter_path applies a LoRA adapter to a model loaded whole; a distributed load shards "
+                         "the weights as stored (fuse the adapter into the model first: mlx_lm.fuse)")
     if distributed:  # the distributed load checks and compares the options as keywords
         if cpu_weights == "float32":  # a sharded model runs as stored (cpu_weights.py)
             raise ValueError("cpu_weights='float32' converts a model loaded whole; a distributed load "
@@ -43,15 +47,20 @@ def load_engine(cls, model_dir: str | Path | None, graph, *, distributed: bool, 
             "graphc never downloads weights — build a test model with `graphc make-model`"
         )
     config = json.loads((path / "config.json").read_text())
+    adapter = kwargs.get("adapter_path")
+    if adapter is not None:
+        check_adapter_folder(adapter)
     t0 = time.perf_counter()
     try:
-        model, tokenizer = mlx_lm.load(str(path))
+        model, tokenizer = mlx_lm.load(str(path), **({"adapter_path": str(adapter)} if adapter is not None else {}))
     except Exception as e:  # noqa: BLE001 - whatever mlx-lm (or transformers under it) raises
+        what = f"'{path}' with the adapter '{adapter}'" if adapter is not None else f"'{path}'"
         raise UnsupportedModel(
-            f"model type '{config.get('model_type', '?')}': mlx_lm.load could not load '{path}': "
+            f"model type '{config.get('model_type', '?')}': mlx_lm.load could not load {what}: "
             f"{type(e).__name__}: {e}. graphc loads models through mlx-lm; fix the folder (config.json, "
-            "tokenizer files) so that mlx_lm.load reads it") from e
-    log.info("loaded weights and tokenizer from %s: %.1f s", path, time.perf_counter() - t0)
+            "tokenizer files, an adapter's layer names) so that mlx_lm.load reads it") from e
+    log.info("loaded weights and tokenizer from %s%s: %.1f s", path,
+             f" with the LoRA adapter {adapter}" if adapter is not None else "", time.perf_counter() - t0)
     quiet_length_warning(tokenizer)
     weights = convert(model, cpu_weights)
     # model_path is what the user named (a .gguf file stays a .gguf file in names and logs).

@@ -63,7 +63,7 @@ ENGINE_KEYWORDS = (
     "decode_options", "speculative", "num_draft_tokens", "spec_max_batch", "spec_max_tokens", "draft_model",
     "spec_pipeline", "spec_adaptive", "kv_bits", "kv_group_size", "kv_cache_dir", "kv_cache_disk_gb",
     "kv_cache_block_tokens", "kv_cache_disk_read", "step_tokens", "snapshot_interval", "pad_final_chunk", "final_chunk",
-    "prefill_lanes", "linear_prefill", "warm_continuations")
+    "prefill_lanes", "linear_prefill", "warm_continuations", "adapter_path")
 
 
 def test_every_engine_keyword_is_a_config_field():

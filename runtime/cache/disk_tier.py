@@ -41,6 +41,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from graphc.compiler.adapters import adapter_files
+
 from .disk_choice import DiskReadChoice
 from .disk_files import READ_AHEAD, BlockStore, chain_hash, encode_block
 from .disk_tails import read_tail, tail_name, write_tail
@@ -61,9 +63,10 @@ def disk_unsupported_reason(policies) -> str | None:
     return None
 
 
-def model_identity(config: dict, model_path: str | None, compiled) -> str:
+def model_identity(config: dict, model_path: str | None, compiled, adapter_path: str | None = None) -> str:
     """What KV depends on: the config, the weights (names, sizes, first and last MiB of each
-    file), the graph and its cache policies, dtypes, the lowering and the device."""
+    file, a LoRA adapter's files too), the graph and its cache policies, dtypes, the lowering
+    and the device."""
     if model_path is None:
         raise ValueError("kv_cache_dir needs a model folder (Engine.load(dir, ...)): the disk tier keys its "
                          "files by the weights they were computed with")
@@ -71,6 +74,7 @@ def model_identity(config: dict, model_path: str | None, compiled) -> str:
     h.update(json.dumps(config, sort_keys=True, default=str).encode())
     p = Path(model_path)
     files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.suffix in (".safetensors", ".gguf", ".npz"))
+    files += adapter_files(adapter_path)  # an adapter changes every layer's K and V
     for f in files:
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
@@ -357,7 +361,7 @@ def attach(prefix, io, tier: DiskTier) -> None:
 
 def attach_disk_tier(prefix, io, compiled, config: dict, model_path: str | None, root: str,
                      disk_gb: float | None = None, block_tokens: int = DEFAULT_BLOCK_TOKENS,
-                     read: str = "auto", prefill_rate=None) -> DiskTier | None:
+                     read: str = "auto", prefill_rate=None, adapter_path: str | None = None) -> DiskTier | None:
     """Give `prefix` (a PrefixCache) a disk tier in folder `root`, or log why it cannot have one.
     `read`: whether a hit reads its blocks or computes them (runtime/cache/disk_choice.py);
     `prefill_rate`: the engine's prefill meter (runtime/prefill_rate.py) that choice weighs against."""
@@ -372,7 +376,7 @@ def attach_disk_tier(prefix, io, compiled, config: dict, model_path: str | None,
         return None
     if disk_gb is not None and disk_gb <= 0:
         raise ValueError(f"kv_cache_disk_gb must be > 0, got {disk_gb}")
-    model_id = model_identity(config, model_path, compiled)
+    model_id = model_identity(config, model_path, compiled, adapter_path)
     store = BlockStore(root, model_id, None if disk_gb is None else int(disk_gb * (1 << 30)))
     tier = DiskTier(prefix, io, store, model_id, block_tokens, DiskReadChoice(read, prefill_rate, store.dir))
     attach(prefix, io, tier)

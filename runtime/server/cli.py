@@ -29,6 +29,8 @@ def add_parser(subparsers) -> None:
     s.add_argument("--max-loaded-bytes", type=parse_bytes,
                    help="with several models: weight bytes (on disk) loaded at once, e.g. 8G")
     s.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
+    s.add_argument("--adapter-path", help="a LoRA adapter folder (mlx_lm.lora's adapter_config.json and "
+                                          "adapters.safetensors) applied over --model (one model only)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=os.environ.get("GRAPHC_API_KEY"),
@@ -141,7 +143,8 @@ def config_from_args(args) -> ServerConfig:
     specs = args.model or []
     several = len(specs) > 1 or args.models_dir is not None
     if several:
-        for flag, value in (("--served-model-name", args.served_model_name), ("--draft-model", args.draft_model)):
+        for flag, value in (("--served-model-name", args.served_model_name), ("--draft-model", args.draft_model),
+                            ("--adapter-path", args.adapter_path)):
             if value:
                 raise SystemExit(f"{flag} serves one model; with several, name each --model NAME=PATH")
     elif args.max_loaded_models is not None or args.max_loaded_bytes is not None:
@@ -158,7 +161,7 @@ def config_from_args(args) -> ServerConfig:
     except (OSError, ValueError) as e:
         raise SystemExit(str(e)) from None
     return ServerConfig(
-        model=None if several else (specs[0] if specs else None), graph=args.graph,
+        model=None if several else (specs[0] if specs else None), graph=args.graph, adapter_path=args.adapter_path,
         models=specs if several else None, models_dir=args.models_dir,
         max_loaded_models=args.max_loaded_models, max_loaded_bytes=args.max_loaded_bytes,
         served_model_name=args.served_model_name, host=args.host,

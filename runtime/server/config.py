@@ -12,6 +12,7 @@ import attrs
 class ServerConfig:
     model: str | None = None  # model folder; None = the built-in demo model
     graph: str | None = None  # step graph file or built-in name; None = picked from the layers
+    adapter_path: str | None = None  # a LoRA adapter folder applied over `model` (compiler/adapters.py)
     served_model_name: str | None = None  # the `model` clients send; default: the folder's name
     # several models (server/models.py): "PATH" or "NAME=PATH" each, and/or every model folder in
     # models_dir; the first loads at startup, the others on first use, LRU-unloaded under the budget

@@ -56,6 +56,8 @@ def load_engine(c: ServerConfig, **kwargs) -> Engine:
         extra["final_chunk"] = c.final_chunk
     if c.linear_prefill != "auto":
         extra["linear_prefill"] = c.linear_prefill
+    if c.adapter_path is not None:  # a LoRA adapter over the model (compiler/adapters.py)
+        extra["adapter_path"] = c.adapter_path
     if c.cpu_weights is not None:  # runtime/cpu_weights.py
         extra["cpu_weights"] = c.cpu_weights
     if c.draft_model is not None:  # its drafts become the default unless --speculative says otherwise
