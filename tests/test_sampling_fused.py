@@ -155,7 +155,7 @@ def test_sampler_cache_reuses_tensors_while_the_rows_are_the_same():
 
 
 def test_selection_microbench_runs_every_config():
-    from graphc.runtime.sampling.bench_sampling import CONFIGS, run_bench
+    from graphc.benchmarks.sampling_select import CONFIGS, run_bench
 
     rows = run_bench(batch_sizes=(4,), vocab=300, iters=1)
     assert [r["config"] for r in rows] == list(CONFIGS) and all(r["ms"] > 0 for r in rows)

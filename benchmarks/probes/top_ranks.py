@@ -24,7 +24,7 @@ from graphc.benchmarks.contestants import graphc_params, make_engine
 from graphc.benchmarks.shapes import load_shape
 from graphc.runtime.kernels import top_ranks
 from graphc.runtime import SamplingParams
-from graphc.runtime.sampling.bench_sampling import median_build_us, median_eval_s
+from graphc.benchmarks.sampling_select import median_build_us, median_eval_s
 from graphc.runtime.sampling.select import select_tokens
 from graphc.runtime.sampling.tensors import SamplingTensors
 
@@ -32,7 +32,7 @@ SAMPLING = dict(temperature=0.8, top_p=0.9, top_k=50)
 
 
 def timed(fn, iters=50):
-    """(median ms of evaluated calls, median µs to build one): bench_sampling's timers."""
+    """(median ms of evaluated calls, median µs to build one): benchmarks/sampling_select.py's timers."""
     return median_eval_s(fn, iters, warmup=5) * 1e3, median_build_us(fn, 20)
 
 

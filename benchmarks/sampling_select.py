@@ -1,10 +1,11 @@
 """Micro-benchmark: token selection alone on logits [B, V].
 
-    python -m graphc.runtime.sampling.bench_sampling [--vocab 32000] [--iters 50] [--dtype bfloat16]
+    python -m graphc.benchmarks.sampling_select [--vocab 32000] [--iters 50] [--dtype bfloat16]
 
 Times, per batch size, the median of ``iters`` evaluated steps (one mx.eval
 each) of ``select_tokens`` for several row configurations, and prints each as
-a ratio to greedy argmax. ``run_bench`` returns the rows for ``graphc bench``.
+a ratio to greedy argmax. ``run_bench`` returns the rows (tests/test_sampling_fused.py runs it
+small); benchmarks/probes/top_ranks.py reuses its timers.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ import time
 
 import mlx.core as mx
 
-from . import select as _select
-from ..params import SamplingParams
-from .penalties import build_token_counts
-from .select import select_tokens
-from .step import sample_step
-from .tensors import SamplingTensors
+from graphc.runtime.params import SamplingParams
+from graphc.runtime.sampling import select as _select
+from graphc.runtime.sampling.penalties import build_token_counts
+from graphc.runtime.sampling.select import select_tokens
+from graphc.runtime.sampling.step import sample_step
+from graphc.runtime.sampling.tensors import SamplingTensors
 
 CONFIGS = {
     "greedy": dict(),
