@@ -88,7 +88,7 @@ def test_the_flags_parse_into_the_config(tmp_path):
     (["--chat-template-args", "[1]"], "must be a JSON object, got list"),
     (["--chat-template-args", "{oops"], "must be a JSON object"),
     (["--chat-template-args", '{"tokenize": false}'], "may not set tokenize"),
-    (["--chat-template", "no-such-file.jinja"], "neither a file nor a jinja template"),
+    (["--chat-template", "no-such-file.jinja"], "neither a built-in name (chatml), a file nor a jinja template"),
     (["--chat-template", "{% for m in messages %}"], "--chat-template: line 1"),
     (["--model", "a", "--model", "b", "--chat-template", "{{ x }}"], "with several models"),
 ])
@@ -152,3 +152,21 @@ def test_chat_template_and_its_args(model_dir):
         assert _chat(srv, max_tokens=1, chat_template_kwargs={"shout": False})["usage"]["prompt_tokens"] == quiet
         r = httpx.post(srv.url + "/v1/messages/count_tokens", json={"model": MODEL, "messages": HI})
         assert r.json()["input_tokens"] == loud  # every chat route renders with it
+
+
+def test_chatml_gives_a_base_model_a_chat_template(model_dir, tmp_path):
+    """A folder without a chat template: chat is a 400 naming /v1/completions; with
+    `--chat-template chatml` (the built-in) it renders ChatML."""
+    d = _folder(model_dir, tmp_path, None)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template")
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with live_server(str(d)) as srv:
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"model": MODEL, "messages": HI, "max_tokens": 1})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "no_chat_template"
+    template = config_from_args(_args("--chat-template", "chatml")).chat_template
+    with live_server(str(d), chat_template=template) as srv:
+        want = srv.state.tokenizer._tokenizer.encode(
+            "<|im_start|>user\nTell me a story about a dragon.<|im_end|>\n<|im_start|>assistant\n",
+            add_special_tokens=False)
+        assert _chat(srv, max_tokens=1)["usage"]["prompt_tokens"] == len(want)

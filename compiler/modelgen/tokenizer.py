@@ -17,6 +17,7 @@ from pathlib import Path
 from tokenizers import decoders, models, pre_tokenizers, Tokenizer, trainers
 
 from graphc.compiler.cache_dir import cache_root
+from graphc.compiler.chat_templates import CHATML
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 CORPUS_DIR = PACKAGE_DIR / "corpus"
@@ -31,12 +32,7 @@ SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 
 # ChatML, the same shape Qwen uses; kept free of tool-call markers so that
 # mlx-lm's tool-parser sniffing leaves it alone.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+CHAT_TEMPLATE = CHATML  # compiler/chat_templates.py, also `graphc serve --chat-template chatml`
 
 # ChatML that knows tools, Hermes/Qwen style: the functions go into the system turn as JSON,
 # calls are <tool_call>{"name", "arguments"}</tool_call>, results come back as role "tool".

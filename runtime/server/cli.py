@@ -119,8 +119,8 @@ def add_parser(subparsers) -> None:
     d.add_argument("--max-tokens", type=positive_int,
                    help="max_tokens of a request without one, on every route (default: the rest of the context; "
                         "16 on /v1/completions, as OpenAI)")
-    d.add_argument("--chat-template", help="a chat template (a file, or the jinja text itself) that replaces the "
-                                           "model's (one model only)")
+    d.add_argument("--chat-template", help="a chat template that replaces the model's (one model only): chatml "
+                                           "(built in), a file, or the jinja text itself")
     d.add_argument("--chat-template-args", help="template keywords as a JSON object, e.g. "
                                                 "'{\"enable_thinking\": false}'; a request's chat_template_kwargs "
                                                 "add to and override them")

@@ -29,6 +29,8 @@ from typing import Any, Mapping
 
 import jinja2
 
+from graphc.compiler.chat_templates import BUILTIN as BUILTIN_TEMPLATES
+
 from .reasoning import RESERVED_TEMPLATE_KWARGS
 
 log = logging.getLogger("graphc.server")
@@ -96,15 +98,19 @@ def describe(values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
 
 
 def read_chat_template(value: str) -> str:
-    """--chat-template: a file's text, or the template itself when it is no file but reads as one;
-    a template jinja cannot parse is refused here, at startup, not on every request."""
+    """--chat-template: a built-in name (`chatml`, for a base model without a template), a file's
+    text, or the template itself when it is no file but reads as one; a template jinja cannot
+    parse is refused here, at startup, not on every request."""
     p = Path(value).expanduser()
-    if p.is_file():
+    if value in BUILTIN_TEMPLATES:
+        text = BUILTIN_TEMPLATES[value]
+    elif p.is_file():
         text = p.read_text()
     elif "{%" in value or "{{" in value:
         text = value
     else:
-        raise ValueError(f"--chat-template {value!r} is neither a file nor a jinja template")
+        raise ValueError(f"--chat-template {value!r} is neither a built-in name ({', '.join(BUILTIN_TEMPLATES)}), "
+                         "a file nor a jinja template")
     try:
         jinja2.Environment().parse(text)
     except jinja2.TemplateSyntaxError as e:

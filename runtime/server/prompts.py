@@ -88,8 +88,8 @@ def chat_prompt_boundaries(state, req: ChatCompletionRequest,
     shares with this one (message_bounds.py)."""
     tok = state.tokenizer
     if not getattr(tok, "chat_template", None):
-        raise bad_request(f"the model '{state.model_name}' has no chat template; use /v1/completions",
-                          "messages", code="no_chat_template")
+        raise bad_request(f"the model '{state.model_name}' has no chat template; use /v1/completions, or start "
+                          "the server with --chat-template (e.g. chatml)", "messages", code="no_chat_template")
     if len(req.messages) > state.max_prompt_tokens:  # every message is at least one token of the prompt
         raise bad_request(f"{len(req.messages)} messages cannot fit a prompt of at most {state.max_prompt_tokens} "
                           "tokens", "messages", code="context_length_exceeded")
