@@ -295,9 +295,14 @@ def test_fuzzed_bodies_never_500_and_leave_nothing_behind(small):
     rng = random.Random(1234)
     statuses = set()
     for i in range(300):
-        path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+        path = rng.choice(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
         body = completion(max_tokens=2) if path == "/v1/completions" else chat(max_tokens=2)
-        for field in rng.sample(FUZZ_FIELDS, rng.randint(1, 3)):
+        if path == "/tokenize" and rng.random() < 0.5:
+            body = completion()
+        elif path == "/detokenize":
+            body = {"model": MODEL, "tokens": [1, 2, 3]}
+        for field in rng.sample(FUZZ_FIELDS + ["tokens", "add_special_tokens", "return_token_strs"],
+                                rng.randint(1, 3)):
             body[field] = rng.choice(FUZZ_VALUES)
         r = post(server, path, body)
         statuses.add(r.status_code)

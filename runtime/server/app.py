@@ -35,6 +35,7 @@ from .protocol import ModelCard, ModelList
 from .responses import create_response, delete_response, get_response
 from .responses_store import ResponseStore
 from .state import ServerState
+from .token_routes import detokenize, tokenize
 
 
 def _anthropic_on_its_routes(request: Request, err: APIError) -> APIError:
@@ -150,8 +151,20 @@ def create_app(config: ServerConfig | None = None, *, engine: Engine | None = No
             return Response(_card().model_dump_json(), media_type="application/json")
         return Response(_card(registry.get(model_id)).model_dump_json(), media_type="application/json")
 
+    # vLLM's (and llama.cpp's) token routes, at the root as there; the same key as /v1
+    tokens = APIRouter(dependencies=[Depends(check_key)])
+
+    @tokens.post("/tokenize")
+    async def tokenize_route(request: Request):
+        return await tokenize(request, state)
+
+    @tokens.post("/detokenize")
+    async def detokenize_route(request: Request):
+        return await detokenize(request, state)
+
     app.include_router(v1)
     app.include_router(anthropic)
+    app.include_router(tokens)
 
     @app.get("/health")
     async def health():
