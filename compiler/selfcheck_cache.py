@@ -37,13 +37,13 @@ import attrs
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from .adapters import adapter_files
 from .bind import bind, default_graph_for
 from .cache_dir import cache_root
 from .cachekinds import LayerInfo
 from .compile import CompiledGraph, compile_graph, load_spec, with_kv_bits
 from .lower import lower
 from .ops import OPS
-from .adapters import adapter_files
 from .parse import resolve_graph_path
 from .selfcheck import CheckResult
 from .target import Requested, Target

@@ -158,14 +158,14 @@ class ServerState:
         self.vocab_size = engine.vocab_size
         if c.chat_template is not None:  # --chat-template: the server's copy renders every chat prompt
             self.tokenizer.chat_template = c.chat_template
+        self.reasoning = detect_reasoning(getattr(self.tokenizer, "chat_template", None), _vocab(self.tokenizer))
+        if not c.served_model_name:
+            self.model_name = served_name(engine.model_path) if engine.model_path else "graphc"
         self.sampling_defaults, sources = sampling_defaults(c.sampling_flags, engine.model_path, c.generation_config,
                                                             c.default_temperature)
         if set(sources.values()) != {"OpenAI's default"}:
             log.info("%s: sampling defaults for requests that leave them out: %s", self.model_name,
                      describe(self.sampling_defaults, sources))
-        self.reasoning = detect_reasoning(getattr(self.tokenizer, "chat_template", None), _vocab(self.tokenizer))
-        if not c.served_model_name:
-            self.model_name = served_name(engine.model_path) if engine.model_path else "graphc"
         cfg = engine.config or {}
         self.max_model_len = int(c.max_model_len or cfg.get("max_position_embeddings")
                                  or cfg.get("max_seq_len") or 4096)
