@@ -1,4 +1,4 @@
-"""The `graphc` command line: generate, inspect, validate, import-gguf, make-model, serve, bench.
+"""The `graphc` command line: generate, chat, inspect, validate, import-gguf, make-model, serve, bench.
 
 The composition root (cli/__init__.py): it wires the compiler's commands and the runtime's."""
 
@@ -47,6 +47,7 @@ _LOWERING_HELP = ("auto: the fast path where the model type has one and it passe
 # the runtime and MLX at their top; they are named here by string and imported only when one
 # runs, so that `import graphc.cli` and the parser stay light.
 GENERATE = "graphc.cli.commands:cmd_generate"
+CHAT = "graphc.cli.chat:cmd_chat"
 INSPECT = "graphc.cli.commands:cmd_inspect"
 VALIDATE = "graphc.cli.commands:cmd_validate"
 IMPORT_GGUF = "graphc.cli.commands:cmd_import_gguf"
@@ -83,6 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_kv_bits_arguments(g)
     add_cpu_weights_argument(g)
     g.set_defaults(func=Lazy(GENERATE, "graphc generate"))
+
+    c = sub.add_parser("chat", help="chat with a model in the terminal (streams replies; /reset, /help, /quit)")
+    c.add_argument("--model", help="model folder or .gguf file (default: the built-in demo model)")
+    c.add_argument("--adapter-path", help="a LoRA adapter folder (mlx_lm.lora's output) applied over --model")
+    c.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
+    c.add_argument("--system-prompt", help="a system message that opens every conversation")
+    c.add_argument("--max-tokens", type=positive_int, default=512, help="most tokens in one reply")
+    c.add_argument("--temperature", "--temp", type=float, default=0.0, help="0: greedy")
+    c.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: 1.0 keeps every token")
+    c.add_argument("--top-k", type=non_negative_int, default=0, help="0: no top-k filter")
+    c.add_argument("--seed", type=int, help="sampling seed (default: a fresh one each run)")
+    add_cpu_weights_argument(c)
+    c.set_defaults(func=Lazy(CHAT, "graphc chat"))
 
     i = sub.add_parser("inspect", help="print the lowered plan of GRAPH bound to a model")
     i.add_argument("graph", help="graph file or built-in name (dense, sliding, hybrid), or 'auto' (picked from the layer kinds)")

@@ -18,7 +18,8 @@ from .defaults import SAMPLING_FIELDS, check_sampling_value, read_chat_template,
 
 def add_parser(subparsers) -> None:
     s = subparsers.add_parser("serve", help="serve an OpenAI-compatible API: /v1/chat/completions, /v1/completions, "
-                                    "/v1/responses, /v1/embeddings, and Anthropic's /v1/messages")
+                                    "/v1/responses, /v1/embeddings, Anthropic's /v1/messages, and /tokenize, "
+                                    "/detokenize")
     s.add_argument("--model", action="append",
                    help="model folder or .gguf file (default: the built-in demo model); give it again to serve "
                         "several models, each as PATH or NAME=PATH (clients pick one by `model`)")
