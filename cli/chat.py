@@ -23,6 +23,11 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _say_inline(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
 def reply(engine: Engine, messages: list[dict], params: SamplingParams, out=None) -> str:
     """Stream the assistant's next turn of `messages` to `out` (stdout); return its text.
     A KeyboardInterrupt aborts the request and keeps what was written."""
@@ -61,7 +66,11 @@ def cmd_chat(args) -> int:
     while True:
         try:
             if sys.stdin.isatty():
-                line = input(">> ")
+                if sys.stdout.isatty():
+                    line = input(">> ")  # readline's line editing redraws its own prompt
+                else:  # replies go to a file: the prompt stays on the terminal
+                    _say_inline(">> ")
+                    line = input()
             else:
                 line = sys.stdin.readline()
                 if not line:
