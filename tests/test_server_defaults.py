@@ -170,3 +170,20 @@ def test_chatml_gives_a_base_model_a_chat_template(model_dir, tmp_path):
             "<|im_start|>user\nTell me a story about a dragon.<|im_end|>\n<|im_start|>assistant\n",
             add_special_tokens=False)
         assert _chat(srv, max_tokens=1)["usage"]["prompt_tokens"] == len(want)
+
+
+def test_a_response_object_says_the_sampling_it_ran_with(model_dir):
+    """Responses echo temperature and top_p: the request's, else the server's default, as OpenAI
+    answers 1.0 for a request that sent none."""
+    def created(srv, **body):
+        return httpx.post(srv.url + "/v1/responses", json={"model": MODEL, "input": "Hi", "max_output_tokens": 2,
+                                                          **body}).json()
+
+    with live_server(model_dir("llama")) as srv:
+        r = created(srv)
+        assert (r["temperature"], r["top_p"]) == (1.0, 1.0)
+    with live_server(model_dir("llama"), sampling_flags={"temperature": 0.3, "top_p": 0.9}) as srv:
+        r = created(srv)
+        assert (r["temperature"], r["top_p"]) == (0.3, 0.9)
+        r = created(srv, temperature=0.7)
+        assert (r["temperature"], r["top_p"]) == (0.7, 0.9)

@@ -36,7 +36,7 @@ async def create_response(request: Request, state, store: ResponseStore):
         run = await chat_run.start(state, request, chat, "max_output_tokens")
     except APIError as e:
         raise remap(e) from None
-    shell = ResponseShell(new_id("resp"), state.model_name, req)
+    shell = ResponseShell(new_id("resp"), state.model_name, req, state.sampling_defaults)
 
     def keep(text: str | None, calls: list[dict], response: dict) -> None:
         if req.store is not False:

@@ -63,9 +63,15 @@ def status_of(finish_reason: str | None) -> tuple[str, dict | None, dict | None]
 class ResponseShell:
     """The fields of a response fixed at creation; `render` fills in the outcome."""
 
-    def __init__(self, rid: str, model: str, req):
+    def __init__(self, rid: str, model: str, req, defaults: dict | None = None):
         self.rid, self.model, self.req = rid, model, req
+        # the sampling values the request ran with where it left them out (ServerState.sampling_defaults)
+        self.defaults = defaults or {}
         self.created_at = int(time.time())
+
+    def _ran(self, name: str, off: float) -> float:
+        value = getattr(self.req, name)
+        return value if value is not None else self.defaults.get(name, off)
 
     def render(self, status: str, output: list, usage_: dict | None = None,
                incomplete: dict | None = None, error: dict | None = None) -> dict:
@@ -79,8 +85,8 @@ class ResponseShell:
             "error": error, "incomplete_details": incomplete, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "model": self.model, "output": output,
             "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
-            "previous_response_id": req.previous_response_id, "temperature": req.temperature,
-            "top_p": req.top_p, "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+            "previous_response_id": req.previous_response_id, "temperature": self._ran("temperature", 1.0),
+            "top_p": self._ran("top_p", 1.0), "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
             "text": {"format": fmt}, "truncation": "disabled", "store": req.store is not False,
             "metadata": req.metadata or {}, "user": req.user, "reasoning": None,
             "usage": usage_ if done else None,
