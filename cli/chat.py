@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import sys
 
+import jinja2
+
+from graphc.compiler.chat_templates import read_chat_template
 from graphc.runtime import Engine, SamplingParams
 
 from .commands import _model_dir  # the model folder rules `generate` uses
@@ -53,10 +56,13 @@ def reply(engine: Engine, messages: list[dict], params: SamplingParams, out=None
 
 
 def cmd_chat(args) -> int:
+    template = read_chat_template(args.chat_template) if args.chat_template else None  # before the load: fail fast
     engine = Engine.load(_model_dir(args), args.graph, adapter_path=args.adapter_path, cpu_weights=args.cpu_weights)
+    if template is not None:
+        engine.tokenizer.chat_template = template
     if not getattr(engine.tokenizer, "chat_template", None):
-        _say(f"graphc: the model at '{_model_dir(args)}' has no chat template; use `graphc generate`, "
-             "or serve it with `graphc serve --chat-template chatml`")
+        _say(f"graphc: the model at '{_model_dir(args)}' has no chat template; give it one with "
+             "--chat-template chatml (or a file), or use `graphc generate`")
         return 2
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
@@ -97,5 +103,9 @@ def cmd_chat(args) -> int:
             _say(f"unknown command {text.split()[0]}; {HELP}")
             continue
         messages.append({"role": "user", "content": line})
-        messages.append({"role": "assistant", "content": reply(engine, messages, params)})
+        try:
+            messages.append({"role": "assistant", "content": reply(engine, messages, params)})
+        except (jinja2.TemplateError, ValueError) as e:  # e.g. a template without a system role
+            messages.pop()
+            _say(f"graphc: this turn was not sent: {e}")
     return 0

@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--adapter-path", help="a LoRA adapter folder (mlx_lm.lora's output) applied over --model")
     c.add_argument("--graph", help="step graph file or built-in name (default: picked from the layer types)")
     c.add_argument("--system-prompt", help="a system message that opens every conversation")
+    c.add_argument("--chat-template", help="a chat template that replaces the model's: chatml (built in), a file, "
+                                           "or the jinja text itself")
     c.add_argument("--max-tokens", type=positive_int, default=512, help="most tokens in one reply")
     c.add_argument("--temperature", "--temp", type=float, default=0.0, help="0: greedy")
     c.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: 1.0 keeps every token")

@@ -77,3 +77,22 @@ def test_bad_flags(argv, capsys):
     with pytest.raises(SystemExit):
         main(["chat", *argv])
     assert argv[0] in capsys.readouterr().err
+
+
+def test_chat_template_flag_and_a_template_that_refuses_a_turn(model_dir, tmp_path, monkeypatch, capsys):
+    """--chat-template gives a base model ChatML; a turn the template raises on is not sent (the
+    conversation goes on without it)."""
+    d = tmp_path / "base"
+    shutil.copytree(model_dir("llama"), d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template")
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    rc, out, _ = _run(monkeypatch, capsys, ["Hi"], "--model", str(d), "--chat-template", "chatml", "--max-tokens", "4")
+    engine = Engine.load(model_dir("llama"))  # its own template is ChatML too
+    assert rc == 0 and out == _greedy(engine, [{"role": "user", "content": "Hi"}], 4) + "\n"
+    picky = ("{% for m in messages %}{% if m.content == 'bad' %}{{ raise_exception('no bad words') }}{% endif %}"
+             "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{{ '<|im_start|>assistant\\n' }}")
+    rc, out, err = _run(monkeypatch, capsys, ["bad", "Hi"], "--model", str(d), "--chat-template", picky,
+                        "--max-tokens", "4")
+    assert rc == 0 and "this turn was not sent" in err and "no bad words" in err
+    assert out == _greedy(engine, [{"role": "user", "content": "Hi"}], 4) + "\n"  # "bad" left no trace

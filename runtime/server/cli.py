@@ -8,12 +8,13 @@ import signal
 import sys
 
 from graphc.compiler.argtypes import add_cpu_weights_argument, add_kv_bits_arguments, positive_int
+from graphc.compiler.chat_templates import read_chat_template
 from graphc.compiler.decode_options import COMPILE_FLAG, COMPILE_FLAG_HELP
 
 from graphc.contracts.providers import resolve
 
 from .config import ServerConfig, parse_bytes
-from .defaults import SAMPLING_FIELDS, check_sampling_value, read_chat_template, read_template_args
+from .defaults import SAMPLING_FIELDS, check_sampling_value, read_template_args
 
 
 def add_parser(subparsers) -> None:

@@ -27,9 +27,6 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-import jinja2
-
-from graphc.compiler.chat_templates import BUILTIN as BUILTIN_TEMPLATES
 
 from .reasoning import RESERVED_TEMPLATE_KWARGS
 
@@ -95,27 +92,6 @@ def sampling_defaults(flags: Mapping[str, float | int | None], model_path: str |
 def describe(values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
     """One log line's worth: `temperature 0.6 (generation_config.json), top_p 0.95 (flag)`."""
     return ", ".join(f"{k} {values[k]:g} ({sources[k]})" for k in SAMPLING_FIELDS if k in values)
-
-
-def read_chat_template(value: str) -> str:
-    """--chat-template: a built-in name (`chatml`, for a base model without a template), a file's
-    text, or the template itself when it is no file but reads as one; a template jinja cannot
-    parse is refused here, at startup, not on every request."""
-    p = Path(value).expanduser()
-    if value in BUILTIN_TEMPLATES:
-        text = BUILTIN_TEMPLATES[value]
-    elif p.is_file():
-        text = p.read_text()
-    elif "{%" in value or "{{" in value:
-        text = value
-    else:
-        raise ValueError(f"--chat-template {value!r} is neither a built-in name ({', '.join(BUILTIN_TEMPLATES)}), "
-                         "a file nor a jinja template")
-    try:
-        jinja2.Environment().parse(text)
-    except jinja2.TemplateSyntaxError as e:
-        raise ValueError(f"--chat-template: line {e.lineno}: {e.message}") from None
-    return text
 
 
 def read_template_args(value: str) -> dict:
