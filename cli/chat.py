@@ -16,7 +16,7 @@ import jinja2
 from graphc.compiler.chat_templates import read_chat_template
 from graphc.runtime import Engine, SamplingParams
 
-from .commands import _model_dir  # the model folder rules `generate` uses
+from .commands import model_dir_of  # the model folder rules `generate` uses
 
 HELP = ("type a message and press Enter; /reset starts a new conversation, /help shows this, "
         "/quit (or Ctrl-D) ends; Ctrl-C stops a reply")
@@ -57,11 +57,11 @@ def reply(engine: Engine, messages: list[dict], params: SamplingParams, out=None
 
 def cmd_chat(args) -> int:
     template = read_chat_template(args.chat_template) if args.chat_template else None  # before the load: fail fast
-    engine = Engine.load(_model_dir(args), args.graph, adapter_path=args.adapter_path, cpu_weights=args.cpu_weights)
+    engine = Engine.load(model_dir_of(args), args.graph, adapter_path=args.adapter_path, cpu_weights=args.cpu_weights)
     if template is not None:
         engine.tokenizer.chat_template = template
     if not getattr(engine.tokenizer, "chat_template", None):
-        _say(f"graphc: the model at '{_model_dir(args)}' has no chat template; give it one with "
+        _say(f"graphc: the model at '{model_dir_of(args)}' has no chat template; give it one with "
              "--chat-template chatml (or a file), or use `graphc generate`")
         return 2
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -25,7 +25,8 @@ from graphc.runtime.distributed import launched
 from graphc.runtime.target import probe_target
 
 
-def _model_dir(args) -> Path:
+def model_dir_of(args) -> Path:
+    """The model a command's --model names, else the built-in demo model."""
     if args.model:
         return Path(args.model)
     return demo_model_path()
@@ -42,7 +43,7 @@ def _load_model(path: Path):
 
 def cmd_generate(args) -> int:
     # Under mlx.launch every rank runs this; ranks other than 0 follow rank 0 inside load and exit there.
-    engine = Engine.load(_model_dir(args), args.graph, adapter_path=args.adapter_path,
+    engine = Engine.load(model_dir_of(args), args.graph, adapter_path=args.adapter_path,
                          prefill_chunk=args.prefill_chunk, lowering=args.lowering,
                          distributed=launched(), compile=COMPILE_FLAG[args.compile], kv_bits=args.kv_bits,
                          kv_group_size=args.kv_group_size, cpu_weights=args.cpu_weights)
@@ -68,7 +69,7 @@ PAD_FLAG = {"auto": "auto", "on": True, "off": False}  # --pad-final-chunk -> En
 
 
 def cmd_inspect(args) -> int:
-    model, tokenizer, config = _load_model(_model_dir(args))
+    model, tokenizer, config = _load_model(model_dir_of(args))
     for line in summary_lines(config):  # a converted GGUF: what was kept, what widened (stderr)
         print(line, file=sys.stderr)
     convert_weights(model, args.cpu_weights)  # as an engine here would run it; logs what it did (-q hides it)
