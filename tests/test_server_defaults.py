@@ -135,8 +135,11 @@ def test_max_tokens_default_on_every_route(model_dir):
         assert _chat(srv, ignore_eos=True, max_tokens=5)["usage"]["completion_tokens"] == 5
         r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Once", "ignore_eos": True})
         assert r.json()["usage"]["completion_tokens"] == 3  # not OpenAI's 16
-        r = httpx.post(srv.url + "/v1/responses", json={"model": MODEL, "input": "Hi", "temperature": 0})
-        assert r.json()["usage"]["output_tokens"] <= 3
+        no_eos = {str(t): -100 for t in srv.state.engine.eos_token_ids}  # Responses has no ignore_eos
+        r = httpx.post(srv.url + "/v1/responses", json={"model": MODEL, "input": "Hi", "temperature": 0,
+                                                        "logit_bias": no_eos}).json()
+        assert r["usage"]["output_tokens"] == 3
+        assert r["status"] == "incomplete" and r["incomplete_details"]["reason"] == "max_output_tokens"
 
 
 def test_chat_template_and_its_args(model_dir):

@@ -27,7 +27,6 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-
 from .reasoning import RESERVED_TEMPLATE_KWARGS
 
 log = logging.getLogger("graphc.server")

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .body import parse, read_json
 from .errors import APIError, bad_request
+from .prompts import check_token_ids
 
 
 class EmbeddingRequest(BaseModel):
@@ -72,10 +73,7 @@ def inputs(state, value) -> list[list[int]]:
     for i, p in enumerate(raw):
         where = "input" if len(raw) == 1 else f"input[{i}]"
         ids = list(state.tokenizer.encode(p)) if isinstance(p, str) else [int(t) for t in p]
-        bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
-        if bad is not None:
-            raise bad_request(f"{where}: token id {bad} is out of range for a vocabulary of {state.vocab_size}",
-                              "input", code="invalid_value")
+        check_token_ids(state, ids, where, "input")
         if not ids:
             raise bad_request(f"{where} is empty: give at least one token", "input")
         if len(ids) > state.max_prompt_tokens:

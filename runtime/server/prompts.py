@@ -40,16 +40,21 @@ def completion_prompts(state, prompt) -> tuple[list[list[int]], list[str]]:
             text = p
         else:
             ids = [int(t) for t in p]
-            bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
-            if bad is not None:
-                raise bad_request(f"{where}: token id {bad} is out of range for a vocabulary of {state.vocab_size}",
-                                  "prompt", code="invalid_value")
+            check_token_ids(state, ids, where, "prompt")
             text = None
         if not ids:
             raise bad_request(f"{where} is empty: give at least one token", "prompt")
         ids_list.append(ids)
         texts.append(text)
     return ids_list, texts
+
+
+def check_token_ids(state, ids: list[int], where: str, param: str) -> None:
+    """A client's token ids must index the model's vocabulary: else a 400 naming the first that does not."""
+    bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"{where}: token id {bad} is out of range for a vocabulary of {state.vocab_size}",
+                          param, code="invalid_value")
 
 
 def check_text_length(state, n_chars: int, where: str, param: str) -> None:

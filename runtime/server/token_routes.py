@@ -21,8 +21,7 @@ from fastapi.responses import JSONResponse
 
 from . import chat_run
 from .body import parse, read_json
-from .errors import bad_request
-from .prompts import check_text_length
+from .prompts import check_text_length, check_token_ids
 from .protocol import ChatCompletionRequest, RequestModel
 
 
@@ -65,8 +64,5 @@ async def tokenize(request: Request, state):
 async def detokenize(request: Request, state):
     req = parse(Detokenize, await read_json(request, state.config.max_body_bytes))
     state = state.route(req.model)
-    bad = next((t for t in req.tokens if not 0 <= t < state.vocab_size), None)
-    if bad is not None:
-        raise bad_request(f"tokens: token id {bad} is out of range for a vocabulary of {state.vocab_size}", "tokens",
-                          code="invalid_value")
+    check_token_ids(state, req.tokens, "tokens", "tokens")
     return JSONResponse({"prompt": await state.run_cpu(state.tokenizer.decode, req.tokens)})
